@@ -1,0 +1,36 @@
+/* log.h - leveled logging to stderr, one line per event.
+ *
+ * The level is checked before any formatting. Thread-safe: each line is written
+ * with one fprintf under stdio's own lock.
+ */
+#ifndef PT_LOG_H
+#define PT_LOG_H
+
+typedef enum pt_log_level {
+	PT_LOG_DEBUG,
+	PT_LOG_INFO,
+	PT_LOG_WARN,
+	PT_LOG_ERROR,
+	PT_LOG_OFF,
+} pt_log_level;
+
+/* pt_log_set_level sets the global threshold (default PT_LOG_INFO, or the
+ * PIPETRAIN_LOG_LEVEL environment variable: debug|info|warn|error|off). */
+void pt_log_set_level(pt_log_level level);
+
+/* pt_log_level_get returns the current threshold. */
+pt_log_level pt_log_level_get(void);
+
+void pt_log_write(pt_log_level level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+#define PT_LOG(level, ...)                                                                         \
+	do {                                                                                       \
+		if ((level) >= pt_log_level_get())                                                 \
+			pt_log_write((level), __VA_ARGS__);                                        \
+	} while (0)
+#define pt_debug(...) PT_LOG(PT_LOG_DEBUG, __VA_ARGS__)
+#define pt_info(...)  PT_LOG(PT_LOG_INFO, __VA_ARGS__)
+#define pt_warn(...)  PT_LOG(PT_LOG_WARN, __VA_ARGS__)
+#define pt_error(...) PT_LOG(PT_LOG_ERROR, __VA_ARGS__)
+
+#endif

@@ -1,0 +1,206 @@
+/* dispatch.h - the op dispatcher: meta -> plan -> impl per op, eager or deferred.
+ *
+ * Every op is an entry of pt_op (ending in PT_OP_COUNT) with a row in one table
+ * of pt_op_def (checked by static_assert). A call is a pt_op_call: borrowed
+ * input and output tensors plus a params union.
+ *   meta: checks shapes and dtypes of inputs and outputs (errors name the op);
+ *   plan: picks the kernel for the device and the workspace size;
+ *   impl: runs the planned kernel.
+ * Eager mode runs all three at once. Deferred mode runs meta, marks outputs
+ * PENDING and queues the call (holding storage references); a flush plans
+ * every queued call, then runs them in order. A failure in plan or impl stops
+ * the flush, clears the queue and marks every output of the queue INVALID.
+ *
+ * A dispatcher belongs to one thread at a time (a pipeline stage). Each thread
+ * has a current dispatcher (a lazily made eager one by default).
+ */
+#ifndef PT_DISPATCH_H
+#define PT_DISPATCH_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "tensor.h"
+
+#define PT_OPS(X)                                                                                  \
+	X(FILL, "fill", 0, 1)                                                                      \
+	X(COPY, "copy", 1, 1)                                                                      \
+	X(SCALE, "scale", 1, 1)                                                                    \
+	X(ADD, "add", 2, 1)                                                                        \
+	X(MATMUL, "matmul", 2, 1)                                                                  \
+	X(LINEAR_FWD, "linear_forward", 3, 1)                                                      \
+	X(LINEAR_BWD, "linear_backward", 3, 3)                                                     \
+	X(ACT_FWD, "activation_forward", 1, 1)                                                     \
+	X(ACT_BWD, "activation_backward", 3, 1)                                                    \
+	X(DROPOUT_FWD, "dropout_forward", 1, 1)                                                    \
+	X(DROPOUT_BWD, "dropout_backward", 1, 1)                                                   \
+	X(SOFTMAX_FWD, "softmax_forward", 1, 1)                                                    \
+	X(SOFTMAX_BWD, "softmax_backward", 2, 1)                                                   \
+	X(LAYERNORM_FWD, "layernorm_forward", 3, 3)                                                \
+	X(LAYERNORM_BWD, "layernorm_backward", 5, 3)                                               \
+	X(EMBEDDING_FWD, "embedding_forward", 3, 1)                                                \
+	X(EMBEDDING_BWD, "embedding_backward", 2, 2)                                               \
+	X(ATTENTION_FWD, "attention_forward", 1, 2)                                                \
+	X(ATTENTION_BWD, "attention_backward", 3, 1)                                               \
+	X(XENT_FWD, "cross_entropy_forward", 2, 2)                                                 \
+	X(XENT_BWD, "cross_entropy_backward", 2, 1)                                                \
+	X(MSE_FWD, "mse_forward", 2, 1)                                                            \
+	X(MSE_BWD, "mse_backward", 2, 1)                                                           \
+	X(SQNORM, "squared_norm", 1, 1)                                                            \
+	X(ADAMW, "adamw_update", 4, 0)                                                             \
+	X(SGD, "sgd_update", 3, 0)
+
+typedef enum pt_op {
+#define PT_OP_ENUM(id, name, nin, nout) PT_OP_##id,
+	PT_OPS(PT_OP_ENUM)
+#undef PT_OP_ENUM
+	PT_OP_COUNT
+} pt_op;
+
+#define PT_OP_MAX_IN  5
+#define PT_OP_MAX_OUT 3
+
+typedef enum pt_act { PT_ACT_RELU, PT_ACT_GELU, PT_ACT_TANH, PT_ACT_SIGMOID } pt_act;
+
+/* Per-op parameters. Units and meanings are in ops.h next to each wrapper. */
+typedef union pt_op_params {
+	struct {
+		double value;
+	} fill;
+	struct {
+		float alpha;
+	} scale;
+	struct {
+		float alpha, beta; /* out = alpha * a + beta * b */
+	} add;
+	struct {
+		bool trans_a, trans_b;
+		float alpha, beta; /* out = alpha * op(a) op(b) + beta * out */
+	} matmul;
+	struct {
+		bool has_bias;
+		bool accum_dx; /* dx += (true) or dx = (false); dW, db always accumulate */
+		bool need_dx;
+	} linear;
+	struct {
+		pt_act kind;
+		bool accum_dx;
+	} act;
+	struct {
+		float p;
+		uint64_t seed, stream;
+		bool accum_dx;
+	} dropout;
+	struct {
+		float eps;
+		bool accum_dx;
+	} layernorm;
+	struct {
+		int n_head;
+		bool accum_dx;
+	} attention;
+	struct {
+		int64_t ignore_index;
+		float scale; /* backward: dlogits = scale * (softmax - onehot) */
+	} xent;
+	struct {
+		float scale;
+	} mse;
+	struct {
+		float lr, beta1, beta2, eps, weight_decay, grad_scale;
+		int64_t step; /* 1-based, for bias correction */
+	} adamw;
+	struct {
+		float lr, momentum, dampening, weight_decay, grad_scale;
+		bool nesterov, first_step;
+	} sgd;
+} pt_op_params;
+
+struct pt_op_call;
+struct pt_dispatcher;
+
+/* A planned kernel: runs the call with a workspace of the planned size. */
+typedef pt_err (*pt_kernel_fn)(const struct pt_op_call *c, void *workspace);
+
+typedef struct pt_op_call {
+	pt_op op;
+	int n_in, n_out;
+	const pt_tensor *in[PT_OP_MAX_IN];  /* borrowed; NULL for an absent optional input */
+	pt_tensor *out[PT_OP_MAX_OUT];      /* borrowed; NULL for an absent optional output */
+	pt_op_params p;
+	/* Filled by plan: */
+	pt_kernel_fn kernel;
+	size_t workspace;
+} pt_op_call;
+
+typedef struct pt_op_def {
+	const char *name;
+	int n_in, n_out;
+	/* meta: validate; set an error naming the op and return its code. */
+	pt_err (*meta)(const pt_op_call *c);
+	/* plan: choose c->kernel for the device and set c->workspace. */
+	pt_err (*plan)(pt_op_call *c);
+} pt_op_def;
+
+/* pt_op_name returns the op's name ("linear_forward"). */
+const char *pt_op_name(pt_op op);
+
+typedef enum pt_dispatch_mode { PT_EAGER, PT_DEFERRED } pt_dispatch_mode;
+
+typedef struct pt_dispatch_stats {
+	uint64_t dispatched; /* ops dispatched (either mode) */
+	uint64_t flushes;    /* non-empty flushes */
+	uint64_t failed_flushes;
+	uint64_t queued_peak;
+} pt_dispatch_stats;
+
+typedef struct pt_dispatcher pt_dispatcher;
+
+/* pt_dispatcher_create makes an eager dispatcher. */
+pt_err pt_dispatcher_create(pt_dispatcher **out);
+
+/* pt_dispatcher_destroy flushes nothing: queued calls are dropped and their
+ * outputs marked INVALID. NULL-safe. */
+void pt_dispatcher_destroy(pt_dispatcher *d);
+
+/* pt_dispatcher_current returns the calling thread's dispatcher, creating an
+ * eager one on first use (NULL only if that allocation fails). */
+pt_dispatcher *pt_dispatcher_current(void);
+
+/* pt_dispatcher_set_current makes d the calling thread's dispatcher (NULL
+ * restores the thread's own default). Returns the previous one. */
+pt_dispatcher *pt_dispatcher_set_current(pt_dispatcher *d);
+
+/* pt_deferred_begin enters deferred mode on d (nesting counts). */
+void pt_deferred_begin(pt_dispatcher *d);
+
+/* pt_deferred_end leaves one level of deferred mode; leaving the last level
+ * flushes and returns the flush result. */
+pt_err pt_deferred_end(pt_dispatcher *d);
+
+/* pt_dispatcher_mode returns d's current mode. */
+pt_dispatch_mode pt_dispatcher_mode(const pt_dispatcher *d);
+
+/* pt_dispatcher_flush plans and runs every queued call in order. On failure
+ * the queue is cleared, every queued output is INVALID, and the error (naming
+ * the op and its position) is returned. Empty queue: PT_OK. */
+pt_err pt_dispatcher_flush(pt_dispatcher *d);
+
+/* pt_dispatcher_pending returns the number of queued calls. */
+size_t pt_dispatcher_pending(const pt_dispatcher *d);
+
+/* pt_dispatcher_stats returns counters for tests and benchmarks. */
+pt_dispatch_stats pt_dispatcher_stats(const pt_dispatcher *d);
+
+/* pt_dispatch runs or queues one call on the current dispatcher. Meta errors
+ * return at once in both modes and leave the outputs untouched. */
+pt_err pt_dispatch(pt_op_call *c);
+
+/* pt_dispatch_on is pt_dispatch on a given dispatcher. */
+pt_err pt_dispatch_on(pt_dispatcher *d, pt_op_call *c);
+
+/* Test hook: when set, the kernel of calls to `op` fails with PT_ERR_BACKEND
+ * at impl time (once armed, every such call fails until cleared). */
+void pt_dispatcher_inject_failure(pt_dispatcher *d, pt_op op, bool armed);
+
+#endif

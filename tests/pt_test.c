@@ -1,0 +1,38 @@
+/* pt_test.c - CUnit runner and failure reporting shared by the tests. */
+#include "pt_test.h"
+
+#include <stdlib.h>
+
+void pt_test_report(int rv, const char *expr, const char *file, int line)
+{
+	fprintf(stderr, "%s:%d: %s -> %s (%s): %s\n", file, line, expr, pt_err_name((pt_err)rv),
+		pt_strerror((pt_err)rv), pt_last_error());
+}
+
+const char *pt_test_path(const char *rel)
+{
+	static char buf[4096];
+	snprintf(buf, sizeof(buf), "%s/%s", PT_SOURCE_ROOT, rel);
+	return buf;
+}
+
+int pt_test_main(const pt_test_suite *suites)
+{
+	unsigned failed;
+	if (CU_initialize_registry() != CUE_SUCCESS)
+		return 99;
+	for (const pt_test_suite *s = suites; s->name; s++) {
+		CU_pSuite suite = CU_add_suite(s->name, NULL, NULL);
+		if (suite == NULL)
+			return 99;
+		for (const pt_test_case *t = s->tests; t->name; t++)
+			if (CU_add_test(suite, t->name, t->fn) == NULL)
+				return 99;
+	}
+	CU_basic_set_mode(CU_BRM_VERBOSE);
+	CU_basic_run_tests();
+	failed = CU_get_number_of_tests_failed() + CU_get_number_of_suites_failed() +
+		 CU_get_number_of_failures();
+	CU_cleanup_registry();
+	return failed ? 1 : 0;
+}

@@ -1,0 +1,53 @@
+/* pt_test.h - small helpers shared by the CUnit test programs.
+ *
+ * PT_CHECK_OK(expr) asserts a pt_err is PT_OK and prints pt_strerror and
+ * pt_last_error() when it is not. pt_test_main registers suites and runs them,
+ * returning non-zero when any test or suite failed (CUnit sets no exit code).
+ */
+#ifndef PT_TEST_H
+#define PT_TEST_H
+
+#include <CUnit/Basic.h>
+#include <stdio.h>
+
+#include "error.h"
+
+#ifndef PT_SOURCE_ROOT
+#define PT_SOURCE_ROOT "."
+#endif
+
+void pt_test_report(int rv, const char *expr, const char *file, int line);
+
+#define PT_CHECK_OK(expr)                                                                          \
+	do {                                                                                       \
+		pt_err pt_check_rv_ = (expr);                                                      \
+		if (pt_check_rv_ != PT_OK)                                                         \
+			pt_test_report(pt_check_rv_, #expr, __FILE__, __LINE__);                   \
+		CU_ASSERT_EQUAL_FATAL(pt_check_rv_, PT_OK);                                        \
+	} while (0)
+
+#define PT_CHECK_ERR(expr, code)                                                                   \
+	do {                                                                                       \
+		pt_err pt_check_rv_ = (expr);                                                      \
+		if (pt_check_rv_ != (code))                                                        \
+			pt_test_report(pt_check_rv_, #expr, __FILE__, __LINE__);                   \
+		CU_ASSERT_EQUAL(pt_check_rv_, (code));                                             \
+	} while (0)
+
+typedef struct pt_test_case {
+	const char *name;
+	void (*fn)(void);
+} pt_test_case;
+
+typedef struct pt_test_suite {
+	const char *name;
+	const pt_test_case *tests; /* terminated by {NULL, NULL} */
+} pt_test_suite;
+
+/* pt_test_main runs the suites (terminated by {NULL, NULL}); returns the exit code. */
+int pt_test_main(const pt_test_suite *suites);
+
+/* pt_test_path joins PT_SOURCE_ROOT and rel into a static buffer (not thread-safe). */
+const char *pt_test_path(const char *rel);
+
+#endif
