@@ -6,7 +6,7 @@
 void pt_test_report(int rv, const char *expr, const char *file, int line)
 {
 	fprintf(stderr, "%s:%d: %s -> %s (%s): %s\n", file, line, expr, pt_err_name((pt_err)rv),
-		pt_strerror((pt_err)rv), pt_last_error());
+	        pt_strerror((pt_err)rv), pt_last_error());
 }
 
 const char *pt_test_path(const char *rel)
@@ -32,7 +32,7 @@ int pt_test_main(const pt_test_suite *suites)
 	CU_basic_set_mode(CU_BRM_VERBOSE);
 	CU_basic_run_tests();
 	failed = CU_get_number_of_tests_failed() + CU_get_number_of_suites_failed() +
-		 CU_get_number_of_failures();
+	         CU_get_number_of_failures();
 	CU_cleanup_registry();
 	return failed ? 1 : 0;
 }

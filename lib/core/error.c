@@ -7,12 +7,12 @@
 
 static const char *const messages[] = {
 #define PT_ERR_MSG(name, msg) msg,
-	PT_ERRORS(PT_ERR_MSG)
+    PT_ERRORS(PT_ERR_MSG)
 #undef PT_ERR_MSG
 };
 static const char *const names[] = {
 #define PT_ERR_NAME(name, msg) #name,
-	PT_ERRORS(PT_ERR_NAME)
+    PT_ERRORS(PT_ERR_NAME)
 #undef PT_ERR_NAME
 };
 _Static_assert(sizeof(messages) / sizeof(messages[0]) == PT_ERR_COUNT, "error table");

@@ -32,7 +32,7 @@ typedef enum pt_err {
 #define PT_ERR_ENUM(name, msg) name,
 	PT_ERRORS(PT_ERR_ENUM)
 #undef PT_ERR_ENUM
-	PT_ERR_COUNT
+	    PT_ERR_COUNT
 } pt_err;
 
 /* pt_strerror returns the fixed message of a code; unknown codes get a fixed

@@ -23,38 +23,38 @@
 #include "tensor.h"
 
 #define PT_OPS(X)                                                                                  \
-	X(FILL, "fill", 0, 1)                                                                      \
-	X(COPY, "copy", 1, 1)                                                                      \
-	X(SCALE, "scale", 1, 1)                                                                    \
-	X(ADD, "add", 2, 1)                                                                        \
-	X(MATMUL, "matmul", 2, 1)                                                                  \
-	X(LINEAR_FWD, "linear_forward", 3, 1)                                                      \
-	X(LINEAR_BWD, "linear_backward", 3, 3)                                                     \
-	X(ACT_FWD, "activation_forward", 1, 1)                                                     \
-	X(ACT_BWD, "activation_backward", 3, 1)                                                    \
-	X(DROPOUT_FWD, "dropout_forward", 1, 1)                                                    \
-	X(DROPOUT_BWD, "dropout_backward", 1, 1)                                                   \
-	X(SOFTMAX_FWD, "softmax_forward", 1, 1)                                                    \
-	X(SOFTMAX_BWD, "softmax_backward", 2, 1)                                                   \
-	X(LAYERNORM_FWD, "layernorm_forward", 3, 3)                                                \
-	X(LAYERNORM_BWD, "layernorm_backward", 5, 3)                                               \
-	X(EMBEDDING_FWD, "embedding_forward", 3, 1)                                                \
-	X(EMBEDDING_BWD, "embedding_backward", 2, 2)                                               \
-	X(ATTENTION_FWD, "attention_forward", 1, 2)                                                \
-	X(ATTENTION_BWD, "attention_backward", 3, 1)                                               \
-	X(XENT_FWD, "cross_entropy_forward", 2, 2)                                                 \
-	X(XENT_BWD, "cross_entropy_backward", 2, 1)                                                \
-	X(MSE_FWD, "mse_forward", 2, 1)                                                            \
-	X(MSE_BWD, "mse_backward", 2, 1)                                                           \
-	X(SQNORM, "squared_norm", 1, 1)                                                            \
-	X(ADAMW, "adamw_update", 4, 0)                                                             \
-	X(SGD, "sgd_update", 3, 0)
+	X(FILL, "fill", 0, 1, fill)                                                                \
+	X(COPY, "copy", 1, 1, copy)                                                                \
+	X(SCALE, "scale", 1, 1, scale)                                                             \
+	X(ADD, "add", 2, 1, add)                                                                   \
+	X(MATMUL, "matmul", 2, 1, matmul)                                                          \
+	X(LINEAR_FWD, "linear_forward", 3, 1, linear_fwd)                                          \
+	X(LINEAR_BWD, "linear_backward", 3, 3, linear_bwd)                                         \
+	X(ACT_FWD, "activation_forward", 1, 1, act_fwd)                                            \
+	X(ACT_BWD, "activation_backward", 3, 1, act_bwd)                                           \
+	X(DROPOUT_FWD, "dropout_forward", 1, 1, dropout_fwd)                                       \
+	X(DROPOUT_BWD, "dropout_backward", 1, 1, dropout_bwd)                                      \
+	X(SOFTMAX_FWD, "softmax_forward", 1, 1, softmax_fwd)                                       \
+	X(SOFTMAX_BWD, "softmax_backward", 2, 1, softmax_bwd)                                      \
+	X(LAYERNORM_FWD, "layernorm_forward", 3, 3, ln_fwd)                                        \
+	X(LAYERNORM_BWD, "layernorm_backward", 5, 3, ln_bwd)                                       \
+	X(EMBEDDING_FWD, "embedding_forward", 3, 1, emb_fwd)                                       \
+	X(EMBEDDING_BWD, "embedding_backward", 2, 2, emb_bwd)                                      \
+	X(ATTENTION_FWD, "attention_forward", 1, 2, attn_fwd)                                      \
+	X(ATTENTION_BWD, "attention_backward", 3, 1, attn_bwd)                                     \
+	X(XENT_FWD, "cross_entropy_forward", 2, 2, xent_fwd)                                       \
+	X(XENT_BWD, "cross_entropy_backward", 2, 1, xent_bwd)                                      \
+	X(MSE_FWD, "mse_forward", 2, 1, mse_fwd)                                                   \
+	X(MSE_BWD, "mse_backward", 2, 1, mse_bwd)                                                  \
+	X(SQNORM, "squared_norm", 1, 1, sqnorm)                                                    \
+	X(ADAMW, "adamw_update", 1, 3, adamw)                                                      \
+	X(SGD, "sgd_update", 1, 2, sgd)
 
 typedef enum pt_op {
-#define PT_OP_ENUM(id, name, nin, nout) PT_OP_##id,
+#define PT_OP_ENUM(id, name, nin, nout, fn) PT_OP_##id,
 	PT_OPS(PT_OP_ENUM)
 #undef PT_OP_ENUM
-	PT_OP_COUNT
+	    PT_OP_COUNT
 } pt_op;
 
 #define PT_OP_MAX_IN  5
@@ -125,8 +125,8 @@ typedef pt_err (*pt_kernel_fn)(const struct pt_op_call *c, void *workspace);
 typedef struct pt_op_call {
 	pt_op op;
 	int n_in, n_out;
-	const pt_tensor *in[PT_OP_MAX_IN];  /* borrowed; NULL for an absent optional input */
-	pt_tensor *out[PT_OP_MAX_OUT];      /* borrowed; NULL for an absent optional output */
+	const pt_tensor *in[PT_OP_MAX_IN]; /* borrowed; NULL for an absent optional input */
+	pt_tensor *out[PT_OP_MAX_OUT];     /* borrowed; NULL for an absent optional output */
 	pt_op_params p;
 	/* Filled by plan: */
 	pt_kernel_fn kernel;

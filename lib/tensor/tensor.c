@@ -9,12 +9,12 @@
 #include "dispatch.h"
 
 static const size_t dtype_sizes[PT_DTYPE_COUNT] = {
-	[PT_F32] = 4, [PT_F16] = 2, [PT_BF16] = 2, [PT_F64] = 8, [PT_I32] = 4,
-	[PT_I64] = 8, [PT_U8] = 1,  [PT_U16] = 2,  [PT_U32] = 4,
+    [PT_F32] = 4, [PT_F16] = 2, [PT_BF16] = 2, [PT_F64] = 8, [PT_I32] = 4,
+    [PT_I64] = 8, [PT_U8] = 1,  [PT_U16] = 2,  [PT_U32] = 4,
 };
 static const char *const dtype_names[PT_DTYPE_COUNT] = {
-	[PT_F32] = "f32", [PT_F16] = "f16", [PT_BF16] = "bf16", [PT_F64] = "f64", [PT_I32] = "i32",
-	[PT_I64] = "i64", [PT_U8] = "u8",   [PT_U16] = "u16",   [PT_U32] = "u32",
+    [PT_F32] = "f32", [PT_F16] = "f16", [PT_BF16] = "bf16", [PT_F64] = "f64", [PT_I32] = "i32",
+    [PT_I64] = "i64", [PT_U8] = "u8",   [PT_U16] = "u16",   [PT_U32] = "u32",
 };
 
 size_t pt_dtype_size(pt_dtype dt)
@@ -28,7 +28,7 @@ const char *pt_dtype_name(pt_dtype dt)
 }
 
 static pt_err storage_new(pt_storage **out, void *data, size_t nbytes, pt_device dev, bool owns,
-			  pt_storage *parent)
+                          pt_storage *parent)
 {
 	pt_storage *s = calloc(1, sizeof(*s));
 	if (s == NULL)
@@ -52,8 +52,8 @@ pt_err pt_storage_create(pt_storage **out, size_t nbytes, pt_device dev)
 
 	*out = NULL;
 	if (dev.kind != PT_DEV_CPU)
-		return pt_set_error(PT_ERR_UNSUPPORTED, "storage on device kind %d needs its backend",
-				    dev.kind);
+		return pt_set_error(PT_ERR_UNSUPPORTED,
+		                    "storage on device kind %d needs its backend", dev.kind);
 	if (rounded < nbytes)
 		return pt_set_error(PT_ERR_OVERFLOW, "storage of %zu bytes", nbytes);
 	data = aligned_alloc(64, rounded ? rounded : 64);
@@ -76,9 +76,9 @@ pt_err pt_storage_slice(pt_storage **out, pt_storage *parent, size_t offset, siz
 {
 	if (offset > parent->nbytes || nbytes > parent->nbytes - offset)
 		return pt_set_error(PT_ERR_RANGE, "slice [%zu, +%zu) of a %zu-byte storage", offset,
-				    nbytes, parent->nbytes);
-	PT_TRY(storage_new(out, (char *)parent->data + offset, nbytes, parent->device, false,
-			   parent));
+		                    nbytes, parent->nbytes);
+	PT_TRY(
+	    storage_new(out, (char *)parent->data + offset, nbytes, parent->device, false, parent));
 	pt_storage_retain(parent);
 	return PT_OK;
 }
@@ -127,7 +127,7 @@ static pt_err check_shape(int ndim, const int64_t *shape, int64_t *numel)
 
 pt_err pt_tensor_init(pt_tensor *t, pt_dtype dt, int ndim, const int64_t *shape)
 {
-	int64_t n;
+	int64_t n = 0;
 	pt_storage *s;
 	pt_err rv;
 
@@ -143,9 +143,9 @@ pt_err pt_tensor_init(pt_tensor *t, pt_dtype dt, int ndim, const int64_t *shape)
 }
 
 pt_err pt_tensor_init_on(pt_tensor *t, pt_storage *s, size_t byte_off, pt_dtype dt, int ndim,
-			 const int64_t *shape)
+                         const int64_t *shape)
 {
-	int64_t n;
+	int64_t n = 0;
 	size_t es = pt_dtype_size(dt);
 
 	memset(t, 0, sizeof(*t));
@@ -154,10 +154,11 @@ pt_err pt_tensor_init_on(pt_tensor *t, pt_storage *s, size_t byte_off, pt_dtype 
 	PT_TRY(check_shape(ndim, shape, &n));
 	if (byte_off % es != 0)
 		return pt_set_error(PT_ERR_INVALID, "byte offset %zu not aligned to %s", byte_off,
-				    pt_dtype_name(dt));
+		                    pt_dtype_name(dt));
 	if (byte_off > s->nbytes || (size_t)n * es > s->nbytes - byte_off)
-		return pt_set_error(PT_ERR_RANGE, "tensor of %" PRId64 " x %s at byte %zu exceeds %zu-byte storage", n,
-				    pt_dtype_name(dt), byte_off, s->nbytes);
+		return pt_set_error(
+		    PT_ERR_RANGE, "tensor of %" PRId64 " x %s at byte %zu exceeds %zu-byte storage",
+		    n, pt_dtype_name(dt), byte_off, s->nbytes);
 	t->storage = s;
 	pt_storage_retain(s);
 	t->offset = (int64_t)(byte_off / es);
@@ -223,7 +224,8 @@ char *pt_shape_str(char *buf, size_t len, int ndim, const int64_t *shape)
 	size_t off = 0;
 	off += (size_t)snprintf(buf + off, len - off, "(");
 	for (int i = 0; i < ndim && off < len; i++)
-		off += (size_t)snprintf(buf + off, len - off, "%s%" PRId64, i ? ", " : "", shape[i]);
+		off +=
+		    (size_t)snprintf(buf + off, len - off, "%s%" PRId64, i ? ", " : "", shape[i]);
 	if (off < len)
 		snprintf(buf + off, len - off, ")");
 	return buf;
@@ -231,15 +233,15 @@ char *pt_shape_str(char *buf, size_t len, int ndim, const int64_t *shape)
 
 pt_err pt_tensor_reshape(pt_tensor *dst, const pt_tensor *src, int ndim, const int64_t *shape)
 {
-	int64_t n;
+	int64_t n = 0;
 	char a[96], b[96];
 	pt_tensor tmp;
 
 	PT_TRY(check_shape(ndim, shape, &n));
 	if (n != pt_tensor_numel(src))
 		return pt_set_error(PT_ERR_SHAPE, "reshape %s to %s changes the element count",
-				    pt_shape_str(a, sizeof(a), src->ndim, src->shape),
-				    pt_shape_str(b, sizeof(b), ndim, shape));
+		                    pt_shape_str(a, sizeof(a), src->ndim, src->shape),
+		                    pt_shape_str(b, sizeof(b), ndim, shape));
 	if (!pt_tensor_is_contiguous(src))
 		return pt_set_error(PT_ERR_SHAPE, "reshape of a non-contiguous tensor");
 	tmp = *src;
@@ -255,10 +257,11 @@ pt_err pt_tensor_narrow(pt_tensor *dst, const pt_tensor *src, int dim, int64_t s
 {
 	pt_tensor tmp;
 	if (dim < 0 || dim >= src->ndim)
-		return pt_set_error(PT_ERR_RANGE, "narrow: dim %d of a %d-d tensor", dim, src->ndim);
+		return pt_set_error(PT_ERR_RANGE, "narrow: dim %d of a %d-d tensor", dim,
+		                    src->ndim);
 	if (start < 0 || len < 0 || start > src->shape[dim] || len > src->shape[dim] - start)
 		return pt_set_error(PT_ERR_RANGE, "narrow: [%" PRId64 ", +%" PRId64 ") of %" PRId64,
-				    start, len, src->shape[dim]);
+		                    start, len, src->shape[dim]);
 	tmp = *src;
 	tmp.offset += start * src->strides[dim];
 	tmp.shape[dim] = len;
@@ -273,7 +276,7 @@ pt_err pt_tensor_transpose(pt_tensor *dst, const pt_tensor *src, int a, int b)
 	int64_t x;
 	if (a < 0 || b < 0 || a >= src->ndim || b >= src->ndim)
 		return pt_set_error(PT_ERR_RANGE, "transpose dims %d, %d of a %d-d tensor", a, b,
-				    src->ndim);
+		                    src->ndim);
 	tmp = *src;
 	x = tmp.shape[a], tmp.shape[a] = tmp.shape[b], tmp.shape[b] = x;
 	x = tmp.strides[a], tmp.strides[a] = tmp.strides[b], tmp.strides[b] = x;
@@ -303,8 +306,9 @@ pt_err pt_tensor_sync(const pt_tensor *t)
 		st = (pt_state)atomic_load(&s->state);
 	}
 	if (st == PT_INVALID)
-		return pt_set_error(PT_ERR_PENDING_INVALID,
-				    "tensor is invalid: the deferred flush that computes it failed");
+		return pt_set_error(
+		    PT_ERR_PENDING_INVALID,
+		    "tensor is invalid: the deferred flush that computes it failed");
 	if (st == PT_PENDING)
 		return pt_set_error(PT_ERR_STATE, "tensor still pending after flush");
 	return PT_OK;
@@ -427,7 +431,7 @@ pt_err pt_tensor_item(const pt_tensor *t, int64_t index, double *out)
 		rem /= t->shape[d];
 	}
 	*out = element_as_double(t->dtype, (const char *)t->storage->data +
-						   off * (int64_t)pt_dtype_size(t->dtype));
+	                                       off * (int64_t)pt_dtype_size(t->dtype));
 	return PT_OK;
 }
 
@@ -462,7 +466,7 @@ pt_err pt_tensor_print(const pt_tensor *t, FILE *f)
 	int64_t n = pt_tensor_numel(t);
 	PT_TRY(pt_tensor_sync(t));
 	fprintf(f, "tensor%s %s [", pt_shape_str(sh, sizeof(sh), t->ndim, t->shape),
-		pt_dtype_name(t->dtype));
+	        pt_dtype_name(t->dtype));
 	for (int64_t i = 0; i < n && i < 8; i++) {
 		double v;
 		PT_TRY(pt_tensor_item(t, i, &v));
@@ -546,14 +550,24 @@ pt_err pt_tensor_convert(pt_tensor *dst, const pt_tensor *src)
 	const char *s = pt_tensor_data(src);
 	char *d = pt_tensor_data(dst);
 	for (int64_t i = 0; i < n; i++) {
-		double v = element_as_double(src->dtype, s + i * (int64_t)pt_dtype_size(src->dtype));
+		double v =
+		    element_as_double(src->dtype, s + i * (int64_t)pt_dtype_size(src->dtype));
 		switch (dst->dtype) {
-		case PT_F32: ((float *)d)[i] = (float)v; break;
-		case PT_F64: ((double *)d)[i] = v; break;
-		case PT_BF16: ((uint16_t *)d)[i] = pt_f32_to_bf16((float)v); break;
-		case PT_F16: ((uint16_t *)d)[i] = pt_f32_to_f16((float)v); break;
+		case PT_F32:
+			((float *)d)[i] = (float)v;
+			break;
+		case PT_F64:
+			((double *)d)[i] = v;
+			break;
+		case PT_BF16:
+			((uint16_t *)d)[i] = pt_f32_to_bf16((float)v);
+			break;
+		case PT_F16:
+			((uint16_t *)d)[i] = pt_f32_to_f16((float)v);
+			break;
 		default:
-			return pt_set_error(PT_ERR_DTYPE, "convert to %s", pt_dtype_name(dst->dtype));
+			return pt_set_error(PT_ERR_DTYPE, "convert to %s",
+			                    pt_dtype_name(dst->dtype));
 		}
 	}
 	atomic_store(&dst->storage->state, PT_READY);

@@ -98,7 +98,7 @@ pt_err pt_tensor_init(pt_tensor *t, pt_dtype dt, int ndim, const int64_t *shape)
 /* pt_tensor_init_on makes a contiguous tensor over storage s starting at byte
  * offset byte_off (must be element-aligned); t takes its own reference. */
 pt_err pt_tensor_init_on(pt_tensor *t, pt_storage *s, size_t byte_off, pt_dtype dt, int ndim,
-			 const int64_t *shape);
+                         const int64_t *shape);
 
 /* pt_tensor_fini releases t's storage reference and zeroes t. NULL-safe. */
 void pt_tensor_fini(pt_tensor *t);

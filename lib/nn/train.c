@@ -1,0 +1,190 @@
+/* train.c - the in-process training step and evaluation. */
+#include "train.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+#include "dispatch.h"
+
+struct pt_trainer {
+	pt_model *model;
+	pt_optimizer *opt;
+	pt_loss *loss;
+	pt_loss_kind loss_kind;
+	pt_tensor dpred;
+	bool deferred;
+	float *host_pred;
+	int64_t *host_tg;
+};
+
+pt_err pt_trainer_create(pt_trainer **out, pt_model *model, pt_optimizer *opt,
+                         pt_loss_kind loss_kind, int64_t ignore_index)
+{
+	pt_trainer *t;
+	pt_act_shape os = pt_model_output_shape(model);
+	int64_t shape[3];
+	int nd = 0;
+	pt_err rv;
+
+	*out = NULL;
+	shape[nd++] = pt_model_batch(model);
+	if (os.seq)
+		shape[nd++] = os.seq;
+	shape[nd++] = os.features;
+	if ((t = calloc(1, sizeof(*t))) == NULL)
+		return pt_set_error(PT_ERR_NOMEM, "trainer");
+	t->model = model;
+	t->opt = opt;
+	t->loss_kind = loss_kind;
+	if ((rv = pt_loss_create(&t->loss, loss_kind, nd, shape, ignore_index)) != PT_OK ||
+	    (rv = pt_tensor_init(&t->dpred, PT_F32, nd, shape)) != PT_OK)
+		goto fail;
+	*out = t;
+	return PT_OK;
+fail:
+	pt_trainer_destroy(t);
+	return rv;
+}
+
+void pt_trainer_destroy(pt_trainer *t)
+{
+	if (t == NULL)
+		return;
+	pt_loss_destroy(t->loss);
+	pt_tensor_fini(&t->dpred);
+	free(t->host_pred);
+	free(t->host_tg);
+	free(t);
+}
+
+void pt_trainer_set_deferred(pt_trainer *t, bool deferred)
+{
+	t->deferred = deferred;
+}
+
+static pt_err split(const pt_tensor *full, int64_t B, int k, int n, pt_tensor *out)
+{
+	if (full->shape[0] != B * n)
+		return pt_set_error(
+		    PT_ERR_INVALID,
+		    "a batch of %ld samples does not split into %d microbatches of %ld",
+		    (long)full->shape[0], n, (long)B);
+	return pt_tensor_narrow(out, full, 0, (int64_t)k * B, B);
+}
+
+static pt_err step_body(pt_trainer *t, const pt_tensor *x, const pt_tensor *y, int mbs,
+                        uint64_t step, pt_step_result *res)
+{
+	int64_t B = pt_model_batch(t->model);
+	double loss_sum = 0.0, sq;
+	float scale = 1.0f / (float)mbs;
+	pt_err rv = PT_OK;
+
+	PT_TRY(pt_model_zero_grad(t->model));
+	for (int k = 0; k < mbs && rv == PT_OK; k++) {
+		pt_tensor xk = {0}, yk = {0};
+		const pt_tensor *pred;
+		double l;
+		if ((rv = split(x, B, k, mbs, &xk)) == PT_OK &&
+		    (rv = split(y, B, k, mbs, &yk)) == PT_OK &&
+		    (rv = pt_model_forward(t->model, 0, &xk, &pred, true, step, (uint64_t)k)) ==
+		        PT_OK &&
+		    (rv = pt_loss_compute_loss(t->loss, pred, &yk, &l, NULL)) == PT_OK &&
+		    (rv = pt_loss_compute_gradient(t->loss, pred, &yk, scale, &t->dpred)) ==
+		        PT_OK &&
+		    (rv = pt_model_backward(t->model, 0, &t->dpred, NULL)) == PT_OK)
+			loss_sum += l;
+		pt_tensor_fini(&xk);
+		pt_tensor_fini(&yk);
+	}
+	if (rv != PT_OK)
+		return rv;
+	PT_TRY(pt_optimizer_sqnorm(t->opt, &sq));
+	res->grad_norm = sqrt(sq);
+	res->loss = loss_sum / mbs;
+	return PT_OK;
+}
+
+pt_err pt_trainer_step(pt_trainer *t, const pt_tensor *x, const pt_tensor *y, int microbatches,
+                       uint64_t step, pt_step_result *res)
+{
+	pt_dispatcher *d = pt_dispatcher_current();
+	pt_err rv;
+
+	if (microbatches <= 0)
+		return pt_set_error(PT_ERR_INVALID, "microbatches must be > 0, got %d",
+		                    microbatches);
+	if (t->deferred)
+		pt_deferred_begin(d);
+	rv = step_body(t, x, y, microbatches, step, res);
+	if (rv == PT_OK)
+		rv = pt_optimizer_step_clipped(t->opt, res->grad_norm, &res->lr);
+	if (t->deferred) {
+		pt_err rv2 = pt_deferred_end(d);
+		if (rv == PT_OK)
+			rv = rv2;
+	}
+	return rv;
+}
+
+pt_err pt_trainer_evaluate(pt_trainer *t, const pt_tensor *x, const pt_tensor *y, double *loss,
+                           double *accuracy)
+{
+	int64_t B = pt_model_batch(t->model), n, V, correct = 0, counted = 0;
+	double loss_sum = 0.0;
+	pt_act_shape os = pt_model_output_shape(t->model);
+
+	if (x->shape[0] % B != 0)
+		return pt_set_error(PT_ERR_INVALID,
+		                    "evaluation set of %ld is not a multiple of %ld",
+		                    (long)x->shape[0], (long)B);
+	n = x->shape[0] / B;
+	V = os.features;
+	for (int64_t k = 0; k < n; k++) {
+		pt_tensor xk = {0}, yk = {0};
+		const pt_tensor *pred;
+		double l;
+		int64_t cnt = 0;
+		pt_err rv;
+		if ((rv = pt_tensor_narrow(&xk, x, 0, k * B, B)) != PT_OK ||
+		    (rv = pt_tensor_narrow(&yk, y, 0, k * B, B)) != PT_OK ||
+		    (rv = pt_model_forward(t->model, 0, &xk, &pred, false, 0, 0)) != PT_OK ||
+		    (rv = pt_loss_compute_loss(t->loss, pred, &yk, &l, &cnt)) != PT_OK) {
+			pt_tensor_fini(&xk);
+			pt_tensor_fini(&yk);
+			return rv;
+		}
+		loss_sum += l;
+		if (t->loss_kind == PT_LOSS_CROSS_ENTROPY) {
+			int64_t rows = pt_tensor_numel(pred) / V;
+			if (!t->host_pred) {
+				t->host_pred =
+				    malloc(sizeof(float) * (size_t)pt_tensor_numel(pred));
+				t->host_tg = malloc(sizeof(int64_t) * (size_t)rows);
+				if (!t->host_pred || !t->host_tg)
+					rv = pt_set_error(PT_ERR_NOMEM, "evaluation buffers");
+			}
+			if (rv == PT_OK)
+				rv = pt_tensor_read(pred, t->host_pred, pt_tensor_nbytes(pred));
+			if (rv == PT_OK)
+				rv =
+				    pt_tensor_read(&yk, t->host_tg, sizeof(int64_t) * (size_t)rows);
+			for (int64_t r = 0; rv == PT_OK && r < rows; r++) {
+				const float *p = t->host_pred + r * V;
+				int64_t best = 0;
+				for (int64_t j = 1; j < V; j++)
+					best = p[j] > p[best] ? j : best;
+				correct += best == t->host_tg[r];
+				counted++;
+			}
+		}
+		pt_tensor_fini(&xk);
+		pt_tensor_fini(&yk);
+		if (rv != PT_OK)
+			return rv;
+	}
+	*loss = n ? loss_sum / (double)n : 0.0;
+	if (accuracy)
+		*accuracy = counted ? (double)correct / (double)counted : 0.0;
+	return PT_OK;
+}

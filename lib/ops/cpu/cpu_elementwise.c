@@ -1,0 +1,276 @@
+/* cpu_elementwise.c - fill, copy, scale, add, activations, dropout, softmax.
+ *
+ * Loops are written for `#pragma omp simd`; large tensors split across the
+ * calling thread's OpenMP budget in contiguous chunks, so results do not
+ * depend on the thread count (no cross-element reductions here).
+ */
+#include <math.h>
+#include <string.h>
+
+#include "cpu_kernels.h"
+#include "cpu_math.h"
+#include "rng.h"
+
+#define PAR_FOR _Pragma("omp parallel for schedule(static) if (n >= PT_CPU_PAR_MIN)")
+
+pt_err cpu_fill(const pt_op_call *c, void *ws)
+{
+	pt_tensor *o = c->out[0];
+	int64_t n = pt_tensor_numel(o);
+	double v = c->p.fill.value;
+	switch (o->dtype) {
+	case PT_F32: {
+		float *p = pt_tensor_f32(o), f = (float)v;
+		if (f == 0.0f && !signbit(f)) {
+			memset(p, 0, sizeof(float) * (size_t)n);
+			break;
+		}
+		for (int64_t i = 0; i < n; i++)
+			p[i] = f;
+		break;
+	}
+	case PT_F64: {
+		double *p = pt_tensor_data(o);
+		for (int64_t i = 0; i < n; i++)
+			p[i] = v;
+		break;
+	}
+	case PT_I64: {
+		int64_t *p = pt_tensor_data(o);
+		for (int64_t i = 0; i < n; i++)
+			p[i] = (int64_t)v;
+		break;
+	}
+	case PT_I32: {
+		int32_t *p = pt_tensor_data(o);
+		for (int64_t i = 0; i < n; i++)
+			p[i] = (int32_t)v;
+		break;
+	}
+	default:
+		return pt_set_error(PT_ERR_DTYPE, "fill: %s", pt_dtype_name(o->dtype));
+	}
+	return PT_OK;
+}
+
+pt_err cpu_copy(const pt_op_call *c, void *ws)
+{
+	const pt_tensor *x = c->in[0];
+	pt_tensor *o = c->out[0];
+	size_t es = pt_dtype_size(x->dtype);
+	int64_t n = pt_tensor_numel(x);
+	int64_t idx[PT_MAX_DIMS] = {0};
+
+	if (pt_tensor_is_contiguous(x) && pt_tensor_is_contiguous(o)) {
+		memmove(pt_tensor_data(o), pt_tensor_data(x), (size_t)n * es);
+		return PT_OK;
+	}
+	for (int64_t k = 0; k < n; k++) {
+		int64_t xo = x->offset, oo = o->offset;
+		for (int d = 0; d < x->ndim; d++) {
+			xo += idx[d] * x->strides[d];
+			oo += idx[d] * o->strides[d];
+		}
+		memcpy((char *)o->storage->data + oo * (int64_t)es,
+		       (char *)x->storage->data + xo * (int64_t)es, es);
+		for (int d = x->ndim - 1; d >= 0; d--) {
+			if (++idx[d] < x->shape[d])
+				break;
+			idx[d] = 0;
+		}
+	}
+	return PT_OK;
+}
+
+pt_err cpu_scale(const pt_op_call *c, void *ws)
+{
+	const float *x = pt_tensor_f32(c->in[0]);
+	float *y = pt_tensor_f32(c->out[0]), a = c->p.scale.alpha;
+	int64_t n = pt_tensor_numel(c->in[0]);
+#pragma omp simd
+	for (int64_t i = 0; i < n; i++)
+		y[i] = a * x[i];
+	return PT_OK;
+}
+
+pt_err cpu_add(const pt_op_call *c, void *ws)
+{
+	const float *a = pt_tensor_f32(c->in[0]), *b = pt_tensor_f32(c->in[1]);
+	float *y = pt_tensor_f32(c->out[0]);
+	float al = c->p.add.alpha, be = c->p.add.beta;
+	int64_t n = pt_tensor_numel(c->in[0]);
+	if (al == 1.0f && be == 1.0f) {
+		PAR_FOR
+		for (int64_t i = 0; i < n; i++)
+			y[i] = a[i] + b[i];
+	} else {
+		PAR_FOR
+		for (int64_t i = 0; i < n; i++)
+			y[i] = al * a[i] + be * b[i];
+	}
+	return PT_OK;
+}
+
+pt_err cpu_activation_forward(const pt_op_call *c, void *ws)
+{
+	const float *x = pt_tensor_f32(c->in[0]);
+	float *y = pt_tensor_f32(c->out[0]);
+	int64_t n = pt_tensor_numel(c->in[0]);
+
+	switch (c->p.act.kind) {
+	case PT_ACT_RELU:
+		PAR_FOR
+		for (int64_t i = 0; i < n; i++)
+			y[i] = x[i] > 0.0f ? x[i] : 0.0f;
+		break;
+	case PT_ACT_GELU:
+		PAR_FOR
+		for (int64_t i = 0; i < n; i++) {
+			float v = x[i];
+			float u = PT_GELU_K * (v + 0.044715f * v * v * v);
+			y[i] = 0.5f * v * (1.0f + pt_tanhf(u));
+		}
+		break;
+	case PT_ACT_TANH:
+		PAR_FOR
+		for (int64_t i = 0; i < n; i++)
+			y[i] = pt_tanhf(x[i]);
+		break;
+	case PT_ACT_SIGMOID:
+		PAR_FOR
+		for (int64_t i = 0; i < n; i++)
+			y[i] = pt_sigmoidf(x[i]);
+		break;
+	}
+	return PT_OK;
+}
+
+pt_err cpu_activation_backward(const pt_op_call *c, void *ws)
+{
+	const float *dy = pt_tensor_f32(c->in[0]);
+	const float *x = c->in[1] ? pt_tensor_f32(c->in[1]) : NULL;
+	const float *y = c->in[2] ? pt_tensor_f32(c->in[2]) : NULL;
+	float *dx = pt_tensor_f32(c->out[0]);
+	float acc = c->p.act.accum_dx ? 1.0f : 0.0f;
+	int64_t n = pt_tensor_numel(c->in[0]);
+
+	switch (c->p.act.kind) {
+	case PT_ACT_RELU:
+		PAR_FOR
+		for (int64_t i = 0; i < n; i++)
+			dx[i] = (acc != 0.0f ? dx[i] : 0.0f) + (x[i] > 0.0f ? dy[i] : 0.0f);
+		break;
+	case PT_ACT_GELU:
+		PAR_FOR
+		for (int64_t i = 0; i < n; i++) {
+			float v = x[i];
+			float u = PT_GELU_K * (v + 0.044715f * v * v * v);
+			float t = pt_tanhf(u);
+			float du = PT_GELU_K * (1.0f + 3.0f * 0.044715f * v * v);
+			float g = 0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du;
+			dx[i] = (acc != 0.0f ? dx[i] : 0.0f) + g * dy[i];
+		}
+		break;
+	case PT_ACT_TANH:
+		PAR_FOR
+		for (int64_t i = 0; i < n; i++)
+			dx[i] = (acc != 0.0f ? dx[i] : 0.0f) + (1.0f - y[i] * y[i]) * dy[i];
+		break;
+	case PT_ACT_SIGMOID:
+		PAR_FOR
+		for (int64_t i = 0; i < n; i++)
+			dx[i] = (acc != 0.0f ? dx[i] : 0.0f) + y[i] * (1.0f - y[i]) * dy[i];
+		break;
+	}
+	return PT_OK;
+}
+
+/* Dropout keeps element i when its Philox draw is >= p. Block i/4 of
+ * (seed, stream) gives the draws of elements 4k..4k+3. */
+static void dropout_apply(float *out, const float *in, int64_t n, float p, uint64_t seed,
+                          uint64_t stream, float acc)
+{
+	float keep_scale = 1.0f / (1.0f - p);
+	if (p == 0.0f) {
+		for (int64_t i = 0; i < n; i++)
+			out[i] = (acc != 0.0f ? out[i] : 0.0f) + in[i];
+		return;
+	}
+#pragma omp parallel for schedule(static) if (n >= PT_CPU_PAR_MIN)
+	for (int64_t k = 0; k < (n + 3) / 4; k++) {
+		uint32_t w[4];
+		pt_philox(seed, stream, (uint64_t)k, w);
+		for (int j = 0; j < 4 && 4 * k + j < n; j++) {
+			int64_t i = 4 * k + j;
+			float m = pt_u32_to_unit(w[j]) >= p ? keep_scale : 0.0f;
+			out[i] = (acc != 0.0f ? out[i] : 0.0f) + in[i] * m;
+		}
+	}
+}
+
+pt_err cpu_dropout_forward(const pt_op_call *c, void *ws)
+{
+	dropout_apply(pt_tensor_f32(c->out[0]), pt_tensor_f32(c->in[0]), pt_tensor_numel(c->in[0]),
+	              c->p.dropout.p, c->p.dropout.seed, c->p.dropout.stream, 0.0f);
+	return PT_OK;
+}
+
+pt_err cpu_dropout_backward(const pt_op_call *c, void *ws)
+{
+	dropout_apply(pt_tensor_f32(c->out[0]), pt_tensor_f32(c->in[0]), pt_tensor_numel(c->in[0]),
+	              c->p.dropout.p, c->p.dropout.seed, c->p.dropout.stream,
+	              c->p.dropout.accum_dx ? 1.0f : 0.0f);
+	return PT_OK;
+}
+
+pt_err cpu_softmax_forward(const pt_op_call *c, void *ws)
+{
+	const pt_tensor *xt = c->in[0];
+	int64_t C = xt->shape[xt->ndim - 1], R = pt_tensor_numel(xt) / (C ? C : 1);
+	const float *x = pt_tensor_f32(xt);
+	float *y = pt_tensor_f32(c->out[0]);
+	int64_t n = R * C;
+
+	PAR_FOR
+	for (int64_t r = 0; r < R; r++) {
+		const float *xr = x + r * C;
+		float *yr = y + r * C;
+		float mx = -INFINITY, sum = 0.0f;
+		for (int64_t j = 0; j < C; j++)
+			mx = xr[j] > mx ? xr[j] : mx;
+#pragma omp simd reduction(+ : sum)
+		for (int64_t j = 0; j < C; j++) {
+			yr[j] = pt_expf(xr[j] - mx);
+			sum += yr[j];
+		}
+		float inv = 1.0f / sum;
+#pragma omp simd
+		for (int64_t j = 0; j < C; j++)
+			yr[j] *= inv;
+	}
+	return PT_OK;
+}
+
+pt_err cpu_softmax_backward(const pt_op_call *c, void *ws)
+{
+	const pt_tensor *yt = c->in[1];
+	int64_t C = yt->shape[yt->ndim - 1], R = pt_tensor_numel(yt) / (C ? C : 1);
+	const float *dy = pt_tensor_f32(c->in[0]), *y = pt_tensor_f32(yt);
+	float *dx = pt_tensor_f32(c->out[0]);
+	float acc = c->p.act.accum_dx ? 1.0f : 0.0f;
+	int64_t n = R * C;
+
+	PAR_FOR
+	for (int64_t r = 0; r < R; r++) {
+		const float *dyr = dy + r * C, *yr = y + r * C;
+		float *dxr = dx + r * C;
+		float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+		for (int64_t j = 0; j < C; j++)
+			dot += dyr[j] * yr[j];
+#pragma omp simd
+		for (int64_t j = 0; j < C; j++)
+			dxr[j] = (acc != 0.0f ? dxr[j] : 0.0f) + yr[j] * (dyr[j] - dot);
+	}
+	return PT_OK;
+}

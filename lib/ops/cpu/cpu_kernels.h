@@ -1,0 +1,54 @@
+/* cpu_kernels.h - the CPU implementations of every op (plain C + oneDNN).
+ *
+ * Each kernel takes a call that meta has already validated and a workspace of
+ * the size its planner asked for. They are the reference every other backend
+ * is checked against.
+ */
+#ifndef PT_CPU_KERNELS_H
+#define PT_CPU_KERNELS_H
+
+#include "dispatch.h"
+
+#define PT_CPU_KERNELS(X)                                                                          \
+	X(fill)                                                                                    \
+	X(copy)                                                                                    \
+	X(scale)                                                                                   \
+	X(add)                                                                                     \
+	X(matmul)                                                                                  \
+	X(linear_forward)                                                                          \
+	X(linear_backward)                                                                         \
+	X(activation_forward)                                                                      \
+	X(activation_backward)                                                                     \
+	X(dropout_forward)                                                                         \
+	X(dropout_backward)                                                                        \
+	X(softmax_forward)                                                                         \
+	X(softmax_backward)                                                                        \
+	X(layernorm_forward)                                                                       \
+	X(layernorm_backward)                                                                      \
+	X(embedding_forward)                                                                       \
+	X(embedding_backward)                                                                      \
+	X(attention_forward)                                                                       \
+	X(attention_backward)                                                                      \
+	X(cross_entropy_forward)                                                                   \
+	X(cross_entropy_backward)                                                                  \
+	X(mse_forward)                                                                             \
+	X(mse_backward)                                                                            \
+	X(squared_norm)                                                                            \
+	X(adamw)                                                                                   \
+	X(sgd)
+
+#define PT_CPU_DECL(name) pt_err cpu_##name(const pt_op_call *c, void *ws);
+PT_CPU_KERNELS(PT_CPU_DECL)
+#undef PT_CPU_DECL
+
+/* cpu_attention_workspace returns the bytes attention backward needs. */
+size_t cpu_attention_workspace(const pt_op_call *c);
+
+/* cpu_gemm: row-major C (M, N) = alpha op(A) op(B) + beta C through oneDNN. */
+pt_err cpu_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
+                int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
+
+/* Rows above this many elements are worth splitting across OpenMP threads. */
+#define PT_CPU_PAR_MIN 32768
+
+#endif

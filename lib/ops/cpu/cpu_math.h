@@ -1,0 +1,49 @@
+/* cpu_math.h - vectorisable float math for the CPU kernels.
+ *
+ * glibc's expf/tanhf are scalar calls that stop GCC from vectorising loops;
+ * these inline versions are branch-free arithmetic so `#pragma omp simd`
+ * loops compile to AVX2. Accuracy: pt_expf within 2 ulp over [-87, 88].
+ */
+#ifndef PT_CPU_MATH_H
+#define PT_CPU_MATH_H
+
+#include <stdint.h>
+#include <string.h>
+
+#pragma omp declare simd notinbranch
+static inline float pt_expf(float x)
+{
+	/* exp(x) = 2^n * exp(r), r = x - n ln2, |r| <= ln2/2; degree-6 polynomial. */
+	x = x < -87.3f ? -87.3f : (x > 88.7f ? 88.7f : x);
+	float n = __builtin_roundevenf(x * 1.44269504088896341f);
+	float r = x - n * 0.693145751953125f;
+	r = r - n * 1.428606765330187045e-06f;
+	float p = 1.9875691500e-4f;
+	p = p * r + 1.3981999507e-3f;
+	p = p * r + 8.3334519073e-3f;
+	p = p * r + 4.1665795894e-2f;
+	p = p * r + 1.6666665459e-1f;
+	p = p * r + 5.0000001201e-1f;
+	p = p * r * r + r + 1.0f;
+	int32_t e = ((int32_t)n + 127) << 23;
+	float s;
+	memcpy(&s, &e, 4);
+	return p * s;
+}
+
+#pragma omp declare simd notinbranch
+static inline float pt_tanhf(float x)
+{
+	/* tanh(x) = 1 - 2 / (exp(2x) + 1); saturates correctly at both ends. */
+	return 1.0f - 2.0f / (pt_expf(2.0f * x) + 1.0f);
+}
+
+#pragma omp declare simd notinbranch
+static inline float pt_sigmoidf(float x)
+{
+	return 1.0f / (1.0f + pt_expf(-x));
+}
+
+#define PT_GELU_K 0.7978845608028654f /* sqrt(2 / pi) */
+
+#endif

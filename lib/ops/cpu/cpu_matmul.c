@@ -1,0 +1,79 @@
+/* cpu_matmul.c - matrix products through oneDNN's sgemm (AVX-512 picked at
+ * run time), and the Linear layer's forward and backward built on them. */
+#include <oneapi/dnnl/dnnl.h>
+#include <string.h>
+
+#include "cpu_kernels.h"
+
+pt_err cpu_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
+                int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc)
+{
+	dnnl_status_t st;
+	if (M == 0 || N == 0)
+		return PT_OK;
+	st = dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, alpha, A, lda, B, ldb, beta, C,
+	                ldc);
+	if (st != dnnl_success)
+		return pt_set_error(PT_ERR_BACKEND, "dnnl_sgemm(%ld x %ld x %ld) failed: status %d",
+		                    (long)M, (long)N, (long)K, (int)st);
+	return PT_OK;
+}
+
+pt_err cpu_matmul(const pt_op_call *c, void *ws)
+{
+	const pt_tensor *a = c->in[0], *b = c->in[1];
+	pt_tensor *o = c->out[0];
+	bool ta = c->p.matmul.trans_a, tb = c->p.matmul.trans_b;
+	int64_t M = o->shape[0], N = o->shape[1];
+	int64_t K = ta ? a->shape[0] : a->shape[1];
+	return cpu_gemm(ta, tb, M, N, K, c->p.matmul.alpha, pt_tensor_f32(a), a->strides[0],
+	                pt_tensor_f32(b), b->strides[0], c->p.matmul.beta, pt_tensor_f32(o),
+	                o->strides[0]);
+}
+
+static int64_t rows_of(const pt_tensor *t)
+{
+	return pt_tensor_numel(t) / t->shape[t->ndim - 1];
+}
+
+pt_err cpu_linear_forward(const pt_op_call *c, void *ws)
+{
+	const pt_tensor *x = c->in[0], *w = c->in[1], *b = c->in[2];
+	float *y = pt_tensor_f32(c->out[0]);
+	int64_t N = rows_of(x), I = w->shape[1], O = w->shape[0];
+	float beta = 0.0f;
+
+	if (b != NULL) {
+		/* Seed each output row with the bias, then accumulate the product. */
+		const float *bias = pt_tensor_f32(b);
+		for (int64_t r = 0; r < N; r++)
+			memcpy(y + r * O, bias, sizeof(float) * (size_t)O);
+		beta = 1.0f;
+	}
+	return cpu_gemm(false, true, N, O, I, 1.0f, pt_tensor_f32(x), I, pt_tensor_f32(w), I, beta,
+	                y, O);
+}
+
+pt_err cpu_linear_backward(const pt_op_call *c, void *ws)
+{
+	const pt_tensor *dy = c->in[0], *x = c->in[1], *w = c->in[2];
+	int64_t N = rows_of(x), I = w->shape[1], O = w->shape[0];
+	const float *g = pt_tensor_f32(dy);
+
+	if (c->out[0] != NULL)
+		PT_TRY(cpu_gemm(false, false, N, I, O, 1.0f, g, O, pt_tensor_f32(w), I,
+		                c->p.linear.accum_dx ? 1.0f : 0.0f, pt_tensor_f32(c->out[0]), I));
+	PT_TRY(cpu_gemm(true, false, O, I, N, 1.0f, g, O, pt_tensor_f32(x), I, 1.0f,
+	                pt_tensor_f32(c->out[1]), I));
+	if (c->out[2] != NULL) {
+		/* Column sums, rows in order: deterministic for any thread count. */
+		float *db = pt_tensor_f32(c->out[2]);
+		for (int64_t r = 0; r < N; r++) {
+			const float *row = g + r * O;
+#pragma omp simd
+			for (int64_t j = 0; j < O; j++)
+				db[j] += row[j];
+		}
+	}
+	return PT_OK;
+}

@@ -1,0 +1,83 @@
+/* cpu_optim.c - squared norm, AdamW and SGD on flat parameter buffers.
+ *
+ * Updates are element-wise, so splitting them across threads cannot change
+ * a bit. The squared norm sums fixed-size chunks in order, so it too is
+ * independent of the thread count.
+ */
+#include <math.h>
+
+#include "cpu_kernels.h"
+
+#define NORM_CHUNK 4096
+
+pt_err cpu_squared_norm(const pt_op_call *c, void *ws)
+{
+	const float *x = pt_tensor_f32(c->in[0]);
+	int64_t n = pt_tensor_numel(c->in[0]);
+	int64_t nchunks = (n + NORM_CHUNK - 1) / NORM_CHUNK;
+	double total = 0.0;
+
+	/* Chunk sums in parallel, added to the shared total in chunk order. */
+#pragma omp parallel for schedule(static) ordered if (n >= 1 << 20)
+	for (int64_t k = 0; k < nchunks; k++) {
+		int64_t lo = k * NORM_CHUNK, hi = lo + NORM_CHUNK < n ? lo + NORM_CHUNK : n;
+		double s = 0.0;
+		for (int64_t i = lo; i < hi; i++)
+			s += (double)x[i] * (double)x[i];
+#pragma omp ordered
+		total += s;
+	}
+	*(double *)pt_tensor_data(c->out[0]) = total;
+	return PT_OK;
+}
+
+pt_err cpu_adamw(const pt_op_call *c, void *ws)
+{
+	const float *g = pt_tensor_f32(c->in[0]);
+	float *p = pt_tensor_f32(c->out[0]), *m = pt_tensor_f32(c->out[1]);
+	float *v = pt_tensor_f32(c->out[2]);
+	int64_t n = pt_tensor_numel(c->in[0]);
+	float lr = c->p.adamw.lr, b1 = c->p.adamw.beta1, b2 = c->p.adamw.beta2;
+	float eps = c->p.adamw.eps, wd = c->p.adamw.weight_decay, gs = c->p.adamw.grad_scale;
+	double t = (double)c->p.adamw.step;
+	float bc1 = (float)(1.0 - pow((double)b1, t));
+	float bc2_sqrt = (float)sqrt(1.0 - pow((double)b2, t));
+	float step_size = lr / bc1;
+	float decay = 1.0f - lr * wd;
+
+#pragma omp parallel for simd schedule(static) if (n >= PT_CPU_PAR_MIN)
+	for (int64_t i = 0; i < n; i++) {
+		float gi = g[i] * gs;
+		float mi = b1 * m[i] + (1.0f - b1) * gi;
+		float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
+		m[i] = mi;
+		v[i] = vi;
+		/* PyTorch's AdamW: decay first, then p -= lr/bc1 * m / (sqrt(v)/sqrt(bc2) + eps).
+		 */
+		p[i] = p[i] * decay - step_size * mi / (sqrtf(vi) / bc2_sqrt + eps);
+	}
+	return PT_OK;
+}
+
+pt_err cpu_sgd(const pt_op_call *c, void *ws)
+{
+	const float *g = pt_tensor_f32(c->in[0]);
+	float *p = pt_tensor_f32(c->out[0]);
+	float *buf = c->out[1] ? pt_tensor_f32(c->out[1]) : NULL;
+	int64_t n = pt_tensor_numel(c->in[0]);
+	float lr = c->p.sgd.lr, mu = c->p.sgd.momentum, damp = c->p.sgd.dampening;
+	float wd = c->p.sgd.weight_decay, gs = c->p.sgd.grad_scale;
+	bool nesterov = c->p.sgd.nesterov, first = c->p.sgd.first_step;
+
+#pragma omp parallel for simd schedule(static) if (n >= PT_CPU_PAR_MIN)
+	for (int64_t i = 0; i < n; i++) {
+		float d = g[i] * gs + wd * p[i];
+		if (mu != 0.0f) {
+			float b = first ? d : mu * buf[i] + (1.0f - damp) * d;
+			buf[i] = b;
+			d = nesterov ? d + mu * b : b;
+		}
+		p[i] -= lr * d;
+	}
+	return PT_OK;
+}

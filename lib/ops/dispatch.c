@@ -1,0 +1,315 @@
+/* dispatch.c - eager and deferred execution of op calls.
+ *
+ * Deferred mode copies each call (with its tensor views and a reference to
+ * every storage it touches) into a queue; flush plans all, then runs all in
+ * order. Workspace is one buffer per dispatcher that only grows, so a steady
+ * training step allocates nothing.
+ */
+#include "dispatch.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+
+extern const pt_op_def pt_op_defs[PT_OP_COUNT];
+
+typedef struct queued_call {
+	pt_op_call call;
+	pt_tensor in_t[PT_OP_MAX_IN];
+	pt_tensor out_t[PT_OP_MAX_OUT];
+} queued_call;
+
+struct pt_dispatcher {
+	int deferred_depth;
+	queued_call *queue;
+	size_t n_queued, cap_queued;
+	void *workspace;
+	size_t workspace_size;
+	bool inject[PT_OP_COUNT];
+	bool flushing;
+	pt_dispatch_stats stats;
+};
+
+static _Thread_local pt_dispatcher *current;
+static _Thread_local pt_dispatcher *thread_default;
+
+const char *pt_op_name(pt_op op)
+{
+	return (unsigned)op < PT_OP_COUNT ? pt_op_defs[op].name : "unknown-op";
+}
+
+pt_err pt_dispatcher_create(pt_dispatcher **out)
+{
+	pt_dispatcher *d = calloc(1, sizeof(*d));
+	*out = NULL;
+	if (d == NULL)
+		return pt_set_error(PT_ERR_NOMEM, "dispatcher");
+	*out = d;
+	return PT_OK;
+}
+
+static void mark_outputs(queued_call *q, pt_state st)
+{
+	for (int i = 0; i < q->call.n_out; i++) {
+		pt_tensor *t = q->call.out[i];
+		if (t == NULL)
+			continue;
+		atomic_store(&t->storage->state, st);
+		atomic_store(&t->storage->pending_in, NULL);
+	}
+}
+
+static void release_call(queued_call *q)
+{
+	for (int i = 0; i < q->call.n_in; i++)
+		if (q->call.in[i])
+			pt_tensor_fini(&q->in_t[i]);
+	for (int i = 0; i < q->call.n_out; i++)
+		if (q->call.out[i])
+			pt_tensor_fini(&q->out_t[i]);
+}
+
+/* Drops the whole queue; outputs get state st. */
+static void clear_queue(pt_dispatcher *d, pt_state st)
+{
+	for (size_t i = 0; i < d->n_queued; i++)
+		mark_outputs(&d->queue[i], st);
+	for (size_t i = 0; i < d->n_queued; i++)
+		release_call(&d->queue[i]);
+	d->n_queued = 0;
+}
+
+void pt_dispatcher_destroy(pt_dispatcher *d)
+{
+	if (d == NULL)
+		return;
+	clear_queue(d, PT_INVALID);
+	if (current == d)
+		current = NULL;
+	if (thread_default == d)
+		thread_default = NULL;
+	free(d->queue);
+	free(d->workspace);
+	free(d);
+}
+
+pt_dispatcher *pt_dispatcher_current(void)
+{
+	if (current != NULL)
+		return current;
+	if (thread_default == NULL && pt_dispatcher_create(&thread_default) != PT_OK)
+		return NULL;
+	return thread_default;
+}
+
+pt_dispatcher *pt_dispatcher_set_current(pt_dispatcher *d)
+{
+	pt_dispatcher *prev = pt_dispatcher_current();
+	current = d;
+	return prev;
+}
+
+void pt_deferred_begin(pt_dispatcher *d)
+{
+	d->deferred_depth++;
+}
+
+pt_err pt_deferred_end(pt_dispatcher *d)
+{
+	if (d->deferred_depth <= 0)
+		return pt_set_error(PT_ERR_STATE, "deferred_end without deferred_begin");
+	if (--d->deferred_depth > 0)
+		return PT_OK;
+	return pt_dispatcher_flush(d);
+}
+
+pt_dispatch_mode pt_dispatcher_mode(const pt_dispatcher *d)
+{
+	return d->deferred_depth > 0 ? PT_DEFERRED : PT_EAGER;
+}
+
+size_t pt_dispatcher_pending(const pt_dispatcher *d)
+{
+	return d->n_queued;
+}
+
+pt_dispatch_stats pt_dispatcher_stats(const pt_dispatcher *d)
+{
+	return d->stats;
+}
+
+void pt_dispatcher_inject_failure(pt_dispatcher *d, pt_op op, bool armed)
+{
+	if ((unsigned)op < PT_OP_COUNT)
+		d->inject[op] = armed;
+}
+
+static pt_err ensure_workspace(pt_dispatcher *d, size_t need)
+{
+	void *ws;
+	if (need <= d->workspace_size)
+		return PT_OK;
+	need = (need + 4095) & ~(size_t)4095;
+	ws = aligned_alloc(64, need);
+	if (ws == NULL)
+		return pt_set_error(PT_ERR_NOMEM, "op workspace of %zu bytes", need);
+	free(d->workspace);
+	d->workspace = ws;
+	d->workspace_size = need;
+	return PT_OK;
+}
+
+static pt_err run_planned(pt_dispatcher *d, const pt_op_call *c)
+{
+	if (d->inject[c->op])
+		return pt_set_error(PT_ERR_BACKEND, "%s: injected failure", pt_op_name(c->op));
+	return c->kernel(c, d->workspace);
+}
+
+pt_err pt_dispatcher_flush(pt_dispatcher *d)
+{
+	size_t need = 0, i = 0;
+	pt_err rv = PT_OK;
+	const char *stage = "plan";
+
+	if (d->n_queued == 0 || d->flushing)
+		return PT_OK;
+	d->flushing = true;
+	for (i = 0; i < d->n_queued; i++) {
+		pt_op_call *c = &d->queue[i].call;
+		if ((rv = pt_op_defs[c->op].plan(c)) != PT_OK)
+			goto fail;
+		if (c->workspace > need)
+			need = c->workspace;
+	}
+	if ((rv = ensure_workspace(d, need)) != PT_OK)
+		goto fail;
+	stage = "impl";
+	for (i = 0; i < d->n_queued; i++)
+		if ((rv = run_planned(d, &d->queue[i].call)) != PT_OK)
+			goto fail;
+	d->stats.flushes++;
+	clear_queue(d, PT_READY);
+	d->flushing = false;
+	return PT_OK;
+fail : {
+	char detail[512];
+	size_t n = d->n_queued;
+	snprintf(detail, sizeof(detail), "%s", pt_last_error());
+	pt_set_error(rv,
+	             "deferred flush failed in %s of op %zu/%zu (%s): %s; %zu queued ops dropped",
+	             stage, i + 1, n, pt_op_name(d->queue[i < n ? i : 0].call.op), detail, n);
+	pt_debug("%s", pt_last_error());
+	clear_queue(d, PT_INVALID);
+	d->stats.failed_flushes++;
+	d->flushing = false;
+	return rv;
+}
+}
+
+/* Inputs must be valid; eager reads of pending data and any write to pending
+ * data first flush the queue that owns it (a sync boundary). */
+static pt_err check_operands(pt_dispatcher *d, const pt_op_call *c, bool eager)
+{
+	for (int pass = 0; pass < 2; pass++) {
+		int n = pass == 0 ? c->n_in : c->n_out;
+		for (int i = 0; i < n; i++) {
+			const pt_tensor *t = pass == 0 ? c->in[i] : c->out[i];
+			pt_storage *s;
+			if (t == NULL)
+				continue;
+			s = t->storage;
+			if (atomic_load(&s->state) == PT_PENDING) {
+				pt_dispatcher *owner = atomic_load(&s->pending_in);
+				if (owner != NULL && (eager || owner != d))
+					PT_TRY(pt_dispatcher_flush(owner));
+			}
+			if (pass == 0 && atomic_load(&s->state) == PT_INVALID)
+				return pt_set_error(
+				    PT_ERR_PENDING_INVALID,
+				    "%s: input %d is invalid (its deferred flush failed)",
+				    pt_op_name(c->op), i);
+		}
+	}
+	return PT_OK;
+}
+
+static pt_err enqueue(pt_dispatcher *d, const pt_op_call *c)
+{
+	queued_call *q;
+	if (d->n_queued == d->cap_queued) {
+		size_t cap = d->cap_queued ? d->cap_queued * 2 : 64;
+		queued_call *nq = realloc(d->queue, cap * sizeof(*nq));
+		if (nq == NULL)
+			return pt_set_error(PT_ERR_NOMEM, "deferred queue of %zu calls", cap);
+		/* Calls point into their own entries: fix the pointers after a move. */
+		for (size_t i = 0; i < d->n_queued; i++) {
+			for (int k = 0; k < nq[i].call.n_in; k++)
+				if (nq[i].call.in[k])
+					nq[i].call.in[k] = &nq[i].in_t[k];
+			for (int k = 0; k < nq[i].call.n_out; k++)
+				if (nq[i].call.out[k])
+					nq[i].call.out[k] = &nq[i].out_t[k];
+		}
+		d->queue = nq;
+		d->cap_queued = cap;
+	}
+	q = &d->queue[d->n_queued++];
+	q->call = *c;
+	for (int k = 0; k < c->n_in; k++)
+		if (c->in[k]) {
+			pt_tensor_view(&q->in_t[k], c->in[k]);
+			q->call.in[k] = &q->in_t[k];
+		}
+	for (int k = 0; k < c->n_out; k++)
+		if (c->out[k]) {
+			pt_tensor_view(&q->out_t[k], c->out[k]);
+			q->call.out[k] = &q->out_t[k];
+			atomic_store(&c->out[k]->storage->state, PT_PENDING);
+			atomic_store(&c->out[k]->storage->pending_in, d);
+		}
+	if (d->n_queued > d->stats.queued_peak)
+		d->stats.queued_peak = d->n_queued;
+	return PT_OK;
+}
+
+pt_err pt_dispatch_on(pt_dispatcher *d, pt_op_call *c)
+{
+	const pt_op_def *def;
+	bool eager;
+
+	if (d == NULL)
+		return pt_set_error(PT_ERR_NOMEM, "no dispatcher");
+	if ((unsigned)c->op >= PT_OP_COUNT)
+		return pt_set_error(PT_ERR_INVALID, "unknown op %d", (int)c->op);
+	def = &pt_op_defs[c->op];
+	c->n_in = def->n_in;
+	c->n_out = def->n_out;
+	for (int i = 0; i < c->n_in; i++)
+		if (c->in[i] && c->in[i]->storage == NULL)
+			return pt_set_error(PT_ERR_INVALID, "%s: input %d has no storage",
+			                    def->name, i);
+	for (int i = 0; i < c->n_out; i++)
+		if (c->out[i] && c->out[i]->storage == NULL)
+			return pt_set_error(PT_ERR_INVALID, "%s: output %d has no storage",
+			                    def->name, i);
+	PT_TRY(def->meta(c));
+	eager = d->deferred_depth == 0;
+	PT_TRY(check_operands(d, c, eager));
+	d->stats.dispatched++;
+	if (!eager)
+		return enqueue(d, c);
+	PT_TRY(def->plan(c));
+	PT_TRY(ensure_workspace(d, c->workspace));
+	PT_TRY(run_planned(d, c));
+	for (int i = 0; i < c->n_out; i++)
+		if (c->out[i])
+			atomic_store(&c->out[i]->storage->state, PT_READY);
+	return PT_OK;
+}
+
+pt_err pt_dispatch(pt_op_call *c)
+{
+	return pt_dispatch_on(pt_dispatcher_current(), c);
+}
