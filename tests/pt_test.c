@@ -11,8 +11,11 @@ void pt_test_report(int rv, const char *expr, const char *file, int line)
 
 const char *pt_test_path(const char *rel)
 {
-	static char buf[4096];
-	snprintf(buf, sizeof(buf), "%s/%s", PT_SOURCE_ROOT, rel);
+	/* A few rotating buffers, so several calls can appear in one expression. */
+	static char bufs[8][4096];
+	static unsigned next;
+	char *buf = bufs[next++ % 8];
+	snprintf(buf, sizeof(bufs[0]), "%s/%s", PT_SOURCE_ROOT, rel);
 	return buf;
 }
 

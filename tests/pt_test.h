@@ -47,7 +47,8 @@ typedef struct pt_test_suite {
 /* pt_test_main runs the suites (terminated by {NULL, NULL}); returns the exit code. */
 int pt_test_main(const pt_test_suite *suites);
 
-/* pt_test_path joins PT_SOURCE_ROOT and rel into a static buffer (not thread-safe). */
+/* pt_test_path joins PT_SOURCE_ROOT and rel into one of 8 rotating static
+ * buffers (not thread-safe). */
 const char *pt_test_path(const char *rel);
 
 #endif

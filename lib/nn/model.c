@@ -373,6 +373,8 @@ pt_err pt_model_backward(pt_model *m, int s, const pt_tensor *dy, const pt_tenso
 	int k = 0;
 
 	PT_TRY(check_slot(m, s));
+	/* Backward is a sync boundary: the forward's queued ops run first. */
+	PT_TRY(pt_dispatcher_flush(pt_dispatcher_current()));
 	sl = &m->slots[s];
 	if (!sl->has_x)
 		return pt_set_error(PT_ERR_STATE, "backward of slot %d without a forward", s);

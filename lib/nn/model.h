@@ -46,7 +46,8 @@ pt_err pt_model_forward(pt_model *m, int slot, const pt_tensor *x, const pt_tens
                         bool training, uint64_t step, uint64_t microbatch);
 
 /* pt_model_backward back-propagates dy (the gradient of the slot's output)
- * through the stage, accumulating parameter gradients. *dx (may be NULL to
+ * through the stage, accumulating parameter gradients. It is a sync boundary:
+ * the calling thread's queued (deferred) ops are flushed first. *dx (may be NULL to
  * skip) points at the gradient of the stage input, valid until the next
  * backward; it is NULL when the input is tokens. */
 pt_err pt_model_backward(pt_model *m, int slot, const pt_tensor *dy, const pt_tensor **dx);

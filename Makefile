@@ -1,0 +1,46 @@
+# Thin entry points over meson. `make test` is what CI runs.
+#   make demo   install deps, build, train the shipped digits example
+#   make test   install deps, build with -Werror, run every test, then the
+#               unit tests again under AddressSanitizer + UBSan
+#   make bench  build and print `bench <name> <value>` lines
+BUILD      ?= build
+ASAN_BUILD ?= build-asan
+MESON      ?= meson
+NINJA      ?= ninja
+JOBS       ?= 2
+
+.PHONY: all deps build demo test test-asan bench clean
+
+all: build
+
+deps:
+	@bash deploy/install-deps.sh
+
+$(BUILD)/build.ninja:
+	$(MESON) setup $(BUILD) -Dwerror=true -Dbuildtype=release
+
+build: deps $(BUILD)/build.ninja
+	$(NINJA) -C $(BUILD) -j$(JOBS)
+
+demo: build
+	OMP_WAIT_POLICY=PASSIVE $(BUILD)/tools/pt-train --example digits
+
+test: build
+	$(MESON) test -C $(BUILD) --print-errorlogs --num-processes 1
+	$(MAKE) test-asan
+
+$(ASAN_BUILD)/build.ninja:
+	$(MESON) setup $(ASAN_BUILD) -Dwerror=true -Dbuildtype=debugoptimized \
+		-Db_sanitize=address,undefined -Db_lundef=false
+
+test-asan: deps $(ASAN_BUILD)/build.ninja
+	$(NINJA) -C $(ASAN_BUILD) -j$(JOBS)
+	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+		$(MESON) test -C $(ASAN_BUILD) --suite unit --print-errorlogs --num-processes 1 \
+		--timeout-multiplier 4
+
+bench: build
+	@bash bench/run.sh $(BUILD)
+
+clean:
+	rm -rf $(BUILD) $(ASAN_BUILD)

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# install-deps.sh - install every build and test dependency of pipetrain from
+# Debian 12 packages. Idempotent: when everything is present it changes nothing.
+# Runs as root, or through sudo. The CUDA toolkit is not a Debian package: the
+# CUDA backend is built only where nvcc already exists (/usr/local/cuda).
+set -euo pipefail
+
+packages=(
+	build-essential pkg-config meson ninja-build git ca-certificates
+	libdnnl-dev            # oneDNN: CPU matrix products (see docs/ and NOTES)
+	libcunit1-dev          # unit tests
+	libnng-dev nng-utils   # transport; nngcat for scripted pokes
+	libevent-dev           # HTTP endpoint
+	liblz4-dev             # wire compression
+	flatbuffers-compiler libflatbuffers-dev  # flatc interop tests, C++ reference verifier
+	python3 python3-flatbuffers python3-numpy  # data tools, Python client tests
+)
+
+missing=()
+for p in "${packages[@]}"; do
+	# dpkg-query prints "install ok installed" for a fully installed package.
+	if [ "$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null)" != "install ok installed" ]; then
+		missing+=("$p")
+	fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+	exit 0
+fi
+
+echo "install-deps: installing ${missing[*]}" >&2
+sudo=""
+if [ "$(id -u)" -ne 0 ]; then
+	command -v sudo >/dev/null || { echo "install-deps: need root or sudo" >&2; exit 1; }
+	sudo="sudo"
+fi
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -qq
+$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

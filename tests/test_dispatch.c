@@ -1,0 +1,376 @@
+/* test_dispatch.c - the dispatcher's eager and deferred modes (seed 004):
+ * queueing, every sync boundary, failure handling, meta-time shape errors,
+ * and bitwise equality of eager and deferred training steps. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "ops.h"
+#include "pt_test.h"
+#include "safetensors.h"
+#include "train.h"
+
+static void vec(pt_tensor *t, int64_t n, float start)
+{
+	PT_CHECK_OK(pt_tensor_init(t, PT_F32, 1, (int64_t[]){n}));
+	for (int64_t i = 0; i < n; i++)
+		pt_tensor_f32(t)[i] = start + (float)i;
+}
+
+static void test_dispatch_eager_runs_at_once(void)
+{
+	pt_tensor a, b, c;
+	pt_dispatcher *d = pt_dispatcher_current();
+	vec(&a, 4, 1.0f);
+	vec(&b, 4, 10.0f);
+	vec(&c, 4, 0.0f);
+	CU_ASSERT_EQUAL(pt_dispatcher_mode(d), PT_EAGER);
+	PT_CHECK_OK(pt_add(&c, &a, &b, 1.0f, 2.0f));
+	CU_ASSERT_EQUAL(pt_dispatcher_pending(d), 0);
+	CU_ASSERT_EQUAL(pt_tensor_state(&c), PT_READY);
+	CU_ASSERT_EQUAL(pt_tensor_f32(&c)[3], 4.0f + 2.0f * 13.0f);
+	pt_tensor_fini(&a);
+	pt_tensor_fini(&b);
+	pt_tensor_fini(&c);
+}
+
+static void test_dispatch_deferred_queues_until_flush(void)
+{
+	pt_tensor a, c;
+	pt_dispatcher *d = pt_dispatcher_current();
+	vec(&a, 4, 1.0f);
+	vec(&c, 4, 0.0f);
+	pt_deferred_begin(d);
+	CU_ASSERT_EQUAL(pt_dispatcher_mode(d), PT_DEFERRED);
+	PT_CHECK_OK(pt_scale(&c, &a, 3.0f));
+	PT_CHECK_OK(pt_scale(&c, &c, 2.0f));
+	CU_ASSERT_EQUAL(pt_dispatcher_pending(d), 2);
+	CU_ASSERT_EQUAL(pt_tensor_state(&c), PT_PENDING);
+	/* The kernel has not run: raw memory still holds the old values. */
+	CU_ASSERT_EQUAL(pt_tensor_f32(&c)[2], 2.0f);
+	PT_CHECK_OK(pt_deferred_end(d)); /* leaving the scope flushes */
+	CU_ASSERT_EQUAL(pt_dispatcher_pending(d), 0);
+	CU_ASSERT_EQUAL(pt_tensor_state(&c), PT_READY);
+	CU_ASSERT_EQUAL(pt_tensor_f32(&c)[2], 18.0f);
+	pt_tensor_fini(&a);
+	pt_tensor_fini(&c);
+}
+
+static void test_dispatch_nested_scopes_flush_at_outermost(void)
+{
+	pt_tensor a;
+	pt_dispatcher *d = pt_dispatcher_current();
+	vec(&a, 4, 1.0f);
+	pt_deferred_begin(d);
+	pt_deferred_begin(d);
+	PT_CHECK_OK(pt_scale(&a, &a, 2.0f));
+	PT_CHECK_OK(pt_deferred_end(d));
+	CU_ASSERT_EQUAL(pt_dispatcher_pending(d), 1);
+	PT_CHECK_OK(pt_deferred_end(d));
+	CU_ASSERT_EQUAL(pt_dispatcher_pending(d), 0);
+	CU_ASSERT_EQUAL(pt_tensor_f32(&a)[0], 2.0f);
+	PT_CHECK_ERR(pt_deferred_end(d), PT_ERR_STATE);
+	pt_tensor_fini(&a);
+}
+
+/* Queues one op writing c = 5 * a and returns with it pending. */
+static void queue_one(pt_dispatcher *d, pt_tensor *a, pt_tensor *c)
+{
+	vec(a, 8, 1.0f);
+	vec(c, 8, 0.0f);
+	pt_deferred_begin(d);
+	PT_CHECK_OK(pt_scale(c, a, 5.0f));
+	CU_ASSERT_EQUAL(pt_tensor_state(c), PT_PENDING);
+}
+
+static void finish_one(pt_dispatcher *d, pt_tensor *a, pt_tensor *c)
+{
+	CU_ASSERT_EQUAL(pt_dispatcher_pending(d), 0);
+	CU_ASSERT_EQUAL(pt_tensor_state(c), PT_READY);
+	CU_ASSERT_EQUAL(pt_tensor_f32(c)[7], 40.0f);
+	PT_CHECK_OK(pt_deferred_end(d));
+	pt_tensor_fini(a);
+	pt_tensor_fini(c);
+}
+
+static void test_dispatch_sync_boundaries_flush(void)
+{
+	pt_dispatcher *d = pt_dispatcher_current();
+	pt_tensor a, c, other;
+	float host[8];
+	double v;
+	bool eq;
+	char dir[] = "/tmp/pt-dispatch-XXXXXX", path[256];
+
+	/* Reading values to the host. */
+	queue_one(d, &a, &c);
+	PT_CHECK_OK(pt_tensor_read(&c, host, sizeof(host)));
+	CU_ASSERT_EQUAL(host[1], 10.0f);
+	finish_one(d, &a, &c);
+	/* item(). */
+	queue_one(d, &a, &c);
+	PT_CHECK_OK(pt_tensor_item(&c, 7, &v));
+	CU_ASSERT_EQUAL(v, 40.0);
+	finish_one(d, &a, &c);
+	/* Printing. */
+	queue_one(d, &a, &c);
+	FILE *null = fopen("/dev/null", "w");
+	PT_CHECK_OK(pt_tensor_print(&c, null));
+	fclose(null);
+	finish_one(d, &a, &c);
+	/* Comparisons. */
+	queue_one(d, &a, &c);
+	vec(&other, 8, 0.0f);
+	PT_CHECK_OK(pt_tensor_equal(&c, &other, &eq));
+	CU_ASSERT_FALSE(eq);
+	pt_tensor_fini(&other);
+	finish_one(d, &a, &c);
+	/* Explicit flush. */
+	queue_one(d, &a, &c);
+	PT_CHECK_OK(pt_dispatcher_flush(d));
+	finish_one(d, &a, &c);
+	/* A checkpoint save reads the tensor: it must see computed values. */
+	CU_ASSERT_PTR_NOT_NULL_FATAL(mkdtemp(dir));
+	snprintf(path, sizeof(path), "%s/ck.safetensors", dir);
+	queue_one(d, &a, &c);
+	pt_st_tensor entry = {.name = "c", .tensor = &c};
+	PT_CHECK_OK(pt_safetensors_write(path, &entry, 1, NULL, 0));
+	finish_one(d, &a, &c);
+	{
+		pt_safetensors *st;
+		pt_tensor back = {0};
+		PT_CHECK_OK(pt_safetensors_open(&st, path));
+		PT_CHECK_OK(pt_safetensors_get(st, "c", &back));
+		CU_ASSERT_EQUAL(pt_tensor_f32(&back)[7], 40.0f);
+		pt_tensor_fini(&back);
+		pt_safetensors_destroy(st);
+	}
+	unlink(path);
+	rmdir(dir);
+	/* An eager op that reads pending data (leaving deferred mode first). */
+	queue_one(d, &a, &c);
+	PT_CHECK_OK(pt_deferred_end(d));
+	CU_ASSERT_EQUAL(pt_dispatcher_pending(d), 0);
+	pt_deferred_begin(d);
+	finish_one(d, &a, &c);
+}
+
+static void test_dispatch_backward_is_a_sync_boundary(void)
+{
+	pt_dispatcher *d = pt_dispatcher_current();
+	pt_layer_spec layers[] = {pt_linear(4, 3), pt_activation(PT_LAYER_TANH), pt_linear(3, 2)};
+	pt_model_config cfg = {.batch = 2, .input = {PT_F32, 0, 4}, .n_slots = 1, .seed = 7};
+	pt_model *m;
+	pt_tensor x, dy;
+	const pt_tensor *y;
+	PT_CHECK_OK(pt_model_create(&m, layers, 3, 0, 3, &cfg));
+	PT_CHECK_OK(pt_tensor_init(&x, PT_F32, 2, (int64_t[]){2, 4}));
+	PT_CHECK_OK(pt_tensor_init(&dy, PT_F32, 2, (int64_t[]){2, 2}));
+	PT_CHECK_OK(pt_fill(&dy, 1.0));
+	PT_CHECK_OK(pt_fill(&x, 0.5));
+	pt_deferred_begin(d);
+	PT_CHECK_OK(pt_model_forward(m, 0, &x, &y, true, 0, 0));
+	CU_ASSERT_EQUAL(pt_dispatcher_pending(d), 3);
+	CU_ASSERT_EQUAL(pt_tensor_state(y), PT_PENDING);
+	PT_CHECK_OK(pt_model_backward(m, 0, &dy, NULL));
+	/* The forward ran before backward started; backward's own ops are queued. */
+	CU_ASSERT_EQUAL(pt_tensor_state(y), PT_READY);
+	CU_ASSERT_EQUAL(pt_dispatcher_pending(d), 3);
+	PT_CHECK_OK(pt_deferred_end(d));
+	pt_tensor_fini(&x);
+	pt_tensor_fini(&dy);
+	pt_model_destroy(m);
+}
+
+static void test_dispatch_failure_aborts_clears_invalidates(void)
+{
+	pt_dispatcher *d = pt_dispatcher_current();
+	pt_tensor a, b, c, e;
+	float host[8];
+	vec(&a, 8, 1.0f);
+	vec(&b, 8, 0.0f);
+	vec(&c, 8, 0.0f);
+	vec(&e, 8, 0.0f);
+	pt_dispatcher_inject_failure(d, PT_OP_ACT_FWD, true);
+	pt_deferred_begin(d);
+	PT_CHECK_OK(pt_fill(&a, 2.0));
+	PT_CHECK_OK(pt_activation_forward(&b, &a, PT_ACT_RELU));
+	PT_CHECK_OK(pt_scale(&c, &b, 2.0f));
+	CU_ASSERT_EQUAL(pt_dispatcher_pending(d), 3);
+	PT_CHECK_ERR(pt_dispatcher_flush(d), PT_ERR_BACKEND);
+	CU_ASSERT_PTR_NOT_NULL(strstr(pt_last_error(), "activation_forward"));
+	CU_ASSERT_PTR_NOT_NULL(strstr(pt_last_error(), "op 2/3"));
+	pt_dispatcher_inject_failure(d, PT_OP_ACT_FWD, false);
+	/* Queue cleared; every pending output invalid; the third op never ran. */
+	CU_ASSERT_EQUAL(pt_dispatcher_pending(d), 0);
+	CU_ASSERT_EQUAL(pt_tensor_state(&a), PT_INVALID);
+	CU_ASSERT_EQUAL(pt_tensor_state(&b), PT_INVALID);
+	CU_ASSERT_EQUAL(pt_tensor_state(&c), PT_INVALID);
+	CU_ASSERT_EQUAL(pt_tensor_f32(&c)[0], 0.0f);
+	/* Using an invalid tensor is a clear error, in either mode. */
+	PT_CHECK_ERR(pt_scale(&e, &c, 1.0f), PT_ERR_PENDING_INVALID);
+	CU_ASSERT_PTR_NOT_NULL(strstr(pt_last_error(), "invalid"));
+	PT_CHECK_OK(pt_deferred_end(d));
+	PT_CHECK_ERR(pt_tensor_read(&c, host, sizeof(host)), PT_ERR_PENDING_INVALID);
+	PT_CHECK_ERR(pt_scale(&e, &b, 1.0f), PT_ERR_PENDING_INVALID);
+	/* Writing it again makes it valid. */
+	PT_CHECK_OK(pt_fill(&c, 3.0));
+	CU_ASSERT_EQUAL(pt_tensor_state(&c), PT_READY);
+	PT_CHECK_OK(pt_tensor_read(&c, host, sizeof(host)));
+	CU_ASSERT_EQUAL(host[5], 3.0f);
+	pt_tensor_fini(&a);
+	pt_tensor_fini(&b);
+	pt_tensor_fini(&c);
+	pt_tensor_fini(&e);
+}
+
+static void test_dispatch_eager_failure_reports(void)
+{
+	pt_dispatcher *d = pt_dispatcher_current();
+	pt_tensor a;
+	vec(&a, 4, 1.0f);
+	pt_dispatcher_inject_failure(d, PT_OP_SCALE, true);
+	PT_CHECK_ERR(pt_scale(&a, &a, 2.0f), PT_ERR_BACKEND);
+	pt_dispatcher_inject_failure(d, PT_OP_SCALE, false);
+	CU_ASSERT_EQUAL(pt_tensor_f32(&a)[1], 2.0f);
+	pt_tensor_fini(&a);
+}
+
+static void test_dispatch_shape_errors_at_meta_time(void)
+{
+	pt_dispatcher *d = pt_dispatcher_current();
+	pt_tensor x, w, y;
+	PT_CHECK_OK(pt_tensor_init(&x, PT_F32, 2, (int64_t[]){2, 5}));
+	PT_CHECK_OK(pt_tensor_init(&w, PT_F32, 2, (int64_t[]){3, 4}));
+	PT_CHECK_OK(pt_tensor_init(&y, PT_F32, 2, (int64_t[]){2, 3}));
+	pt_deferred_begin(d);
+	PT_CHECK_ERR(pt_linear_forward(&y, &x, &w, NULL), PT_ERR_SHAPE);
+	CU_ASSERT_PTR_NOT_NULL(strstr(pt_last_error(), "linear_forward"));
+	CU_ASSERT_EQUAL(pt_dispatcher_pending(d), 0);
+	CU_ASSERT_EQUAL(pt_tensor_state(&y), PT_READY);
+	PT_CHECK_ERR(pt_matmul(&y, &x, &w, false, true, 1.0f, 0.0f), PT_ERR_SHAPE);
+	CU_ASSERT_EQUAL(pt_dispatcher_pending(d), 0);
+	PT_CHECK_OK(pt_deferred_end(d));
+	pt_tensor_fini(&x);
+	pt_tensor_fini(&w);
+	pt_tensor_fini(&y);
+}
+
+static void test_dispatch_queue_keeps_storage_alive(void)
+{
+	pt_dispatcher *d = pt_dispatcher_current();
+	pt_tensor tmp, out;
+	vec(&out, 16, 0.0f);
+	pt_deferred_begin(d);
+	vec(&tmp, 16, 1.0f);
+	PT_CHECK_OK(pt_scale(&out, &tmp, 2.0f));
+	pt_tensor_fini(&tmp); /* the queue holds its own reference */
+	PT_CHECK_OK(pt_deferred_end(d));
+	CU_ASSERT_EQUAL(pt_tensor_f32(&out)[15], 32.0f);
+	pt_tensor_fini(&out);
+}
+
+/* Two identical models, one trained eagerly, one deferred: bitwise equal. */
+static void train_pair(const pt_layer_spec *layers, int n, pt_model_config cfg, int mbs,
+                       pt_loss_kind lk, const pt_tensor *x, const pt_tensor *y, int steps)
+{
+	pt_model *m[2];
+	pt_optimizer *o[2];
+	pt_trainer *t[2];
+	pt_optim_config oc = pt_optim_defaults(PT_OPTIM_ADAMW, 1e-3f);
+	oc.clip_norm = 1.0f;
+	for (int k = 0; k < 2; k++) {
+		PT_CHECK_OK(pt_model_create(&m[k], layers, n, 0, n, &cfg));
+		PT_CHECK_OK(
+		    pt_optimizer_create(&o[k], &oc, pt_model_params(m[k]), pt_model_grads(m[k])));
+		PT_CHECK_OK(pt_trainer_create(&t[k], m[k], o[k], lk, -1));
+	}
+	pt_trainer_set_deferred(t[1], true);
+	for (int s = 0; s < steps; s++) {
+		pt_step_result r[2];
+		for (int k = 0; k < 2; k++)
+			PT_CHECK_OK(pt_trainer_step(t[k], x, y, mbs, (uint64_t)s, &r[k]));
+		CU_ASSERT_EQUAL(memcmp(&r[0].loss, &r[1].loss, sizeof(double)), 0);
+		CU_ASSERT_EQUAL(memcmp(&r[0].grad_norm, &r[1].grad_norm, sizeof(double)), 0);
+	}
+	CU_ASSERT(pt_dispatcher_stats(pt_dispatcher_current()).flushes > 0);
+	size_t nb = pt_tensor_nbytes(pt_model_params(m[0]));
+	CU_ASSERT_EQUAL(memcmp(pt_tensor_data(pt_model_params(m[0])),
+	                       pt_tensor_data(pt_model_params(m[1])), nb),
+	                0);
+	for (int k = 0; k < 2; k++) {
+		pt_trainer_destroy(t[k]);
+		pt_optimizer_destroy(o[k]);
+		pt_model_destroy(m[k]);
+	}
+}
+
+static void test_dispatch_eager_equals_deferred_mlp_step(void)
+{
+	pt_layer_spec layers[] = {
+	    pt_linear(16, 32), pt_activation(PT_LAYER_RELU), pt_dropout(0.1f),
+	    pt_linear(32, 32), pt_activation(PT_LAYER_GELU), pt_linear(32, 5)};
+	pt_model_config cfg = {.batch = 8, .input = {PT_F32, 0, 16}, .n_slots = 1, .seed = 3};
+	pt_tensor x, y;
+	pt_rng r;
+	PT_CHECK_OK(pt_tensor_init(&x, PT_F32, 2, (int64_t[]){32, 16}));
+	PT_CHECK_OK(pt_tensor_init(&y, PT_I64, 1, (int64_t[]){32}));
+	pt_rng_init(&r, 11, 0);
+	pt_rng_normal(&r, pt_tensor_f32(&x), 32 * 16, 0.0f, 1.0f);
+	for (int i = 0; i < 32; i++)
+		((int64_t *)pt_tensor_data(&y))[i] = pt_rng_u32(&r) % 5;
+	train_pair(layers, 6, cfg, 4, PT_LOSS_CROSS_ENTROPY, &x, &y, 3);
+	pt_tensor_fini(&x);
+	pt_tensor_fini(&y);
+}
+
+static void test_dispatch_eager_equals_deferred_gpt_step(void)
+{
+	pt_layer_spec layers[] = {pt_embedding(32, 16, 8), pt_block(16, 2), pt_block(16, 2),
+	                          pt_layernorm(16), pt_linear(16, 32)};
+	pt_model_config cfg = {.batch = 2, .input = {PT_I64, 8, 0}, .n_slots = 1, .seed = 5};
+	pt_tensor x, y;
+	pt_rng r;
+	PT_CHECK_OK(pt_tensor_init(&x, PT_I64, 2, (int64_t[]){4, 8}));
+	PT_CHECK_OK(pt_tensor_init(&y, PT_I64, 2, (int64_t[]){4, 8}));
+	pt_rng_init(&r, 12, 0);
+	for (int i = 0; i < 32; i++) {
+		((int64_t *)pt_tensor_data(&x))[i] = pt_rng_u32(&r) % 32;
+		((int64_t *)pt_tensor_data(&y))[i] = pt_rng_u32(&r) % 32;
+	}
+	train_pair(layers, 5, cfg, 2, PT_LOSS_CROSS_ENTROPY, &x, &y, 3);
+	pt_tensor_fini(&x);
+	pt_tensor_fini(&y);
+}
+
+static const pt_test_case eager_tests[] = {
+    {"test_dispatch_eager_runs_at_once", test_dispatch_eager_runs_at_once},
+    {"test_dispatch_eager_failure_reports", test_dispatch_eager_failure_reports},
+    {NULL, NULL},
+};
+
+static const pt_test_case deferred_tests[] = {
+    {"test_dispatch_deferred_queues_until_flush", test_dispatch_deferred_queues_until_flush},
+    {"test_dispatch_nested_scopes_flush_at_outermost",
+     test_dispatch_nested_scopes_flush_at_outermost},
+    {"test_dispatch_sync_boundaries_flush", test_dispatch_sync_boundaries_flush},
+    {"test_dispatch_backward_is_a_sync_boundary", test_dispatch_backward_is_a_sync_boundary},
+    {"test_dispatch_failure_aborts_clears_invalidates",
+     test_dispatch_failure_aborts_clears_invalidates},
+    {"test_dispatch_shape_errors_at_meta_time", test_dispatch_shape_errors_at_meta_time},
+    {"test_dispatch_queue_keeps_storage_alive", test_dispatch_queue_keeps_storage_alive},
+    {"test_dispatch_eager_equals_deferred_mlp_step", test_dispatch_eager_equals_deferred_mlp_step},
+    {"test_dispatch_eager_equals_deferred_gpt_step", test_dispatch_eager_equals_deferred_gpt_step},
+    {NULL, NULL},
+};
+
+int main(void)
+{
+	const pt_test_suite suites[] = {
+	    {"dispatch_eager", eager_tests},
+	    {"dispatch_deferred", deferred_tests},
+	    {NULL, NULL},
+	};
+	return pt_test_main(suites);
+}
