@@ -1,0 +1,56 @@
+/* fileio.h - whole-buffer file reads and crash-safe (atomic) file writes.
+ *
+ * The data formats (npy, token files, safetensors) share these so that every
+ * short read, EINTR and failed fsync is handled in one place, and every error
+ * message names the file. Errors are PT_ERR_IO (with strerror) or PT_ERR_NOMEM.
+ */
+#ifndef PT_FILEIO_H
+#define PT_FILEIO_H
+
+#include <stddef.h>
+
+#include "error.h"
+#include "tensor.h"
+
+/* pt_read_full reads exactly len bytes from fd at byte offset off (pread, so
+ * the file position is untouched). A file that ends early is PT_ERR_FORMAT
+ * ("truncated"); path is only used in messages. */
+pt_err pt_read_full(int fd, void *buf, size_t len, size_t off, const char *path);
+
+/* pt_file_open_read opens path read-only and returns its descriptor and size.
+ * The caller closes *fd. */
+pt_err pt_file_open_read(const char *path, int *fd, size_t *size);
+
+/* pt_file_read reads a whole file into a new malloc'd buffer (one extra NUL
+ * byte after the data, not counted in *len). Files larger than max_bytes are
+ * refused with PT_ERR_RANGE. The caller frees *data. */
+pt_err pt_file_read(const char *path, size_t max_bytes, void **data, size_t *len);
+
+/* One piece of a file to write. */
+typedef struct pt_file_part {
+	const void *data;
+	size_t len;
+} pt_file_part;
+
+/* pt_file_write_atomic writes the parts in order to "<path>.tmp.<pid>", fsyncs
+ * it, renames it over path and fsyncs the directory, so a reader sees either
+ * the old file or the whole new one, never a truncated one. On failure the
+ * temporary file is removed and path is untouched. Two threads of one process
+ * must not write the same path at the same time (they share the temp name). */
+pt_err pt_file_write_atomic(const char *path, const pt_file_part *parts, size_t n);
+
+/* pt_file_tensor_bytes gives the row-major bytes of t for writing: a pointer
+ * into t's storage when t is contiguous, else a new copy returned in *tmp too
+ * (the caller frees *tmp, which may be NULL). Syncs t first (a host read). */
+pt_err pt_file_tensor_bytes(const pt_tensor *t, const void **bytes, void **tmp);
+
+/* pt_data_write_begin prepares t for a direct host write through
+ * pt_tensor_data: t must be a contiguous CPU tensor (PT_ERR_INVALID names
+ * `what` otherwise), and a queued op that writes it is flushed first. After
+ * writing, call pt_data_write_end(t), which marks t READY. */
+pt_err pt_data_write_begin(pt_tensor *t, const char *what);
+
+/* pt_data_write_end marks t READY after a direct host write. */
+void pt_data_write_end(pt_tensor *t);
+
+#endif

@@ -1,0 +1,37 @@
+/* sha256.h - SHA-256 (FIPS 180-4), streaming and one-shot.
+ *
+ * Used for checkpoint checksums; not constant-time and not meant for secrets.
+ * A context is a plain value: copy it to hash a common prefix twice.
+ */
+#ifndef PT_SHA256_H
+#define PT_SHA256_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define PT_SHA256_BYTES 32
+#define PT_SHA256_HEX   65 /* 64 hex digits and a NUL */
+
+typedef struct pt_sha256_ctx {
+	uint32_t h[8];
+	uint64_t nbytes; /* message length so far */
+	uint8_t buf[64]; /* partial block */
+	size_t nbuf;
+} pt_sha256_ctx;
+
+/* pt_sha256_init starts a new message. */
+void pt_sha256_init(pt_sha256_ctx *s);
+
+/* pt_sha256_update appends n bytes of data (n may be 0). */
+void pt_sha256_update(pt_sha256_ctx *s, const void *data, size_t n);
+
+/* pt_sha256_final writes the 32-byte digest; s must be re-initialised before reuse. */
+void pt_sha256_final(pt_sha256_ctx *s, uint8_t out[PT_SHA256_BYTES]);
+
+/* pt_sha256 hashes one buffer. */
+void pt_sha256(const void *data, size_t n, uint8_t out[PT_SHA256_BYTES]);
+
+/* pt_sha256_hex formats a digest as 64 lowercase hex digits and a NUL. */
+void pt_sha256_hex(const uint8_t digest[PT_SHA256_BYTES], char out[PT_SHA256_HEX]);
+
+#endif

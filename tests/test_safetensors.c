@@ -1,0 +1,445 @@
+/* test_safetensors.c - safetensors round trips, a file from an independent
+ * writer (tests/data/st_writer.py), every malformed-file error, checksums and
+ * the atomic write. Files are made in a fresh temporary directory. */
+#include <dirent.h>
+#include <ftw.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "pt_test.h"
+#include "rng.h"
+#include "safetensors.h"
+#include "tensor.h"
+
+static char tmpdir[64];
+
+#define CHECK_ERR_MSG(expr, code, words)                                                           \
+	do {                                                                                       \
+		pt_err rv_ = (expr);                                                               \
+		PT_CHECK_ERR(rv_, code);                                                           \
+		if (strstr(pt_last_error(), (words)) == NULL)                                      \
+			fprintf(stderr, "%s:%d: message \"%s\" lacks \"%s\"\n", __FILE__,          \
+			        __LINE__, pt_last_error(), (words));                               \
+		CU_ASSERT_PTR_NOT_NULL(strstr(pt_last_error(), (words)));                          \
+	} while (0)
+
+static const char *tmp_path(const char *name)
+{
+	static char buf[256];
+	snprintf(buf, sizeof(buf), "%s/%s", tmpdir, name);
+	return buf;
+}
+
+static void write_bytes(const char *path, const void *data, size_t len)
+{
+	FILE *f = fopen(path, "wb");
+	CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+	CU_ASSERT_EQUAL(fwrite(data, 1, len, f), len);
+	fclose(f);
+}
+
+/* write_st writes a file with header length hlen (the text's length when
+ * hlen is 0), the header text and data_len bytes of data. */
+static void write_st(const char *path, const char *header, uint64_t hlen, size_t data_len)
+{
+	size_t tl = strlen(header), n = 8 + tl + data_len;
+	unsigned char *buf = calloc(1, n);
+
+	CU_ASSERT_PTR_NOT_NULL_FATAL(buf);
+	if (hlen == 0)
+		hlen = tl;
+	for (int i = 0; i < 8; i++)
+		buf[i] = (unsigned char)(hlen >> (8 * i));
+	memcpy(buf + 8, header, tl);
+	write_bytes(path, buf, n);
+	free(buf);
+}
+
+static void fill_random(pt_tensor *t, uint64_t stream)
+{
+	pt_rng r;
+	unsigned char *p = pt_tensor_data(t);
+	pt_rng_init(&r, 1234, stream);
+	for (size_t i = 0; i < pt_tensor_nbytes(t); i++)
+		p[i] = (unsigned char)pt_rng_u32(&r);
+}
+
+static bool no_temp_files(void)
+{
+	DIR *d = opendir(tmpdir);
+	struct dirent *e;
+	bool clean = true;
+
+	if (d == NULL)
+		return false;
+	while ((e = readdir(d)) != NULL)
+		if (strstr(e->d_name, ".tmp.") != NULL)
+			clean = false;
+	closedir(d);
+	return clean;
+}
+
+static void test_safetensors_roundtrip(void)
+{
+	static const char *names[PT_DTYPE_COUNT] = {"0.weight", "1.half", "2.bf16",
+	                                            "3.double", "4.int",  "5.long",
+	                                            "6.bytes",  "7.u16",  "8.u32"};
+	static const pt_st_meta meta[] = {{"step", "12"},
+	                                  {"note", "na\xc3\xafve \"quoted\"\n\\ end"}};
+	const char *path = tmp_path("rt.safetensors");
+	pt_tensor src[PT_DTYPE_COUNT + 3], base;
+	pt_st_tensor entries[PT_DTYPE_COUNT + 3];
+	int64_t shape[2] = {3, 5}, tshape[2] = {5, 3}, empty[2] = {0, 4};
+	pt_safetensors *st;
+	size_t n = 0;
+
+	for (int d = 0; d < PT_DTYPE_COUNT; d++, n++) {
+		/* 3 x 5 of every dtype: odd sizes leave later tensors unaligned. */
+		PT_CHECK_OK(pt_tensor_init(&src[n], (pt_dtype)d, d == PT_U8 ? 1 : 2,
+		                           d == PT_U8 ? (int64_t[]){7} : shape));
+		fill_random(&src[n], (uint64_t)d);
+		entries[n] = (pt_st_tensor){names[d], &src[n]};
+	}
+	/* A transposed (non-contiguous) view, a scalar and an empty tensor. */
+	PT_CHECK_OK(pt_tensor_init(&base, PT_F32, 2, tshape));
+	fill_random(&base, 99);
+	PT_CHECK_OK(pt_tensor_transpose(&src[n], &base, 0, 1));
+	entries[n] = (pt_st_tensor){"9.transposed", &src[n]};
+	n++;
+	PT_CHECK_OK(pt_tensor_init(&src[n], PT_F64, 0, shape));
+	fill_random(&src[n], 100);
+	entries[n] = (pt_st_tensor){"scalar", &src[n]};
+	n++;
+	PT_CHECK_OK(pt_tensor_init(&src[n], PT_I64, 2, empty));
+	entries[n] = (pt_st_tensor){"empty", &src[n]};
+	n++;
+
+	PT_CHECK_OK(pt_safetensors_write(path, entries, n, meta, 2));
+	CU_ASSERT(no_temp_files());
+	{
+		/* Header length: a multiple of 8, so the data section is 8-aligned. */
+		FILE *f = fopen(path, "rb");
+		uint64_t hlen = 0;
+		CU_ASSERT_FATAL(f != NULL && fread(&hlen, 8, 1, f) == 1);
+		fclose(f);
+		CU_ASSERT_EQUAL(hlen % 8, 0);
+	}
+	PT_CHECK_OK(pt_safetensors_open(&st, path));
+	CU_ASSERT_EQUAL(pt_safetensors_count(st), n);
+	for (size_t i = 0; i < n; i++) {
+		pt_tensor got, into;
+		pt_dtype dt;
+		int nd;
+		int64_t sh[PT_MAX_DIMS];
+		bool eq = false;
+
+		CU_ASSERT_STRING_EQUAL(pt_safetensors_name(st, i), entries[i].name);
+		PT_CHECK_OK(pt_safetensors_info(st, entries[i].name, &dt, &nd, sh));
+		CU_ASSERT(dt == src[i].dtype && nd == src[i].ndim);
+		PT_CHECK_OK(pt_safetensors_get(st, entries[i].name, &got));
+		PT_CHECK_OK(pt_tensor_equal(&src[i], &got, &eq));
+		CU_ASSERT(eq); /* bitwise, NaN payloads included */
+		PT_CHECK_OK(pt_tensor_init(&into, src[i].dtype, src[i].ndim, src[i].shape));
+		PT_CHECK_OK(pt_safetensors_copy(st, entries[i].name, &into));
+		PT_CHECK_OK(pt_tensor_equal(&src[i], &into, &eq));
+		CU_ASSERT(eq);
+		pt_tensor_fini(&got);
+		pt_tensor_fini(&into);
+	}
+	CU_ASSERT_PTR_NULL(pt_safetensors_name(st, n));
+	CU_ASSERT_STRING_EQUAL(pt_safetensors_meta(st, "step"), "12");
+	CU_ASSERT_STRING_EQUAL(pt_safetensors_meta(st, "note"), meta[1].value);
+	CU_ASSERT_EQUAL(strlen(pt_safetensors_meta(st, "data_sha256")), 64);
+	CU_ASSERT_PTR_NULL(pt_safetensors_meta(st, "absent"));
+	CU_ASSERT_EQUAL(pt_safetensors_meta_count(st), 3);
+	CU_ASSERT_STRING_EQUAL(pt_safetensors_meta_key(st, 0), "step");
+
+	/* Copy-in errors name the tensor and both shapes or dtypes. */
+	{
+		pt_tensor wrong;
+		PT_CHECK_OK(pt_tensor_init(&wrong, PT_F32, 2, tshape));
+		CHECK_ERR_MSG(pt_safetensors_copy(st, "0.weight", &wrong), PT_ERR_SHAPE,
+		              "tensor '0.weight' has shape (3, 5) in the file, (5, 3) in memory");
+		CHECK_ERR_MSG(pt_safetensors_copy(st, "3.double", &wrong), PT_ERR_DTYPE,
+		              "tensor '3.double' is F64 in the file, F32 in memory");
+		CHECK_ERR_MSG(pt_safetensors_copy(st, "nope", &wrong), PT_ERR_NOTFOUND,
+		              "no tensor named 'nope'");
+		pt_tensor none;
+		CHECK_ERR_MSG(pt_safetensors_get(st, "nope", &none), PT_ERR_NOTFOUND, "nope");
+		CU_ASSERT_PTR_NULL(none.storage);
+		pt_tensor_fini(&wrong);
+	}
+	/* A view outlives the object: it holds a reference to the bytes. */
+	{
+		pt_tensor keep;
+		bool eq = false;
+		PT_CHECK_OK(pt_safetensors_get(st, "0.weight", &keep));
+		pt_safetensors_destroy(st);
+		PT_CHECK_OK(pt_tensor_equal(&src[0], &keep, &eq));
+		CU_ASSERT(eq);
+		pt_tensor_fini(&keep);
+	}
+	for (size_t i = 0; i < n; i++)
+		pt_tensor_fini(&src[i]);
+	pt_tensor_fini(&base);
+}
+
+static void test_safetensors_python_writer(void)
+{
+	const char *path = tmp_path("py.safetensors");
+	char cmd[1024];
+	pt_safetensors *st;
+	pt_tensor t;
+	double v;
+	int64_t i64[2];
+
+	if (access("/usr/bin/python3", X_OK) != 0) {
+		printf("\n    skipped: /usr/bin/python3 is missing ");
+		return;
+	}
+	snprintf(cmd, sizeof(cmd), "/usr/bin/python3 %s %s",
+	         pt_test_path("tests/data/st_writer.py"), path);
+	CU_ASSERT_EQUAL_FATAL(system(cmd), 0);
+	PT_CHECK_OK(pt_safetensors_open(&st, path));
+	CU_ASSERT_EQUAL(pt_safetensors_count(st), 12);
+	CU_ASSERT_STRING_EQUAL(pt_safetensors_name(st, 0), "0.bias"); /* header order */
+	CU_ASSERT_STRING_EQUAL(pt_safetensors_meta(st, "format"), "pt");
+	CU_ASSERT_PTR_NULL(pt_safetensors_meta(st, "data_sha256"));
+
+	PT_CHECK_OK(pt_safetensors_get(st, "mask", &t));
+	CU_ASSERT(t.dtype == PT_U8 && t.ndim == 1 && t.shape[0] == 3);
+	CU_ASSERT(memcmp(pt_tensor_data(&t), "\x00\xff\x07", 3) == 0);
+	pt_tensor_fini(&t);
+
+	/* Starts at data byte 3: not 4-aligned, so this is a copy. */
+	PT_CHECK_OK(pt_safetensors_get(st, "0.weight", &t));
+	CU_ASSERT(t.dtype == PT_F32 && t.ndim == 2 && t.shape[0] == 2 && t.shape[1] == 3);
+	{
+		const float *w = pt_tensor_f32(&t);
+		CU_ASSERT(w[0] == 0.5f && w[1] == -1.25f && w[2] == 3.0f && w[3] == 0.001f);
+		CU_ASSERT(w[4] == 0.0f && signbit(w[4]) && w[5] == 65504.0f);
+	}
+	pt_tensor_fini(&t);
+	PT_CHECK_OK(pt_safetensors_get(st, "0.bias", &t));
+	CU_ASSERT(pt_tensor_f32(&t)[0] == 1.0f && pt_tensor_f32(&t)[1] == -2.0f);
+	pt_tensor_fini(&t);
+
+	PT_CHECK_OK(pt_safetensors_get(st, "half", &t));
+	CU_ASSERT(t.dtype == PT_F16);
+	CU_ASSERT(pt_f16_to_f32(((uint16_t *)pt_tensor_data(&t))[0]) == 1.5f);
+	CU_ASSERT(pt_f16_to_f32(((uint16_t *)pt_tensor_data(&t))[1]) == -0.25f);
+	pt_tensor_fini(&t);
+
+	PT_CHECK_OK(pt_safetensors_get(st, "brain", &t));
+	CU_ASSERT(t.dtype == PT_BF16 && t.shape[0] == 3);
+	PT_CHECK_OK(pt_tensor_item(&t, 0, &v));
+	CU_ASSERT_EQUAL(v, 1.0);
+	PT_CHECK_OK(pt_tensor_item(&t, 1, &v));
+	CU_ASSERT_EQUAL(v, -2.0);
+	PT_CHECK_OK(pt_tensor_item(&t, 2, &v));
+	CU_ASSERT_EQUAL(v, 3.140625);
+	pt_tensor_fini(&t);
+
+	PT_CHECK_OK(pt_safetensors_get(st, "double", &t));
+	CU_ASSERT(((double *)pt_tensor_data(&t))[0] == 3.141592653589793);
+	CU_ASSERT(((double *)pt_tensor_data(&t))[1] == -1e300);
+	pt_tensor_fini(&t);
+
+	PT_CHECK_OK(pt_safetensors_get(st, "int32", &t));
+	CU_ASSERT(((int32_t *)pt_tensor_data(&t))[0] == -7);
+	CU_ASSERT(((int32_t *)pt_tensor_data(&t))[1] == INT32_MAX);
+	pt_tensor_fini(&t);
+
+	PT_CHECK_OK(pt_tensor_init(&t, PT_I64, 1, (int64_t[]){2}));
+	PT_CHECK_OK(pt_safetensors_copy(st, "int64", &t));
+	memcpy(i64, pt_tensor_data(&t), sizeof(i64));
+	CU_ASSERT(i64[0] == -9007199254740993LL && i64[1] == INT64_MAX);
+	pt_tensor_fini(&t);
+
+	PT_CHECK_OK(pt_safetensors_get(st, "uint16", &t));
+	CU_ASSERT(((uint16_t *)pt_tensor_data(&t))[0] == 65535);
+	CU_ASSERT(((uint16_t *)pt_tensor_data(&t))[1] == 1);
+	pt_tensor_fini(&t);
+	PT_CHECK_OK(pt_safetensors_get(st, "uint32", &t));
+	CU_ASSERT(((uint32_t *)pt_tensor_data(&t))[0] == UINT32_MAX);
+	pt_tensor_fini(&t);
+	PT_CHECK_OK(pt_safetensors_get(st, "scalar", &t));
+	CU_ASSERT(t.ndim == 0 && pt_tensor_f32(&t)[0] == 42.0f);
+	pt_tensor_fini(&t);
+	PT_CHECK_OK(pt_safetensors_get(st, "empty", &t));
+	CU_ASSERT(t.ndim == 2 && t.shape[0] == 0 && t.shape[1] == 3);
+	pt_tensor_fini(&t);
+	pt_safetensors_destroy(st);
+}
+
+#define ENTRY_A "\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}"
+
+static void test_safetensors_malformed(void)
+{
+	static const struct {
+		const char *header;
+		size_t data_len;
+		const char *words;
+	} bad[] = {
+	    {"{not json}", 0, "header is not valid JSON"},
+	    {"{" ENTRY_A "," ENTRY_A "}", 8, "duplicate key"},
+	    {"[1]", 0, "header is a JSON array, not an object"},
+	    {"{\"a\":[1]}", 0, "entry 'a' is not an object"},
+	    {"{\"a\":{\"shape\":[2],\"data_offsets\":[0,8]}}", 8, "entry 'a' has no dtype"},
+	    {"{\"a\":{\"dtype\":\"F32\",\"data_offsets\":[0,8]}}", 8, "entry 'a' has no shape"},
+	    {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2]}}", 8, "entry 'a' has no data_offsets"},
+	    {"{\"a\":{\"dtype\":\"Q8\",\"shape\":[2],\"data_offsets\":[0,8]}}", 8,
+	     "entry 'a': unknown dtype 'Q8'"},
+	    {"{\"a\":{\"dtype\":\"BOOL\",\"shape\":[2],\"data_offsets\":[0,2]}}", 2,
+	     "unsupported dtype 'BOOL'"},
+	    {"{\"a\":{\"dtype\":4,\"shape\":[2],\"data_offsets\":[0,8]}}", 8,
+	     "dtype is not a string"},
+	    {"{\"a\":{\"dtype\":\"F32\",\"shape\":[-2],\"data_offsets\":[0,8]}}", 8,
+	     "shape[0] is not a non-negative integer"},
+	    {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1,1,1,1,1,1,2],\"data_offsets\":[0,8]}}", 8,
+	     "7 dimensions"},
+	    {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0]}}", 8,
+	     "data_offsets is not [begin, end]"},
+	    {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,16]}}", 8,
+	     "data_offsets [0, 16] past the end of the data (8 bytes)"},
+	    {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[8,0]}}", 8,
+	     "begin 8 > end 0"},
+	    {"{\"a\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[0,8]}}", 8,
+	     "span 8 bytes but shape (3) of F32 needs 12"},
+	    {"{" ENTRY_A ",\"b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}", 8,
+	     "entries 'a' and 'b' overlap"},
+	    {"{" ENTRY_A ",\"b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[12,16]}}", 16,
+	     "hole in the data section at bytes [8, 12)"},
+	    {"{" ENTRY_A "}", 12, "hole: 4 data bytes after the last tensor"},
+	    {"{\"__metadata__\":{}}", 4, "no tensors"},
+	    {"{\"__metadata__\":{\"k\":1}," ENTRY_A "}", 8,
+	     "metadata value of 'k' is a number, not a string"},
+	    {"{\"__metadata__\":[\"k\"]," ENTRY_A "}", 8, "__metadata__ is not an object"},
+	    {"{\"__metadata__\":{\"data_sha256\":\"xyz\"}," ENTRY_A "}", 8, "not 64 hex digits"},
+	};
+	const char *path = tmp_path("bad.safetensors");
+	pt_safetensors *st = (pt_safetensors *)1;
+
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		write_st(path, bad[i].header, 0, bad[i].data_len);
+		CHECK_ERR_MSG(pt_safetensors_open(&st, path), PT_ERR_FORMAT, bad[i].words);
+		CU_ASSERT_PTR_NULL(st);
+		CU_ASSERT_PTR_NOT_NULL(strstr(pt_last_error(), "bad.safetensors"));
+	}
+	write_bytes(path, "\x10\0\0\0\0", 5);
+	CHECK_ERR_MSG(pt_safetensors_open(&st, path), PT_ERR_FORMAT, "truncated");
+	write_st(path, "{}", 1000, 0);
+	CHECK_ERR_MSG(pt_safetensors_open(&st, path), PT_ERR_FORMAT,
+	              "header length 1000 exceeds the file size");
+	write_st(path, "{}", 200000000, 0);
+	CHECK_ERR_MSG(pt_safetensors_open(&st, path), PT_ERR_FORMAT,
+	              "header length 200000000 is absurd");
+	write_st(path, "{}   ", 0, 0); /* empty but valid, padded header */
+	PT_CHECK_OK(pt_safetensors_open(&st, path));
+	CU_ASSERT_EQUAL(pt_safetensors_count(st), 0);
+	pt_safetensors_destroy(st);
+	CHECK_ERR_MSG(pt_safetensors_open(&st, tmp_path("absent.safetensors")), PT_ERR_IO,
+	              "absent.safetensors");
+}
+
+static void test_safetensors_checksum(void)
+{
+	const char *path = tmp_path("sum.safetensors");
+	int64_t shape[1] = {16};
+	pt_tensor t;
+	pt_st_tensor e = {"w", &t};
+	pt_safetensors *st;
+	unsigned char byte;
+	FILE *f;
+
+	PT_CHECK_OK(pt_tensor_init(&t, PT_F32, 1, shape));
+	fill_random(&t, 7);
+	PT_CHECK_OK(pt_safetensors_write(path, &e, 1, NULL, 0));
+	PT_CHECK_OK(pt_safetensors_open(&st, path));
+	pt_safetensors_destroy(st);
+	/* Flip one bit of one data byte (the file's last byte). */
+	f = fopen(path, "r+b");
+	CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+	fseek(f, -1, SEEK_END);
+	CU_ASSERT_EQUAL(fread(&byte, 1, 1, f), 1);
+	byte ^= 0x01;
+	fseek(f, -1, SEEK_END);
+	fwrite(&byte, 1, 1, f);
+	fclose(f);
+	CHECK_ERR_MSG(pt_safetensors_open(&st, path), PT_ERR_FORMAT, "checksum mismatch");
+	pt_tensor_fini(&t);
+}
+
+static void test_safetensors_atomic_write(void)
+{
+	const char *path = tmp_path("atomic.safetensors");
+	int64_t shape[1] = {4};
+	pt_tensor a, b;
+	pt_st_tensor ea = {"a", &a}, eb[2] = {{"b", &b}, {"c", &a}};
+	pt_st_meta reserved = {"data_sha256", "0"};
+	pt_safetensors *st;
+	char missing_dir[300];
+
+	PT_CHECK_OK(pt_tensor_init(&a, PT_F32, 1, shape));
+	PT_CHECK_OK(pt_tensor_init(&b, PT_I32, 1, shape));
+	PT_CHECK_OK(pt_safetensors_write(path, &ea, 1, NULL, 0));
+	PT_CHECK_OK(pt_safetensors_write(path, eb, 2, NULL, 0)); /* replaces it */
+	CU_ASSERT(no_temp_files());
+	PT_CHECK_OK(pt_safetensors_open(&st, path));
+	CU_ASSERT_EQUAL(pt_safetensors_count(st), 2);
+	CU_ASSERT_STRING_EQUAL(pt_safetensors_name(st, 0), "b");
+	pt_safetensors_destroy(st);
+
+	snprintf(missing_dir, sizeof(missing_dir), "%s/no/such/dir.safetensors", tmpdir);
+	CHECK_ERR_MSG(pt_safetensors_write(missing_dir, &ea, 1, NULL, 0), PT_ERR_IO, "create");
+	CU_ASSERT(no_temp_files());
+
+	eb[1].name = "b";
+	CHECK_ERR_MSG(pt_safetensors_write(path, eb, 2, NULL, 0), PT_ERR_INVALID,
+	              "tensor name 'b' given twice");
+	eb[1].name = "__metadata__";
+	CHECK_ERR_MSG(pt_safetensors_write(path, eb, 2, NULL, 0), PT_ERR_INVALID, "invalid name");
+	CHECK_ERR_MSG(pt_safetensors_write(path, &ea, 1, &reserved, 1), PT_ERR_INVALID, "reserved");
+	/* Failed writes left the previous file in place. */
+	PT_CHECK_OK(pt_safetensors_open(&st, path));
+	CU_ASSERT_EQUAL(pt_safetensors_count(st), 2);
+	pt_safetensors_destroy(st);
+	CU_ASSERT(no_temp_files());
+	pt_tensor_fini(&a);
+	pt_tensor_fini(&b);
+}
+
+static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
+{
+	(void)sb, (void)flag, (void)ftw;
+	return remove(path);
+}
+
+int main(void)
+{
+	static const pt_test_case tests[] = {
+	    {"test_safetensors_roundtrip", test_safetensors_roundtrip},
+	    {"test_safetensors_python_writer", test_safetensors_python_writer},
+	    {"test_safetensors_malformed", test_safetensors_malformed},
+	    {"test_safetensors_checksum", test_safetensors_checksum},
+	    {"test_safetensors_atomic_write", test_safetensors_atomic_write},
+	    {NULL, NULL},
+	};
+	static const pt_test_suite suites[] = {
+	    {"test_safetensors", tests},
+	    {NULL, NULL},
+	};
+	int rv;
+
+	snprintf(tmpdir, sizeof(tmpdir), "/tmp/pt_test_st_XXXXXX");
+	if (mkdtemp(tmpdir) == NULL) {
+		perror("mkdtemp");
+		return 99;
+	}
+	rv = pt_test_main(suites);
+	nftw(tmpdir, rm_entry, 8, FTW_DEPTH | FTW_PHYS);
+	return rv;
+}
