@@ -164,7 +164,8 @@ pt_err pt_tensor_init_on(pt_tensor *t, pt_storage *s, size_t byte_off, pt_dtype 
 	t->offset = (int64_t)(byte_off / es);
 	t->dtype = dt;
 	t->ndim = ndim;
-	memcpy(t->shape, shape, sizeof(int64_t) * (size_t)ndim);
+	if (ndim > 0)
+		memcpy(t->shape, shape, sizeof(int64_t) * (size_t)ndim);
 	set_contiguous(t);
 	return PT_OK;
 }
@@ -547,6 +548,9 @@ pt_err pt_tensor_convert(pt_tensor *dst, const pt_tensor *src)
 	if (!pt_tensor_is_contiguous(dst) || !pt_tensor_is_contiguous(src))
 		return pt_set_error(PT_ERR_INVALID, "convert needs contiguous tensors");
 	PT_TRY(pt_tensor_sync(src));
+	/* A host write: queued ops writing dst must run first, or they would win. */
+	if (pt_tensor_state(dst) == PT_PENDING)
+		PT_TRY(pt_tensor_sync(dst));
 	const char *s = pt_tensor_data(src);
 	char *d = pt_tensor_data(dst);
 	for (int64_t i = 0; i < n; i++) {

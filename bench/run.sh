@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# run.sh BUILD - every benchmark of the project, as `bench <name> <value>` lines.
+# PyTorch comparisons run only where /usr/bin/python3 can import torch.
+set -euo pipefail
+build=${1:-build}
+here=$(cd "$(dirname "$0")" && pwd)
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
+
+ours=$("$build/bench/pt-bench")
+echo "$ours"
+
+if /usr/bin/python3 -c 'import torch' 2>/dev/null; then
+	theirs=$(/usr/bin/python3 "$here/torch_ref.py")
+	echo "$theirs" | sed 's/^/# /'
+	get() { echo "$1" | awk -v k="$2" '$2 == k { print $3 }'; }
+	for w in w1_samples_per_s w2_tokens_per_s; do
+		a=$(get "$ours" "$w")
+		b=$(get "$theirs" "$w")
+		awk -v a="$a" -v b="$b" -v n="${w%%_*}" 'BEGIN { printf "bench %s_vs_torch %.2f\n", n, a / b }'
+	done
+else
+	echo "# PyTorch not importable by /usr/bin/python3: w1_vs_torch and w2_vs_torch skipped"
+fi

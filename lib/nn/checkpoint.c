@@ -1,0 +1,160 @@
+/* checkpoint.c - weights and training state to and from safetensors. */
+#include "checkpoint.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "safetensors.h"
+
+#define MAX_STATE 2
+
+/* A view of flat optimizer state laid out like the parameter p. */
+static pt_err state_view(pt_tensor *dst, pt_tensor *flat, const pt_tensor *p)
+{
+	return pt_tensor_init_on(dst, flat->storage, (size_t)p->offset * sizeof(float), PT_F32,
+	                         p->ndim, p->shape);
+}
+
+static void meta_common(pt_st_meta *meta, char *step, size_t len, const pt_checkpoint_info *info)
+{
+	snprintf(step, len, "%" PRId64, info ? info->step : 0);
+	meta[0] = (pt_st_meta){"format", "pipetrain"};
+	meta[1] = (pt_st_meta){"schema_version", PT_CHECKPOINT_SCHEMA_VERSION};
+	meta[2] = (pt_st_meta){"job", info ? info->job : ""};
+	meta[3] = (pt_st_meta){"step", step};
+}
+
+static pt_err save_state(const char *path, pt_model *m, pt_optimizer *o,
+                         const pt_checkpoint_info *info)
+{
+	const char *snames[MAX_STATE];
+	pt_tensor *flat[MAX_STATE];
+	int ns = pt_optimizer_state(o, snames, flat), nt = pt_model_num_tensors(m), n = 0;
+	pt_st_tensor *entries = calloc((size_t)(ns * nt) + 1, sizeof(*entries));
+	pt_tensor *views = calloc((size_t)(ns * nt) + 1, sizeof(*views));
+	char(*names)[96] = calloc((size_t)(ns * nt) + 1, sizeof(*names));
+	char spath[4096], step[32], opt_steps[32];
+	pt_st_meta meta[5];
+	pt_err rv = PT_OK;
+
+	if (!entries || !views || !names) {
+		rv = pt_set_error(PT_ERR_NOMEM, "checkpoint state tables");
+		goto out;
+	}
+	for (int s = 0; s < ns && rv == PT_OK; s++)
+		for (int i = 0; i < nt && rv == PT_OK; i++) {
+			const char *pname;
+			pt_tensor *p;
+			pt_model_tensor(m, i, &pname, &p, NULL);
+			snprintf(names[n], sizeof(names[n]), "%s.%s", snames[s], pname);
+			if ((rv = state_view(&views[n], flat[s], p)) == PT_OK) {
+				entries[n] = (pt_st_tensor){names[n], &views[n]};
+				n++;
+			}
+		}
+	if (rv != PT_OK)
+		goto out;
+	meta_common(meta, step, sizeof(step), info);
+	snprintf(opt_steps, sizeof(opt_steps), "%" PRId64, pt_optimizer_steps(o));
+	meta[4] = (pt_st_meta){"optimizer_steps", opt_steps};
+	snprintf(spath, sizeof(spath), "%s.state", path);
+	rv = pt_safetensors_write(spath, entries, (size_t)n, meta, 5);
+out:
+	for (int i = 0; views && i < n; i++)
+		pt_tensor_fini(&views[i]);
+	free(entries);
+	free(views);
+	free(names);
+	return rv;
+}
+
+pt_err pt_checkpoint_save(const char *path, pt_model *m, pt_optimizer *o,
+                          const pt_checkpoint_info *info)
+{
+	int nt = pt_model_num_tensors(m);
+	pt_st_tensor *entries = calloc((size_t)nt + 1, sizeof(*entries));
+	pt_st_meta meta[4];
+	char step[32];
+	pt_err rv;
+
+	if (entries == NULL)
+		return pt_set_error(PT_ERR_NOMEM, "checkpoint tables");
+	for (int i = 0; i < nt; i++) {
+		const char *name;
+		pt_tensor *p;
+		pt_model_tensor(m, i, &name, &p, NULL);
+		entries[i] = (pt_st_tensor){name, p};
+	}
+	meta_common(meta, step, sizeof(step), info);
+	rv = pt_safetensors_write(path, entries, (size_t)nt, meta, 4);
+	free(entries);
+	if (rv == PT_OK && o != NULL)
+		rv = save_state(path, m, o, info);
+	return rv;
+}
+
+static pt_err load_state(const char *path, pt_model *m, pt_optimizer *o)
+{
+	const char *snames[MAX_STATE], *v;
+	pt_tensor *flat[MAX_STATE];
+	int ns = pt_optimizer_state(o, snames, flat), nt = pt_model_num_tensors(m);
+	char spath[4096], name[96];
+	pt_safetensors *st;
+	pt_err rv = PT_OK;
+
+	snprintf(spath, sizeof(spath), "%s.state", path);
+	PT_TRY(pt_safetensors_open(&st, spath));
+	for (int s = 0; s < ns && rv == PT_OK; s++)
+		for (int i = 0; i < nt && rv == PT_OK; i++) {
+			const char *pname;
+			pt_tensor *p, view;
+			pt_model_tensor(m, i, &pname, &p, NULL);
+			snprintf(name, sizeof(name), "%s.%s", snames[s], pname);
+			if ((rv = state_view(&view, flat[s], p)) == PT_OK) {
+				rv = pt_safetensors_copy(st, name, &view);
+				pt_tensor_fini(&view);
+			}
+		}
+	if (rv == PT_OK) {
+		v = pt_safetensors_meta(st, "optimizer_steps");
+		if (v == NULL)
+			rv = pt_set_error(PT_ERR_FORMAT, "%s: no optimizer_steps in __metadata__",
+			                  spath);
+		else
+			pt_optimizer_set_steps(o, strtoll(v, NULL, 10));
+	}
+	pt_safetensors_destroy(st);
+	return rv;
+}
+
+pt_err pt_checkpoint_load(const char *path, pt_model *m, pt_optimizer *o, pt_checkpoint_info *info)
+{
+	pt_safetensors *st;
+	pt_err rv = PT_OK;
+	const char *v;
+
+	PT_TRY(pt_safetensors_open(&st, path));
+	v = pt_safetensors_meta(st, "schema_version");
+	if (v == NULL || strcmp(v, PT_CHECKPOINT_SCHEMA_VERSION) != 0)
+		rv = pt_set_error(PT_ERR_FORMAT, "%s: checkpoint schema_version %s, expected %s",
+		                  path, v ? v : "(none)", PT_CHECKPOINT_SCHEMA_VERSION);
+	for (int i = 0; rv == PT_OK && i < pt_model_num_tensors(m); i++) {
+		const char *name;
+		pt_tensor *p;
+		pt_model_tensor(m, i, &name, &p, NULL);
+		rv = pt_safetensors_copy(st, name, p);
+	}
+	if (rv == PT_OK && info != NULL) {
+		memset(info, 0, sizeof(*info));
+		if ((v = pt_safetensors_meta(st, "job")) != NULL)
+			snprintf(info->job, sizeof(info->job), "%s", v);
+		if ((v = pt_safetensors_meta(st, "step")) != NULL)
+			info->step = strtoll(v, NULL, 10);
+	}
+	pt_safetensors_destroy(st);
+	if (rv == PT_OK && o != NULL)
+		rv = load_state(path, m, o);
+	return rv;
+}

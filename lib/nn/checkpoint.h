@@ -1,0 +1,34 @@
+/* checkpoint.h - model checkpoints as safetensors files.
+ *
+ * PATH holds the weights under PyTorch state_dict names ("0.weight" is
+ * (out, in)), so `model.load_state_dict(safetensors.torch.load_file(PATH))`
+ * works on the equivalent torch.nn.Sequential with no conversion.
+ * PATH.state (also safetensors) holds the training state: optimizer moments
+ * per parameter ("exp_avg.0.weight", ...) and the step. Both files carry
+ * __metadata__ with format, schema_version, job and step, and are written
+ * atomically with a SHA-256 of their data (see safetensors.h).
+ */
+#ifndef PT_CHECKPOINT_H
+#define PT_CHECKPOINT_H
+
+#include "model.h"
+#include "optim.h"
+
+#define PT_CHECKPOINT_SCHEMA_VERSION "1"
+
+typedef struct pt_checkpoint_info {
+	char job[64];
+	int64_t step;
+} pt_checkpoint_info;
+
+/* pt_checkpoint_save writes PATH and, when o is not NULL, PATH.state. A sync
+ * boundary (queued ops are flushed). Blocking. */
+pt_err pt_checkpoint_save(const char *path, pt_model *m, pt_optimizer *o,
+                          const pt_checkpoint_info *info);
+
+/* pt_checkpoint_load reads weights from PATH into m (every parameter must be
+ * present with its exact shape) and, when o is not NULL, the training state
+ * from PATH.state, restoring the optimizer's step. info may be NULL. */
+pt_err pt_checkpoint_load(const char *path, pt_model *m, pt_optimizer *o, pt_checkpoint_info *info);
+
+#endif

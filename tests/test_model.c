@@ -1,0 +1,181 @@
+/* test_model.c - model building, state_dict names, and checkpoints: bitwise
+ * save/load, resume equals uninterrupted training, PyTorch loads our file. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "checkpoint.h"
+#include "pt_test.h"
+#include "safetensors.h"
+#include "train.h"
+
+static const pt_layer_spec mlp[] = {
+    {.kind = PT_LAYER_LINEAR, .in_features = 8, .out_features = 16, .bias = true},
+    {.kind = PT_LAYER_RELU},
+    {.kind = PT_LAYER_LINEAR, .in_features = 16, .out_features = 3, .bias = true},
+};
+
+typedef struct rig {
+	pt_model *m;
+	pt_optimizer *o;
+	pt_trainer *t;
+} rig;
+
+static void rig_make(rig *r, uint64_t seed)
+{
+	pt_model_config cfg = {.batch = 4, .input = {PT_F32, 0, 8}, .n_slots = 1, .seed = seed};
+	pt_optim_config oc = pt_optim_defaults(PT_OPTIM_ADAMW, 1e-2f);
+	PT_CHECK_OK(pt_model_create(&r->m, mlp, 3, 0, 3, &cfg));
+	PT_CHECK_OK(pt_optimizer_create(&r->o, &oc, pt_model_params(r->m), pt_model_grads(r->m)));
+	PT_CHECK_OK(pt_trainer_create(&r->t, r->m, r->o, PT_LOSS_CROSS_ENTROPY, -1));
+}
+
+static void rig_free(rig *r)
+{
+	pt_trainer_destroy(r->t);
+	pt_optimizer_destroy(r->o);
+	pt_model_destroy(r->m);
+}
+
+static void batch(pt_tensor *x, pt_tensor *y, int step)
+{
+	pt_rng g;
+	PT_CHECK_OK(pt_tensor_init(x, PT_F32, 2, (int64_t[]){8, 8}));
+	PT_CHECK_OK(pt_tensor_init(y, PT_I64, 1, (int64_t[]){8}));
+	pt_rng_init(&g, 100, (uint64_t)step);
+	pt_rng_normal(&g, pt_tensor_f32(x), 64, 0.0f, 1.0f);
+	for (int i = 0; i < 8; i++)
+		((int64_t *)pt_tensor_data(y))[i] = pt_rng_u32(&g) % 3;
+}
+
+static void steps(rig *r, int from, int to)
+{
+	for (int s = from; s < to; s++) {
+		pt_tensor x, y;
+		pt_step_result res;
+		batch(&x, &y, s);
+		PT_CHECK_OK(pt_trainer_step(r->t, &x, &y, 2, (uint64_t)s, &res));
+		pt_tensor_fini(&x);
+		pt_tensor_fini(&y);
+	}
+}
+
+static void test_model_state_dict_names(void)
+{
+	rig r;
+	const char *want[] = {"0.weight", "0.bias", "2.weight", "2.bias"};
+	const int64_t shapes[][2] = {{16, 8}, {16, 0}, {3, 16}, {3, 0}};
+	rig_make(&r, 1);
+	CU_ASSERT_EQUAL_FATAL(pt_model_num_tensors(r.m), 4);
+	for (int i = 0; i < 4; i++) {
+		const char *name;
+		pt_tensor *p, *g;
+		PT_CHECK_OK(pt_model_tensor(r.m, i, &name, &p, &g));
+		CU_ASSERT_STRING_EQUAL(name, want[i]);
+		CU_ASSERT_EQUAL(p->shape[0], shapes[i][0]);
+		if (shapes[i][1])
+			CU_ASSERT_EQUAL(p->shape[1], shapes[i][1]);
+	}
+	CU_ASSERT_EQUAL(pt_model_num_params(r.m), 16 * 8 + 16 + 3 * 16 + 3);
+	rig_free(&r);
+}
+
+static void test_model_stage_weights_match_full_model(void)
+{
+	/* Layers [2, 3) built alone get the same initial weights as in the full model. */
+	pt_model_config cfg = {.batch = 4, .input = {PT_F32, 0, 8}, .n_slots = 1, .seed = 9};
+	pt_model *full, *stage;
+	pt_tensor *a, *b;
+	PT_CHECK_OK(pt_model_create(&full, mlp, 3, 0, 3, &cfg));
+	PT_CHECK_OK(pt_model_create(&stage, mlp, 3, 2, 3, &cfg));
+	PT_CHECK_OK(pt_model_tensor(full, 2, NULL, &a, NULL));
+	PT_CHECK_OK(pt_model_tensor(stage, 0, NULL, &b, NULL));
+	CU_ASSERT_EQUAL(memcmp(pt_tensor_data(a), pt_tensor_data(b), pt_tensor_nbytes(a)), 0);
+	PT_CHECK_ERR(pt_model_create(&stage, mlp, 3, 2, 2, &cfg), PT_ERR_RANGE);
+	pt_model_destroy(full);
+	pt_model_destroy(stage);
+}
+
+static void test_model_checkpoint_roundtrip_and_resume(void)
+{
+	char dir[] = "/tmp/pt-model-XXXXXX", path[256], spath[300];
+	rig a, b, c;
+	pt_checkpoint_info info = {.step = 5}, got;
+	CU_ASSERT_PTR_NOT_NULL_FATAL(mkdtemp(dir));
+	snprintf(path, sizeof(path), "%s/ck.safetensors", dir);
+	snprintf(spath, sizeof(spath), "%s.state", path);
+	snprintf(info.job, sizeof(info.job), "job-1");
+
+	/* a: 10 steps straight. b: 5 steps, save. c: load, 5 more steps. */
+	rig_make(&a, 3);
+	rig_make(&b, 3);
+	rig_make(&c, 4); /* different seed: everything must come from the file */
+	steps(&a, 0, 10);
+	steps(&b, 0, 5);
+	PT_CHECK_OK(pt_checkpoint_save(path, b.m, b.o, &info));
+	PT_CHECK_OK(pt_checkpoint_load(path, c.m, c.o, &got));
+	CU_ASSERT_STRING_EQUAL(got.job, "job-1");
+	CU_ASSERT_EQUAL(got.step, 5);
+	CU_ASSERT_EQUAL(pt_optimizer_steps(c.o), 5);
+	CU_ASSERT_EQUAL(memcmp(pt_tensor_data(pt_model_params(b.m)),
+	                       pt_tensor_data(pt_model_params(c.m)),
+	                       pt_tensor_nbytes(pt_model_params(b.m))),
+	                0);
+	steps(&c, 5, 10);
+	CU_ASSERT_EQUAL(memcmp(pt_tensor_data(pt_model_params(a.m)),
+	                       pt_tensor_data(pt_model_params(c.m)),
+	                       pt_tensor_nbytes(pt_model_params(a.m))),
+	                0);
+	/* The weights file holds exactly the state_dict, with our metadata. */
+	{
+		pt_safetensors *st;
+		PT_CHECK_OK(pt_safetensors_open(&st, path));
+		CU_ASSERT_EQUAL(pt_safetensors_count(st), 4);
+		CU_ASSERT_STRING_EQUAL(pt_safetensors_meta(st, "step"), "5");
+		CU_ASSERT_STRING_EQUAL(pt_safetensors_meta(st, "schema_version"), "1");
+		CU_ASSERT_PTR_NOT_NULL(pt_safetensors_meta(st, "data_sha256"));
+		pt_safetensors_destroy(st);
+	}
+	/* PyTorch loads it into the equivalent nn.Sequential, strictly. */
+	if (system("/usr/bin/python3 -c 'import torch, safetensors' 2>/dev/null") == 0 ||
+	    system("/usr/bin/python3 -c 'import torch' 2>/dev/null") == 0) {
+		char cmd[1024];
+		snprintf(cmd, sizeof(cmd), "/usr/bin/python3 %s %s",
+		         pt_test_path("tests/data/torch_load.py"), path);
+		CU_ASSERT_EQUAL(system(cmd), 0);
+	} else {
+		printf(
+		    "\n    skip: /usr/bin/python3 cannot import torch; PyTorch load not checked\n");
+	}
+	/* A model of another shape is refused with the tensor's name. */
+	{
+		pt_layer_spec other[] = {pt_linear(8, 15), pt_activation(PT_LAYER_RELU),
+		                         pt_linear(15, 3)};
+		pt_model_config cfg = {.batch = 4, .input = {PT_F32, 0, 8}, .n_slots = 1};
+		pt_model *m;
+		PT_CHECK_OK(pt_model_create(&m, other, 3, 0, 3, &cfg));
+		CU_ASSERT_NOT_EQUAL(pt_checkpoint_load(path, m, NULL, NULL), PT_OK);
+		CU_ASSERT_PTR_NOT_NULL(strstr(pt_last_error(), "0.weight"));
+		pt_model_destroy(m);
+	}
+	unlink(spath);
+	unlink(path);
+	rmdir(dir);
+	rig_free(&a);
+	rig_free(&b);
+	rig_free(&c);
+}
+
+static const pt_test_case tests[] = {
+    {"test_model_state_dict_names", test_model_state_dict_names},
+    {"test_model_stage_weights_match_full_model", test_model_stage_weights_match_full_model},
+    {"test_model_checkpoint_roundtrip_and_resume", test_model_checkpoint_roundtrip_and_resume},
+    {NULL, NULL},
+};
+
+int main(void)
+{
+	const pt_test_suite suites[] = {{"model", tests}, {NULL, NULL}};
+	return pt_test_main(suites);
+}
