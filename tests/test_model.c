@@ -85,14 +85,15 @@ static void test_model_stage_weights_match_full_model(void)
 {
 	/* Layers [2, 3) built alone get the same initial weights as in the full model. */
 	pt_model_config cfg = {.batch = 4, .input = {PT_F32, 0, 8}, .n_slots = 1, .seed = 9};
-	pt_model *full, *stage;
+	pt_model *full, *stage, *bad;
 	pt_tensor *a, *b;
 	PT_CHECK_OK(pt_model_create(&full, mlp, 3, 0, 3, &cfg));
 	PT_CHECK_OK(pt_model_create(&stage, mlp, 3, 2, 3, &cfg));
 	PT_CHECK_OK(pt_model_tensor(full, 2, NULL, &a, NULL));
 	PT_CHECK_OK(pt_model_tensor(stage, 0, NULL, &b, NULL));
 	CU_ASSERT_EQUAL(memcmp(pt_tensor_data(a), pt_tensor_data(b), pt_tensor_nbytes(a)), 0);
-	PT_CHECK_ERR(pt_model_create(&stage, mlp, 3, 2, 2, &cfg), PT_ERR_RANGE);
+	PT_CHECK_ERR(pt_model_create(&bad, mlp, 3, 2, 2, &cfg), PT_ERR_RANGE);
+	CU_ASSERT_PTR_NULL(bad);
 	pt_model_destroy(full);
 	pt_model_destroy(stage);
 }

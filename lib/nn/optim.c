@@ -53,8 +53,9 @@ pt_err pt_optim_validate(const pt_optim_config *c)
 	}
 	if (c->schedule.kind == PT_SCHED_WARMUP_COSINE) {
 		if (c->schedule.warmup_steps < 0 || c->schedule.total_steps <= 0)
-			return pt_set_error(PT_ERR_RANGE, "schedule: warmup_steps must be >= 0 and "
-			                                  "total_steps > 0");
+			return pt_set_error(PT_ERR_RANGE,
+			                    "schedule.warmup_steps must be >= 0 and schedule."
+			                    "total_steps > 0");
 		if (c->schedule.warmup_steps > c->schedule.total_steps)
 			return pt_set_error(PT_ERR_RANGE,
 			                    "schedule.warmup_steps exceeds schedule.total_steps");
