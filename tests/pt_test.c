@@ -39,3 +39,11 @@ int pt_test_main(const pt_test_suite *suites)
 	CU_cleanup_registry();
 	return failed ? 1 : 0;
 }
+
+void pt_test_write_file(const char *path, const void *data, size_t len)
+{
+	FILE *f = fopen(path, "wb");
+	CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+	CU_ASSERT_EQUAL(fwrite(data, 1, len, f), len);
+	fclose(f);
+}

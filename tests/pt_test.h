@@ -9,6 +9,7 @@
 
 #include <CUnit/Basic.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "error.h"
 
@@ -33,6 +34,20 @@ void pt_test_report(int rv, const char *expr, const char *file, int line);
 			pt_test_report(pt_check_rv_, #expr, __FILE__, __LINE__);                   \
 		CU_ASSERT_EQUAL(pt_check_rv_, (code));                                             \
 	} while (0)
+
+/* PT_CHECK_ERR_MSG checks an error code and that pt_last_error() contains words. */
+#define PT_CHECK_ERR_MSG(expr, code, words)                                                        \
+	do {                                                                                       \
+		pt_err rv_ = (expr);                                                               \
+		PT_CHECK_ERR(rv_, code);                                                           \
+		if (strstr(pt_last_error(), (words)) == NULL)                                      \
+			fprintf(stderr, "%s:%d: message \"%s\" lacks \"%s\"\n", __FILE__,          \
+			        __LINE__, pt_last_error(), (words));                               \
+		CU_ASSERT_PTR_NOT_NULL(strstr(pt_last_error(), (words)));                          \
+	} while (0)
+
+/* pt_test_write_file writes len bytes to path (asserting success). */
+void pt_test_write_file(const char *path, const void *data, size_t len);
 
 typedef struct pt_test_case {
 	const char *name;

@@ -18,30 +18,11 @@
 
 static char tmpdir[64];
 
-/* CHECK_ERR_MSG checks an error code and that the message contains words. */
-#define CHECK_ERR_MSG(expr, code, words)                                                           \
-	do {                                                                                       \
-		pt_err rv_ = (expr);                                                               \
-		PT_CHECK_ERR(rv_, code);                                                           \
-		if (strstr(pt_last_error(), (words)) == NULL)                                      \
-			fprintf(stderr, "%s:%d: message \"%s\" lacks \"%s\"\n", __FILE__,          \
-			        __LINE__, pt_last_error(), (words));                               \
-		CU_ASSERT_PTR_NOT_NULL(strstr(pt_last_error(), (words)));                          \
-	} while (0)
-
 static const char *tmp_path(const char *name)
 {
 	static char buf[256];
 	snprintf(buf, sizeof(buf), "%s/%s", tmpdir, name);
 	return buf;
-}
-
-static void write_bytes(const char *path, const void *data, size_t len)
-{
-	FILE *f = fopen(path, "wb");
-	CU_ASSERT_PTR_NOT_NULL_FATAL(f);
-	CU_ASSERT_EQUAL(fwrite(data, 1, len, f), len);
-	fclose(f);
 }
 
 /* ---- JSON ---- */
@@ -134,14 +115,14 @@ static void test_data_json_errors(void)
 	pt_json v;
 
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
-		CHECK_ERR_MSG(pt_json_parse(&v, bad[i].text, strlen(bad[i].text), NULL),
-		              PT_ERR_FORMAT, bad[i].words);
+		PT_CHECK_ERR_MSG(pt_json_parse(&v, bad[i].text, strlen(bad[i].text), NULL),
+		                 PT_ERR_FORMAT, bad[i].words);
 		CU_ASSERT_EQUAL(v.type, PT_JSON_NULL);
 		pt_json_fini(&v);
 	}
 	/* Position of an error inside a line. */
-	CHECK_ERR_MSG(pt_json_parse(&v, "{\n  \"k\": tx}", 12, NULL), PT_ERR_FORMAT,
-	              "line 2, column 8");
+	PT_CHECK_ERR_MSG(pt_json_parse(&v, "{\n  \"k\": tx}", 12, NULL), PT_ERR_FORMAT,
+	                 "line 2, column 8");
 }
 
 static void test_data_json_limits(void)
@@ -157,15 +138,15 @@ static void test_data_json_limits(void)
 			PT_CHECK_OK(pt_json_parse(&v, deep, 2 * (size_t)d, NULL));
 			pt_json_fini(&v);
 		} else {
-			CHECK_ERR_MSG(pt_json_parse(&v, deep, 2 * (size_t)d, NULL), PT_ERR_RANGE,
-			              "deeper than 64");
+			PT_CHECK_ERR_MSG(pt_json_parse(&v, deep, 2 * (size_t)d, NULL), PT_ERR_RANGE,
+			                 "deeper than 64");
 		}
 	}
-	CHECK_ERR_MSG(pt_json_parse(&v, "[1,2,3,4,5]", 11, &lim), PT_ERR_RANGE, "limit");
+	PT_CHECK_ERR_MSG(pt_json_parse(&v, "[1,2,3,4,5]", 11, &lim), PT_ERR_RANGE, "limit");
 	lim = (pt_json_limits){.max_values = 3};
 	PT_CHECK_OK(pt_json_parse(&v, "[1,2]", 5, &lim));
 	pt_json_fini(&v);
-	CHECK_ERR_MSG(pt_json_parse(&v, "[1,2,3]", 7, &lim), PT_ERR_RANGE, "values");
+	PT_CHECK_ERR_MSG(pt_json_parse(&v, "[1,2,3]", 7, &lim), PT_ERR_RANGE, "values");
 }
 
 static void test_data_json_writer(void)
@@ -247,7 +228,7 @@ static void test_data_npy_roundtrip(void)
 		pt_tensor t;
 		int64_t one = 1;
 		PT_CHECK_OK(pt_tensor_init(&t, PT_BF16, 1, &one));
-		CHECK_ERR_MSG(pt_npy_write(path, &t), PT_ERR_DTYPE, "bf16");
+		PT_CHECK_ERR_MSG(pt_npy_write(path, &t), PT_ERR_DTYPE, "bf16");
 		pt_tensor_fini(&t);
 	}
 }
@@ -285,7 +266,7 @@ static void test_data_npy_versions(void)
 		size_t n = make_npy(
 		    buf, major, "{'descr': '<i4', 'fortran_order': False, 'shape': (2,), }", -1, 8);
 		memcpy(buf + n - 8, "\x05\0\0\0\xfa\xff\xff\xff", 8);
-		write_bytes(path, buf, n);
+		pt_test_write_file(path, buf, n);
 		PT_CHECK_OK(pt_npy_read(&t, path));
 		CU_ASSERT(t.dtype == PT_I32 && t.ndim == 1 && t.shape[0] == 2);
 		PT_CHECK_OK(pt_tensor_item(&t, 1, &item));
@@ -293,7 +274,7 @@ static void test_data_npy_versions(void)
 		pt_tensor_fini(&t);
 	}
 	/* Double quotes, no trailing comma, different key order, 0-d shape. */
-	write_bytes(
+	pt_test_write_file(
 	    path, buf,
 	    make_npy(buf, 1, "{\"shape\": (), \"fortran_order\": False, \"descr\": '|u1'}", -1, 1));
 	PT_CHECK_OK(pt_npy_read(&t, path));
@@ -346,17 +327,17 @@ static void test_data_npy_malformed(void)
 
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
 		size_t n = make_npy(buf, bad[i].major, bad[i].dict, bad[i].hlen, bad[i].payload);
-		write_bytes(path, buf, n);
-		CHECK_ERR_MSG(pt_npy_read(&t, path), PT_ERR_FORMAT, bad[i].words);
+		pt_test_write_file(path, buf, n);
+		PT_CHECK_ERR_MSG(pt_npy_read(&t, path), PT_ERR_FORMAT, bad[i].words);
 		CU_ASSERT_PTR_NOT_NULL(strstr(pt_last_error(), path)); /* names the file */
 		CU_ASSERT_PTR_NULL(t.storage);
 	}
 	memcpy(buf, "\x93NUMPX\x01\x00\x10\x00", 10);
-	write_bytes(path, buf, 64);
-	CHECK_ERR_MSG(pt_npy_read(&t, path), PT_ERR_FORMAT, "bad magic");
-	write_bytes(path, "\x93NUMPY\x01", 7);
-	CHECK_ERR_MSG(pt_npy_read(&t, path), PT_ERR_FORMAT, "truncated");
-	CHECK_ERR_MSG(pt_npy_read(&t, tmp_path("absent.npy")), PT_ERR_IO, "absent.npy");
+	pt_test_write_file(path, buf, 64);
+	PT_CHECK_ERR_MSG(pt_npy_read(&t, path), PT_ERR_FORMAT, "bad magic");
+	pt_test_write_file(path, "\x93NUMPY\x01", 7);
+	PT_CHECK_ERR_MSG(pt_npy_read(&t, path), PT_ERR_FORMAT, "truncated");
+	PT_CHECK_ERR_MSG(pt_npy_read(&t, tmp_path("absent.npy")), PT_ERR_IO, "absent.npy");
 }
 
 /* ---- shipped data ---- */
@@ -466,17 +447,18 @@ static void test_data_tokens(void)
 	CU_ASSERT(!eq);
 
 	PT_CHECK_OK(pt_tensor_init(&bad, PT_I64, 2, other));
-	CHECK_ERR_MSG(pt_tokens_sample(&tk, 7, 3, &in, &bad), PT_ERR_SHAPE, "target");
+	PT_CHECK_ERR_MSG(pt_tokens_sample(&tk, 7, 3, &in, &bad), PT_ERR_SHAPE, "target");
 	pt_tensor_fini(&bad);
 	PT_CHECK_OK(pt_tensor_init(&bad, PT_I32, 2, shape));
-	CHECK_ERR_MSG(pt_tokens_sample(&tk, 7, 3, &bad, &tg), PT_ERR_SHAPE, "i64");
+	PT_CHECK_ERR_MSG(pt_tokens_sample(&tk, 7, 3, &bad, &tg), PT_ERR_SHAPE, "i64");
 	pt_tensor_fini(&bad);
 	{
 		int64_t long_shape[2] = {1, (int64_t)n};
 		pt_tensor_fini(&in2);
 		PT_CHECK_OK(pt_tensor_init(&bad, PT_I64, 2, long_shape));
 		PT_CHECK_OK(pt_tensor_init(&in2, PT_I64, 2, long_shape));
-		CHECK_ERR_MSG(pt_tokens_sample(&tk, 7, 3, &bad, &in2), PT_ERR_RANGE, "+ 1 tokens");
+		PT_CHECK_ERR_MSG(pt_tokens_sample(&tk, 7, 3, &bad, &in2), PT_ERR_RANGE,
+		                 "+ 1 tokens");
 		pt_tensor_fini(&bad);
 	}
 	pt_tokens_fini(&tk);
@@ -485,16 +467,17 @@ static void test_data_tokens(void)
 	pt_tensor_fini(&in2);
 	pt_tensor_fini(&tg2);
 
-	CHECK_ERR_MSG(pt_tokens_load(&tk, tmp_path("t.u16"), PT_U16, 100), PT_ERR_FORMAT,
-	              "token 116 at position 0 is not below the vocabulary size 100");
+	PT_CHECK_ERR_MSG(pt_tokens_load(&tk, tmp_path("t.u16"), PT_U16, 100), PT_ERR_FORMAT,
+	                 "token 116 at position 0 is not below the vocabulary size 100");
 	CU_ASSERT_PTR_NULL(tk.data);
-	write_bytes(tmp_path("odd.u16"), "abc", 3);
-	CHECK_ERR_MSG(pt_tokens_load(&tk, tmp_path("odd.u16"), PT_U16, 0), PT_ERR_FORMAT,
-	              "not a whole number");
-	write_bytes(tmp_path("odd.u32"), "abcdef", 6);
-	CHECK_ERR_MSG(pt_tokens_load(&tk, tmp_path("odd.u32"), PT_U32, 0), PT_ERR_FORMAT, "4-byte");
-	CHECK_ERR_MSG(pt_tokens_load(&tk, tmp_path("t.u16"), PT_I32, 0), PT_ERR_DTYPE,
-	              "u16 or u32");
+	pt_test_write_file(tmp_path("odd.u16"), "abc", 3);
+	PT_CHECK_ERR_MSG(pt_tokens_load(&tk, tmp_path("odd.u16"), PT_U16, 0), PT_ERR_FORMAT,
+	                 "not a whole number");
+	pt_test_write_file(tmp_path("odd.u32"), "abcdef", 6);
+	PT_CHECK_ERR_MSG(pt_tokens_load(&tk, tmp_path("odd.u32"), PT_U32, 0), PT_ERR_FORMAT,
+	                 "4-byte");
+	PT_CHECK_ERR_MSG(pt_tokens_load(&tk, tmp_path("t.u16"), PT_I32, 0), PT_ERR_DTYPE,
+	                 "u16 or u32");
 }
 
 /* ---- shuffles, splits, batches ---- */
@@ -604,11 +587,11 @@ static void test_data_batch_iter(void)
 	CU_ASSERT(memcmp(pt_tensor_data(&by), order, 4 * sizeof(int64_t)) == 0);
 
 	PT_CHECK_OK(pt_tensor_init(&wrong, PT_F32, 1, &ys));
-	CHECK_ERR_MSG(pt_batch_iter_next(&it, &bx, &wrong, &rows), PT_ERR_SHAPE, "batch y");
+	PT_CHECK_ERR_MSG(pt_batch_iter_next(&it, &bx, &wrong, &rows), PT_ERR_SHAPE, "batch y");
 	pt_tensor_fini(&wrong);
 	pt_batch_iter_fini(&it);
-	CHECK_ERR_MSG(pt_batch_iter_init(&it, &ds, 0, false, false, 0), PT_ERR_INVALID,
-	              "batch size 0");
+	PT_CHECK_ERR_MSG(pt_batch_iter_init(&it, &ds, 0, false, false, 0), PT_ERR_INVALID,
+	                 "batch size 0");
 	pt_batch_iter_fini(&it);
 	pt_tensor_fini(&bx);
 	pt_tensor_fini(&by);
@@ -641,7 +624,7 @@ static void test_data_split(void)
 	CU_ASSERT(eq);
 	pt_dataset_fini(&tr2);
 	pt_dataset_fini(&ho2);
-	CHECK_ERR_MSG(pt_dataset_split(&tr2, &ho2, &ds, 1.5, 5), PT_ERR_INVALID, "fraction");
+	PT_CHECK_ERR_MSG(pt_dataset_split(&tr2, &ho2, &ds, 1.5, 5), PT_ERR_INVALID, "fraction");
 	PT_CHECK_OK(pt_dataset_split(&tr2, &ho2, &ds, 0.0, 5));
 	CU_ASSERT(tr2.n == 10 && ho2.n == 0);
 	pt_dataset_fini(&tr2);
@@ -664,7 +647,8 @@ static void test_data_dataset_convert(void)
 	((unsigned char *)pt_tensor_data(&x))[5] = 16;
 	((int32_t *)pt_tensor_data(&y))[2] = 9;
 	((double *)pt_tensor_data(&yk))[1] = 0.25;
-	CHECK_ERR_MSG(pt_dataset_init(&ds, &x, &y, false), PT_ERR_DTYPE, "x is u8, expected f32");
+	PT_CHECK_ERR_MSG(pt_dataset_init(&ds, &x, &y, false), PT_ERR_DTYPE,
+	                 "x is u8, expected f32");
 	PT_CHECK_OK(pt_dataset_init(&ds, &x, &y, true));
 	CU_ASSERT(ds.x.dtype == PT_F32 && ds.y.dtype == PT_I64 && ds.n == 3);
 	CU_ASSERT_EQUAL(pt_tensor_f32(&ds.x)[5], 16.0f);
@@ -674,7 +658,7 @@ static void test_data_dataset_convert(void)
 	CU_ASSERT(ds.y.dtype == PT_F32 && ds.y.ndim == 2);
 	CU_ASSERT_EQUAL(pt_tensor_f32(&ds.y)[1], 0.25f);
 	pt_dataset_fini(&ds);
-	CHECK_ERR_MSG(pt_dataset_init(&ds, &x, &ym, true), PT_ERR_SHAPE, "(3, 2) and y (2, 2)");
+	PT_CHECK_ERR_MSG(pt_dataset_init(&ds, &x, &ym, true), PT_ERR_SHAPE, "(3, 2) and y (2, 2)");
 	pt_dataset_fini(&ds);
 	PT_CHECK_OK(pt_dataset_load_npy(&ds, pt_test_path("examples/data/digits_x.npy"),
 	                                pt_test_path("examples/data/digits_y.npy"), false));
@@ -708,12 +692,12 @@ static void test_data_microbatch_split(void)
 	CU_ASSERT_EQUAL(views[0].shape[0], 8);
 	pt_tensor_fini(&views[0]);
 	memset(&spare, 0, sizeof(spare));
-	CHECK_ERR_MSG(pt_microbatch_split(&spare, &batch, 3), PT_ERR_INVALID,
-	              "batch size 8 cannot be split into 3 microbatches");
+	PT_CHECK_ERR_MSG(pt_microbatch_split(&spare, &batch, 3), PT_ERR_INVALID,
+	                 "batch size 8 cannot be split into 3 microbatches");
 	CU_ASSERT_PTR_NULL(spare.storage);
-	CHECK_ERR_MSG(pt_microbatch_split(&spare, &batch, 0), PT_ERR_INVALID,
-	              "into 0 microbatches");
-	CHECK_ERR_MSG(pt_microbatch_split(&spare, &batch, -2), PT_ERR_INVALID, "-2");
+	PT_CHECK_ERR_MSG(pt_microbatch_split(&spare, &batch, 0), PT_ERR_INVALID,
+	                 "into 0 microbatches");
+	PT_CHECK_ERR_MSG(pt_microbatch_split(&spare, &batch, -2), PT_ERR_INVALID, "-2");
 	pt_tensor_fini(&batch);
 }
 

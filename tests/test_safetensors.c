@@ -16,29 +16,11 @@
 
 static char tmpdir[64];
 
-#define CHECK_ERR_MSG(expr, code, words)                                                           \
-	do {                                                                                       \
-		pt_err rv_ = (expr);                                                               \
-		PT_CHECK_ERR(rv_, code);                                                           \
-		if (strstr(pt_last_error(), (words)) == NULL)                                      \
-			fprintf(stderr, "%s:%d: message \"%s\" lacks \"%s\"\n", __FILE__,          \
-			        __LINE__, pt_last_error(), (words));                               \
-		CU_ASSERT_PTR_NOT_NULL(strstr(pt_last_error(), (words)));                          \
-	} while (0)
-
 static const char *tmp_path(const char *name)
 {
 	static char buf[256];
 	snprintf(buf, sizeof(buf), "%s/%s", tmpdir, name);
 	return buf;
-}
-
-static void write_bytes(const char *path, const void *data, size_t len)
-{
-	FILE *f = fopen(path, "wb");
-	CU_ASSERT_PTR_NOT_NULL_FATAL(f);
-	CU_ASSERT_EQUAL(fwrite(data, 1, len, f), len);
-	fclose(f);
 }
 
 /* write_st writes a file with header length hlen (the text's length when
@@ -54,7 +36,7 @@ static void write_st(const char *path, const char *header, uint64_t hlen, size_t
 	for (int i = 0; i < 8; i++)
 		buf[i] = (unsigned char)(hlen >> (8 * i));
 	memcpy(buf + 8, header, tl);
-	write_bytes(path, buf, n);
+	pt_test_write_file(path, buf, n);
 	free(buf);
 }
 
@@ -161,14 +143,15 @@ static void test_safetensors_roundtrip(void)
 	{
 		pt_tensor wrong;
 		PT_CHECK_OK(pt_tensor_init(&wrong, PT_F32, 2, tshape));
-		CHECK_ERR_MSG(pt_safetensors_copy(st, "0.weight", &wrong), PT_ERR_SHAPE,
-		              "tensor '0.weight' has shape (3, 5) in the file, (5, 3) in memory");
-		CHECK_ERR_MSG(pt_safetensors_copy(st, "3.double", &wrong), PT_ERR_DTYPE,
-		              "tensor '3.double' is F64 in the file, F32 in memory");
-		CHECK_ERR_MSG(pt_safetensors_copy(st, "nope", &wrong), PT_ERR_NOTFOUND,
-		              "no tensor named 'nope'");
+		PT_CHECK_ERR_MSG(
+		    pt_safetensors_copy(st, "0.weight", &wrong), PT_ERR_SHAPE,
+		    "tensor '0.weight' has shape (3, 5) in the file, (5, 3) in memory");
+		PT_CHECK_ERR_MSG(pt_safetensors_copy(st, "3.double", &wrong), PT_ERR_DTYPE,
+		                 "tensor '3.double' is F64 in the file, F32 in memory");
+		PT_CHECK_ERR_MSG(pt_safetensors_copy(st, "nope", &wrong), PT_ERR_NOTFOUND,
+		                 "no tensor named 'nope'");
 		pt_tensor none;
-		CHECK_ERR_MSG(pt_safetensors_get(st, "nope", &none), PT_ERR_NOTFOUND, "nope");
+		PT_CHECK_ERR_MSG(pt_safetensors_get(st, "nope", &none), PT_ERR_NOTFOUND, "nope");
 		CU_ASSERT_PTR_NULL(none.storage);
 		pt_tensor_fini(&wrong);
 	}
@@ -325,24 +308,24 @@ static void test_safetensors_malformed(void)
 
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
 		write_st(path, bad[i].header, 0, bad[i].data_len);
-		CHECK_ERR_MSG(pt_safetensors_open(&st, path), PT_ERR_FORMAT, bad[i].words);
+		PT_CHECK_ERR_MSG(pt_safetensors_open(&st, path), PT_ERR_FORMAT, bad[i].words);
 		CU_ASSERT_PTR_NULL(st);
 		CU_ASSERT_PTR_NOT_NULL(strstr(pt_last_error(), "bad.safetensors"));
 	}
-	write_bytes(path, "\x10\0\0\0\0", 5);
-	CHECK_ERR_MSG(pt_safetensors_open(&st, path), PT_ERR_FORMAT, "truncated");
+	pt_test_write_file(path, "\x10\0\0\0\0", 5);
+	PT_CHECK_ERR_MSG(pt_safetensors_open(&st, path), PT_ERR_FORMAT, "truncated");
 	write_st(path, "{}", 1000, 0);
-	CHECK_ERR_MSG(pt_safetensors_open(&st, path), PT_ERR_FORMAT,
-	              "header length 1000 exceeds the file size");
+	PT_CHECK_ERR_MSG(pt_safetensors_open(&st, path), PT_ERR_FORMAT,
+	                 "header length 1000 exceeds the file size");
 	write_st(path, "{}", 200000000, 0);
-	CHECK_ERR_MSG(pt_safetensors_open(&st, path), PT_ERR_FORMAT,
-	              "header length 200000000 is absurd");
+	PT_CHECK_ERR_MSG(pt_safetensors_open(&st, path), PT_ERR_FORMAT,
+	                 "header length 200000000 is absurd");
 	write_st(path, "{}   ", 0, 0); /* empty but valid, padded header */
 	PT_CHECK_OK(pt_safetensors_open(&st, path));
 	CU_ASSERT_EQUAL(pt_safetensors_count(st), 0);
 	pt_safetensors_destroy(st);
-	CHECK_ERR_MSG(pt_safetensors_open(&st, tmp_path("absent.safetensors")), PT_ERR_IO,
-	              "absent.safetensors");
+	PT_CHECK_ERR_MSG(pt_safetensors_open(&st, tmp_path("absent.safetensors")), PT_ERR_IO,
+	                 "absent.safetensors");
 }
 
 static void test_safetensors_checksum(void)
@@ -369,7 +352,7 @@ static void test_safetensors_checksum(void)
 	fseek(f, -1, SEEK_END);
 	fwrite(&byte, 1, 1, f);
 	fclose(f);
-	CHECK_ERR_MSG(pt_safetensors_open(&st, path), PT_ERR_FORMAT, "checksum mismatch");
+	PT_CHECK_ERR_MSG(pt_safetensors_open(&st, path), PT_ERR_FORMAT, "checksum mismatch");
 	pt_tensor_fini(&t);
 }
 
@@ -394,15 +377,17 @@ static void test_safetensors_atomic_write(void)
 	pt_safetensors_destroy(st);
 
 	snprintf(missing_dir, sizeof(missing_dir), "%s/no/such/dir.safetensors", tmpdir);
-	CHECK_ERR_MSG(pt_safetensors_write(missing_dir, &ea, 1, NULL, 0), PT_ERR_IO, "create");
+	PT_CHECK_ERR_MSG(pt_safetensors_write(missing_dir, &ea, 1, NULL, 0), PT_ERR_IO, "create");
 	CU_ASSERT(no_temp_files());
 
 	eb[1].name = "b";
-	CHECK_ERR_MSG(pt_safetensors_write(path, eb, 2, NULL, 0), PT_ERR_INVALID,
-	              "tensor name 'b' given twice");
+	PT_CHECK_ERR_MSG(pt_safetensors_write(path, eb, 2, NULL, 0), PT_ERR_INVALID,
+	                 "tensor name 'b' given twice");
 	eb[1].name = "__metadata__";
-	CHECK_ERR_MSG(pt_safetensors_write(path, eb, 2, NULL, 0), PT_ERR_INVALID, "invalid name");
-	CHECK_ERR_MSG(pt_safetensors_write(path, &ea, 1, &reserved, 1), PT_ERR_INVALID, "reserved");
+	PT_CHECK_ERR_MSG(pt_safetensors_write(path, eb, 2, NULL, 0), PT_ERR_INVALID,
+	                 "invalid name");
+	PT_CHECK_ERR_MSG(pt_safetensors_write(path, &ea, 1, &reserved, 1), PT_ERR_INVALID,
+	                 "reserved");
 	/* Failed writes left the previous file in place. */
 	PT_CHECK_OK(pt_safetensors_open(&st, path));
 	CU_ASSERT_EQUAL(pt_safetensors_count(st), 2);

@@ -41,18 +41,7 @@ pt_err cpu_attention_forward(const pt_op_call *c, void *ws)
 		}
 		for (int64_t i = 0; i < T; i++) {
 			float *row = a + i * T;
-			float mx = -INFINITY, sum = 0.0f;
-			for (int64_t j = 0; j <= i; j++)
-				mx = row[j] > mx ? row[j] : mx;
-#pragma omp simd reduction(+ : sum)
-			for (int64_t j = 0; j <= i; j++) {
-				row[j] = pt_expf(row[j] - mx);
-				sum += row[j];
-			}
-			float inv = 1.0f / sum;
-#pragma omp simd
-			for (int64_t j = 0; j <= i; j++)
-				row[j] *= inv;
+			pt_softmax_row(row, row, i + 1, NULL, NULL);
 			memset(row + i + 1, 0, sizeof(float) * (size_t)(T - i - 1));
 		}
 		e = cpu_gemm(false, false, T, hs, T, 1.0f, a, T, v, C3, 0.0f, o, C);

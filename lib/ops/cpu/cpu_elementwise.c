@@ -233,20 +233,7 @@ pt_err cpu_softmax_forward(const pt_op_call *c, void *ws)
 
 	PAR_FOR
 	for (int64_t r = 0; r < R; r++) {
-		const float *xr = x + r * C;
-		float *yr = y + r * C;
-		float mx = -INFINITY, sum = 0.0f;
-		for (int64_t j = 0; j < C; j++)
-			mx = xr[j] > mx ? xr[j] : mx;
-#pragma omp simd reduction(+ : sum)
-		for (int64_t j = 0; j < C; j++) {
-			yr[j] = pt_expf(xr[j] - mx);
-			sum += yr[j];
-		}
-		float inv = 1.0f / sum;
-#pragma omp simd
-		for (int64_t j = 0; j < C; j++)
-			yr[j] *= inv;
+		pt_softmax_row(y + r * C, x + r * C, C, NULL, NULL);
 	}
 	return PT_OK;
 }

@@ -23,18 +23,8 @@ pt_err cpu_cross_entropy_forward(const pt_op_call *c, void *ws)
 	for (int64_t r = 0; r < R; r++) {
 		const float *x = logits + r * V;
 		float *p = probs + r * V;
-		float mx = -INFINITY, sum = 0.0f;
-		for (int64_t j = 0; j < V; j++)
-			mx = x[j] > mx ? x[j] : mx;
-#pragma omp simd reduction(+ : sum)
-		for (int64_t j = 0; j < V; j++) {
-			p[j] = pt_expf(x[j] - mx);
-			sum += p[j];
-		}
-		float inv = 1.0f / sum;
-#pragma omp simd
-		for (int64_t j = 0; j < V; j++)
-			p[j] *= inv;
+		float mx, sum;
+		pt_softmax_row(p, x, V, &mx, &sum);
 		/* -log softmax = logsumexp - x[target], accurate for tiny probabilities. */
 		losses[r] = tg[r] == ign ? 0.0f : logf(sum) + mx - x[tg[r]];
 	}

@@ -44,6 +44,29 @@ static inline float pt_sigmoidf(float x)
 	return 1.0f / (1.0f + pt_expf(-x));
 }
 
+/* pt_softmax_row writes y[0..n) = softmax(x[0..n)) and returns the sum of
+ * exp(x - max) (for log-sum-exp) in *sum and the max in *mx. */
+static inline void pt_softmax_row(float *y, const float *x, int64_t n, float *mx_out,
+                                  float *sum_out)
+{
+	float mx = -__builtin_inff(), sum = 0.0f;
+	for (int64_t j = 0; j < n; j++)
+		mx = x[j] > mx ? x[j] : mx;
+#pragma omp simd reduction(+ : sum)
+	for (int64_t j = 0; j < n; j++) {
+		y[j] = pt_expf(x[j] - mx);
+		sum += y[j];
+	}
+	float inv = 1.0f / sum;
+#pragma omp simd
+	for (int64_t j = 0; j < n; j++)
+		y[j] *= inv;
+	if (mx_out)
+		*mx_out = mx;
+	if (sum_out)
+		*sum_out = sum;
+}
+
 #define PT_GELU_K 0.7978845608028654f /* sqrt(2 / pi) */
 
 #endif
