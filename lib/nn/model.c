@@ -420,6 +420,32 @@ pt_err pt_model_zero_grad(pt_model *m)
 	return pt_fill(&m->grads, 0.0);
 }
 
+pt_err pt_model_grad_sqnorms(pt_model *m, double *out)
+{
+	pt_tensor sq;
+	PT_TRY(pt_tensor_init(&sq, PT_F64, 1, (int64_t[]){1}));
+	for (int i = 0; i < m->n_tensors; i++) {
+		pt_tensor *g = &m->layers[m->tensor_layer[i]].grad[m->tensor_k[i]];
+		pt_err rv = pt_squared_norm(&sq, g);
+		if (rv == PT_OK)
+			rv = pt_tensor_item(&sq, 0, &out[i]);
+		if (rv != PT_OK) {
+			pt_tensor_fini(&sq);
+			return rv;
+		}
+	}
+	pt_tensor_fini(&sq);
+	return PT_OK;
+}
+
+double pt_sum_sqnorms(const double *sq, int n)
+{
+	double s = 0.0;
+	for (int i = 0; i < n; i++)
+		s += sq[i];
+	return s;
+}
+
 pt_tensor *pt_model_params(pt_model *m)
 {
 	return &m->params;

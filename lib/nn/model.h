@@ -60,6 +60,15 @@ pt_tensor *pt_model_params(pt_model *m);
 pt_tensor *pt_model_grads(pt_model *m);
 int64_t pt_model_num_params(const pt_model *m);
 
+/* pt_model_grad_sqnorms writes sum(grad^2) of each parameter tensor, in
+ * state_dict order, into out[pt_model_num_tensors(m)] (a sync boundary).
+ * Summing these in order over all stages gives the same global norm however
+ * the layers are split into stages. */
+pt_err pt_model_grad_sqnorms(pt_model *m, double *out);
+
+/* pt_sum_sqnorms adds n per-tensor squared norms in order. */
+double pt_sum_sqnorms(const double *sq, int n);
+
 /* Per-parameter access in state_dict order: name ("0.weight"), tensor views
  * of the parameter and its gradient. index in [0, pt_model_num_tensors). */
 int pt_model_num_tensors(const pt_model *m);

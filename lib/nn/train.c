@@ -15,6 +15,7 @@ struct pt_trainer {
 	bool deferred;
 	float *host_pred;
 	int64_t *host_tg;
+	double *sqnorms; /* per parameter tensor */
 };
 
 pt_err pt_trainer_create(pt_trainer **out, pt_model *model, pt_optimizer *opt,
@@ -36,6 +37,11 @@ pt_err pt_trainer_create(pt_trainer **out, pt_model *model, pt_optimizer *opt,
 	t->model = model;
 	t->opt = opt;
 	t->loss_kind = loss_kind;
+	t->sqnorms = calloc((size_t)pt_model_num_tensors(model) + 1, sizeof(double));
+	if (t->sqnorms == NULL) {
+		rv = pt_set_error(PT_ERR_NOMEM, "trainer norms");
+		goto fail;
+	}
 	if ((rv = pt_loss_create(&t->loss, loss_kind, nd, shape, ignore_index)) != PT_OK ||
 	    (rv = pt_tensor_init(&t->dpred, PT_F32, nd, shape)) != PT_OK)
 		goto fail;
@@ -54,6 +60,7 @@ void pt_trainer_destroy(pt_trainer *t)
 	pt_tensor_fini(&t->dpred);
 	free(t->host_pred);
 	free(t->host_tg);
+	free(t->sqnorms);
 	free(t);
 }
 
@@ -99,7 +106,8 @@ static pt_err step_body(pt_trainer *t, const pt_tensor *x, const pt_tensor *y, i
 	}
 	if (rv != PT_OK)
 		return rv;
-	PT_TRY(pt_optimizer_sqnorm(t->opt, &sq));
+	PT_TRY(pt_model_grad_sqnorms(t->model, t->sqnorms));
+	sq = pt_sum_sqnorms(t->sqnorms, pt_model_num_tensors(t->model));
 	res->grad_norm = sqrt(sq);
 	res->loss = loss_sum / mbs;
 	return PT_OK;

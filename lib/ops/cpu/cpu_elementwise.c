@@ -11,7 +11,7 @@
 #include "cpu_math.h"
 #include "rng.h"
 
-#define PAR_FOR _Pragma("omp parallel for schedule(static) if (n >= PT_CPU_PAR_MIN)")
+#define PAR_FOR _Pragma("omp parallel for simd schedule(static) if (n >= PT_CPU_PAR_MIN)")
 
 pt_err cpu_fill(const pt_op_call *c, void *ws)
 {

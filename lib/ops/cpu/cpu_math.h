@@ -14,7 +14,8 @@
 static inline float pt_expf(float x)
 {
 	/* exp(x) = 2^n * exp(r), r = x - n ln2, |r| <= ln2/2; degree-6 polynomial. */
-	x = x < -87.3f ? -87.3f : (x > 88.7f ? 88.7f : x);
+	x = x > 88.7f ? 88.7f : x; /* two selects, so loops stay branch-free */
+	x = x < -87.3f ? -87.3f : x;
 	float n = __builtin_roundevenf(x * 1.44269504088896341f);
 	float r = x - n * 0.693145751953125f;
 	r = r - n * 1.428606765330187045e-06f;
