@@ -1,0 +1,158 @@
+/* pipeline.h - pipeline-parallel training over a communicator (seed 003).
+ *
+ * Ranks: 0 is the coordinator, 1..p the stages. A stage holds layers
+ * [first, last) of the model and runs an event loop: it receives messages
+ * (its communicator's mailbox is its inbox; an nng I/O thread fills it and
+ * wakes the loop), processes one task at a time, preferring backward work,
+ * and sends results on: activations to the next stage (or the coordinator
+ * from the last stage), gradients to the previous stage (or a DONE to the
+ * coordinator from the first stage). Errors go to the coordinator naming the
+ * stage, step and microbatch; the stage keeps serving.
+ *
+ * The coordinator splits each batch into m microbatches, feeds stage 1,
+ * computes the loss and its gradient (pt_loss) on the last stage's outputs,
+ * sends gradients back and commands the optimizer step:
+ *   sync       all forwards, all losses, all backwards, one step (GPipe);
+ *   semi-async a microbatch's loss and backward start when its output
+ *              arrives, at most p microbatches in flight (1F1B-like), one
+ *              step per batch: weights equal sync's bitwise;
+ *   async      no flush: each stage updates after every microbatch's
+ *              backward; stale gradients accepted; weight stashing keeps a
+ *              microbatch's forward and backward on the same weights.
+ * Gradients are averaged over microbatches; global-norm clipping sums each
+ * stage's per-tensor squared norms in global order.
+ */
+#ifndef PT_PIPELINE_H
+#define PT_PIPELINE_H
+
+#include <pthread.h>
+
+#include "comm.h"
+#include "loss.h"
+#include "model.h"
+#include "optim.h"
+
+#define PT_MAX_STAGES 64
+
+typedef enum pt_pipe_mode { PT_MODE_SYNC, PT_MODE_SEMI_ASYNC, PT_MODE_ASYNC } pt_pipe_mode;
+
+/* pt_pipe_mode_name returns "sync", "semi-async" or "async". */
+const char *pt_pipe_mode_name(pt_pipe_mode mode);
+pt_err pt_pipe_mode_parse(const char *name, pt_pipe_mode *out);
+
+/* pt_partition splits n layers into p contiguous stages, balancing the
+ * estimated FLOPs (pt_layer_flops): first[s] is stage s's first layer and
+ * first[p] == n. Every stage gets at least one layer; p > n is an error. */
+pt_err pt_partition(const pt_layer_spec *layers, int n, pt_act_shape input, int p, int *first);
+
+/* pt_partition_check validates explicit boundaries (first[0] == 0,
+ * strictly increasing, first[p] == n). */
+pt_err pt_partition_check(int n, int p, const int *first);
+
+/* What one stage needs to build itself (the same on every rank). */
+typedef struct pt_stage_config {
+	const pt_layer_spec *layers; /* the whole model */
+	int n_layers;
+	pt_act_shape input;
+	int64_t microbatch; /* samples per microbatch */
+	int first, last;    /* this stage's layers */
+	int n_slots;        /* activations in flight: m (sync), p (semi-async/async) */
+	pt_pipe_mode mode;
+	pt_optim_config optim;
+	uint64_t seed;
+	bool weight_stashing; /* async: backward uses the forward's weights */
+	bool recompute;       /* keep only the stage input; recompute forward in backward */
+	int threads;          /* CPU threads for this stage's kernels (0: 1) */
+} pt_stage_config;
+
+/* One recorded task of a stage. */
+typedef enum pt_task_kind { PT_TASK_FORWARD, PT_TASK_BACKWARD, PT_TASK_STEP } pt_task_kind;
+
+typedef struct pt_task_record {
+	uint8_t kind; /* pt_task_kind */
+	int32_t microbatch;
+	int64_t step;
+	double start, end; /* pt_now() seconds on the stage's host */
+} pt_task_record;
+
+typedef struct pt_stage_stats {
+	int32_t peak_live; /* most activation slots held at once */
+	int32_t live;      /* slots held now */
+	int64_t forwards, backwards, updates;
+	int64_t staleness_sum; /* async: updates between a microbatch's forward and its update */
+	int32_t staleness_max;
+	double busy; /* seconds spent in tasks */
+} pt_stage_stats;
+
+typedef struct pt_stage pt_stage;
+
+/* pt_stage_create builds the stage's model and optimizer on comm (borrowed;
+ * its rank is the stage's rank, 1..p). */
+pt_err pt_stage_create(pt_stage **out, const pt_stage_config *cfg, pt_comm *comm);
+void pt_stage_destroy(pt_stage *s);
+
+/* pt_stage_run runs the event loop until a STOP command or the communicator
+ * closes (then it returns PT_OK); blocking. */
+pt_err pt_stage_run(pt_stage *s);
+
+/* pt_stage_start runs the loop on a new thread; pt_stage_join waits for it. */
+pt_err pt_stage_start(pt_stage *s);
+pt_err pt_stage_join(pt_stage *s);
+
+/* Test hook: the next forward of microbatch `mb` (any step) fails as if an
+ * op had failed. -1 disarms. */
+void pt_stage_fail_forward_at(pt_stage *s, int mb);
+
+/* The coordinator. */
+typedef struct pt_pipeline_config {
+	int n_stages;       /* p */
+	int n_microbatches; /* m */
+	int64_t microbatch; /* samples per microbatch */
+	pt_pipe_mode mode;
+	pt_loss_kind loss;
+	int64_t ignore_index;
+	pt_optim_config optim; /* clip_norm and the schedule are applied here */
+	pt_act_shape output;   /* the last stage's output shape per sample */
+	int timeout_ms;        /* any wait for a stage (0: 30 s) */
+} pt_pipeline_config;
+
+typedef struct pt_pipe_step_result {
+	double loss;      /* mean of the microbatches' mean losses */
+	double grad_norm; /* global norm before clipping (sync, semi-async) */
+	float lr;
+	double seconds; /* wall time of the step at the coordinator */
+	double bubble;  /* 1 - mean stage busy time / (p * step time), from timelines */
+	double stage_busy[PT_MAX_STAGES]; /* seconds per stage in this step */
+	int microbatches_done;            /* async: microbatches completed during this call */
+} pt_pipe_step_result;
+
+typedef struct pt_coordinator pt_coordinator;
+
+/* pt_coordinator_create drives stages 1..p over comm (rank 0; borrowed). */
+pt_err pt_coordinator_create(pt_coordinator **out, const pt_pipeline_config *cfg, pt_comm *comm);
+void pt_coordinator_destroy(pt_coordinator *c);
+
+/* pt_coordinator_step trains on one batch x (m * B, ...) with targets y. In
+ * async mode the call returns once this batch's microbatches are fed and at
+ * most p are still in flight (no flush); pt_coordinator_drain waits for the
+ * rest. A stage error or a lost stage ends the step with that error (within
+ * the timeout); the stages are reset so the next step can run. */
+pt_err pt_coordinator_step(pt_coordinator *c, const pt_tensor *x, const pt_tensor *y, int64_t step,
+                           pt_pipe_step_result *res);
+pt_err pt_coordinator_drain(pt_coordinator *c, pt_pipe_step_result *res);
+
+/* pt_coordinator_stage_stats asks stage s (1..p) for its counters. */
+pt_err pt_coordinator_stage_stats(pt_coordinator *c, int s, pt_stage_stats *out);
+
+/* pt_coordinator_step_timeline returns stage s's task records of the last
+ * sync or semi-async step (fetched by that step); *n gets their count. The
+ * pointer is valid until the next step. */
+const pt_task_record *pt_coordinator_step_timeline(const pt_coordinator *c, int s, int *n);
+
+/* pt_coordinator_params copies stage s's parameter arena into a new tensor. */
+pt_err pt_coordinator_params(pt_coordinator *c, int s, pt_tensor *out);
+
+/* pt_coordinator_stop tells every stage to leave its loop. */
+pt_err pt_coordinator_stop(pt_coordinator *c);
+
+#endif
