@@ -10,6 +10,21 @@
 
 #define NORM_CHUNK 4096
 
+/* Sum of squares of one chunk in 8 fixed lanes (vectorises; the lane order
+ * is fixed, so the result does not depend on threads or alignment). */
+static double chunk_sqnorm(const float *restrict x, int64_t n)
+{
+	double lane[8] = {0};
+	int64_t i = 0;
+	for (; i + 8 <= n; i += 8)
+		for (int k = 0; k < 8; k++)
+			lane[k] += (double)x[i + k] * (double)x[i + k];
+	for (; i < n; i++)
+		lane[i & 7] += (double)x[i] * (double)x[i];
+	return ((lane[0] + lane[1]) + (lane[2] + lane[3])) +
+	       ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+}
+
 pt_err cpu_squared_norm(const pt_op_call *c, void *ws)
 {
 	const float *x = pt_tensor_f32(c->in[0]);
@@ -21,14 +36,30 @@ pt_err cpu_squared_norm(const pt_op_call *c, void *ws)
 #pragma omp parallel for schedule(static) ordered if (n >= 1 << 20)
 	for (int64_t k = 0; k < nchunks; k++) {
 		int64_t lo = k * NORM_CHUNK, hi = lo + NORM_CHUNK < n ? lo + NORM_CHUNK : n;
-		double s = 0.0;
-		for (int64_t i = lo; i < hi; i++)
-			s += (double)x[i] * (double)x[i];
+		double s = chunk_sqnorm(x + lo, hi - lo);
 #pragma omp ordered
 		total += s;
 	}
 	*(double *)pt_tensor_data(c->out[0]) = total;
 	return PT_OK;
+}
+
+/* One AdamW update over [0, n): restrict pointers so the loop vectorises. */
+static void adamw_range(float *restrict p, float *restrict m, float *restrict v,
+                        const float *restrict g, int64_t n, float b1, float b2, float eps, float gs,
+                        float step_size, float bc2_sqrt, float decay)
+{
+#pragma omp simd
+	for (int64_t i = 0; i < n; i++) {
+		float gi = g[i] * gs;
+		float mi = b1 * m[i] + (1.0f - b1) * gi;
+		float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
+		m[i] = mi;
+		v[i] = vi;
+		/* PyTorch's AdamW: decay first, then p -= lr/bc1 * m / (sqrt(v)/sqrt(bc2) + eps).
+		 */
+		p[i] = p[i] * decay - step_size * mi / (sqrtf(vi) / bc2_sqrt + eps);
+	}
 }
 
 pt_err cpu_adamw(const pt_op_call *c, void *ws)
@@ -44,17 +75,13 @@ pt_err cpu_adamw(const pt_op_call *c, void *ws)
 	float bc2_sqrt = (float)sqrt(1.0 - pow((double)b2, t));
 	float step_size = lr / bc1;
 	float decay = 1.0f - lr * wd;
+	int64_t chunk = 1 << 16, nchunks = (n + chunk - 1) / chunk;
 
-#pragma omp parallel for simd schedule(static) if (n >= PT_CPU_PAR_MIN)
-	for (int64_t i = 0; i < n; i++) {
-		float gi = g[i] * gs;
-		float mi = b1 * m[i] + (1.0f - b1) * gi;
-		float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
-		m[i] = mi;
-		v[i] = vi;
-		/* PyTorch's AdamW: decay first, then p -= lr/bc1 * m / (sqrt(v)/sqrt(bc2) + eps).
-		 */
-		p[i] = p[i] * decay - step_size * mi / (sqrtf(vi) / bc2_sqrt + eps);
+#pragma omp parallel for schedule(static) if (n >= PT_CPU_PAR_MIN)
+	for (int64_t k = 0; k < nchunks; k++) {
+		int64_t lo = k * chunk, len = lo + chunk < n ? chunk : n - lo;
+		adamw_range(p + lo, m + lo, v + lo, g + lo, len, b1, b2, eps, gs, step_size,
+		            bc2_sqrt, decay);
 	}
 	return PT_OK;
 }
