@@ -5,24 +5,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "batch.h"
-#include "pipeline.h"
+#include "pipe_fixture.h"
 #include "pt_test.h"
 #include "runtime.h"
 #include "train.h"
-
-#define MB   16 /* samples per microbatch */
-#define MAXM 8
-
-static const pt_layer_spec digits_mlp[] = {
-    {.kind = PT_LAYER_LINEAR, .in_features = 64, .out_features = 64, .bias = true},
-    {.kind = PT_LAYER_RELU},
-    {.kind = PT_LAYER_LINEAR, .in_features = 64, .out_features = 64, .bias = true},
-    {.kind = PT_LAYER_RELU},
-    {.kind = PT_LAYER_LINEAR, .in_features = 64, .out_features = 10, .bias = true},
-};
-#define N_LAYERS 5
-static const pt_act_shape digits_in = {PT_F32, 0, 64};
 
 typedef struct rig {
 	int p, m;
@@ -32,52 +18,21 @@ typedef struct rig {
 	pt_coordinator *coord;
 } rig;
 
-static pt_optim_config optim(void)
-{
-	pt_optim_config o = pt_optim_defaults(PT_OPTIM_ADAMW, 2e-3f);
-	o.clip_norm = 1.0f; /* clipping on: the global norm must match bitwise too */
-	return o;
-}
-
 static void rig_up(rig *r, int p, int m, pt_pipe_mode mode, bool recompute, const int *bounds)
 {
-	int first[PT_MAX_STAGES + 1];
+	pt_stage_config sc[PT_MAX_STAGES];
+	pt_pipeline_config pc = fx_pipeline_config(p, m, mode);
 	memset(r, 0, sizeof(*r));
 	r->p = p;
 	r->m = m;
-	if (bounds)
-		memcpy(first, bounds, sizeof(int) * (size_t)(p + 1));
-	else
-		PT_CHECK_OK(pt_partition(digits_mlp, N_LAYERS, digits_in, p, first));
+	fx_stage_configs(sc, p, m, mode, recompute, bounds);
 	PT_CHECK_OK(pt_local_group_create(&r->g, p + 1));
 	for (int i = 0; i <= p; i++)
 		PT_CHECK_OK(pt_local_comm_create(&r->comms[i], r->g, i));
 	for (int s = 1; s <= p; s++) {
-		pt_stage_config sc = {.layers = digits_mlp,
-		                      .n_layers = N_LAYERS,
-		                      .input = digits_in,
-		                      .microbatch = MB,
-		                      .first = first[s - 1],
-		                      .last = first[s],
-		                      .n_slots = mode == PT_MODE_SYNC ? m : p,
-		                      .mode = mode,
-		                      .optim = optim(),
-		                      .seed = 42,
-		                      .weight_stashing = true,
-		                      .recompute = recompute,
-		                      .threads = 1};
-		PT_CHECK_OK(pt_stage_create(&r->stages[s], &sc, r->comms[s]));
+		PT_CHECK_OK(pt_stage_create(&r->stages[s], &sc[s - 1], r->comms[s]));
 		PT_CHECK_OK(pt_stage_start(r->stages[s]));
 	}
-	pt_pipeline_config pc = {.n_stages = p,
-	                         .n_microbatches = m,
-	                         .microbatch = MB,
-	                         .mode = mode,
-	                         .loss = PT_LOSS_CROSS_ENTROPY,
-	                         .ignore_index = -1,
-	                         .optim = optim(),
-	                         .output = {PT_F32, 0, 10},
-	                         .timeout_ms = 10000};
 	PT_CHECK_OK(pt_coordinator_create(&r->coord, &pc, r->comms[0]));
 }
 
@@ -94,59 +49,9 @@ static void rig_down(rig *r)
 	pt_local_group_destroy(r->g);
 }
 
-/* All stages' parameters, concatenated: the full model's arena layout. */
 static float *gather_params(rig *r, size_t *nbytes)
 {
-	size_t total = 0;
-	float *all = NULL;
-	for (int s = 1; s <= r->p; s++) {
-		pt_tensor t;
-		PT_CHECK_OK(pt_coordinator_params(r->coord, s, &t));
-		all = realloc(all, total + pt_tensor_nbytes(&t));
-		memcpy((char *)all + total, pt_tensor_data(&t), pt_tensor_nbytes(&t));
-		total += pt_tensor_nbytes(&t);
-		pt_tensor_fini(&t);
-	}
-	*nbytes = total;
-	return all;
-}
-
-typedef struct data {
-	pt_dataset all, train, held;
-	pt_batch_iter it;
-	pt_tensor x, y;
-	int batch;
-} data;
-
-static void data_up(data *d, int m)
-{
-	d->batch = MB * m;
-	PT_CHECK_OK(pt_dataset_load_npy(&d->all, pt_test_path("examples/data/digits_x.npy"),
-	                                pt_test_path("examples/data/digits_y.npy"), true));
-	PT_CHECK_OK(pt_dataset_split(&d->train, &d->held, &d->all, 0.2, 1));
-	PT_CHECK_OK(pt_batch_iter_init(&d->it, &d->train, d->batch, true, true, 1));
-	PT_CHECK_OK(pt_tensor_init(&d->x, PT_F32, 2, (int64_t[]){d->batch, 64}));
-	PT_CHECK_OK(pt_tensor_init(&d->y, PT_I64, 1, (int64_t[]){d->batch}));
-}
-
-static void data_next(data *d, int64_t step)
-{
-	int64_t rows;
-	PT_CHECK_OK(pt_batch_iter_next(&d->it, &d->x, &d->y, &rows));
-	if (rows == 0) {
-		pt_batch_iter_set_epoch(&d->it, (uint64_t)step);
-		PT_CHECK_OK(pt_batch_iter_next(&d->it, &d->x, &d->y, &rows));
-	}
-}
-
-static void data_down(data *d)
-{
-	pt_tensor_fini(&d->x);
-	pt_tensor_fini(&d->y);
-	pt_batch_iter_fini(&d->it);
-	pt_dataset_fini(&d->train);
-	pt_dataset_fini(&d->held);
-	pt_dataset_fini(&d->all);
+	return fx_gather_params(r->coord, r->p, nbytes);
 }
 
 static void test_pipeline_partition(void)
@@ -155,16 +60,16 @@ static void test_pipeline_partition(void)
 	pt_layer_spec gpt[6] = {pt_embedding(256, 64, 32), pt_block(64, 4),  pt_block(64, 4),
 	                        pt_block(64, 4),           pt_layernorm(64), pt_linear(64, 256)};
 	pt_act_shape tok = {PT_I64, 32, 0};
-	PT_CHECK_OK(pt_partition(digits_mlp, N_LAYERS, digits_in, 2, first));
+	PT_CHECK_OK(pt_partition(fx_digits_mlp, FX_N_LAYERS, fx_digits_in, 2, first));
 	CU_ASSERT_EQUAL(first[0], 0);
-	CU_ASSERT_EQUAL(first[2], N_LAYERS);
+	CU_ASSERT_EQUAL(first[2], FX_N_LAYERS);
 	/* The three blocks dominate: each stage of 3 gets one. */
 	PT_CHECK_OK(pt_partition(gpt, 6, tok, 3, first));
 	CU_ASSERT_EQUAL(first[1], 2);
 	CU_ASSERT_EQUAL(first[2], 3);
 	CU_ASSERT_EQUAL(first[3], 6);
-	PT_CHECK_ERR_MSG(pt_partition(digits_mlp, N_LAYERS, digits_in, 6, first), PT_ERR_RANGE,
-	                 "6 stages for 5 layers");
+	PT_CHECK_ERR_MSG(pt_partition(fx_digits_mlp, FX_N_LAYERS, fx_digits_in, 6, first),
+	                 PT_ERR_RANGE, "6 stages for 5 layers");
 	PT_CHECK_ERR(pt_partition_check(5, 2, (int[]){0, 0, 5}), PT_ERR_INVALID);
 	PT_CHECK_OK(pt_partition_check(5, 2, (int[]){0, 3, 5}));
 }
@@ -176,13 +81,13 @@ static void test_pipeline_partition(void)
 static void test_pipeline_seed_walkthrough_order(void)
 {
 	rig r;
-	data d;
+	fx_data d;
 	pt_pipe_step_result res;
 	const pt_task_record *t[5];
 	int n[5];
 	rig_up(&r, 4, 4, PT_MODE_SYNC, false, (int[]){0, 1, 2, 4, 5});
-	data_up(&d, 4);
-	data_next(&d, 0);
+	fx_data_up(&d, 4);
+	fx_data_next(&d, 0);
 	PT_CHECK_OK(pt_coordinator_step(r.coord, &d.x, &d.y, 0, &res));
 	for (int s = 1; s <= 4; s++) {
 		t[s] = pt_coordinator_step_timeline(r.coord, s, &n[s]);
@@ -204,7 +109,7 @@ static void test_pipeline_seed_walkthrough_order(void)
 	for (int s = 1; s <= 4; s++)
 		CU_ASSERT(res.stage_busy[s - 1] > 0.0);
 	rig_down(&r);
-	data_down(&d);
+	fx_data_down(&d);
 }
 
 typedef struct run {
@@ -218,13 +123,13 @@ typedef struct run {
 static void run_pipeline(int p, int m, pt_pipe_mode mode, bool recompute, int steps, run *out)
 {
 	rig r;
-	data d;
+	fx_data d;
 	memset(out, 0, sizeof(*out));
 	rig_up(&r, p, m, mode, recompute, NULL);
-	data_up(&d, m);
+	fx_data_up(&d, m);
 	for (int st = 0; st < steps; st++) {
 		pt_pipe_step_result res;
-		data_next(&d, st);
+		fx_data_next(&d, st);
 		PT_CHECK_OK(pt_coordinator_step(r.coord, &d.x, &d.y, st, &res));
 		out->loss[st] = res.loss;
 		out->norm[st] = res.grad_norm;
@@ -236,7 +141,7 @@ static void run_pipeline(int p, int m, pt_pipe_mode mode, bool recompute, int st
 		out->peak_live[s - 1] = ss.peak_live;
 	}
 	rig_down(&r);
-	data_down(&d);
+	fx_data_down(&d);
 }
 
 static bool same_run(const run *a, const run *b, int steps)
@@ -253,21 +158,21 @@ static bool same_run(const run *a, const run *b, int steps)
 /* The in-process trainer on the same batches: the reference. */
 static void run_trainer(int m, int steps, run *out)
 {
-	pt_model_config cfg = {.batch = MB, .input = digits_in, .n_slots = 1, .seed = 42};
-	pt_optim_config oc = optim();
+	pt_model_config cfg = {.batch = FX_MB, .input = fx_digits_in, .n_slots = 1, .seed = 42};
+	pt_optim_config oc = fx_optim();
 	pt_model *mdl;
 	pt_optimizer *o;
 	pt_trainer *t;
-	data d;
+	fx_data d;
 	memset(out, 0, sizeof(*out));
 	pt_set_num_threads(1);
-	PT_CHECK_OK(pt_model_create(&mdl, digits_mlp, N_LAYERS, 0, N_LAYERS, &cfg));
+	PT_CHECK_OK(pt_model_create(&mdl, fx_digits_mlp, FX_N_LAYERS, 0, FX_N_LAYERS, &cfg));
 	PT_CHECK_OK(pt_optimizer_create(&o, &oc, pt_model_params(mdl), pt_model_grads(mdl)));
 	PT_CHECK_OK(pt_trainer_create(&t, mdl, o, PT_LOSS_CROSS_ENTROPY, -1));
-	data_up(&d, m);
+	fx_data_up(&d, m);
 	for (int st = 0; st < steps; st++) {
 		pt_step_result res;
-		data_next(&d, st);
+		fx_data_next(&d, st);
 		PT_CHECK_OK(pt_trainer_step(t, &d.x, &d.y, m, (uint64_t)st, &res));
 		out->loss[st] = res.loss;
 		out->norm[st] = res.grad_norm;
@@ -275,7 +180,7 @@ static void run_trainer(int m, int steps, run *out)
 	out->nbytes = pt_tensor_nbytes(pt_model_params(mdl));
 	out->params = malloc(out->nbytes);
 	memcpy(out->params, pt_tensor_data(pt_model_params(mdl)), out->nbytes);
-	data_down(&d);
+	fx_data_down(&d);
 	pt_trainer_destroy(t);
 	pt_optimizer_destroy(o);
 	pt_model_destroy(mdl);
@@ -332,27 +237,27 @@ static void test_pipeline_recompute_is_bitwise_equal(void)
 /* Held-out accuracy of parameters gathered from the stages. */
 static double accuracy_of(const float *params, size_t nbytes)
 {
-	pt_model_config cfg = {.batch = MB, .input = digits_in, .n_slots = 1, .seed = 1};
-	pt_optim_config oc = optim();
+	pt_model_config cfg = {.batch = FX_MB, .input = fx_digits_in, .n_slots = 1, .seed = 1};
+	pt_optim_config oc = fx_optim();
 	pt_model *mdl;
 	pt_optimizer *o;
 	pt_trainer *t;
 	pt_tensor xe, ye;
-	data d;
+	fx_data d;
 	double loss, acc = 0.0;
-	PT_CHECK_OK(pt_model_create(&mdl, digits_mlp, N_LAYERS, 0, N_LAYERS, &cfg));
+	PT_CHECK_OK(pt_model_create(&mdl, fx_digits_mlp, FX_N_LAYERS, 0, FX_N_LAYERS, &cfg));
 	CU_ASSERT_EQUAL_FATAL(pt_tensor_nbytes(pt_model_params(mdl)), nbytes);
 	memcpy(pt_tensor_data(pt_model_params(mdl)), params, nbytes);
 	PT_CHECK_OK(pt_optimizer_create(&o, &oc, pt_model_params(mdl), pt_model_grads(mdl)));
 	PT_CHECK_OK(pt_trainer_create(&t, mdl, o, PT_LOSS_CROSS_ENTROPY, -1));
-	data_up(&d, 1);
-	int64_t n = d.held.n / MB * MB;
+	fx_data_up(&d, 1);
+	int64_t n = d.held.n / FX_MB * FX_MB;
 	PT_CHECK_OK(pt_tensor_narrow(&xe, &d.held.x, 0, 0, n));
 	PT_CHECK_OK(pt_tensor_narrow(&ye, &d.held.y, 0, 0, n));
 	PT_CHECK_OK(pt_trainer_evaluate(t, &xe, &ye, &loss, &acc));
 	pt_tensor_fini(&xe);
 	pt_tensor_fini(&ye);
-	data_down(&d);
+	fx_data_down(&d);
 	pt_trainer_destroy(t);
 	pt_optimizer_destroy(o);
 	pt_model_destroy(mdl);
@@ -363,14 +268,14 @@ static void test_pipeline_async_trains_digits_with_staleness(void)
 {
 	enum { P = 4, M = 4, STEPS = 300 };
 	rig r;
-	data d;
+	fx_data d;
 	pt_pipe_step_result res;
 	size_t nbytes;
 	int64_t stale = 0, updates = 0;
 	rig_up(&r, P, M, PT_MODE_ASYNC, false, NULL);
-	data_up(&d, M);
+	fx_data_up(&d, M);
 	for (int st = 0; st < STEPS; st++) {
-		data_next(&d, st);
+		fx_data_next(&d, st);
 		PT_CHECK_OK(pt_coordinator_step(r.coord, &d.x, &d.y, st, &res));
 	}
 	PT_CHECK_OK(pt_coordinator_drain(r.coord, &res));
@@ -390,18 +295,18 @@ static void test_pipeline_async_trains_digits_with_staleness(void)
 	CU_ASSERT(stale > 0);
 	free(params);
 	rig_down(&r);
-	data_down(&d);
+	fx_data_down(&d);
 }
 
 static void test_pipeline_op_error_ends_step_and_recovers(void)
 {
 	rig r;
-	data d;
+	fx_data d;
 	pt_pipe_step_result res;
 	rig_up(&r, 4, 4, PT_MODE_SYNC, false, (int[]){0, 1, 2, 4, 5});
-	data_up(&d, 4);
+	fx_data_up(&d, 4);
 	pt_stage_fail_forward_at(r.stages[3], 2);
-	data_next(&d, 0);
+	fx_data_next(&d, 0);
 	PT_CHECK_ERR(pt_coordinator_step(r.coord, &d.x, &d.y, 7, &res), PT_ERR_BACKEND);
 	CU_ASSERT_PTR_NOT_NULL(strstr(pt_last_error(), "stage 3"));
 	CU_ASSERT_PTR_NOT_NULL(strstr(pt_last_error(), "step 7"));
@@ -411,28 +316,28 @@ static void test_pipeline_op_error_ends_step_and_recovers(void)
 	PT_CHECK_OK(pt_coordinator_step(r.coord, &d.x, &d.y, 8, &res));
 	CU_ASSERT(isfinite(res.loss));
 	rig_down(&r);
-	data_down(&d);
+	fx_data_down(&d);
 }
 
 static void test_pipeline_corrupt_message_is_reported(void)
 {
 	rig r;
-	data d;
+	fx_data d;
 	pt_pipe_step_result res;
 	pt_msg bad = {.meta = {.kind = PT_MSG_COMMAND}};
 	rig_up(&r, 2, 2, PT_MODE_SYNC, false, NULL);
-	data_up(&d, 2);
+	fx_data_up(&d, 2);
 	/* A command whose payload is not a Control table. */
 	PT_CHECK_OK(pt_msg_set_blob(&bad, "\x01\x02\x03garbage-garbage", 18));
 	PT_CHECK_OK(pt_comm_send(r.comms[0], 2, &bad));
 	pt_msg_fini(&bad);
-	data_next(&d, 0);
+	fx_data_next(&d, 0);
 	PT_CHECK_ERR(pt_coordinator_step(r.coord, &d.x, &d.y, 0, &res), PT_ERR_FORMAT);
 	CU_ASSERT_PTR_NOT_NULL(strstr(pt_last_error(), "stage 2"));
 	CU_ASSERT_PTR_NOT_NULL(strstr(pt_last_error(), "Control"));
 	PT_CHECK_OK(pt_coordinator_step(r.coord, &d.x, &d.y, 1, &res));
 	rig_down(&r);
-	data_down(&d);
+	fx_data_down(&d);
 }
 
 static void test_pipeline_bad_batch_is_refused(void)
@@ -441,8 +346,8 @@ static void test_pipeline_bad_batch_is_refused(void)
 	pt_tensor x, y;
 	pt_pipe_step_result res;
 	rig_up(&r, 2, 4, PT_MODE_SYNC, false, NULL);
-	PT_CHECK_OK(pt_tensor_init(&x, PT_F32, 2, (int64_t[]){MB * 3, 64}));
-	PT_CHECK_OK(pt_tensor_init(&y, PT_I64, 1, (int64_t[]){MB * 3}));
+	PT_CHECK_OK(pt_tensor_init(&x, PT_F32, 2, (int64_t[]){FX_MB * 3, 64}));
+	PT_CHECK_OK(pt_tensor_init(&y, PT_I64, 1, (int64_t[]){FX_MB * 3}));
 	PT_CHECK_ERR_MSG(pt_coordinator_step(r.coord, &x, &y, 0, &res), PT_ERR_INVALID,
 	                 "does not split into 4 microbatches");
 	pt_tensor_fini(&x);

@@ -513,6 +513,22 @@ pt_err pt_coordinator_drain(pt_coordinator *c, pt_pipe_step_result *res)
 	return PT_OK;
 }
 
+pt_err pt_coordinator_configure(pt_coordinator *c, const pt_stage_config *configs)
+{
+	for (int s = 1; s <= c->p; s++) {
+		pt_msg m = {.meta = {.kind = PT_MSG_COMMAND, .tag = c->generation}};
+		pt_err rv = pt_wire_configure_encode(&m, &configs[s - 1]);
+		if (rv == PT_OK)
+			rv = pt_comm_send(c->comm, s, &m);
+		pt_msg_fini(&m);
+		if (rv != PT_OK)
+			return pt_set_error(rv, "configuring stage %d: %s", s, pt_last_error());
+	}
+	for (int s = 1; s <= c->p; s++)
+		PT_TRY(wait_reply(c, s, NULL, NULL));
+	return PT_OK;
+}
+
 pt_err pt_coordinator_stage_stats(pt_coordinator *c, int s, pt_stage_stats *out)
 {
 	pt_reply r = {0};

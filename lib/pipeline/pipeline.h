@@ -99,6 +99,19 @@ pt_err pt_stage_run(pt_stage *s);
 pt_err pt_stage_start(pt_stage *s);
 pt_err pt_stage_join(pt_stage *s);
 
+/* pt_stage_host_run serves one stage on comm (a rank of another process or
+ * host): it waits for the coordinator's Configure command, builds the stage
+ * from the StageConfig, answers Ready, and runs the event loop until STOP.
+ * A config that cannot be built is answered with a StageError. */
+pt_err pt_stage_host_run(pt_comm *comm, int timeout_ms);
+
+/* Test hook: every forward and backward of s sleeps delay_ms first (a slow
+ * stage, for fault-injection tests). */
+void pt_stage_set_task_delay(pt_stage *s, int delay_ms);
+
+/* The delay given to stages built by pt_stage_host_run in this process. */
+void pt_stage_host_set_task_delay(int delay_ms);
+
 /* Test hook: the next forward of microbatch `mb` (any step) fails as if an
  * op had failed. -1 disarms. */
 void pt_stage_fail_forward_at(pt_stage *s, int mb);
@@ -140,6 +153,10 @@ void pt_coordinator_destroy(pt_coordinator *c);
 pt_err pt_coordinator_step(pt_coordinator *c, const pt_tensor *x, const pt_tensor *y, int64_t step,
                            pt_pipe_step_result *res);
 pt_err pt_coordinator_drain(pt_coordinator *c, pt_pipe_step_result *res);
+
+/* pt_coordinator_configure sends configs[s - 1] to each stage s served by
+ * pt_stage_host_run and waits until every stage is built (Ready). */
+pt_err pt_coordinator_configure(pt_coordinator *c, const pt_stage_config *configs);
 
 /* pt_coordinator_stage_stats asks stage s (1..p) for its counters. */
 pt_err pt_coordinator_stage_stats(pt_coordinator *c, int s, pt_stage_stats *out);

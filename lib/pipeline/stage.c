@@ -8,6 +8,7 @@
  */
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "dispatch.h"
 #include "log.h"
@@ -40,6 +41,7 @@ struct pt_stage {
 	pt_stage_stats stats;
 	double *sqnorms;
 	int fail_mb;
+	int delay_ms;
 	pthread_t thread;
 	bool started;
 	pt_err result;
@@ -116,6 +118,26 @@ void pt_stage_destroy(pt_stage *s)
 void pt_stage_fail_forward_at(pt_stage *s, int mb)
 {
 	s->fail_mb = mb;
+}
+
+void pt_stage_set_task_delay(pt_stage *s, int delay_ms)
+{
+	s->delay_ms = delay_ms;
+}
+
+static int host_delay_ms;
+
+void pt_stage_host_set_task_delay(int delay_ms)
+{
+	host_delay_ms = delay_ms;
+}
+
+static void task_delay(const pt_stage *s)
+{
+	if (s->delay_ms > 0) {
+		struct timespec ts = {s->delay_ms / 1000, (long)(s->delay_ms % 1000) * 1000000L};
+		nanosleep(&ts, NULL);
+	}
 }
 
 static void record(pt_stage *s, pt_task_kind kind, int64_t step, int32_t mb, double t0)
@@ -228,6 +250,7 @@ static void on_forward(pt_stage *s, pt_msg *m)
 		report(s, step, mb, PT_ERR_STATE);
 		return;
 	}
+	task_delay(s);
 	slot *sl = &s->slots[i];
 	sl->used = true;
 	sl->mb = mb;
@@ -287,6 +310,7 @@ static void on_backward(pt_stage *s, pt_msg *m)
 		report(s, step, mb, PT_ERR_STATE);
 		return;
 	}
+	task_delay(s);
 	slot *sl = &s->slots[i];
 	if (sl->stash.storage) {
 		/* Backward on the weights the forward used; the live ones wait aside. */
@@ -470,4 +494,40 @@ pt_err pt_stage_join(pt_stage *s)
 	pthread_join(s->thread, NULL);
 	s->started = false;
 	return s->result;
+}
+
+pt_err pt_stage_host_run(pt_comm *comm, int timeout_ms)
+{
+	pt_stage_config cfg;
+	pt_layer_spec *layers = NULL;
+	pt_stage *s = NULL;
+	pt_reply r = {.cmd = PT_CMD_CONFIGURE};
+	pt_msg m = {0}, ready = {.meta = {.kind = PT_MSG_REPLY}};
+	pt_err rv;
+
+	if ((rv = pt_comm_recv(comm, 0, PT_CH_CONTROL, timeout_ms, &m)) != PT_OK)
+		return pt_set_error(rv, "waiting for the coordinator's configuration: %s",
+		                    pt_last_error());
+	if ((rv = pt_wire_configure_decode(&m, &cfg, &layers)) == PT_OK &&
+	    (rv = pt_stage_create(&s, &cfg, comm)) == PT_OK)
+		s->delay_ms = host_delay_ms;
+	pt_msg_fini(&m);
+	if (rv != PT_OK) {
+		pt_msg e = {.meta = {.kind = PT_MSG_ERROR}};
+		char msg[1024];
+		snprintf(msg, sizeof(msg), "stage %d: configuration refused: %s",
+		         pt_comm_rank(comm), pt_last_error());
+		if (pt_wire_error_encode(&e, pt_comm_rank(comm), -1, -1, rv, msg) == PT_OK)
+			pt_comm_send(comm, 0, &e);
+		pt_msg_fini(&e);
+		free(layers);
+		return pt_set_error(rv, "%s", msg);
+	}
+	if ((rv = pt_wire_reply_encode(&ready, &r)) == PT_OK &&
+	    (rv = pt_comm_send(comm, 0, &ready)) == PT_OK)
+		rv = pt_stage_run(s);
+	pt_msg_fini(&ready);
+	pt_stage_destroy(s);
+	free(layers);
+	return rv;
 }

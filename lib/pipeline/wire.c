@@ -5,9 +5,10 @@
 #include <string.h>
 
 #include "fb.h"
+#include "model_wire.h"
 
 /* Field ids follow the declaration order in schema/stage.fbs. */
-enum { CONTROL_COMMAND, CONTROL_GRAD_SCALE, CONTROL_STEP };
+enum { CONTROL_COMMAND, CONTROL_GRAD_SCALE, CONTROL_STEP, CONTROL_CONFIG };
 enum { REPLY_COMMAND, REPLY_SQNORMS, REPLY_TASKS, REPLY_STATS };
 enum {
 	STATS_PEAK_LIVE,
@@ -103,6 +104,37 @@ pt_err pt_wire_control_decode(const pt_msg *m, pt_control *c)
 	c->grad_scale = pt_fb_get_f32(t, CONTROL_GRAD_SCALE, 1.0f);
 	c->step = pt_fb_get_i64(t, CONTROL_STEP, 0);
 	return PT_OK;
+}
+
+pt_err pt_wire_configure_encode(pt_msg *m, const pt_stage_config *cfg)
+{
+	pt_fb_builder b;
+	pt_fb_ref root = 0, conf = 0;
+	pt_err rv;
+	PT_TRY(pt_fb_builder_init(&b, 1024));
+	if ((rv = pt_fb_build_stage_config(&b, cfg, &conf)) != PT_OK) {
+		pt_fb_builder_fini(&b);
+		return rv;
+	}
+	pt_fb_start_table(&b);
+	pt_fb_add_offset(&b, CONTROL_CONFIG, conf);
+	pt_fb_add_u8(&b, CONTROL_COMMAND, PT_CMD_CONFIGURE, 0);
+	pt_fb_end_table(&b, &root);
+	return finish(&b, root, m);
+}
+
+pt_err pt_wire_configure_decode(const pt_msg *m, pt_stage_config *cfg, pt_layer_spec **layers)
+{
+	const uint8_t *t = verified_root(m, &control_desc), *conf;
+	*layers = NULL;
+	if (t == NULL)
+		return pt_set_error(PT_ERR_FORMAT, "malformed Control message: %s",
+		                    pt_last_error());
+	if (pt_fb_get_u8(t, CONTROL_COMMAND, 0) != PT_CMD_CONFIGURE ||
+	    (conf = pt_fb_get_table(t, CONTROL_CONFIG)) == NULL)
+		return pt_set_error(PT_ERR_STATE,
+		                    "expected a Configure command with a StageConfig");
+	return pt_fb_read_stage_config(conf, cfg, layers);
 }
 
 pt_err pt_wire_reply_encode(pt_msg *m, const pt_reply *r)

@@ -7,13 +7,14 @@
 #include "pipeline.h"
 
 typedef enum pt_stage_cmd {
-	PT_CMD_STEP = 1, /* optimizer step with grad_scale, then zero gradients */
-	PT_CMD_SQNORM,   /* reply: per-tensor squared gradient norms */
-	PT_CMD_TIMELINE, /* reply: task records since the last fetch */
-	PT_CMD_STATS,    /* reply: pt_stage_stats */
-	PT_CMD_RESET,    /* drop in-flight microbatches and gradients */
-	PT_CMD_STOP,     /* leave the event loop */
-	PT_CMD_PARAMS,   /* reply: the parameter arena as a tensor */
+	PT_CMD_STEP = 1,  /* optimizer step with grad_scale, then zero gradients */
+	PT_CMD_SQNORM,    /* reply: per-tensor squared gradient norms */
+	PT_CMD_TIMELINE,  /* reply: task records since the last fetch */
+	PT_CMD_STATS,     /* reply: pt_stage_stats */
+	PT_CMD_RESET,     /* drop in-flight microbatches and gradients */
+	PT_CMD_STOP,      /* leave the event loop */
+	PT_CMD_PARAMS,    /* reply: the parameter arena as a tensor */
+	PT_CMD_CONFIGURE, /* carries a StageConfig; reply when the stage is built (Ready) */
 } pt_stage_cmd;
 
 typedef struct pt_control {
@@ -23,6 +24,11 @@ typedef struct pt_control {
 } pt_control;
 
 pt_err pt_wire_control_encode(pt_msg *m, const pt_control *c);
+
+/* A CONFIGURE command with the stage's StageConfig. Decoding gives a config
+ * whose layer list is a new array in *layers (free() it). */
+pt_err pt_wire_configure_encode(pt_msg *m, const pt_stage_config *cfg);
+pt_err pt_wire_configure_decode(const pt_msg *m, pt_stage_config *cfg, pt_layer_spec **layers);
 pt_err pt_wire_control_decode(const pt_msg *m, pt_control *c);
 
 /* A reply; decoding copies arrays out (at most the given capacities). */
