@@ -355,7 +355,57 @@ static void test_pipeline_bad_batch_is_refused(void)
 	rig_down(&r);
 }
 
+/* Stage state out and back in: a fresh pipeline restored from a trained one's
+ * state continues exactly as the trained one does. */
+static void test_pipeline_state_roundtrip_resumes_bitwise(void)
+{
+	rig a, b;
+	fx_data da, db;
+	pt_pipe_step_result ra, rb;
+	rig_up(&a, 2, 4, PT_MODE_SYNC, false, NULL);
+	rig_up(&b, 2, 4, PT_MODE_SYNC, false, NULL);
+	fx_data_up(&da, 4);
+	fx_data_up(&db, 4);
+	for (int st = 0; st < 3; st++) {
+		fx_data_next(&da, st);
+		fx_data_next(&db, st); /* keep both data streams in step */
+		PT_CHECK_OK(pt_coordinator_step(a.coord, &da.x, &da.y, st, &ra));
+	}
+	for (int s = 1; s <= 2; s++) {
+		pt_tensor state;
+		int64_t steps;
+		PT_CHECK_OK(pt_coordinator_get_state(a.coord, s, &state, &steps));
+		CU_ASSERT_EQUAL(steps, 3);
+		PT_CHECK_OK(pt_coordinator_set_state(b.coord, s, &state, steps));
+		pt_tensor_fini(&state);
+	}
+	fx_data_next(&da, 3);
+	fx_data_next(&db, 3);
+	PT_CHECK_OK(pt_coordinator_step(a.coord, &da.x, &da.y, 3, &ra));
+	PT_CHECK_OK(pt_coordinator_step(b.coord, &db.x, &db.y, 3, &rb));
+	CU_ASSERT_EQUAL(memcmp(&ra.loss, &rb.loss, sizeof(double)), 0);
+	CU_ASSERT_EQUAL(memcmp(&ra.grad_norm, &rb.grad_norm, sizeof(double)), 0);
+	{
+		size_t na, nb;
+		float *pa = gather_params(&a, &na), *pb = gather_params(&b, &nb);
+		CU_ASSERT(na == nb && memcmp(pa, pb, na) == 0);
+		free(pa);
+		free(pb);
+	}
+	/* A state of the wrong size is refused. */
+	pt_tensor bad;
+	PT_CHECK_OK(pt_tensor_init(&bad, PT_F32, 1, (int64_t[]){7}));
+	PT_CHECK_ERR(pt_coordinator_set_state(b.coord, 1, &bad, 1), PT_ERR_SHAPE);
+	pt_tensor_fini(&bad);
+	fx_data_down(&da);
+	fx_data_down(&db);
+	rig_down(&a);
+	rig_down(&b);
+}
+
 static const pt_test_case tests[] = {
+    {"test_pipeline_state_roundtrip_resumes_bitwise",
+     test_pipeline_state_roundtrip_resumes_bitwise},
     {"test_pipeline_partition", test_pipeline_partition},
     {"test_pipeline_seed_walkthrough_order", test_pipeline_seed_walkthrough_order},
     {"test_pipeline_sync_bitwise_across_stage_counts",

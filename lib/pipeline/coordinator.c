@@ -566,6 +566,41 @@ pt_err pt_coordinator_params(pt_coordinator *c, int s, pt_tensor *out)
 	return PT_OK;
 }
 
+pt_err pt_coordinator_get_state(pt_coordinator *c, int s, pt_tensor *out, int64_t *steps)
+{
+	pt_msg m = {0};
+	pt_reply r = {0};
+	if (s < 1 || s > c->p)
+		return pt_set_error(PT_ERR_RANGE, "stage %d of %d", s, c->p);
+	PT_TRY(command(c, s, PT_CMD_GET_STATE, 1.0f, 0));
+	PT_TRY(wait_reply(c, s, &r, &m));
+	if (!m.has_tensor) {
+		pt_msg_fini(&m);
+		return pt_set_error(PT_ERR_FORMAT, "stage %d sent no state", s);
+	}
+	pt_tensor_view(out, &m.tensor);
+	*steps = r.steps;
+	pt_msg_fini(&m);
+	return PT_OK;
+}
+
+pt_err pt_coordinator_set_state(pt_coordinator *c, int s, const pt_tensor *state, int64_t steps)
+{
+	pt_msg m = {.meta = {.kind = PT_MSG_COMMAND, .step = steps, .tag = c->generation}};
+	pt_control ctl = {PT_CMD_SET_STATE, 1.0f, steps};
+	pt_err rv;
+	if (s < 1 || s > c->p)
+		return pt_set_error(PT_ERR_RANGE, "stage %d of %d", s, c->p);
+	if ((rv = pt_wire_control_encode(&m, &ctl)) == PT_OK) {
+		m.has_tensor = true;
+		pt_tensor_view(&m.tensor, state);
+		rv = pt_comm_send(c->comm, s, &m);
+	}
+	pt_msg_fini(&m);
+	PT_TRY(rv);
+	return wait_reply(c, s, NULL, NULL);
+}
+
 pt_err pt_coordinator_stop(pt_coordinator *c)
 {
 	pt_err first = PT_OK;

@@ -169,6 +169,14 @@ const pt_task_record *pt_coordinator_step_timeline(const pt_coordinator *c, int 
 /* pt_coordinator_params copies stage s's parameter arena into a new tensor. */
 pt_err pt_coordinator_params(pt_coordinator *c, int s, pt_tensor *out);
 
+/* pt_coordinator_get_state copies stage s's training state - parameters,
+ * then optimizer state, as one flat f32 tensor - into a new tensor *out and
+ * its optimizer step count into *steps. pt_coordinator_set_state loads such
+ * a tensor back (sizes must match) and sets the step count. With these the
+ * caller assembles and restores checkpoints. */
+pt_err pt_coordinator_get_state(pt_coordinator *c, int s, pt_tensor *out, int64_t *steps);
+pt_err pt_coordinator_set_state(pt_coordinator *c, int s, const pt_tensor *state, int64_t steps);
+
 /* pt_coordinator_stop tells every stage to leave its loop. */
 pt_err pt_coordinator_stop(pt_coordinator *c);
 

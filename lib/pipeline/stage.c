@@ -344,6 +344,61 @@ out:
 	s->stats.backwards++;
 }
 
+/* The stage's whole training state as one flat tensor: parameters, then the
+ * optimizer's state tensors in pt_optimizer_state order. */
+static pt_err state_size(pt_stage *s, int64_t *n, int *ns, pt_tensor **st)
+{
+	const char *names[4];
+	*ns = pt_optimizer_state(s->opt, names, st);
+	*n = pt_tensor_numel(pt_model_params(s->model));
+	for (int i = 0; i < *ns; i++)
+		*n += pt_tensor_numel(st[i]);
+	return PT_OK;
+}
+
+static pt_err get_state(pt_stage *s, pt_tensor *out)
+{
+	pt_tensor *st[4], view;
+	int64_t n, off;
+	int ns;
+	PT_TRY(state_size(s, &n, &ns, st));
+	PT_TRY(pt_tensor_init(out, PT_F32, 1, (int64_t[]){n}));
+	off = 0;
+	for (int i = -1; i < ns; i++) {
+		pt_tensor *src = i < 0 ? pt_model_params(s->model) : st[i];
+		pt_err rv = pt_tensor_narrow(&view, out, 0, off, pt_tensor_numel(src));
+		if (rv == PT_OK)
+			rv = pt_copy(&view, src);
+		pt_tensor_fini(&view);
+		PT_TRY(rv);
+		off += pt_tensor_numel(src);
+	}
+	return PT_OK;
+}
+
+static pt_err set_state(pt_stage *s, const pt_msg *m, int64_t steps)
+{
+	pt_tensor *st[4], view;
+	int64_t n, off = 0;
+	int ns;
+	PT_TRY(state_size(s, &n, &ns, st));
+	if (!m->has_tensor || m->tensor.dtype != PT_F32 || pt_tensor_numel(&m->tensor) != n)
+		return pt_set_error(PT_ERR_SHAPE, "state of %ld floats, this stage holds %ld",
+		                    m->has_tensor ? (long)pt_tensor_numel(&m->tensor) : 0L,
+		                    (long)n);
+	for (int i = -1; i < ns; i++) {
+		pt_tensor *dst = i < 0 ? pt_model_params(s->model) : st[i];
+		pt_err rv = pt_tensor_narrow(&view, &m->tensor, 0, off, pt_tensor_numel(dst));
+		if (rv == PT_OK)
+			rv = pt_copy(dst, &view);
+		pt_tensor_fini(&view);
+		PT_TRY(rv);
+		off += pt_tensor_numel(dst);
+	}
+	pt_optimizer_set_steps(s->opt, steps);
+	return pt_model_zero_grad(s->model);
+}
+
 static pt_err reply(pt_stage *s, pt_reply *r, const pt_tensor *t)
 {
 	pt_msg m = {.meta = {.kind = PT_MSG_REPLY, .tag = s->generation}};
@@ -406,6 +461,13 @@ static bool on_command(pt_stage *s, pt_msg *m)
 		         &params, PT_F32, 1,
 		         (int64_t[]){pt_tensor_numel(pt_model_params(s->model))})) == PT_OK)
 			rv = pt_copy(&params, pt_model_params(s->model));
+		break;
+	case PT_CMD_GET_STATE:
+		rv = get_state(s, &params);
+		r.steps = pt_optimizer_steps(s->opt);
+		break;
+	case PT_CMD_SET_STATE:
+		rv = set_state(s, m, c.step);
 		break;
 	case PT_CMD_STOP:
 		break;

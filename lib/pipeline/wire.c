@@ -9,7 +9,7 @@
 
 /* Field ids follow the declaration order in schema/stage.fbs. */
 enum { CONTROL_COMMAND, CONTROL_GRAD_SCALE, CONTROL_STEP, CONTROL_CONFIG };
-enum { REPLY_COMMAND, REPLY_SQNORMS, REPLY_TASKS, REPLY_STATS };
+enum { REPLY_COMMAND, REPLY_SQNORMS, REPLY_TASKS, REPLY_STATS, REPLY_STEPS };
 enum {
 	STATS_PEAK_LIVE,
 	STATS_LIVE,
@@ -160,6 +160,7 @@ pt_err pt_wire_reply_encode(pt_msg *m, const pt_reply *r)
 		pt_fb_end_table(&b, &stats);
 	}
 	pt_fb_start_table(&b);
+	pt_fb_add_i64(&b, REPLY_STEPS, r->steps, 0);
 	pt_fb_add_offset(&b, REPLY_SQNORMS, sq);
 	pt_fb_add_offset(&b, REPLY_TASKS, tasks);
 	pt_fb_add_offset(&b, REPLY_STATS, stats);
@@ -175,6 +176,7 @@ pt_err pt_wire_reply_decode(const pt_msg *m, pt_reply *r)
 	if (t == NULL)
 		return pt_set_error(PT_ERR_FORMAT, "malformed Reply message: %s", pt_last_error());
 	r->cmd = (pt_stage_cmd)pt_fb_get_u8(t, REPLY_COMMAND, 0);
+	r->steps = pt_fb_get_i64(t, REPLY_STEPS, 0);
 	r->n_sqnorms = 0;
 	if ((v = pt_fb_get_vector(t, REPLY_SQNORMS, &n)) != NULL) {
 		if ((int)n > r->cap_sqnorms)

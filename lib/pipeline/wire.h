@@ -15,6 +15,8 @@ typedef enum pt_stage_cmd {
 	PT_CMD_STOP,      /* leave the event loop */
 	PT_CMD_PARAMS,    /* reply: the parameter arena as a tensor */
 	PT_CMD_CONFIGURE, /* carries a StageConfig; reply when the stage is built (Ready) */
+	PT_CMD_GET_STATE, /* reply: [params | optimizer state] as one tensor, steps */
+	PT_CMD_SET_STATE, /* carries [params | optimizer state] and steps in `step` */
 } pt_stage_cmd;
 
 typedef struct pt_control {
@@ -40,6 +42,7 @@ typedef struct pt_reply {
 	int n_tasks, cap_tasks;
 	bool has_stats;
 	pt_stage_stats stats;
+	int64_t steps; /* GET_STATE: optimizer steps taken */
 } pt_reply;
 
 pt_err pt_wire_reply_encode(pt_msg *m, const pt_reply *r);

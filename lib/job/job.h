@@ -1,0 +1,121 @@
+/* job.h - a training job: its spec (schema/job.fbs) decoded, validated and
+ * converted from JSON, and the runner that trains it on pipeline stages.
+ *
+ * Validation names the field in every error ("model[3].in_features: ...",
+ * "microbatches: 3 does not divide batch_size 64", "data.features: cannot
+ * open ...", "placement.stages: 6 stages for 5 layers").
+ */
+#ifndef PT_JOB_H
+#define PT_JOB_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "fb.h"
+#include "pipeline.h"
+
+typedef enum pt_data_format { PT_DATA_NPY, PT_DATA_TOKENS16, PT_DATA_TOKENS32 } pt_data_format;
+
+/* A decoded JobSpec. Strings and arrays are owned (pt_job_spec_fini). */
+typedef struct pt_job_spec {
+	char *name;
+	pt_layer_spec *layers;
+	int n_layers;
+	struct {
+		pt_data_format format;
+		char *features, *labels, *tokens;
+		int64_t seq_len, vocab;
+		float held_out;
+		bool shuffle;
+	} data;
+	pt_loss_kind loss;
+	int64_t ignore_index;
+	pt_optim_config optim;
+	int64_t batch_size;
+	int microbatches;
+	int64_t steps;
+	pt_pipe_mode mode;
+	int stages;
+	int *boundaries; /* stages + 1 entries when given, else NULL */
+	char **workers;  /* n_workers URLs, or NULL */
+	int n_workers;
+	int threads_per_stage;
+	int64_t checkpoint_every;
+	int checkpoint_keep;
+	bool resume;
+	char *device; /* "cpu" or "cuda:N" */
+	uint64_t seed;
+	int64_t eval_every;
+	bool compress, recompute, weight_stashing;
+} pt_job_spec;
+
+/* The JobSpec table descriptor, for verifying buffers and nested tables. */
+extern const pt_fb_table_desc pt_fb_job_spec_desc;
+
+/* pt_job_spec_read decodes a verified JobSpec table (checks enum ranges and
+ * sizes of vectors; no file access). */
+pt_err pt_job_spec_read(const uint8_t *table, pt_job_spec *out);
+
+/* pt_job_spec_decode verifies buf as a JobSpec root buffer, then reads it. */
+pt_err pt_job_spec_decode(const void *buf, size_t len, pt_job_spec *out);
+
+/* pt_job_spec_validate checks everything a run needs: model shapes for the
+ * data's sample shape, batch and microbatches, stages vs layers, optimizer
+ * fields, device, and that the data files exist and agree (files are
+ * resolved against files_root when relative; NULL: the working directory). */
+pt_err pt_job_spec_validate(const pt_job_spec *s, const char *files_root);
+
+/* pt_job_spec_build writes s as a JobSpec table into b (to nest it in a
+ * Request or a reply, or as a root with pt_fb_finish). */
+pt_err pt_job_spec_build(pt_fb_builder *b, const pt_job_spec *s, pt_fb_ref *out);
+
+/* pt_job_spec_from_json converts the JSON text of a JobSpec (flatc's JSON:
+ * enum values by name, field names as in the schema) into a JobSpec table in
+ * b. Unknown fields and wrong types are errors naming the JSON path. */
+pt_err pt_job_spec_from_json(pt_fb_builder *b, const char *text, size_t len, pt_fb_ref *out);
+
+/* pt_job_spec_load_file reads a job file - JSON text or a FlatBuffers binary,
+ * told apart by content, whatever its name - and returns a verified JobSpec
+ * root buffer (*buf, free() it). */
+pt_err pt_job_spec_load_file(const char *path, void **buf, size_t *len);
+
+void pt_job_spec_fini(pt_job_spec *s);
+
+/* One metric point of a running job. */
+typedef struct pt_job_metric {
+	int64_t step; /* 1-based: the step just completed */
+	double loss;
+	float lr;
+	double grad_norm;
+	double samples_per_s, tokens_per_s;
+	double bubble;
+	int n_stages;
+	double stage_busy[PT_MAX_STAGES];
+	double eval_loss, eval_accuracy; /* NaN when not evaluated at this step */
+	double time_unix;
+} pt_job_metric;
+
+typedef struct pt_job_hooks {
+	void *ctx;
+	/* Called after every step, from the runner's thread. */
+	void (*on_metric)(void *ctx, const pt_job_metric *m);
+	/* Polled before every step; true stops the run (cancel or shutdown). */
+	bool (*should_stop)(void *ctx);
+	/* Called after a checkpoint file is complete (renamed into place). */
+	void (*on_checkpoint)(void *ctx, int64_t step, const char *path);
+} pt_job_hooks;
+
+typedef struct pt_job_run_options {
+	const char *checkpoint_dir; /* where step-N.safetensors files go */
+	const char *files_root;     /* for relative data paths (NULL: cwd) */
+	const char *resume_from;    /* a checkpoint to resume from, or NULL */
+	int threads;                /* CPU threads for the whole job (0: all cores) */
+} pt_job_run_options;
+
+/* pt_job_run trains the job to spec->steps (or until should_stop), writing
+ * checkpoints per the spec's policy and always one at the end (also when
+ * stopped). Blocking. *last_step gets the last completed step. */
+pt_err pt_job_run(const pt_job_spec *spec, const pt_job_run_options *o, const pt_job_hooks *h,
+		  int64_t *last_step);
+
+#endif
