@@ -111,36 +111,79 @@ pt_err cpu_add(const pt_op_call *c, void *ws)
 	return PT_OK;
 }
 
+/* Activations run over chunks. The costly part (exp, tanh) is a loop over
+ * restrict pointers into a local buffer, so it always vectorises; outputs may
+ * then alias inputs (in-place backward) without forcing a scalar fallback. */
+#define ACT_CHUNK 2048
+
+/* g[i] = act(x[i]) (forward) */
+static void act_values(pt_act kind, float *restrict g, const float *restrict x, int64_t n)
+{
+	switch (kind) {
+	case PT_ACT_RELU:
+		for (int64_t i = 0; i < n; i++)
+			g[i] = x[i] > 0.0f ? x[i] : 0.0f;
+		break;
+	case PT_ACT_GELU:
+		for (int64_t i = 0; i < n; i++) {
+			float v = x[i];
+			float u = PT_GELU_K * (v + 0.044715f * v * v * v);
+			g[i] = 0.5f * v * (1.0f + pt_tanhf(u));
+		}
+		break;
+	case PT_ACT_TANH:
+		for (int64_t i = 0; i < n; i++)
+			g[i] = pt_tanhf(x[i]);
+		break;
+	case PT_ACT_SIGMOID:
+		for (int64_t i = 0; i < n; i++)
+			g[i] = pt_sigmoidf(x[i]);
+		break;
+	}
+}
+
+/* g[i] = act'(.) from x (ReLU, GELU) or y (Tanh, Sigmoid) */
+static void act_slopes(pt_act kind, float *restrict g, const float *restrict x,
+                       const float *restrict y, int64_t n)
+{
+	switch (kind) {
+	case PT_ACT_RELU:
+		for (int64_t i = 0; i < n; i++)
+			g[i] = x[i] > 0.0f ? 1.0f : 0.0f;
+		break;
+	case PT_ACT_GELU:
+		for (int64_t i = 0; i < n; i++) {
+			float v = x[i];
+			float u = PT_GELU_K * (v + 0.044715f * v * v * v);
+			float t = pt_tanhf(u);
+			float du = PT_GELU_K * (1.0f + 3.0f * 0.044715f * v * v);
+			g[i] = 0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du;
+		}
+		break;
+	case PT_ACT_TANH:
+		for (int64_t i = 0; i < n; i++)
+			g[i] = 1.0f - y[i] * y[i];
+		break;
+	case PT_ACT_SIGMOID:
+		for (int64_t i = 0; i < n; i++)
+			g[i] = y[i] * (1.0f - y[i]);
+		break;
+	}
+}
+
 pt_err cpu_activation_forward(const pt_op_call *c, void *ws)
 {
 	const float *x = pt_tensor_f32(c->in[0]);
 	float *y = pt_tensor_f32(c->out[0]);
-	int64_t n = pt_tensor_numel(c->in[0]);
+	int64_t n = pt_tensor_numel(c->in[0]), nchunks = (n + ACT_CHUNK - 1) / ACT_CHUNK;
+	pt_act kind = c->p.act.kind;
 
-	switch (c->p.act.kind) {
-	case PT_ACT_RELU:
-		PAR_FOR
-		for (int64_t i = 0; i < n; i++)
-			y[i] = x[i] > 0.0f ? x[i] : 0.0f;
-		break;
-	case PT_ACT_GELU:
-		PAR_FOR
-		for (int64_t i = 0; i < n; i++) {
-			float v = x[i];
-			float u = PT_GELU_K * (v + 0.044715f * v * v * v);
-			y[i] = 0.5f * v * (1.0f + pt_tanhf(u));
-		}
-		break;
-	case PT_ACT_TANH:
-		PAR_FOR
-		for (int64_t i = 0; i < n; i++)
-			y[i] = pt_tanhf(x[i]);
-		break;
-	case PT_ACT_SIGMOID:
-		PAR_FOR
-		for (int64_t i = 0; i < n; i++)
-			y[i] = pt_sigmoidf(x[i]);
-		break;
+#pragma omp parallel for schedule(static) if (n >= PT_CPU_PAR_MIN)
+	for (int64_t k = 0; k < nchunks; k++) {
+		float g[ACT_CHUNK];
+		int64_t lo = k * ACT_CHUNK, len = n - lo < ACT_CHUNK ? n - lo : ACT_CHUNK;
+		act_values(kind, g, x + lo, len);
+		memcpy(y + lo, g, sizeof(float) * (size_t)len);
 	}
 	return PT_OK;
 }
@@ -151,36 +194,23 @@ pt_err cpu_activation_backward(const pt_op_call *c, void *ws)
 	const float *x = c->in[1] ? pt_tensor_f32(c->in[1]) : NULL;
 	const float *y = c->in[2] ? pt_tensor_f32(c->in[2]) : NULL;
 	float *dx = pt_tensor_f32(c->out[0]);
-	float acc = c->p.act.accum_dx ? 1.0f : 0.0f;
-	int64_t n = pt_tensor_numel(c->in[0]);
+	bool acc = c->p.act.accum_dx;
+	int64_t n = pt_tensor_numel(c->in[0]), nchunks = (n + ACT_CHUNK - 1) / ACT_CHUNK;
+	pt_act kind = c->p.act.kind;
 
-	switch (c->p.act.kind) {
-	case PT_ACT_RELU:
-		PAR_FOR
-		for (int64_t i = 0; i < n; i++)
-			dx[i] = (acc != 0.0f ? dx[i] : 0.0f) + (x[i] > 0.0f ? dy[i] : 0.0f);
-		break;
-	case PT_ACT_GELU:
-		PAR_FOR
-		for (int64_t i = 0; i < n; i++) {
-			float v = x[i];
-			float u = PT_GELU_K * (v + 0.044715f * v * v * v);
-			float t = pt_tanhf(u);
-			float du = PT_GELU_K * (1.0f + 3.0f * 0.044715f * v * v);
-			float g = 0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du;
-			dx[i] = (acc != 0.0f ? dx[i] : 0.0f) + g * dy[i];
-		}
-		break;
-	case PT_ACT_TANH:
-		PAR_FOR
-		for (int64_t i = 0; i < n; i++)
-			dx[i] = (acc != 0.0f ? dx[i] : 0.0f) + (1.0f - y[i] * y[i]) * dy[i];
-		break;
-	case PT_ACT_SIGMOID:
-		PAR_FOR
-		for (int64_t i = 0; i < n; i++)
-			dx[i] = (acc != 0.0f ? dx[i] : 0.0f) + y[i] * (1.0f - y[i]) * dy[i];
-		break;
+#pragma omp parallel for schedule(static) if (n >= PT_CPU_PAR_MIN)
+	for (int64_t k = 0; k < nchunks; k++) {
+		float g[ACT_CHUNK];
+		int64_t lo = k * ACT_CHUNK, len = n - lo < ACT_CHUNK ? n - lo : ACT_CHUNK;
+		act_slopes(kind, g, x ? x + lo : NULL, y ? y + lo : NULL, len);
+		float *d = dx + lo;
+		const float *e = dy + lo;
+		if (acc)
+			for (int64_t i = 0; i < len; i++)
+				d[i] += g[i] * e[i];
+		else
+			for (int64_t i = 0; i < len; i++)
+				d[i] = g[i] * e[i];
 	}
 	return PT_OK;
 }

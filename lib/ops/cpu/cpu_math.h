@@ -8,15 +8,13 @@
 #define PT_CPU_MATH_H
 
 #include <stdint.h>
-#include <string.h>
 
-#pragma omp declare simd notinbranch
 static inline float pt_expf(float x)
 {
 	/* exp(x) = 2^n * exp(r), r = x - n ln2, |r| <= ln2/2; degree-6 polynomial. */
 	x = x > 88.7f ? 88.7f : x; /* two selects, so loops stay branch-free */
 	x = x < -87.3f ? -87.3f : x;
-	float n = __builtin_roundevenf(x * 1.44269504088896341f);
+	float n = __builtin_rintf(x * 1.44269504088896341f); /* nearest-even mode */
 	float r = x - n * 0.693145751953125f;
 	r = r - n * 1.428606765330187045e-06f;
 	float p = 1.9875691500e-4f;
@@ -26,20 +24,20 @@ static inline float pt_expf(float x)
 	p = p * r + 1.6666665459e-1f;
 	p = p * r + 5.0000001201e-1f;
 	p = p * r * r + r + 1.0f;
-	int32_t e = ((int32_t)n + 127) << 23;
-	float s;
-	memcpy(&s, &e, 4);
-	return p * s;
+	/* 2^n through the exponent bits; a union (not memcpy) keeps the loop vectorisable. */
+	union {
+		int32_t i;
+		float f;
+	} two_n = {.i = ((int32_t)n + 127) << 23};
+	return p * two_n.f;
 }
 
-#pragma omp declare simd notinbranch
 static inline float pt_tanhf(float x)
 {
 	/* tanh(x) = 1 - 2 / (exp(2x) + 1); saturates correctly at both ends. */
 	return 1.0f - 2.0f / (pt_expf(2.0f * x) + 1.0f);
 }
 
-#pragma omp declare simd notinbranch
 static inline float pt_sigmoidf(float x)
 {
 	return 1.0f / (1.0f + pt_expf(-x));
