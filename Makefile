@@ -1,5 +1,7 @@
 # Thin entry points over meson. `make test` is what CI runs.
-#   make demo   install deps, build, train the shipped digits example
+#   make demo   install deps, build, start pipeserver on loopback and train the
+#               shipped digits example through pipeclient (tools/demo.sh)
+#   make demo-local  the same example trained in-process (pt-train), no server
 #   make test   install deps, build with -Werror, run every test, then the
 #               unit tests again under AddressSanitizer + UBSan
 #   make bench  build and print `bench <name> <value>` lines
@@ -9,7 +11,7 @@ MESON      ?= meson
 NINJA      ?= ninja
 JOBS       ?= 2
 
-.PHONY: all deps build demo test test-asan bench clean
+.PHONY: all deps build demo demo-local test test-asan bench clean
 
 all: build
 
@@ -23,6 +25,9 @@ build: deps $(BUILD)/build.ninja
 	$(NINJA) -C $(BUILD) -j$(JOBS)
 
 demo: build
+	bash tools/demo.sh $(BUILD)
+
+demo-local: build
 	OMP_WAIT_POLICY=PASSIVE $(BUILD)/tools/pt-train --example digits
 
 test: build

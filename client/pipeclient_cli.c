@@ -1,0 +1,811 @@
+/* pipeclient_cli.c - the `pipeclient` command: submit, follow, cancel jobs and
+ * fetch checkpoints from a pipeserver, through libpipeclient's public API only.
+ *
+ * Output is text for people, or with --json one JSON object per line for
+ * scripts (streams: a "type" member tells the lines apart). On a terminal,
+ * watch and checkpoint draw a progress bar (steps or bytes, rate, ETA) on the
+ * last line; elsewhere they print plain lines only. Exit codes are distinct
+ * per failure class (see EXIT_*), so scripts need not parse messages.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <math.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "pipeclient.h"
+
+enum {
+	EXIT_OK = 0,
+	EXIT_ERROR = 1,      /* local file, checksum, malformed reply, ... */
+	EXIT_USAGE = 2,      /* bad command line */
+	EXIT_CONNECT = 3,    /* cannot reach the server, or it did not answer in time */
+	EXIT_REJECTED = 4,   /* the server refused the request (invalid job, not found, ...) */
+	EXIT_JOB_FAILED = 5, /* the job ended Failed, Cancelled or Interrupted */
+};
+
+static const char usage_text[] =
+    "usage: pipeclient [options] COMMAND [ARGS]\n"
+    "\n"
+    "commands:\n"
+    "  submit FILE [--follow]          submit a job file (JSON text or FlatBuffers binary\n"
+    "                                  of a JobSpec, whatever its name); print the job id;\n"
+    "                                  --follow: then watch it until it ends\n"
+    "  status JOB                      state, progress and latest metrics of a job\n"
+    "  list                            every job the server knows\n"
+    "  cancel JOB                      stop a job\n"
+    "  watch JOB                       loss lines until the job ends (a progress bar with\n"
+    "                                  steps, rate and ETA on a terminal)\n"
+    "  checkpoint JOB [--step N] -o FILE\n"
+    "                                  download a checkpoint (default: the latest); resumes\n"
+    "                                  FILE.part, checks the SHA-256\n"
+    "  checkpoints JOB                 list a job's checkpoints\n"
+    "  info                            server version, device and load\n"
+    "\n"
+    "options:\n"
+    "  --server URL        server (env PIPETRAIN_SERVER; default " PIPECLIENT_DEFAULT_URL ")\n"
+    "  --token TOKEN       auth token (env PIPETRAIN_TOKEN)\n"
+    "  --timeout SECONDS   per request (default 30)\n"
+    "  --json              one JSON object per line on stdout, for scripts\n"
+    "  --every N           watch/--follow: a loss line every N steps (default: ~20 lines)\n"
+    "  --tls-ca FILE       tls+tcp://: CA certificates (PEM) to verify the server\n"
+    "  --tls-cert FILE     tls+tcp://: client certificate and key (one PEM)\n"
+    "  --tls-server-name NAME\n"
+    "  --insecure          tls+tcp://: do not verify the server's certificate\n"
+    "  -h, --help          this text;  --version: the client's version\n"
+    "\n"
+    "exit status: 0 ok, 1 other error, 2 usage, 3 connection failure or timeout,\n"
+    "4 request rejected by the server, 5 job failed, was cancelled or interrupted\n";
+
+typedef struct cli {
+	pipeclient_options opts;
+	bool json;
+	bool follow;
+	bool tty; /* stdout is a terminal: draw progress bars */
+	int64_t step;
+	int64_t every;
+	const char *output;
+	pipeclient *c;
+} cli;
+
+/* ------------------------------------------------------------------ output -- */
+
+static int usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int usage_error(const char *fmt, ...)
+{
+	va_list ap;
+
+	fprintf(stderr, "pipeclient: ");
+	va_start(ap, fmt);
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+	fprintf(stderr, "\n(pipeclient --help for usage)\n");
+	return EXIT_USAGE;
+}
+
+static void json_str(FILE *f, const char *s)
+{
+	fputc('"', f);
+	for (const unsigned char *p = (const unsigned char *)(s ? s : ""); *p; p++) {
+		switch (*p) {
+		case '"':
+			fputs("\\\"", f);
+			break;
+		case '\\':
+			fputs("\\\\", f);
+			break;
+		case '\n':
+			fputs("\\n", f);
+			break;
+		case '\r':
+			fputs("\\r", f);
+			break;
+		case '\t':
+			fputs("\\t", f);
+			break;
+		default:
+			if (*p < 0x20)
+				fprintf(f, "\\u%04x", *p);
+			else
+				fputc(*p, f);
+		}
+	}
+	fputc('"', f);
+}
+
+/* json_num prints a finite number exactly enough to round-trip, else null. */
+static void json_num(FILE *f, double v)
+{
+	if (isfinite(v))
+		fprintf(f, "%.17g", v);
+	else
+		fputs("null", f);
+}
+
+/* Exit status and message for a failed library call. */
+static int report(const cli *a, pipeclient_err e)
+{
+	const char *msg = pipeclient_last_error();
+
+	if (msg[0] == '\0')
+		msg = pipeclient_strerror(e);
+	fprintf(stderr, "pipeclient: %s\n", msg);
+	if (a->json) {
+		fputs("{\"type\":\"error\",\"error\":", stdout);
+		json_str(stdout, pipeclient_err_name(e));
+		fputs(",\"message\":", stdout);
+		json_str(stdout, msg);
+		fputs("}\n", stdout);
+		fflush(stdout);
+	}
+	switch (e) {
+	case PIPECLIENT_ERR_CONNECT:
+	case PIPECLIENT_ERR_TIMEOUT:
+	case PIPECLIENT_ERR_TLS:
+		return EXIT_CONNECT;
+	default:
+		return pipeclient_is_server_error(e) ? EXIT_REJECTED : EXIT_ERROR;
+	}
+}
+
+static void json_metric_fields(FILE *f, const pipeclient_metric *m)
+{
+	fprintf(f, "\"step\":%" PRId64 ",\"loss\":", m->step);
+	json_num(f, m->loss);
+	fputs(",\"learning_rate\":", f);
+	json_num(f, m->learning_rate);
+	fputs(",\"grad_norm\":", f);
+	json_num(f, m->grad_norm);
+	fputs(",\"samples_per_second\":", f);
+	json_num(f, m->samples_per_second);
+	fputs(",\"tokens_per_second\":", f);
+	json_num(f, m->tokens_per_second);
+	fputs(",\"bubble\":", f);
+	json_num(f, m->bubble);
+	fputs(",\"stage_busy\":[", f);
+	for (int i = 0; i < m->n_stages && i < PIPECLIENT_MAX_STAGES; i++) {
+		if (i)
+			fputc(',', f);
+		json_num(f, m->stage_busy[i]);
+	}
+	fputs("],\"eval_loss\":", f);
+	json_num(f, m->eval_loss);
+	fputs(",\"eval_accuracy\":", f);
+	json_num(f, m->eval_accuracy);
+	fputs(",\"time_unix\":", f);
+	json_num(f, m->time_unix);
+}
+
+static void json_job_fields(FILE *f, const pipeclient_job *j)
+{
+	fprintf(f, "\"id\":%" PRIu64 ",\"name\":", j->id);
+	json_str(f, j->name);
+	fputs(",\"state\":", f);
+	json_str(f, pipeclient_state_name(j->state));
+	fputs(",\"message\":", f);
+	json_str(f, j->message);
+	fprintf(f, ",\"step\":%" PRId64 ",\"steps\":%" PRId64 ",\"submitted_unix\":", j->step,
+	        j->steps);
+	json_num(f, j->submitted_unix);
+	fputs(",\"started_unix\":", f);
+	json_num(f, j->started_unix);
+	fputs(",\"finished_unix\":", f);
+	json_num(f, j->finished_unix);
+	fputs(",\"last\":", f);
+	if (j->has_last) {
+		fputc('{', f);
+		json_metric_fields(f, &j->last);
+		fputc('}', f);
+	} else {
+		fputs("null", f);
+	}
+}
+
+static void format_time(double unix_s, char *buf, size_t cap)
+{
+	time_t t = (time_t)unix_s;
+	struct tm tm;
+
+	if (unix_s <= 0 || localtime_r(&t, &tm) == NULL)
+		snprintf(buf, cap, "-");
+	else
+		strftime(buf, cap, "%Y-%m-%d %H:%M:%S", &tm);
+}
+
+static void format_duration(double s, char *buf, size_t cap)
+{
+	if (!isfinite(s) || s < 0)
+		snprintf(buf, cap, "--:--");
+	else if (s < 3600)
+		snprintf(buf, cap, "%02d:%02d", (int)s / 60, (int)s % 60);
+	else
+		snprintf(buf, cap, "%d:%02d:%02d", (int)s / 3600, (int)s / 60 % 60, (int)s % 60);
+}
+
+static void print_job_text(const pipeclient_job *j)
+{
+	char sub[32], start[32], fin[32];
+
+	printf("job %" PRIu64 " %s: %s\n", j->id, j->name[0] ? j->name : "(unnamed)",
+	       pipeclient_state_name(j->state));
+	if (j->message[0])
+		printf("  message: %s\n", j->message);
+	printf("  step %" PRId64 "/%" PRId64 "\n", j->step, j->steps);
+	if (j->has_last) {
+		const pipeclient_metric *m = &j->last;
+		printf("  loss %.6g at step %" PRId64
+		       " (lr %.3g, %.0f samples/s, bubble %.0f %%)\n",
+		       m->loss, m->step, m->learning_rate, m->samples_per_second, 100 * m->bubble);
+		if (isfinite(m->eval_accuracy) || isfinite(m->eval_loss))
+			printf("  held-out loss %.6g, accuracy %.2f %%\n", m->eval_loss,
+			       100 * m->eval_accuracy);
+	}
+	format_time(j->submitted_unix, sub, sizeof(sub));
+	format_time(j->started_unix, start, sizeof(start));
+	format_time(j->finished_unix, fin, sizeof(fin));
+	printf("  submitted %s, started %s, finished %s", sub, start, fin);
+	if (j->started_unix > 0 && j->finished_unix >= j->started_unix)
+		printf(" (%.1f s)", j->finished_unix - j->started_unix);
+	printf("\n");
+}
+
+/* --------------------------------------------------------------- progress -- */
+
+static int term_width(void)
+{
+	struct winsize ws;
+
+	if (ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col >= 40)
+		return ws.ws_col > 200 ? 200 : ws.ws_col;
+	return 80;
+}
+
+static double now_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* draw_bar writes "\r[#####.....] left  right\e[K" to fit the terminal. */
+static void draw_bar(double frac, const char *left, const char *right)
+{
+	/* The bar's width depends on the terminal only, not on the text beside
+	 * it, so it does not jump when the rate appears. */
+	int bar = term_width() - 64;
+	int fill;
+
+	if (bar > 40)
+		bar = 40;
+	if (!(frac >= 0))
+		frac = 0;
+	if (frac > 1)
+		frac = 1;
+	fputc('\r', stdout);
+	if (bar >= 10) {
+		fill = (int)(frac * bar + 0.5);
+		fputc('[', stdout);
+		for (int i = 0; i < bar; i++)
+			fputc(i < fill ? '#' : '.', stdout);
+		fputs("] ", stdout);
+	}
+	printf("%s  %s\033[K", left, right);
+	fflush(stdout);
+}
+
+static void clear_bar(void)
+{
+	fputs("\r\033[K", stdout);
+}
+
+/* ------------------------------------------------------------------ watch -- */
+
+typedef struct watcher {
+	const cli *a;
+	int64_t steps; /* total, for the bar and the line cadence */
+	int64_t every;
+	int64_t first_step;
+	double t0;
+	double drawn; /* when the bar was last drawn */
+	bool bar_shown;
+} watcher;
+
+static void print_metric_line(const pipeclient_metric *m, int64_t steps)
+{
+	printf("step %" PRId64 "/%" PRId64 "  loss %.4f  lr %.3g  %.0f samples/s", m->step, steps,
+	       m->loss, m->learning_rate, m->samples_per_second);
+	if (isfinite(m->eval_loss))
+		printf("  eval loss %.4f", m->eval_loss);
+	if (isfinite(m->eval_accuracy))
+		printf("  accuracy %.2f %%", 100 * m->eval_accuracy);
+	printf("\n");
+}
+
+static bool on_metric(void *ctx, uint64_t job, const pipeclient_metric *m)
+{
+	watcher *w = ctx;
+	bool eval = isfinite(m->eval_loss) || isfinite(m->eval_accuracy);
+	bool line = m->step == 1 || m->step % w->every == 0 || m->step >= w->steps || eval;
+
+	if (w->a->json) {
+		printf("{\"type\":\"metric\",\"job\":%" PRIu64 ",", job);
+		json_metric_fields(stdout, m);
+		printf("}\n");
+		fflush(stdout);
+		return true;
+	}
+	if (w->first_step < 0) {
+		w->first_step = m->step;
+		w->t0 = m->time_unix > 0 ? m->time_unix : now_s();
+	}
+	if (line) {
+		if (w->bar_shown)
+			clear_bar();
+		print_metric_line(m, w->steps);
+	}
+	if (w->a->tty && (line || now_s() - w->drawn >= 0.05 || m->step >= w->steps)) {
+		/* Redraw at most 20 times a second (points come in bursts). The
+		 * rate uses the server's step times, so a history sent in one
+		 * burst does not inflate it. */
+		double t = m->time_unix > 0 ? m->time_unix : now_s();
+		int64_t done = m->step - w->first_step;
+		double rate = t - w->t0 > 0.05 && done > 0 ? done / (t - w->t0) : NAN;
+		char left[64], right[96], eta[32];
+
+		format_duration(isfinite(rate) ? (w->steps - m->step) / rate : NAN, eta,
+		                sizeof(eta));
+		snprintf(left, sizeof(left), "step %" PRId64 "/%" PRId64, m->step, w->steps);
+		if (isfinite(rate))
+			snprintf(right, sizeof(right), "loss %.4f  %.1f steps/s  ETA %s", m->loss,
+			         rate, eta);
+		else
+			snprintf(right, sizeof(right), "loss %.4f  ETA %s", m->loss, eta);
+		draw_bar(w->steps > 0 ? (double)m->step / w->steps : 0, left, right);
+		w->bar_shown = true;
+		w->drawn = now_s();
+	} else if (line) {
+		fflush(stdout);
+	}
+	return true;
+}
+
+/* follow watches job to its end and prints the final status; returns the exit
+ * status (EXIT_JOB_FAILED unless it succeeded). */
+static int follow(cli *a, uint64_t id)
+{
+	pipeclient_job j;
+	pipeclient_job_state final;
+	watcher w = {.a = a, .first_step = -1};
+	pipeclient_err e;
+	int rv;
+
+	if ((e = pipeclient_get(a->c, id, &j)) != PIPECLIENT_OK)
+		return report(a, e);
+	w.steps = j.steps;
+	w.every = a->every > 0 ? a->every : (j.steps >= 20 ? j.steps / 20 : 1);
+	if (!a->json && !pipeclient_state_is_final(j.state))
+		printf("watching job %" PRIu64 " (%" PRId64 " steps)\n", id, w.steps);
+	pipeclient_job_fini(&j);
+	e = pipeclient_watch(a->c, id, -1, 1000, on_metric, &w, &final);
+	if (w.bar_shown)
+		clear_bar();
+	if (e != PIPECLIENT_OK)
+		return report(a, e);
+	if ((e = pipeclient_get(a->c, id, &j)) != PIPECLIENT_OK)
+		return report(a, e);
+	if (a->json) {
+		fputs("{\"type\":\"job\",", stdout);
+		json_job_fields(stdout, &j);
+		fputs("}\n", stdout);
+	} else {
+		print_job_text(&j);
+	}
+	rv = j.state == PIPECLIENT_SUCCEEDED ? EXIT_OK : EXIT_JOB_FAILED;
+	if (rv != EXIT_OK && !a->json)
+		fprintf(stderr, "pipeclient: job %" PRIu64 " %s%s%s\n", id,
+		        pipeclient_state_name(j.state), j.message[0] ? ": " : "", j.message);
+	pipeclient_job_fini(&j);
+	return rv;
+}
+
+/* --------------------------------------------------------------- commands -- */
+
+static int parse_job(const char *s, uint64_t *out)
+{
+	char *end;
+
+	errno = 0;
+	if (s == NULL || s[0] < '0' || s[0] > '9')
+		return -1;
+	*out = strtoull(s, &end, 10);
+	return errno == 0 && *end == '\0' ? 0 : -1;
+}
+
+static int cmd_submit(cli *a, const char *file)
+{
+	uint64_t id;
+	pipeclient_err e;
+
+	if ((e = pipeclient_submit_file(a->c, file, &id)) != PIPECLIENT_OK)
+		return report(a, e);
+	if (a->json)
+		printf(a->follow ? "{\"type\":\"submitted\",\"job\":%" PRIu64 "}\n"
+		                 : "{\"job\":%" PRIu64 "}\n",
+		       id);
+	else
+		printf("submitted job %" PRIu64 "\n", id);
+	fflush(stdout);
+	return a->follow ? follow(a, id) : EXIT_OK;
+}
+
+static int cmd_status(cli *a, uint64_t id)
+{
+	pipeclient_job j;
+	pipeclient_err e;
+
+	if ((e = pipeclient_get(a->c, id, &j)) != PIPECLIENT_OK)
+		return report(a, e);
+	if (a->json) {
+		fputc('{', stdout);
+		json_job_fields(stdout, &j);
+		fputs("}\n", stdout);
+	} else {
+		print_job_text(&j);
+	}
+	pipeclient_job_fini(&j);
+	return EXIT_OK;
+}
+
+static int cmd_list(cli *a)
+{
+	pipeclient_job *jobs;
+	size_t n;
+	pipeclient_err e;
+
+	if ((e = pipeclient_list(a->c, &jobs, &n)) != PIPECLIENT_OK)
+		return report(a, e);
+	if (a->json) {
+		fputs("{\"jobs\":[", stdout);
+		for (size_t i = 0; i < n; i++) {
+			fputs(i ? ",{" : "{", stdout);
+			json_job_fields(stdout, &jobs[i]);
+			fputc('}', stdout);
+		}
+		fputs("]}\n", stdout);
+	} else {
+		printf("%-6s %-12s %-13s %-10s %s\n", "ID", "STATE", "STEP", "LOSS", "NAME");
+		for (size_t i = 0; i < n; i++) {
+			char step[32], loss[16];
+			snprintf(step, sizeof(step), "%" PRId64 "/%" PRId64, jobs[i].step,
+			         jobs[i].steps);
+			if (jobs[i].has_last)
+				snprintf(loss, sizeof(loss), "%.4f", jobs[i].last.loss);
+			else
+				snprintf(loss, sizeof(loss), "-");
+			printf("%-6" PRIu64 " %-12s %-13s %-10s %s\n", jobs[i].id,
+			       pipeclient_state_name(jobs[i].state), step, loss, jobs[i].name);
+		}
+	}
+	pipeclient_jobs_free(jobs, n);
+	return EXIT_OK;
+}
+
+static int cmd_cancel(cli *a, uint64_t id)
+{
+	pipeclient_job_state st;
+	pipeclient_err e;
+
+	if ((e = pipeclient_cancel(a->c, id, &st)) != PIPECLIENT_OK)
+		return report(a, e);
+	if (a->json) {
+		printf("{\"job\":%" PRIu64 ",\"state\":", id);
+		json_str(stdout, pipeclient_state_name(st));
+		printf("}\n");
+	} else {
+		printf("job %" PRIu64 ": %s\n", id, pipeclient_state_name(st));
+	}
+	return EXIT_OK;
+}
+
+typedef struct downloader {
+	bool tty;
+	double t0;
+	double drawn;
+	uint64_t start; /* bytes present when this run began (a resume) */
+	bool started;
+	bool shown;
+} downloader;
+
+static bool on_progress(void *ctx, uint64_t done, uint64_t total)
+{
+	downloader *d = ctx;
+	char left[64], right[96], eta[32];
+	double dt, rate;
+
+	if (!d->started) {
+		/* The first report follows the first range: what was there before. */
+		d->started = true;
+		d->t0 = now_s();
+		d->start = done;
+		return true;
+	}
+	if (!d->tty || (done < total && now_s() - d->drawn < 0.05))
+		return true;
+	d->drawn = now_s();
+	dt = now_s() - d->t0;
+	rate = dt > 0 ? (done - d->start) / dt : NAN;
+	format_duration(rate > 0 ? (total - done) / rate : NAN, eta, sizeof(eta));
+	snprintf(left, sizeof(left), "%.1f/%.1f MiB", done / 1048576.0, total / 1048576.0);
+	snprintf(right, sizeof(right), "%.1f MiB/s  ETA %s", rate / 1048576.0, eta);
+	draw_bar(total ? (double)done / total : 1, left, right);
+	d->shown = true;
+	return true;
+}
+
+static int cmd_checkpoint(cli *a, uint64_t id)
+{
+	downloader d = {.tty = a->tty && !a->json};
+	pipeclient_checkpoint ck;
+	pipeclient_err e;
+
+	e = pipeclient_fetch_checkpoint(a->c, id, a->step, a->output, on_progress, &d, &ck);
+	if (d.shown)
+		clear_bar();
+	if (e != PIPECLIENT_OK)
+		return report(a, e);
+	if (a->json) {
+		printf("{\"job\":%" PRIu64 ",\"step\":%" PRId64 ",\"size\":%" PRIu64 ",\"sha256\":",
+		       id, ck.step, ck.size);
+		json_str(stdout, ck.sha256);
+		fputs(",\"path\":", stdout);
+		json_str(stdout, a->output);
+		fputs("}\n", stdout);
+	} else {
+		printf("checkpoint of job %" PRIu64 " at step %" PRId64 ": %s (%" PRIu64
+		       " bytes, sha256 %s)\n",
+		       id, ck.step, a->output, ck.size, ck.sha256);
+	}
+	return EXIT_OK;
+}
+
+static int cmd_checkpoints(cli *a, uint64_t id)
+{
+	pipeclient_checkpoint *cks;
+	size_t n;
+	pipeclient_err e;
+
+	if ((e = pipeclient_list_checkpoints(a->c, id, &cks, &n)) != PIPECLIENT_OK)
+		return report(a, e);
+	if (a->json)
+		fputs("{\"checkpoints\":[", stdout);
+	else
+		printf("%-10s %-12s %s\n", "STEP", "BYTES", "SHA256");
+	for (size_t i = 0; i < n; i++) {
+		if (a->json) {
+			printf("%s{\"step\":%" PRId64 ",\"size\":%" PRIu64 ",\"sha256\":",
+			       i ? "," : "", cks[i].step, cks[i].size);
+			json_str(stdout, cks[i].sha256);
+			fputc('}', stdout);
+		} else {
+			printf("%-10" PRId64 " %-12" PRIu64 " %s\n", cks[i].step, cks[i].size,
+			       cks[i].sha256);
+		}
+	}
+	if (a->json)
+		fputs("]}\n", stdout);
+	free(cks);
+	return EXIT_OK;
+}
+
+static int cmd_info(cli *a)
+{
+	pipeclient_server_info si;
+	pipeclient_err e;
+
+	if ((e = pipeclient_info(a->c, &si)) != PIPECLIENT_OK)
+		return report(a, e);
+	if (a->json) {
+		fputs("{\"server\":", stdout);
+		json_str(stdout, pipeclient_url(a->c));
+		fputs(",\"version\":", stdout);
+		json_str(stdout, si.version);
+		printf(",\"protocol\":%d,\"device\":", si.protocol);
+		json_str(stdout, si.device);
+		printf(",\"jobs_queued\":%d,\"jobs_running\":%d,\"uptime_seconds\":",
+		       si.jobs_queued, si.jobs_running);
+		json_num(stdout, si.uptime_seconds);
+		fputs(",\"client_version\":", stdout);
+		json_str(stdout, PIPECLIENT_VERSION);
+		fputs("}\n", stdout);
+	} else {
+		char up[32];
+		format_duration(si.uptime_seconds, up, sizeof(up));
+		printf("server   %s\nversion  %s (protocol %d; client %s, protocol %d)\n"
+		       "device   %s\njobs     %d running, %d queued\nuptime   %s\n",
+		       pipeclient_url(a->c), si.version, si.protocol, PIPECLIENT_VERSION,
+		       PIPECLIENT_PROTOCOL, si.device, si.jobs_running, si.jobs_queued, up);
+	}
+	return EXIT_OK;
+}
+
+/* ------------------------------------------------------------------- main -- */
+
+enum {
+	OPT_SERVER = 256,
+	OPT_TOKEN,
+	OPT_TIMEOUT,
+	OPT_JSON,
+	OPT_FOLLOW,
+	OPT_STEP,
+	OPT_EVERY,
+	OPT_TLS_CA,
+	OPT_TLS_CERT,
+	OPT_TLS_NAME,
+	OPT_INSECURE,
+	OPT_VERSION,
+};
+
+static int parse_int64(const char *s, int64_t *out)
+{
+	char *end;
+
+	errno = 0;
+	*out = strtoll(s, &end, 10);
+	return errno == 0 && end != s && *end == '\0' ? 0 : -1;
+}
+
+int main(int argc, char **argv)
+{
+	static const struct option longopts[] = {
+	    {"server", required_argument, 0, OPT_SERVER},
+	    {"token", required_argument, 0, OPT_TOKEN},
+	    {"timeout", required_argument, 0, OPT_TIMEOUT},
+	    {"json", no_argument, 0, OPT_JSON},
+	    {"follow", no_argument, 0, OPT_FOLLOW},
+	    {"step", required_argument, 0, OPT_STEP},
+	    {"every", required_argument, 0, OPT_EVERY},
+	    {"output", required_argument, 0, 'o'},
+	    {"tls-ca", required_argument, 0, OPT_TLS_CA},
+	    {"tls-cert", required_argument, 0, OPT_TLS_CERT},
+	    {"tls-server-name", required_argument, 0, OPT_TLS_NAME},
+	    {"insecure", no_argument, 0, OPT_INSECURE},
+	    {"help", no_argument, 0, 'h'},
+	    {"version", no_argument, 0, OPT_VERSION},
+	    {0, 0, 0, 0}};
+	cli a = {.step = -1};
+	bool step_given = false;
+	const char *cmd;
+	char **args;
+	int nargs, opt, rv;
+	uint64_t id = 0;
+	double secs;
+	pipeclient_err e;
+
+	/* A closed pipe (pipeclient ... | head) ends us quietly, as for cat. */
+	signal(SIGPIPE, SIG_DFL);
+	opterr = 0;
+	while ((opt = getopt_long(argc, argv, ":o:h", longopts, NULL)) != -1) {
+		switch (opt) {
+		case OPT_SERVER:
+			a.opts.url = optarg;
+			break;
+		case OPT_TOKEN:
+			a.opts.token = optarg;
+			break;
+		case OPT_TIMEOUT:
+			secs = strtod(optarg, NULL);
+			if (!(secs > 0 && secs < 1e6))
+				return usage_error("--timeout: %s is not a number of seconds",
+				                   optarg);
+			a.opts.timeout_ms =
+			    (int)(secs * 1000 + 0.5) > 0 ? (int)(secs * 1000 + 0.5) : 1;
+			break;
+		case OPT_JSON:
+			a.json = true;
+			break;
+		case OPT_FOLLOW:
+			a.follow = true;
+			break;
+		case OPT_STEP:
+			if (parse_int64(optarg, &a.step) != 0 || a.step < -1)
+				return usage_error("--step: %s is not a step", optarg);
+			step_given = true;
+			break;
+		case OPT_EVERY:
+			if (parse_int64(optarg, &a.every) != 0 || a.every < 1)
+				return usage_error("--every: %s is not a positive count", optarg);
+			break;
+		case 'o':
+			a.output = optarg;
+			break;
+		case OPT_TLS_CA:
+			a.opts.tls_ca_file = optarg;
+			break;
+		case OPT_TLS_CERT:
+			a.opts.tls_cert_file = optarg;
+			break;
+		case OPT_TLS_NAME:
+			a.opts.tls_server_name = optarg;
+			break;
+		case OPT_INSECURE:
+			a.opts.tls_insecure = true;
+			break;
+		case 'h':
+			fputs(usage_text, stdout);
+			return EXIT_OK;
+		case OPT_VERSION:
+			printf("pipeclient %s (protocol %d)\n", PIPECLIENT_VERSION,
+			       PIPECLIENT_PROTOCOL);
+			return EXIT_OK;
+		case ':':
+			return usage_error("%s needs a value", argv[optind - 1]);
+		default:
+			return usage_error("unknown option %s", argv[optind - 1]);
+		}
+	}
+	if (optind >= argc)
+		return usage_error("no command");
+	cmd = argv[optind];
+	args = argv + optind + 1;
+	nargs = argc - optind - 1;
+
+	/* Check the command line completely before touching the network. */
+	if (strcmp(cmd, "submit") == 0) {
+		if (nargs != 1)
+			return usage_error("submit takes one job FILE");
+	} else if (strcmp(cmd, "list") == 0 || strcmp(cmd, "info") == 0) {
+		if (nargs != 0)
+			return usage_error("%s takes no arguments", cmd);
+	} else if (strcmp(cmd, "status") == 0 || strcmp(cmd, "cancel") == 0 ||
+	           strcmp(cmd, "watch") == 0 || strcmp(cmd, "checkpoint") == 0 ||
+	           strcmp(cmd, "checkpoints") == 0) {
+		if (nargs != 1)
+			return usage_error("%s takes one JOB id", cmd);
+		if (parse_job(args[0], &id) != 0)
+			return usage_error("%s: \"%s\" is not a job id", cmd, args[0]);
+		if (strcmp(cmd, "checkpoint") == 0 && (a.output == NULL || a.output[0] == '\0'))
+			return usage_error("checkpoint needs -o FILE");
+	} else {
+		return usage_error("unknown command \"%s\"", cmd);
+	}
+	if (a.follow && strcmp(cmd, "submit") != 0)
+		return usage_error("--follow goes with submit only");
+	if ((step_given || a.output) && strcmp(cmd, "checkpoint") != 0)
+		return usage_error("--step and -o go with checkpoint only");
+
+	a.tty = isatty(STDOUT_FILENO) && !a.json;
+	if ((e = pipeclient_connect(&a.c, &a.opts)) != PIPECLIENT_OK) {
+		rv = report(&a, e);
+		/* A URL nng cannot use, or TLS options without tls+tcp://. */
+		return e == PIPECLIENT_ERR_INVALID ? EXIT_USAGE : rv;
+	}
+
+	if (strcmp(cmd, "submit") == 0)
+		rv = cmd_submit(&a, args[0]);
+	else if (strcmp(cmd, "status") == 0)
+		rv = cmd_status(&a, id);
+	else if (strcmp(cmd, "list") == 0)
+		rv = cmd_list(&a);
+	else if (strcmp(cmd, "cancel") == 0)
+		rv = cmd_cancel(&a, id);
+	else if (strcmp(cmd, "watch") == 0)
+		rv = follow(&a, id);
+	else if (strcmp(cmd, "checkpoint") == 0)
+		rv = cmd_checkpoint(&a, id);
+	else if (strcmp(cmd, "checkpoints") == 0)
+		rv = cmd_checkpoints(&a, id);
+	else
+		rv = cmd_info(&a);
+	pipeclient_close(a.c);
+	if (fflush(stdout) != 0 && rv == EXIT_OK)
+		rv = EXIT_ERROR;
+	return rv;
+}

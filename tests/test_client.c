@@ -1,0 +1,1194 @@
+/* test_client.c - libpipeclient and the pipeclient CLI against the real
+ * pipeserver binary (started here on tcp://127.0.0.1:0 with a temporary data
+ * directory), plus the Python client of tests/client_py.
+ *
+ * Jobs are the shipped digits example cut to a few steps (a temporary JSON
+ * with absolute data paths). The CLI is spawned as build/client/pipeclient
+ * and checked by exit code, text and --json output (parsed with lib/data's
+ * JSON parser). Checkpoint downloads use small ranges so that an injected
+ * stop leaves a partial file to resume. Tools that are missing (pipeserver
+ * not built yet, flatc, nngcat, python3-flatbuffers) skip what needs them
+ * with a message.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <math.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "json.h"
+#include "pipeclient.h"
+#include "pt_test.h"
+#include "sha256.h"
+
+#define STEPS    24         /* steps of the short job */
+#define CHUNK    (8u << 10) /* small ranges: a checkpoint here is ~36 KB */
+#define TOKEN    "s3cret-token"
+#define LONG_JOB 1000000
+
+/* Exit codes of the CLI (see pipeclient --help). */
+enum {
+	CLI_OK = 0,
+	CLI_ERROR = 1,
+	CLI_USAGE = 2,
+	CLI_CONNECT = 3,
+	CLI_REJECTED = 4,
+	CLI_FAILED = 5
+};
+
+static char tmpdir[256];
+static char bindir[PATH_MAX]; /* build/ */
+static char cli_bin[PATH_MAX + 64], server_bin[PATH_MAX + 64];
+static char job_json[PATH_MAX], job_bin[PATH_MAX], job_bad[PATH_MAX], job_long[PATH_MAX];
+static char job_fail[PATH_MAX];
+
+typedef struct server {
+	pid_t pid;
+	char url[256];
+	char dir[PATH_MAX];
+} server;
+
+static server srv = {.pid = -1};
+
+/* ----------------------------------------------------------------- helpers -- */
+
+static const char *tpath(const char *name)
+{
+	static char bufs[8][PATH_MAX];
+	static unsigned next;
+	char *b = bufs[next++ % 8];
+	snprintf(b, PATH_MAX, "%s/%s", tmpdir, name);
+	return b;
+}
+
+static bool have_program(const char *name)
+{
+	char cmd[512];
+	snprintf(cmd, sizeof(cmd), "command -v %s >/dev/null 2>&1", name);
+	return system(cmd) == 0;
+}
+
+static double now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static char *read_text(const char *path, size_t *len)
+{
+	FILE *f = fopen(path, "rb");
+	char *buf;
+	long n;
+
+	if (f == NULL)
+		return NULL;
+	fseek(f, 0, SEEK_END);
+	n = ftell(f);
+	fseek(f, 0, SEEK_SET);
+	buf = malloc((size_t)n + 1);
+	if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
+		free(buf);
+		buf = NULL;
+	}
+	fclose(f);
+	if (buf) {
+		buf[n] = '\0';
+		if (len)
+			*len = (size_t)n;
+	}
+	return buf;
+}
+
+static void file_sha256(const char *path, char hex[PT_SHA256_HEX])
+{
+	size_t n = 0;
+	char *data = read_text(path, &n);
+	uint8_t d[PT_SHA256_BYTES];
+
+	CU_ASSERT_PTR_NOT_NULL_FATAL(data);
+	pt_sha256(data, n, d);
+	pt_sha256_hex(d, hex);
+	free(data);
+}
+
+static off_t file_size(const char *path)
+{
+	struct stat st;
+	return stat(path, &st) == 0 ? st.st_size : -1;
+}
+
+/* write_job writes the digits job with the given steps (and a broken first
+ * layer when bad) as JSON with absolute data paths. */
+static void write_job(const char *path, const char *name, long steps, bool bad,
+                      const char *features, const char *labels)
+{
+	FILE *f = fopen(path, "w");
+
+	if (f == NULL) {
+		perror(path);
+		exit(99); /* setup, before CUnit runs */
+	}
+	fprintf(f,
+	        "{\n"
+	        "  \"name\": \"%s\",\n"
+	        "  \"model\": [\n"
+	        "    { \"kind\": \"Linear\", \"in_features\": %d, \"out_features\": 64 },\n"
+	        "    { \"kind\": \"ReLU\" },\n"
+	        "    { \"kind\": \"Linear\", \"in_features\": 64, \"out_features\": 64 },\n"
+	        "    { \"kind\": \"ReLU\" },\n"
+	        "    { \"kind\": \"Linear\", \"in_features\": 64, \"out_features\": 10 }\n"
+	        "  ],\n"
+	        "  \"data\": { \"format\": \"Npy\", \"features\": \"%s\", \"labels\": \"%s\",\n"
+	        "            \"held_out\": 0.2 },\n"
+	        "  \"loss\": \"CrossEntropy\",\n"
+	        "  \"optimizer\": { \"kind\": \"AdamW\", \"lr\": 0.003, \"weight_decay\": 0.01 },\n"
+	        "  \"batch_size\": 64, \"microbatches\": 4, \"steps\": %ld, \"mode\": \"Sync\",\n"
+	        "  \"placement\": { \"stages\": 4, \"threads_per_stage\": 1 },\n"
+	        "  \"checkpoint\": { \"every_steps\": 8, \"keep\": 5 },\n"
+	        "  \"seed\": 7, \"eval_every\": 8\n"
+	        "}\n",
+	        name, bad ? 63 : 64, features, labels, steps);
+	fclose(f);
+}
+
+/* run_cli runs pipeclient with argv (NULL-terminated, without argv[0]) and
+ * the environment as is; returns the exit status and stdout in *out
+ * (free it). stderr goes to the test log. */
+static int run_cli(char **out, const char *arg0, ...)
+{
+	const char *argv[32];
+	int n = 0, pfd[2], status;
+	va_list ap;
+	pid_t pid;
+	size_t len = 0, cap = 4096;
+	char *buf = malloc(cap);
+
+	argv[n++] = cli_bin;
+	va_start(ap, arg0);
+	for (const char *a = arg0; a != NULL && n < 31; a = va_arg(ap, const char *))
+		argv[n++] = a;
+	va_end(ap);
+	argv[n] = NULL;
+	fprintf(stderr, "$ pipeclient");
+	for (int i = 1; i < n; i++)
+		fprintf(stderr, " %s", argv[i]);
+	fprintf(stderr, "\n");
+
+	CU_ASSERT_FATAL(buf != NULL && pipe(pfd) == 0);
+	pid = fork();
+	CU_ASSERT_FATAL(pid >= 0);
+	if (pid == 0) {
+		dup2(pfd[1], STDOUT_FILENO);
+		close(pfd[0]);
+		close(pfd[1]);
+		execv(cli_bin, (char *const *)argv);
+		_exit(127);
+	}
+	close(pfd[1]);
+	for (;;) {
+		ssize_t r;
+		if (len + 1 >= cap) {
+			cap *= 2;
+			buf = realloc(buf, cap);
+			CU_ASSERT_PTR_NOT_NULL_FATAL(buf);
+		}
+		r = read(pfd[0], buf + len, cap - len - 1);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r <= 0)
+			break;
+		len += (size_t)r;
+	}
+	buf[len] = '\0';
+	close(pfd[0]);
+	while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
+		;
+	fprintf(stderr, "%s[exit %d]\n", buf, WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+	if (out)
+		*out = buf;
+	else
+		free(buf);
+	return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+/* parse_line parses line i (0-based; -1: the last non-empty one) of text as
+ * JSON into *v; false when there is no such line or it is not JSON. */
+static bool parse_line(const char *text, int i, pt_json *v)
+{
+	const char *lines[4096];
+	size_t lens[4096];
+	int n = 0;
+	const char *p = text;
+
+	while (*p && n < 4096) {
+		const char *e = strchr(p, '\n');
+		size_t l = e ? (size_t)(e - p) : strlen(p);
+		if (l > 0) {
+			lines[n] = p;
+			lens[n++] = l;
+		}
+		p += l + (e ? 1 : 0);
+	}
+	if (i < 0)
+		i = n + i;
+	if (i < 0 || i >= n)
+		return false;
+	if (pt_json_parse(v, lines[i], lens[i], NULL) != PT_OK) {
+		fprintf(stderr, "not JSON: %.*s (%s)\n", (int)lens[i], lines[i], pt_last_error());
+		return false;
+	}
+	return true;
+}
+
+static int count_lines(const char *text)
+{
+	int n = 0;
+	for (const char *p = text; *p; p++)
+		n += *p == '\n';
+	return n;
+}
+
+static const char *jstr(const pt_json *o, const char *key)
+{
+	const char *s = pt_json_string(pt_json_get(o, key));
+	return s ? s : "";
+}
+
+static int64_t jint(const pt_json *o, const char *key)
+{
+	int64_t v = -12345;
+	pt_json_int(pt_json_get(o, key), &v);
+	return v;
+}
+
+static double jnum(const pt_json *o, const char *key)
+{
+	const pt_json *v = pt_json_get(o, key);
+	return v && v->type == PT_JSON_NUMBER ? v->d : NAN;
+}
+
+#define CHECK_LIB(expr)                                                                            \
+	do {                                                                                       \
+		pipeclient_err e_ = (expr);                                                        \
+		if (e_ != PIPECLIENT_OK)                                                           \
+			fprintf(stderr, "%s:%d: %s -> %s: %s\n", __FILE__, __LINE__, #expr,        \
+			        pipeclient_err_name(e_), pipeclient_last_error());                 \
+		CU_ASSERT_EQUAL_FATAL(e_, PIPECLIENT_OK);                                          \
+	} while (0)
+
+#define CHECK_LIB_ERR(expr, code)                                                                  \
+	do {                                                                                       \
+		pipeclient_err e_ = (expr);                                                        \
+		fprintf(stderr, "%s -> %s: %s\n", #expr, pipeclient_err_name(e_),                  \
+		        pipeclient_last_error());                                                  \
+		CU_ASSERT_EQUAL(e_, (code));                                                       \
+	} while (0)
+
+/* ------------------------------------------------------------------ server -- */
+
+/* server_start runs pipeserver on listen (NULL: an ephemeral loopback tcp
+ * port) with the extra flags (NULL-terminated, may be NULL) and waits for its
+ * "pipeserver listening on URL" line. */
+static bool server_start(server *s, const char *name, const char *listen, const char *const *extra)
+{
+	char out[PATH_MAX + 32];
+	const char *argv[32];
+	double t0 = now_s();
+	int n = 0;
+
+	snprintf(s->dir, sizeof(s->dir), "%s/%s", tmpdir, name);
+	snprintf(out, sizeof(out), "%s.out", s->dir);
+	argv[n++] = server_bin;
+	argv[n++] = "--listen";
+	argv[n++] = listen ? listen : "tcp://127.0.0.1:0";
+	argv[n++] = "--data-dir";
+	argv[n++] = s->dir;
+	for (int i = 0; extra && extra[i] && n < 31; i++)
+		argv[n++] = extra[i];
+	argv[n] = NULL;
+	s->pid = fork();
+	if (s->pid < 0)
+		return false;
+	if (s->pid == 0) {
+		int fd = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+		if (fd < 0)
+			_exit(127);
+		dup2(fd, STDOUT_FILENO);
+		close(fd);
+		setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
+		execv(server_bin, (char *const *)argv);
+		_exit(127);
+	}
+	while (now_s() - t0 < 60) {
+		char *text = read_text(out, NULL);
+		char *p = text ? strstr(text, "pipeserver listening on ") : NULL;
+		int status;
+		if (p && strchr(p, '\n')) {
+			sscanf(p + strlen("pipeserver listening on "), "%255s", s->url);
+			free(text);
+			fprintf(stderr, "started pipeserver (pid %d) on %s\n", (int)s->pid, s->url);
+			return true;
+		}
+		free(text);
+		if (waitpid(s->pid, &status, WNOHANG) == s->pid) {
+			fprintf(stderr, "pipeserver exited before listening (status %d)\n", status);
+			s->pid = -1;
+			return false;
+		}
+		usleep(20000);
+	}
+	fprintf(stderr, "pipeserver did not say where it listens within 60 s\n");
+	kill(s->pid, SIGKILL);
+	waitpid(s->pid, NULL, 0);
+	s->pid = -1;
+	return false;
+}
+
+/* server_stop sends SIGTERM and waits (SIGKILL after 30 s); true on a clean exit. */
+static bool server_stop(server *s)
+{
+	double t0 = now_s();
+	int status = 0;
+
+	if (s->pid < 0)
+		return true;
+	kill(s->pid, SIGTERM);
+	while (waitpid(s->pid, &status, WNOHANG) == 0) {
+		if (now_s() - t0 > 30) {
+			fprintf(stderr, "pipeserver ignored SIGTERM for 30 s: killing it\n");
+			kill(s->pid, SIGKILL);
+			waitpid(s->pid, &status, 0);
+			break;
+		}
+		usleep(20000);
+	}
+	s->pid = -1;
+	return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+}
+
+static pipeclient *connect_lib(void)
+{
+	pipeclient_options o = {.url = srv.url, .timeout_ms = 30000, .fetch_chunk = CHUNK};
+	pipeclient *c = NULL;
+	CHECK_LIB(pipeclient_connect(&c, &o));
+	return c;
+}
+
+/* wait_final watches job to its end through the library; returns the state. */
+typedef struct seen {
+	int n;
+	int64_t last_step;
+	bool ordered;
+	double first_loss, last_loss;
+	int stop_after; /* > 0: stop the watch after this many points */
+} seen;
+
+static bool collect(void *ctx, uint64_t job, const pipeclient_metric *m)
+{
+	seen *s = ctx;
+	(void)job;
+	if (m->step <= s->last_step)
+		s->ordered = false;
+	s->last_step = m->step;
+	if (s->n == 0)
+		s->first_loss = m->loss;
+	s->last_loss = m->loss;
+	s->n++;
+	return s->stop_after <= 0 || s->n < s->stop_after;
+}
+
+static pipeclient_job_state wait_final(pipeclient *c, uint64_t job, seen *s)
+{
+	pipeclient_job_state st = PIPECLIENT_QUEUED;
+	seen local = {.last_step = -1, .ordered = true};
+
+	if (s == NULL)
+		s = &local;
+	CHECK_LIB(pipeclient_watch(c, job, -1, 500, collect, s, &st));
+	return st;
+}
+
+/* The id of a job submitted by the CLI with --json (first line). */
+static uint64_t submitted_id(const char *out)
+{
+	pt_json v;
+	int64_t id = -1;
+
+	CU_ASSERT_FATAL(parse_line(out, 0, &v));
+	if (!pt_json_int(pt_json_get(&v, "job"), &id))
+		id = -1;
+	pt_json_fini(&v);
+	CU_ASSERT_FATAL(id > 0 || id == 0);
+	return (uint64_t)id;
+}
+
+/* ------------------------------------------------------------------- tests -- */
+
+static void test_client_usage_errors(void)
+{
+	char *out;
+
+	CU_ASSERT_EQUAL(run_cli(NULL, NULL), CLI_USAGE);
+	CU_ASSERT_EQUAL(run_cli(NULL, "frobnicate", NULL), CLI_USAGE);
+	CU_ASSERT_EQUAL(run_cli(NULL, "status", NULL), CLI_USAGE);
+	CU_ASSERT_EQUAL(run_cli(NULL, "status", "12x", NULL), CLI_USAGE);
+	CU_ASSERT_EQUAL(run_cli(NULL, "checkpoint", "1", NULL), CLI_USAGE); /* no -o */
+	CU_ASSERT_EQUAL(run_cli(NULL, "list", "--follow", NULL), CLI_USAGE);
+	CU_ASSERT_EQUAL(run_cli(NULL, "--bogus", "list", NULL), CLI_USAGE);
+	CU_ASSERT_EQUAL(run_cli(NULL, "--server", "nonsense://x", "info", NULL), CLI_USAGE);
+	CU_ASSERT_EQUAL(run_cli(&out, "--help", NULL), CLI_OK);
+	CU_ASSERT_PTR_NOT_NULL(strstr(out, "checkpoint JOB"));
+	free(out);
+}
+
+static void test_client_connection_failure(void)
+{
+	pipeclient_options o = {.url = "tcp://127.0.0.1:1", .timeout_ms = 2000};
+	pipeclient *c = (pipeclient *)&o; /* must be reset to NULL on failure */
+	char *out;
+	pt_json v;
+
+	/* Port 1 on loopback: nothing listens there (and we may not bind it). */
+	CHECK_LIB_ERR(pipeclient_connect(&c, &o), PIPECLIENT_ERR_CONNECT);
+	CU_ASSERT_PTR_NULL(c);
+	CU_ASSERT_PTR_NOT_NULL(strstr(pipeclient_last_error(), "127.0.0.1:1"));
+
+	CU_ASSERT_EQUAL(run_cli(NULL, "--server", "tcp://127.0.0.1:1", "list", NULL), CLI_CONNECT);
+	CU_ASSERT_EQUAL(run_cli(&out, "--server", "tcp://127.0.0.1:1", "--json", "info", NULL),
+	                CLI_CONNECT);
+	if (parse_line(out, -1, &v)) {
+		CU_ASSERT_STRING_EQUAL(jstr(&v, "error"), "PIPECLIENT_ERR_CONNECT");
+		pt_json_fini(&v);
+	} else {
+		CU_FAIL("no JSON error object");
+	}
+	free(out);
+	/* The environment names the server when --server does not. */
+	setenv("PIPETRAIN_SERVER", "tcp://127.0.0.1:1", 1);
+	CU_ASSERT_EQUAL(run_cli(NULL, "info", NULL), CLI_CONNECT);
+	setenv("PIPETRAIN_SERVER", srv.url, 1);
+	CU_ASSERT_EQUAL(run_cli(NULL, "info", NULL), CLI_OK);
+	unsetenv("PIPETRAIN_SERVER");
+}
+
+static void test_client_info(void)
+{
+	pipeclient *c = connect_lib();
+	pipeclient_server_info si;
+	char *out;
+	pt_json v;
+
+	CHECK_LIB(pipeclient_info(c, &si));
+	CU_ASSERT_EQUAL(si.protocol, PIPECLIENT_PROTOCOL);
+	CU_ASSERT(si.version[0] != '\0');
+	CU_ASSERT(si.device[0] != '\0');
+	CU_ASSERT(si.uptime_seconds >= 0);
+	pipeclient_close(c);
+
+	CU_ASSERT_EQUAL(run_cli(&out, "--server", srv.url, "info", NULL), CLI_OK);
+	CU_ASSERT_PTR_NOT_NULL(strstr(out, "version"));
+	free(out);
+	CU_ASSERT_EQUAL(run_cli(&out, "--server", srv.url, "--json", "info", NULL), CLI_OK);
+	CU_ASSERT_FATAL(parse_line(out, 0, &v));
+	CU_ASSERT_EQUAL(jint(&v, "protocol"), PIPECLIENT_PROTOCOL);
+	CU_ASSERT_STRING_EQUAL(jstr(&v, "version"), si.version);
+	pt_json_fini(&v);
+	free(out);
+}
+
+/* submit --follow --json: a submitted line, a metric line per step, the job. */
+static void test_client_cli_submit_follow(void)
+{
+	char *out;
+	pt_json first, last, v;
+	int n, lines;
+
+	CU_ASSERT_EQUAL(
+	    run_cli(&out, "--server", srv.url, "--json", "submit", job_json, "--follow", NULL),
+	    CLI_OK);
+	lines = count_lines(out);
+	CU_ASSERT_EQUAL(lines, STEPS + 2);
+	CU_ASSERT_FATAL(parse_line(out, 0, &v));
+	CU_ASSERT_STRING_EQUAL(jstr(&v, "type"), "submitted");
+	pt_json_fini(&v);
+	CU_ASSERT_FATAL(parse_line(out, 1, &first) && parse_line(out, lines - 2, &last));
+	CU_ASSERT_STRING_EQUAL(jstr(&first, "type"), "metric");
+	CU_ASSERT_EQUAL(jint(&first, "step"), 1);
+	CU_ASSERT_EQUAL(jint(&last, "step"), STEPS);
+	CU_ASSERT(jnum(&last, "loss") < jnum(&first, "loss")); /* it learns */
+	CU_ASSERT(jnum(&last, "eval_accuracy") > 0.5);
+	CU_ASSERT_EQUAL(pt_json_get(&first, "stage_busy")->len, 4);
+	pt_json_fini(&first);
+	pt_json_fini(&last);
+	CU_ASSERT_FATAL(parse_line(out, -1, &v));
+	CU_ASSERT_STRING_EQUAL(jstr(&v, "type"), "job");
+	CU_ASSERT_STRING_EQUAL(jstr(&v, "state"), "Succeeded");
+	CU_ASSERT_EQUAL(jint(&v, "step"), STEPS);
+	CU_ASSERT_STRING_EQUAL(jstr(&v, "name"), "client-test");
+	pt_json_fini(&v);
+	free(out);
+
+	/* Text mode (not a terminal: no bar, no escape codes). */
+	CU_ASSERT_EQUAL(run_cli(&out, "--server", srv.url, "submit", job_json, "--follow",
+	                        "--every", "8", NULL),
+	                CLI_OK);
+	CU_ASSERT_PTR_NOT_NULL(strstr(out, "submitted job "));
+	CU_ASSERT_PTR_NOT_NULL(strstr(out, "step 8/24  loss "));
+	CU_ASSERT_PTR_NOT_NULL(strstr(out, "accuracy"));
+	CU_ASSERT_PTR_NOT_NULL(strstr(out, "Succeeded"));
+	CU_ASSERT_PTR_NULL(strchr(out, '\r'));
+	CU_ASSERT_PTR_NULL(strchr(out, '\033'));
+	n = 0;
+	for (const char *p = out; (p = strstr(p, "  loss ")) != NULL; p++)
+		n++;
+	CU_ASSERT(n >= 4 && n <= 6); /* steps 1, 8, 16, 24 (+ the status line) */
+	free(out);
+}
+
+/* The library: submit from a JSON file, a binary file with a misleading name,
+ * JSON text and a binary buffer; watch each to its end. */
+static void test_client_lib_submit_watch(void)
+{
+	pipeclient *c = connect_lib();
+	uint64_t ids[4];
+	int n = 0;
+	char *text;
+	size_t len;
+	seen s = {.last_step = -1, .ordered = true};
+	pipeclient_job j;
+
+	CHECK_LIB(pipeclient_submit_file(c, job_json, &ids[n++]));
+	text = read_text(job_json, &len);
+	CU_ASSERT_PTR_NOT_NULL_FATAL(text);
+	CHECK_LIB(pipeclient_submit_json(c, text, len, &ids[n++]));
+	free(text);
+	if (job_bin[0]) {
+		CHECK_LIB(pipeclient_submit_file(c, job_bin, &ids[n++]));
+		text = read_text(job_bin, &len);
+		CU_ASSERT_PTR_NOT_NULL_FATAL(text);
+		CHECK_LIB(pipeclient_submit_spec(c, text, len, &ids[n++]));
+		free(text);
+	} else {
+		fprintf(stderr, "SKIP: flatc missing: binary job files not tested\n");
+	}
+	for (int i = 1; i < n; i++)
+		CU_ASSERT(ids[i] != ids[i - 1]);
+
+	CU_ASSERT_EQUAL(wait_final(c, ids[0], &s), PIPECLIENT_SUCCEEDED);
+	CU_ASSERT_EQUAL(s.n, STEPS);
+	CU_ASSERT(s.ordered);
+	CU_ASSERT_EQUAL(s.last_step, STEPS);
+	CU_ASSERT(s.last_loss < s.first_loss);
+	/* A watch from a cursor gets only what follows it. */
+	memset(&s, 0, sizeof(s));
+	s.last_step = STEPS - 5;
+	s.ordered = true;
+	CHECK_LIB(pipeclient_watch(c, ids[0], STEPS - 5, 200, collect, &s, NULL));
+	CU_ASSERT_EQUAL(s.n, 5);
+	/* A callback may stop the watch. */
+	memset(&s, 0, sizeof(s));
+	s.last_step = -1;
+	s.stop_after = 3;
+	CU_ASSERT_EQUAL(pipeclient_watch(c, ids[0], -1, 200, collect, &s, NULL),
+	                PIPECLIENT_ERR_STOPPED);
+	CU_ASSERT_EQUAL(s.n, 3);
+
+	for (int i = 1; i < n; i++) {
+		CU_ASSERT_EQUAL(wait_final(c, ids[i], NULL), PIPECLIENT_SUCCEEDED);
+		CHECK_LIB(pipeclient_get(c, ids[i], &j));
+		CU_ASSERT_EQUAL(j.step, STEPS);
+		CU_ASSERT_STRING_EQUAL(j.name, "client-test");
+		pipeclient_job_fini(&j);
+	}
+	pipeclient_close(c);
+}
+
+static void test_client_get_list(void)
+{
+	pipeclient *c = connect_lib();
+	pipeclient_job *jobs, j;
+	size_t n;
+	uint64_t id;
+	char *out, buf[64];
+	pt_json v;
+
+	CHECK_LIB(pipeclient_submit_file(c, job_json, &id));
+	CU_ASSERT_EQUAL(wait_final(c, id, NULL), PIPECLIENT_SUCCEEDED);
+	CHECK_LIB(pipeclient_get(c, id, &j));
+	CU_ASSERT_EQUAL(j.id, id);
+	CU_ASSERT_EQUAL(j.state, PIPECLIENT_SUCCEEDED);
+	CU_ASSERT_EQUAL(j.steps, STEPS);
+	CU_ASSERT(j.has_last);
+	CU_ASSERT_EQUAL(j.last.step, STEPS);
+	CU_ASSERT_EQUAL(j.last.n_stages, 4);
+	CU_ASSERT(j.finished_unix >= j.started_unix && j.started_unix >= j.submitted_unix);
+	CU_ASSERT(j.submitted_unix > 1.6e9);
+	CU_ASSERT(j.spec != NULL && j.spec_len > 0);
+	pipeclient_job_fini(&j);
+
+	CHECK_LIB(pipeclient_list(c, &jobs, &n));
+	CU_ASSERT(n >= 1);
+	bool found = false;
+	for (size_t i = 0; i < n; i++) {
+		found |= jobs[i].id == id;
+		if (i)
+			CU_ASSERT(jobs[i].id > jobs[i - 1].id); /* oldest first */
+		CU_ASSERT_PTR_NULL(jobs[i].spec);
+	}
+	CU_ASSERT(found);
+	pipeclient_jobs_free(jobs, n);
+
+	snprintf(buf, sizeof(buf), "%" PRIu64, id);
+	CU_ASSERT_EQUAL(run_cli(&out, "--server", srv.url, "--json", "status", buf, NULL), CLI_OK);
+	CU_ASSERT_FATAL(parse_line(out, 0, &v));
+	CU_ASSERT_EQUAL(jint(&v, "id"), (int64_t)id);
+	CU_ASSERT_STRING_EQUAL(jstr(&v, "state"), "Succeeded");
+	CU_ASSERT_EQUAL(jint(pt_json_get(&v, "last"), "step"), STEPS);
+	CU_ASSERT(jnum(pt_json_get(&v, "last"), "eval_accuracy") > 0.5);
+	pt_json_fini(&v);
+	free(out);
+	CU_ASSERT_EQUAL(run_cli(&out, "--server", srv.url, "status", buf, NULL), CLI_OK);
+	CU_ASSERT_PTR_NOT_NULL(strstr(out, "Succeeded"));
+	CU_ASSERT_PTR_NOT_NULL(strstr(out, "accuracy"));
+	free(out);
+
+	CU_ASSERT_EQUAL(run_cli(&out, "--server", srv.url, "--json", "list", NULL), CLI_OK);
+	CU_ASSERT_FATAL(parse_line(out, 0, &v));
+	CU_ASSERT(pt_json_get(&v, "jobs") && pt_json_get(&v, "jobs")->len >= 1);
+	pt_json_fini(&v);
+	free(out);
+	CU_ASSERT_EQUAL(run_cli(&out, "--server", srv.url, "list", NULL), CLI_OK);
+	CU_ASSERT_PTR_NOT_NULL(strstr(out, "client-test"));
+	free(out);
+	pipeclient_close(c);
+}
+
+/* Requests the server refuses: exit code 4 and the server's code. */
+static void test_client_rejected(void)
+{
+	pipeclient *c = connect_lib();
+	pipeclient_job j;
+	uint64_t id;
+	char *out;
+	pt_json v;
+
+	CHECK_LIB_ERR(pipeclient_submit_file(c, job_bad, &id), PIPECLIENT_ERR_SERVER_INVALID_JOB);
+	CU_ASSERT_PTR_NOT_NULL(strstr(pipeclient_last_error(), "in_features"));
+	CU_ASSERT_PTR_NOT_NULL(strstr(pipeclient_last_error(), "InvalidJob"));
+	CHECK_LIB_ERR(pipeclient_get(c, 987654321, &j), PIPECLIENT_ERR_SERVER_NOT_FOUND);
+	CU_ASSERT_EQUAL(j.id, 0); /* zeroed */
+	/* Local problems are not the server's: a missing file, not-a-job bytes. */
+	CHECK_LIB_ERR(pipeclient_submit_file(c, tpath("no-such-job.json"), &id), PIPECLIENT_ERR_IO);
+	CHECK_LIB_ERR(pipeclient_submit_json(c, "{\"name\": 1}", 11, &id), PIPECLIENT_ERR_FORMAT);
+	CHECK_LIB_ERR(pipeclient_submit_spec(c, "\x0c\0\0\0garbage!", 12, &id),
+	              PIPECLIENT_ERR_FORMAT);
+	pipeclient_close(c);
+
+	CU_ASSERT_EQUAL(run_cli(&out, "--server", srv.url, "--json", "submit", job_bad, NULL),
+	                CLI_REJECTED);
+	CU_ASSERT_FATAL(parse_line(out, -1, &v));
+	CU_ASSERT_STRING_EQUAL(jstr(&v, "error"), "PIPECLIENT_ERR_SERVER_INVALID_JOB");
+	CU_ASSERT_PTR_NOT_NULL(strstr(jstr(&v, "message"), "in_features"));
+	pt_json_fini(&v);
+	free(out);
+	CU_ASSERT_EQUAL(run_cli(NULL, "--server", srv.url, "status", "987654321", NULL),
+	                CLI_REJECTED);
+	CU_ASSERT_EQUAL(run_cli(NULL, "--server", srv.url, "cancel", "987654321", NULL),
+	                CLI_REJECTED);
+	CU_ASSERT_EQUAL(run_cli(NULL, "--server", srv.url, "checkpoint", "987654321", "-o",
+	                        tpath("none.safetensors"), NULL),
+	                CLI_REJECTED);
+	/* A file that is not there is the client's error (1), not the server's. */
+	CU_ASSERT_EQUAL(run_cli(NULL, "--server", srv.url, "submit", tpath("missing.json"), NULL),
+	                CLI_ERROR);
+}
+
+/* Cancel a long job while it runs; watch then reports it ended (exit 5). */
+static void test_client_cancel(void)
+{
+	pipeclient *c = connect_lib();
+	pipeclient_job_state st;
+	pipeclient_job j;
+	seen s = {.last_step = -1, .ordered = true, .stop_after = 2};
+	char *out, buf[64];
+	uint64_t id;
+	pt_json v;
+
+	CHECK_LIB(pipeclient_submit_file(c, job_long, &id));
+	/* Wait until it trains: two metric points. */
+	CU_ASSERT_EQUAL(pipeclient_watch(c, id, -1, 500, collect, &s, NULL),
+	                PIPECLIENT_ERR_STOPPED);
+	snprintf(buf, sizeof(buf), "%" PRIu64, id);
+	CU_ASSERT_EQUAL(run_cli(&out, "--server", srv.url, "--json", "cancel", buf, NULL), CLI_OK);
+	CU_ASSERT_FATAL(parse_line(out, 0, &v));
+	CU_ASSERT_EQUAL(jint(&v, "job"), (int64_t)id);
+	pt_json_fini(&v);
+	free(out);
+
+	CU_ASSERT_EQUAL(wait_final(c, id, NULL), PIPECLIENT_CANCELLED);
+	CHECK_LIB(pipeclient_get(c, id, &j));
+	CU_ASSERT_EQUAL(j.state, PIPECLIENT_CANCELLED);
+	CU_ASSERT(j.step >= 2 && j.step < LONG_JOB);
+	pipeclient_job_fini(&j);
+	/* A finished job cannot be cancelled again. */
+	CHECK_LIB_ERR(pipeclient_cancel(c, id, &st), PIPECLIENT_ERR_SERVER_CONFLICT);
+	CU_ASSERT_EQUAL(run_cli(NULL, "--server", srv.url, "cancel", buf, NULL), CLI_REJECTED);
+	/* watch of a cancelled job: the "job failed" exit code. */
+	CU_ASSERT_EQUAL(run_cli(&out, "--server", srv.url, "watch", buf, NULL), CLI_FAILED);
+	CU_ASSERT_PTR_NOT_NULL(strstr(out, "Cancelled"));
+	free(out);
+	pipeclient_close(c);
+}
+
+/* A job that passes validation at submit time and fails when it runs: its
+ * data file disappears while it waits behind a long job. */
+static void test_client_failed_job(void)
+{
+	pipeclient *c = connect_lib();
+	seen s = {.last_step = -1, .ordered = true, .stop_after = 1};
+	uint64_t blocker, id;
+	char *out, buf[64];
+	pipeclient_job j;
+	pt_json v;
+
+	CHECK_LIB(pipeclient_submit_file(c, job_long, &blocker));
+	CU_ASSERT_EQUAL(pipeclient_watch(c, blocker, -1, 500, collect, &s, NULL),
+	                PIPECLIENT_ERR_STOPPED);
+	CU_ASSERT_EQUAL(run_cli(&out, "--server", srv.url, "--json", "submit", job_fail, NULL),
+	                CLI_OK);
+	id = submitted_id(out);
+	free(out);
+	CHECK_LIB(pipeclient_get(c, id, &j));
+	if (j.state != PIPECLIENT_QUEUED) {
+		/* The server runs jobs side by side: the file is already read. */
+		fprintf(stderr, "SKIP: job %" PRIu64 " did not queue (%s); no failed-job check\n",
+		        id, pipeclient_state_name(j.state));
+		pipeclient_job_fini(&j);
+		pipeclient_cancel(c, blocker, NULL);
+		wait_final(c, id, NULL);
+		wait_final(c, blocker, NULL);
+		pipeclient_close(c);
+		return;
+	}
+	pipeclient_job_fini(&j);
+	CU_ASSERT_EQUAL(unlink(tpath("fail_x.npy")), 0);
+	CHECK_LIB(pipeclient_cancel(c, blocker, NULL));
+
+	snprintf(buf, sizeof(buf), "%" PRIu64, id);
+	CU_ASSERT_EQUAL(run_cli(&out, "--server", srv.url, "--json", "watch", buf, NULL),
+	                CLI_FAILED);
+	CU_ASSERT_FATAL(parse_line(out, -1, &v));
+	CU_ASSERT_STRING_EQUAL(jstr(&v, "state"), "Failed");
+	CU_ASSERT_PTR_NOT_NULL(strstr(jstr(&v, "message"), "fail_x.npy"));
+	pt_json_fini(&v);
+	free(out);
+	CU_ASSERT_EQUAL(wait_final(c, blocker, NULL), PIPECLIENT_CANCELLED);
+	pipeclient_close(c);
+}
+
+static bool stop_after_first(void *ctx, uint64_t done, uint64_t total)
+{
+	int *calls = ctx;
+	(void)total;
+	(*calls)++;
+	return done < CHUNK; /* stop once one range is in */
+}
+
+static bool count_progress(void *ctx, uint64_t done, uint64_t total)
+{
+	uint64_t *last = ctx;
+	CU_ASSERT(done > *last && done <= total);
+	*last = done;
+	return true;
+}
+
+/* Downloads: interrupted and resumed (library, then CLI), checksums, --step,
+ * a stale partial file. */
+static void test_client_checkpoint(void)
+{
+	pipeclient *c = connect_lib();
+	pipeclient_checkpoint *cks, ck;
+	size_t n;
+	uint64_t id, last = 0;
+	int calls = 0;
+	char hex[PT_SHA256_HEX], buf[64], stepbuf[32], *out;
+	const char *dst = tpath("final.safetensors"), *part = tpath("final.safetensors.part");
+	const char *dst2 = tpath("early.safetensors"), *dst3 = tpath("stale.safetensors");
+	pt_json v;
+	FILE *f;
+
+	CHECK_LIB(pipeclient_submit_file(c, job_json, &id));
+	CU_ASSERT_EQUAL(wait_final(c, id, NULL), PIPECLIENT_SUCCEEDED);
+	CHECK_LIB(pipeclient_list_checkpoints(c, id, &cks, &n));
+	CU_ASSERT_FATAL(n >= 2);
+	CU_ASSERT_EQUAL(cks[n - 1].step, STEPS);
+	for (size_t i = 1; i < n; i++)
+		CU_ASSERT(cks[i].step > cks[i - 1].step);
+	CU_ASSERT_FATAL(cks[n - 1].size > 2 * CHUNK); /* so that halfway is a thing */
+	snprintf(buf, sizeof(buf), "%" PRIu64, id);
+
+	/* Interrupted after the first range: the .part stays, the file is absent. */
+	CU_ASSERT_EQUAL(pipeclient_fetch_checkpoint(c, id, -1, dst, stop_after_first, &calls, &ck),
+	                PIPECLIENT_ERR_STOPPED);
+	CU_ASSERT_EQUAL(calls, 1);
+	CU_ASSERT_EQUAL(file_size(part), (off_t)CHUNK);
+	CU_ASSERT_EQUAL(file_size(dst), -1);
+	/* The CLI resumes it and the checksum matches the server's list. */
+	CU_ASSERT_EQUAL(
+	    run_cli(&out, "--server", srv.url, "--json", "checkpoint", buf, "-o", dst, NULL),
+	    CLI_OK);
+	CU_ASSERT_FATAL(parse_line(out, 0, &v));
+	CU_ASSERT_EQUAL(jint(&v, "step"), STEPS);
+	CU_ASSERT_EQUAL(jint(&v, "size"), (int64_t)cks[n - 1].size);
+	CU_ASSERT_STRING_EQUAL(jstr(&v, "sha256"), cks[n - 1].sha256);
+	pt_json_fini(&v);
+	free(out);
+	CU_ASSERT_EQUAL(file_size(part), -1);
+	CU_ASSERT_EQUAL(file_size(dst), (off_t)cks[n - 1].size);
+	file_sha256(dst, hex);
+	CU_ASSERT_STRING_EQUAL(hex, cks[n - 1].sha256);
+
+	/* The library, whole, in small ranges, with progress; an earlier step. */
+	CHECK_LIB(
+	    pipeclient_fetch_checkpoint(c, id, cks[0].step, dst2, count_progress, &last, &ck));
+	CU_ASSERT_EQUAL(ck.step, cks[0].step);
+	CU_ASSERT_EQUAL(last, cks[0].size);
+	file_sha256(dst2, hex);
+	CU_ASSERT_STRING_EQUAL(hex, cks[0].sha256);
+	CU_ASSERT_STRING_EQUAL(ck.sha256, cks[0].sha256);
+	/* The CLI's --step. */
+	snprintf(stepbuf, sizeof(stepbuf), "%" PRId64, cks[0].step);
+	unlink(dst2);
+	CU_ASSERT_EQUAL(run_cli(&out, "--server", srv.url, "checkpoint", buf, "--step", stepbuf,
+	                        "-o", dst2, NULL),
+	                CLI_OK);
+	CU_ASSERT_PTR_NOT_NULL(strstr(out, cks[0].sha256));
+	free(out);
+	file_sha256(dst2, hex);
+	CU_ASSERT_STRING_EQUAL(hex, cks[0].sha256);
+
+	/* A stale .part (other bytes) is detected and the download restarts. */
+	f = fopen(tpath("stale.safetensors.part"), "wb");
+	CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+	for (int i = 0; i < 100000; i++)
+		fputc(i * 7, f);
+	fclose(f);
+	CHECK_LIB(pipeclient_fetch_checkpoint(c, id, -1, dst3, NULL, NULL, &ck));
+	file_sha256(dst3, hex);
+	CU_ASSERT_STRING_EQUAL(hex, cks[n - 1].sha256);
+	/* A .part longer than the file, too. */
+	f = fopen(tpath("stale.safetensors.part"), "wb");
+	CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+	for (uint64_t i = 0; i < cks[n - 1].size + 4096; i++)
+		fputc((int)i, f);
+	fclose(f);
+	CHECK_LIB(pipeclient_fetch_checkpoint(c, id, -1, dst3, NULL, NULL, &ck));
+	file_sha256(dst3, hex);
+	CU_ASSERT_STRING_EQUAL(hex, cks[n - 1].sha256);
+
+	CU_ASSERT_EQUAL(run_cli(&out, "--server", srv.url, "--json", "checkpoints", buf, NULL),
+	                CLI_OK);
+	CU_ASSERT_FATAL(parse_line(out, 0, &v));
+	CU_ASSERT_EQUAL(pt_json_get(&v, "checkpoints")->len, n);
+	pt_json_fini(&v);
+	free(out);
+	/* A step with no checkpoint. */
+	CHECK_LIB_ERR(
+	    pipeclient_fetch_checkpoint(c, id, 3, tpath("x.safetensors"), NULL, NULL, NULL),
+	    PIPECLIENT_ERR_SERVER_NOT_FOUND);
+	free(cks);
+	pipeclient_close(c);
+}
+
+/* Several threads share one handle. */
+typedef struct worker {
+	pipeclient *c;
+	uint64_t job;
+	int ok;
+} worker;
+
+static void *hammer(void *arg)
+{
+	worker *w = arg;
+	for (int i = 0; i < 25; i++) {
+		pipeclient_server_info si;
+		pipeclient_job j;
+		if (pipeclient_info(w->c, &si) == PIPECLIENT_OK)
+			w->ok++;
+		if (pipeclient_get(w->c, w->job, &j) == PIPECLIENT_OK && j.id == w->job)
+			w->ok++;
+		pipeclient_job_fini(&j);
+	}
+	return NULL;
+}
+
+static void test_client_threads(void)
+{
+	pipeclient *c = connect_lib();
+	pthread_t t[4];
+	worker w[4];
+	pipeclient_job *jobs;
+	size_t n;
+
+	CHECK_LIB(pipeclient_list(c, &jobs, &n));
+	CU_ASSERT_FATAL(n > 0);
+	for (int i = 0; i < 4; i++) {
+		w[i] = (worker){.c = c, .job = jobs[0].id};
+		pthread_create(&t[i], NULL, hammer, &w[i]);
+	}
+	for (int i = 0; i < 4; i++) {
+		pthread_join(t[i], NULL);
+		CU_ASSERT_EQUAL(w[i].ok, 50);
+	}
+	pipeclient_jobs_free(jobs, n);
+	pipeclient_close(c);
+}
+
+/* A server with an auth token refuses requests without it. */
+static void test_client_auth(void)
+{
+	server s2 = {.pid = -1};
+	pipeclient_options o = {.timeout_ms = 10000};
+	pipeclient_server_info si;
+	pipeclient *c;
+	char *out;
+	FILE *f = fopen(tpath("token"), "w");
+
+	CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+	fputs(TOKEN "\n", f);
+	fclose(f);
+	const char *flags[] = {"--auth-token-file", tpath("token"), NULL};
+
+	if (!server_start(&s2, "auth-data", NULL, flags)) {
+		CU_FAIL("pipeserver --auth-token-file did not start");
+		return;
+	}
+	o.url = s2.url;
+	CHECK_LIB(pipeclient_connect(&c, &o));
+	CHECK_LIB_ERR(pipeclient_info(c, &si), PIPECLIENT_ERR_SERVER_UNAUTHORIZED);
+	pipeclient_close(c);
+	o.token = "wrong";
+	CHECK_LIB(pipeclient_connect(&c, &o));
+	CHECK_LIB_ERR(pipeclient_info(c, &si), PIPECLIENT_ERR_SERVER_UNAUTHORIZED);
+	pipeclient_close(c);
+	o.token = TOKEN;
+	CHECK_LIB(pipeclient_connect(&c, &o));
+	CHECK_LIB(pipeclient_info(c, &si));
+	pipeclient_close(c);
+
+	CU_ASSERT_EQUAL(run_cli(NULL, "--server", s2.url, "list", NULL), CLI_REJECTED);
+	CU_ASSERT_EQUAL(run_cli(&out, "--server", s2.url, "--token", TOKEN, "list", NULL), CLI_OK);
+	free(out);
+	setenv("PIPETRAIN_TOKEN", TOKEN, 1);
+	CU_ASSERT_EQUAL(run_cli(NULL, "--server", s2.url, "info", NULL), CLI_OK);
+	unsetenv("PIPETRAIN_TOKEN");
+	CU_ASSERT(server_stop(&s2));
+}
+
+/* tls+tcp://: a self-signed certificate made with openssl. */
+static void test_client_tls(void)
+{
+	server s3 = {.pid = -1};
+	pipeclient_options o = {.timeout_ms = 10000};
+	pipeclient_server_info si;
+	pipeclient *c = NULL;
+	char cmd[4 * PATH_MAX], *out;
+	const char *cert = tpath("cert.pem"), *key = tpath("key.pem");
+	const char *flags[] = {"--tls-cert", cert, "--tls-key", key, NULL};
+
+	if (!have_program("openssl")) {
+		fprintf(stderr, "SKIP: openssl missing: no TLS test\n");
+		return;
+	}
+	snprintf(cmd, sizeof(cmd),
+	         "openssl req -x509 -newkey rsa:2048 -nodes -keyout %s -out %s -days 2 "
+	         "-subj /CN=localhost -addext subjectAltName=DNS:localhost,IP:127.0.0.1 "
+	         ">/dev/null 2>&1",
+	         key, cert);
+	CU_ASSERT_EQUAL_FATAL(system(cmd), 0);
+	if (!server_start(&s3, "tls-data", "tls+tcp://127.0.0.1:0", flags)) {
+		CU_FAIL("pipeserver on tls+tcp:// did not start");
+		return;
+	}
+	o.url = s3.url;
+	o.tls_ca_file = cert;
+	o.tls_server_name = "localhost";
+	CHECK_LIB(pipeclient_connect(&c, &o));
+	CHECK_LIB(pipeclient_info(c, &si));
+	pipeclient_close(c);
+	/* No CA: the server cannot be verified. */
+	o.tls_ca_file = NULL;
+	CU_ASSERT_NOT_EQUAL(pipeclient_connect(&c, &o), PIPECLIENT_OK);
+	CU_ASSERT_PTR_NULL(c);
+	/* TLS options on a plain URL are a usage error. */
+	o.url = srv.url;
+	o.tls_ca_file = cert;
+	CHECK_LIB_ERR(pipeclient_connect(&c, &o), PIPECLIENT_ERR_INVALID);
+
+	CU_ASSERT_EQUAL(run_cli(&out, "--server", s3.url, "--tls-ca", cert, "info", NULL), CLI_OK);
+	free(out);
+	CU_ASSERT_EQUAL(run_cli(NULL, "--server", s3.url, "info", NULL), CLI_CONNECT);
+	CU_ASSERT_EQUAL(run_cli(&out, "--server", s3.url, "--insecure", "info", NULL), CLI_OK);
+	free(out);
+	CU_ASSERT(server_stop(&s3));
+}
+
+/* The Python client: flatc-generated code + python3-flatbuffers + nngcat. */
+static void test_client_python(void)
+{
+	char cmd[4 * PATH_MAX], line[4096], *last = NULL;
+	FILE *p;
+	pt_json v;
+	int status, metrics = 0;
+
+	if (!have_program("flatc") || !have_program("nngcat") ||
+	    system("/usr/bin/python3 -c 'import flatbuffers' >/dev/null 2>&1") != 0) {
+		fprintf(stderr, "SKIP: the Python client needs flatc, nngcat (nng-utils) and "
+		                "/usr/bin/python3 with python3-flatbuffers\n");
+		return;
+	}
+	snprintf(cmd, sizeof(cmd), "sh %s/tests/client_py/gen.sh %s", PT_SOURCE_ROOT, tpath("py"));
+	CU_ASSERT_EQUAL_FATAL(system(cmd), 0);
+	snprintf(cmd, sizeof(cmd),
+	         "/usr/bin/python3 %s/tests/client_py/submit_watch.py --gen %s --server %s %s",
+	         PT_SOURCE_ROOT, tpath("py"), srv.url, job_json);
+	fprintf(stderr, "$ %s\n", cmd);
+	p = popen(cmd, "r");
+	CU_ASSERT_PTR_NOT_NULL_FATAL(p);
+	while (fgets(line, sizeof(line), p)) {
+		if (strstr(line, "\"metric\""))
+			metrics++;
+		free(last);
+		last = strdup(line);
+	}
+	status = pclose(p);
+	CU_ASSERT(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+	CU_ASSERT_EQUAL(metrics, STEPS);
+	CU_ASSERT_FATAL(last != NULL && parse_line(last, 0, &v));
+	fprintf(stderr, "python: %s", last);
+	CU_ASSERT_STRING_EQUAL(jstr(&v, "type"), "summary");
+	CU_ASSERT_STRING_EQUAL(jstr(&v, "state"), "Succeeded");
+	CU_ASSERT_EQUAL(jint(&v, "points"), STEPS);
+	CU_ASSERT(jnum(&v, "last_loss") < jnum(&v, "first_loss"));
+	pt_json_fini(&v);
+	free(last);
+}
+
+/* ------------------------------------------------------------------- main -- */
+
+static bool setup(void)
+{
+	char self[PATH_MAX], cmd[4 * PATH_MAX];
+	ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+	char *slash;
+
+	if (n <= 0)
+		return false;
+	self[n] = '\0';
+	slash = strrchr(self, '/');
+	*slash = '\0'; /* build/tests */
+	slash = strrchr(self, '/');
+	*slash = '\0'; /* build */
+	snprintf(bindir, sizeof(bindir), "%s", self);
+	snprintf(cli_bin, sizeof(cli_bin), "%s/client/pipeclient", bindir);
+	snprintf(server_bin, sizeof(server_bin), "%s/server/pipeserver", bindir);
+
+	snprintf(tmpdir, sizeof(tmpdir), "/tmp/pt-client-XXXXXX");
+	if (mkdtemp(tmpdir) == NULL)
+		return false;
+	snprintf(job_json, sizeof(job_json), "%s", tpath("job.json"));
+	snprintf(job_bad, sizeof(job_bad), "%s", tpath("bad.json"));
+	snprintf(job_long, sizeof(job_long), "%s", tpath("long.json"));
+	snprintf(job_fail, sizeof(job_fail), "%s", tpath("fail.json"));
+	write_job(job_json, "client-test", STEPS, false,
+	          PT_SOURCE_ROOT "/examples/data/digits_x.npy",
+	          PT_SOURCE_ROOT "/examples/data/digits_y.npy");
+	write_job(job_bad, "client-bad", STEPS, true, PT_SOURCE_ROOT "/examples/data/digits_x.npy",
+	          PT_SOURCE_ROOT "/examples/data/digits_y.npy");
+	write_job(job_long, "client-long", LONG_JOB, false,
+	          PT_SOURCE_ROOT "/examples/data/digits_x.npy",
+	          PT_SOURCE_ROOT "/examples/data/digits_y.npy");
+	/* The failing job reads copies of the data, which the test removes. */
+	snprintf(cmd, sizeof(cmd),
+	         "cp %s/examples/data/digits_x.npy %s && cp %s/examples/data/digits_y.npy %s",
+	         PT_SOURCE_ROOT, tpath("fail_x.npy"), PT_SOURCE_ROOT, tpath("fail_y.npy"));
+	if (system(cmd) != 0)
+		return false;
+	write_job(job_fail, "client-fail", STEPS, false, tpath("fail_x.npy"), tpath("fail_y.npy"));
+
+	/* The same job as a FlatBuffers binary, named like JSON on purpose. */
+	if (have_program("flatc")) {
+		snprintf(cmd, sizeof(cmd), "flatc -b -o %s %s/schema/job.fbs %s", tmpdir,
+		         PT_SOURCE_ROOT, job_json);
+		if (system(cmd) == 0) {
+			snprintf(job_bin, sizeof(job_bin), "%s", tpath("binary-job.json"));
+			if (rename(tpath("job.job"), job_bin) != 0)
+				job_bin[0] = '\0';
+		}
+	}
+	return true;
+}
+
+int main(void)
+{
+	static const pt_test_case tests[] = {
+	    {"test_client_usage_errors", test_client_usage_errors},
+	    {"test_client_connection_failure", test_client_connection_failure},
+	    {"test_client_info", test_client_info},
+	    {"test_client_cli_submit_follow", test_client_cli_submit_follow},
+	    {"test_client_lib_submit_watch", test_client_lib_submit_watch},
+	    {"test_client_get_list", test_client_get_list},
+	    {"test_client_rejected", test_client_rejected},
+	    {"test_client_cancel", test_client_cancel},
+	    {"test_client_failed_job", test_client_failed_job},
+	    {"test_client_checkpoint", test_client_checkpoint},
+	    {"test_client_threads", test_client_threads},
+	    {"test_client_auth", test_client_auth},
+	    {"test_client_tls", test_client_tls},
+	    {"test_client_python", test_client_python},
+	    {NULL, NULL}};
+	static const pt_test_suite suites[] = {{"client", tests}, {NULL, NULL}};
+	char cmd[PATH_MAX + 16];
+	int rv;
+
+	unsetenv("PIPETRAIN_SERVER");
+	unsetenv("PIPETRAIN_TOKEN");
+	if (!setup()) {
+		fprintf(stderr, "test_client: setup failed\n");
+		return 99;
+	}
+	if (access(server_bin, CLI_OK) != 0) {
+		fprintf(stderr, "SKIP: %s is not built yet\n", server_bin);
+		return 77;
+	}
+	if (access(cli_bin, CLI_OK) != 0) {
+		fprintf(stderr, "test_client: %s is missing\n", cli_bin);
+		return 99;
+	}
+	if (!server_start(&srv, "data", NULL, NULL))
+		return 99;
+	rv = pt_test_main(suites);
+	if (!server_stop(&srv)) {
+		fprintf(stderr, "pipeserver did not exit cleanly on SIGTERM\n");
+		rv = rv ? rv : 1;
+	}
+	if (rv == 0) {
+		snprintf(cmd, sizeof(cmd), "rm -rf %s", tmpdir);
+		if (system(cmd) != 0)
+			fprintf(stderr, "could not remove %s\n", tmpdir);
+	} else {
+		fprintf(stderr, "test files kept in %s\n", tmpdir);
+	}
+	return rv;
+}
