@@ -1,0 +1,58 @@
+/* config.h - pipeserver options: one table (name, environment variable,
+ * type, default, validator, help) read from flags, PIPETRAIN_* environment
+ * variables and a config file of `name = value` lines.
+ *
+ * Precedence: flags > environment > config file > defaults. A list option
+ * (listen) takes every value given at the winning level: repeat the flag, or
+ * separate values with commas in the environment or the file. Option names
+ * use '-' on the command line (--data-dir) and '_' or '-' in files; the
+ * environment variable is PIPETRAIN_ and the name upper-cased with '_'.
+ */
+#ifndef PT_SERVER_CONFIG_H
+#define PT_SERVER_CONFIG_H
+
+#include <stdbool.h>
+#include <stdio.h>
+
+#include "error.h"
+
+#define PT_SERVER_MAX_LISTEN 16
+
+/* pt_server_config holds every option; strings are owned (config_fini). */
+typedef struct pt_server_config {
+	char *listen[PT_SERVER_MAX_LISTEN]; /* URLs */
+	int n_listen;
+	char *data_dir;
+	char *config_file;
+	char *auth_token_file;
+	char *auth_token; /* read from auth_token_file at load time */
+	char *device;     /* "cpu" or "cuda:N": the default device of jobs */
+	char *files_root; /* relative data paths in job specs resolve here */
+	char *tls_cert;   /* PEM certificate (chain) for tls+tcp:// listeners */
+	char *tls_key;    /* PEM private key (may be the same file as tls_cert) */
+	char *tls_ca;     /* PEM CA: when set, clients must present a certificate */
+	char *log_level;
+	int contexts;          /* REP contexts receiving at once */
+	int max_contexts;      /* contexts at most (parked long polls included) */
+	int workers;           /* worker threads for blocking requests */
+	int max_request_mb;    /* NNG_OPT_RECVMAXSZ in MiB */
+	int threads;           /* CPU threads per job (0: all cores) */
+	int watch_interval_ms; /* parked WatchMetrics are woken at most this often */
+	int metrics_sync_ms;   /* metrics are fsynced at least this often */
+	bool help;
+} pt_server_config;
+
+/* pt_server_config_load fills c from defaults, the config file (--config or
+ * PIPETRAIN_CONFIG), the environment and argv, validates every value and
+ * reads the auth token file. Errors (PT_ERR_INVALID naming the option and
+ * its source) leave c to be finalised. Not thread-safe (reads environ). */
+pt_err pt_server_config_load(pt_server_config *c, int argc, char **argv);
+
+/* pt_server_config_usage prints the option table with defaults to f. */
+void pt_server_config_usage(FILE *f);
+
+/* pt_server_config_fini frees c's strings; accepts a zeroed or partly
+ * loaded config. */
+void pt_server_config_fini(pt_server_config *c);
+
+#endif

@@ -1,0 +1,1376 @@
+/* jobs.c - the job manager (see jobs.h): states, FIFO queue per device,
+ * runner threads around pt_job_run, the journal and restart recovery.
+ *
+ * Locking: one manager mutex guards every job's in-memory state, the queue
+ * and the waiter lists; it is never held across file I/O or training. Each
+ * job's journal file has its own mutex, so appends of one job are ordered and
+ * a slow fsync delays only that job. Job structs live until pt_jobs_destroy.
+ */
+#include "jobs.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "fileio.h"
+#include "job/job.h"
+#include "log.h"
+
+#define MAX_PATH         4096
+#define JOURNAL_MAX      (1u << 30) /* a journal over 1 GiB is not replayed whole */
+#define MAX_WATCH_POINTS 10000
+
+enum { REC_STATE = 1, REC_METRIC = 2 };
+enum { STOP_NONE, STOP_CANCEL, STOP_SHUTDOWN };
+
+typedef struct ckpt {
+	int64_t step;
+	uint64_t size;
+	char sha256[PT_SHA256_HEX];
+} ckpt;
+
+typedef struct job {
+	uint64_t id;
+	char dir[MAX_PATH];
+	pt_job_spec spec; /* immutable after submit / recovery */
+	char *device;     /* effective device (the runner's key) */
+	pt_api_job_state state;
+	char message[512];
+	int64_t step;
+	double submitted, started, finished;
+	uint64_t queue_seq; /* FIFO order among queued jobs */
+	char *resume_from;  /* checkpoint to resume from when it runs next */
+
+	pt_api_metric_point *points; /* steps strictly increasing */
+	size_t n_points, cap_points;
+	ckpt *ckpts; /* by step */
+	size_t n_ckpts;
+
+	atomic_int stop;        /* STOP_* */
+	pt_jobs_waiter waiters; /* list head */
+	double last_wake;       /* monotonic seconds */
+	atomic_bool wake_pending;
+
+	pthread_mutex_t jmu; /* the journal file */
+	int jfd;
+	double last_sync;
+	bool dirty;
+	pt_jobs *mgr;
+} job;
+
+typedef struct runner {
+	char *device;
+	pthread_t thread;
+	bool started;
+	pt_jobs *mgr;
+} runner;
+
+struct pt_jobs {
+	pt_jobs_config cfg;
+	char *data_dir, *device, *files_root;
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	job **jobs; /* by id */
+	size_t n_jobs, cap_jobs;
+	uint64_t next_id;
+	uint64_t next_seq;
+	runner *runners;
+	size_t n_runners, cap_runners;
+	bool stopping, shut;
+	int lock_fd; /* flock on data_dir/lock: one server per data dir */
+};
+
+/* ------------------------------------------------------------- helpers -- */
+
+static double now_unix(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static double now_mono(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static uint32_t crc32_table[256];
+static pthread_once_t crc_once = PTHREAD_ONCE_INIT;
+
+static void crc_init(void)
+{
+	for (uint32_t i = 0; i < 256; i++) {
+		uint32_t c = i;
+		for (int k = 0; k < 8; k++)
+			c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+		crc32_table[i] = c;
+	}
+}
+
+static uint32_t crc32(const void *data, size_t n)
+{
+	const uint8_t *p = data;
+	uint32_t c = 0xFFFFFFFFu;
+
+	pthread_once(&crc_once, crc_init);
+	for (size_t i = 0; i < n; i++)
+		c = crc32_table[(c ^ p[i]) & 0xFF] ^ (c >> 8);
+	return c ^ 0xFFFFFFFFu;
+}
+
+static pt_err mkdir_p(const char *path)
+{
+	char tmp[MAX_PATH];
+	size_t n = strlen(path);
+
+	if (n == 0 || n >= sizeof(tmp))
+		return pt_set_error(PT_ERR_INVALID, "path '%s' too long or empty", path);
+	memcpy(tmp, path, n + 1);
+	for (size_t i = 1; i <= n; i++) {
+		if (tmp[i] == '/' || tmp[i] == '\0') {
+			char c = tmp[i];
+			tmp[i] = '\0';
+			if (mkdir(tmp, 0755) != 0 && errno != EEXIST)
+				return pt_set_error(PT_ERR_IO, "mkdir %s: %s", tmp,
+				                    strerror(errno));
+			tmp[i] = c;
+		}
+	}
+	return PT_OK;
+}
+
+static job *find_job(pt_jobs *m, uint64_t id)
+{
+	size_t lo = 0, hi = m->n_jobs;
+	while (lo < hi) {
+		size_t mid = (lo + hi) / 2;
+		if (m->jobs[mid]->id < id)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return lo < m->n_jobs && m->jobs[lo]->id == id ? m->jobs[lo] : NULL;
+}
+
+/* insert_job keeps m->jobs sorted by id (recovery reads in any order). */
+static pt_err insert_job(pt_jobs *m, job *jb)
+{
+	size_t i;
+
+	if (m->n_jobs == m->cap_jobs) {
+		size_t cap = m->cap_jobs ? 2 * m->cap_jobs : 64;
+		job **p = realloc(m->jobs, cap * sizeof(*p));
+		if (p == NULL)
+			return pt_set_error(PT_ERR_NOMEM, "jobs: table");
+		m->jobs = p;
+		m->cap_jobs = cap;
+	}
+	for (i = m->n_jobs; i > 0 && m->jobs[i - 1]->id > jb->id; i--)
+		m->jobs[i] = m->jobs[i - 1];
+	m->jobs[i] = jb;
+	m->n_jobs++;
+	return PT_OK;
+}
+
+static void job_free(job *jb)
+{
+	if (jb == NULL)
+		return;
+	pt_job_spec_fini(&jb->spec);
+	free(jb->device);
+	free(jb->resume_from);
+	free(jb->points);
+	free(jb->ckpts);
+	if (jb->jfd >= 0)
+		close(jb->jfd);
+	pthread_mutex_destroy(&jb->jmu);
+	free(jb);
+}
+
+static job *job_new(pt_jobs *m, uint64_t id)
+{
+	job *jb = calloc(1, sizeof(*jb));
+	if (jb == NULL)
+		return NULL;
+	jb->id = id;
+	jb->mgr = m;
+	jb->jfd = -1;
+	jb->waiters.next = jb->waiters.prev = &jb->waiters;
+	pthread_mutex_init(&jb->jmu, NULL);
+	snprintf(jb->dir, sizeof(jb->dir), "%s/jobs/%" PRIu64, m->data_dir, id);
+	return jb;
+}
+
+/* ------------------------------------------------------------- journal -- */
+
+typedef struct wbuf {
+	uint8_t data[1024];
+	size_t n;
+} wbuf;
+
+static void put(wbuf *w, const void *p, size_t n)
+{
+	if (w->n + n <= sizeof(w->data)) {
+		memcpy(w->data + w->n, p, n);
+		w->n += n;
+	}
+}
+
+static pt_err journal_open(job *jb)
+{
+	char path[MAX_PATH + 16];
+
+	if (jb->jfd >= 0)
+		return PT_OK;
+	snprintf(path, sizeof(path), "%s/journal", jb->dir);
+	jb->jfd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+	if (jb->jfd < 0)
+		return pt_set_error(PT_ERR_IO, "open %s: %s", path, strerror(errno));
+	return PT_OK;
+}
+
+/* journal_append writes one record [len][crc][payload]; sync forces fsync,
+ * else it happens when metrics_sync_ms passed since the last one. */
+static pt_err journal_append(job *jb, const wbuf *payload, bool sync)
+{
+	uint8_t rec[sizeof(payload->data) + 8];
+	uint32_t len = (uint32_t)payload->n, crc = crc32(payload->data, payload->n);
+	pt_err rv = PT_OK;
+	ssize_t w;
+	size_t off = 0, total = payload->n + 8;
+
+	memcpy(rec, &len, 4);
+	memcpy(rec + 4, &crc, 4);
+	memcpy(rec + 8, payload->data, payload->n);
+	pthread_mutex_lock(&jb->jmu);
+	if ((rv = journal_open(jb)) != PT_OK)
+		goto out;
+	while (off < total) {
+		w = write(jb->jfd, rec + off, total - off);
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w < 0) {
+			rv = pt_set_error(PT_ERR_IO, "job %" PRIu64 " journal: write: %s", jb->id,
+			                  strerror(errno));
+			goto out;
+		}
+		off += (size_t)w;
+	}
+	jb->dirty = true;
+	if (sync || now_mono() - jb->last_sync >= jb->mgr->cfg.metrics_sync_ms * 1e-3) {
+		if (fdatasync(jb->jfd) != 0) {
+			rv = pt_set_error(PT_ERR_IO, "job %" PRIu64 " journal: fsync: %s", jb->id,
+			                  strerror(errno));
+			goto out;
+		}
+		jb->dirty = false;
+		jb->last_sync = now_mono();
+	}
+out:
+	pthread_mutex_unlock(&jb->jmu);
+	if (rv != PT_OK)
+		pt_error("%s", pt_last_error());
+	return rv;
+}
+
+static void journal_flush_close(job *jb)
+{
+	pthread_mutex_lock(&jb->jmu);
+	if (jb->jfd >= 0) {
+		if (jb->dirty)
+			fdatasync(jb->jfd);
+		close(jb->jfd);
+		jb->jfd = -1;
+		jb->dirty = false;
+	}
+	pthread_mutex_unlock(&jb->jmu);
+}
+
+static pt_err journal_state(job *jb, pt_api_job_state st, int64_t step, double t, const char *msg)
+{
+	wbuf w = {.n = 0};
+	uint8_t type = REC_STATE, s = (uint8_t)st;
+	size_t l = msg ? strlen(msg) : 0;
+	uint16_t ml = (uint16_t)(l > 900 ? 900 : l);
+
+	put(&w, &type, 1);
+	put(&w, &s, 1);
+	put(&w, &step, 8);
+	put(&w, &t, 8);
+	put(&w, &ml, 2);
+	if (ml)
+		put(&w, msg, ml);
+	return journal_append(jb, &w, true);
+}
+
+static pt_err journal_metric(job *jb, const pt_api_metric_point *p)
+{
+	wbuf w = {.n = 0};
+	uint8_t type = REC_METRIC;
+	int32_t ns = p->n_stages;
+
+	put(&w, &type, 1);
+	put(&w, &p->step, 8);
+	put(&w, &p->loss, 8);
+	put(&w, &p->learning_rate, 4);
+	put(&w, &p->grad_norm, 8);
+	put(&w, &p->samples_per_second, 8);
+	put(&w, &p->tokens_per_second, 8);
+	put(&w, &p->bubble, 8);
+	put(&w, &p->eval_loss, 8);
+	put(&w, &p->eval_accuracy, 8);
+	put(&w, &p->time_unix, 8);
+	put(&w, &ns, 4);
+	put(&w, p->stage_busy, 8 * (size_t)ns);
+	return journal_append(jb, &w, false);
+}
+
+/* ------------------------------------------------------ in-memory state -- */
+
+/* add_point appends p; a step at or below the last one (a resumed run redoing
+ * steps after its checkpoint) first drops the points it replaces. */
+static pt_err add_point(job *jb, const pt_api_metric_point *p)
+{
+	while (jb->n_points > 0 && jb->points[jb->n_points - 1].step >= p->step)
+		jb->n_points--;
+	if (jb->n_points == jb->cap_points) {
+		size_t cap = jb->cap_points ? 2 * jb->cap_points : 64;
+		pt_api_metric_point *q = realloc(jb->points, cap * sizeof(*q));
+		if (q == NULL)
+			return pt_set_error(PT_ERR_NOMEM, "job %" PRIu64 ": metrics", jb->id);
+		jb->points = q;
+		jb->cap_points = cap;
+	}
+	jb->points[jb->n_points++] = *p;
+	return PT_OK;
+}
+
+static void apply_state(job *jb, pt_api_job_state st, int64_t step, double t, const char *msg)
+{
+	size_t l = msg ? strlen(msg) : 0;
+
+	jb->state = st;
+	if (step > jb->step)
+		jb->step = step;
+	if (l >= sizeof(jb->message))
+		l = sizeof(jb->message) - 1;
+	if (l)
+		memcpy(jb->message, msg, l);
+	jb->message[l] = '\0';
+	if (st == PT_JOB_QUEUED && jb->submitted == 0)
+		jb->submitted = t;
+	if ((st == PT_JOB_STARTING || st == PT_JOB_RUNNING) && jb->started == 0)
+		jb->started = t;
+	if (st == PT_JOB_QUEUED || st == PT_JOB_STARTING || st == PT_JOB_RUNNING)
+		jb->finished = 0;
+	if (pt_api_job_state_final(st))
+		jb->finished = t;
+}
+
+/* wake_all wakes every parked watcher of jb (manager lock held). */
+static void wake_all(job *jb)
+{
+	pt_jobs_waiter *h = &jb->waiters;
+
+	while (h->next != h) {
+		pt_jobs_waiter *w = h->next;
+		h->next = w->next;
+		w->next->prev = h;
+		w->next = w->prev = NULL;
+		w->linked = false;
+		w->wake(w);
+	}
+	jb->wake_pending = false;
+	jb->last_wake = now_mono();
+}
+
+/* set_state changes jb's state in memory (lock held) and wakes watchers. */
+static void set_state(job *jb, pt_api_job_state st, const char *msg, double t)
+{
+	apply_state(jb, st, jb->step, t, msg);
+	wake_all(jb);
+}
+
+/* ---------------------------------------------------------- checkpoints -- */
+
+static int ckpt_cmp(const void *a, const void *b)
+{
+	const ckpt *x = a, *y = b;
+	return x->step < y->step ? -1 : x->step > y->step;
+}
+
+static pt_err hash_file(const char *path, uint64_t *size, char hex[PT_SHA256_HEX])
+{
+	uint8_t buf[1 << 16], dig[PT_SHA256_BYTES];
+	pt_sha256_ctx s;
+	size_t n, off = 0;
+	int fd;
+	pt_err rv = PT_OK;
+
+	if ((rv = pt_file_open_read(path, &fd, &n)) != PT_OK)
+		return rv;
+	pt_sha256_init(&s);
+	while (off < n && rv == PT_OK) {
+		size_t k = n - off < sizeof(buf) ? n - off : sizeof(buf);
+		if ((rv = pt_read_full(fd, buf, k, off, path)) == PT_OK)
+			pt_sha256_update(&s, buf, k);
+		off += k;
+	}
+	close(fd);
+	if (rv != PT_OK)
+		return rv;
+	pt_sha256_final(&s, dig);
+	pt_sha256_hex(dig, hex);
+	*size = n;
+	return PT_OK;
+}
+
+/* scan_checkpoints lists <dir>/checkpoints (no lock: file I/O); known holds
+ * hashes already computed, reused when the size matches. Leftover temporary
+ * files of an interrupted write are removed. */
+static pt_err scan_checkpoints(const char *jdir, const ckpt *known, size_t n_known, ckpt **out,
+                               size_t *n_out)
+{
+	char dir[MAX_PATH + 16], path[2 * MAX_PATH];
+	DIR *d;
+	struct dirent *e;
+	ckpt *v = NULL;
+	size_t n = 0, cap = 0;
+
+	*out = NULL;
+	*n_out = 0;
+	snprintf(dir, sizeof(dir), "%s/checkpoints", jdir);
+	if ((d = opendir(dir)) == NULL)
+		return PT_OK;
+	while ((e = readdir(d)) != NULL) {
+		long long step;
+		int used = 0;
+		struct stat st;
+		if (strstr(e->d_name, ".tmp.") != NULL) {
+			/* pt_file_write_atomic's temp file; ours only while a runner of
+			 * this job writes, which scanning never overlaps at recovery. */
+			continue;
+		}
+		if (sscanf(e->d_name, "step-%lld.safetensors%n", &step, &used) != 1 ||
+		    e->d_name[used] != '\0' || step < 0)
+			continue;
+		snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+		if (stat(path, &st) != 0)
+			continue;
+		if (n == cap) {
+			ckpt *q = realloc(v, (cap = cap ? 2 * cap : 8) * sizeof(*q));
+			if (q == NULL) {
+				free(v);
+				closedir(d);
+				return pt_set_error(PT_ERR_NOMEM, "checkpoints");
+			}
+			v = q;
+		}
+		v[n].step = step;
+		v[n].size = (uint64_t)st.st_size;
+		v[n].sha256[0] = '\0';
+		for (size_t k = 0; k < n_known; k++)
+			if (known[k].step == step && known[k].size == (uint64_t)st.st_size)
+				memcpy(v[n].sha256, known[k].sha256, PT_SHA256_HEX);
+		if (v[n].sha256[0] == '\0' && hash_file(path, &v[n].size, v[n].sha256) != PT_OK) {
+			pt_warn("checkpoint %s: %s", path, pt_last_error());
+			continue;
+		}
+		n++;
+	}
+	closedir(d);
+	qsort(v, n, sizeof(*v), ckpt_cmp);
+	*out = v;
+	*n_out = n;
+	return PT_OK;
+}
+
+static void remove_temp_files(const char *jdir)
+{
+	char dir[MAX_PATH + 16], path[2 * MAX_PATH];
+	DIR *d;
+	struct dirent *e;
+
+	snprintf(dir, sizeof(dir), "%s/checkpoints", jdir);
+	if ((d = opendir(dir)) == NULL)
+		return;
+	while ((e = readdir(d)) != NULL)
+		if (strstr(e->d_name, ".tmp.") != NULL) {
+			snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+			pt_info("removing partial checkpoint %s", path);
+			unlink(path);
+		}
+	closedir(d);
+}
+
+/* refresh_checkpoints rescans jb's checkpoint directory and swaps the list. */
+static void refresh_checkpoints(pt_jobs *m, job *jb)
+{
+	ckpt *known, *fresh;
+	size_t n_known, n_fresh;
+
+	pthread_mutex_lock(&m->mu);
+	n_known = jb->n_ckpts;
+	known = n_known ? malloc(n_known * sizeof(*known)) : NULL;
+	if (known)
+		memcpy(known, jb->ckpts, n_known * sizeof(*known));
+	else
+		n_known = 0;
+	pthread_mutex_unlock(&m->mu);
+	if (scan_checkpoints(jb->dir, known, n_known, &fresh, &n_fresh) == PT_OK) {
+		pthread_mutex_lock(&m->mu);
+		free(jb->ckpts);
+		jb->ckpts = fresh;
+		jb->n_ckpts = n_fresh;
+		pthread_mutex_unlock(&m->mu);
+	}
+	free(known);
+}
+
+/* -------------------------------------------------------------- runners -- */
+
+static void metric_from_job(const pt_job_metric *m, pt_api_metric_point *p)
+{
+	memset(p, 0, sizeof(*p));
+	p->step = m->step;
+	p->loss = m->loss;
+	p->learning_rate = m->lr;
+	p->grad_norm = m->grad_norm;
+	p->samples_per_second = m->samples_per_s;
+	p->tokens_per_second = m->tokens_per_s;
+	p->bubble = m->bubble;
+	p->n_stages = m->n_stages < 0                   ? 0
+	              : m->n_stages > PT_API_MAX_STAGES ? PT_API_MAX_STAGES
+	                                                : m->n_stages;
+	memcpy(p->stage_busy, m->stage_busy, sizeof(double) * (size_t)p->n_stages);
+	p->eval_loss = m->eval_loss;
+	p->eval_accuracy = m->eval_accuracy;
+	p->time_unix = m->time_unix;
+}
+
+static void hook_metric(void *ctx, const pt_job_metric *m)
+{
+	job *jb = ctx;
+	pt_jobs *mgr = jb->mgr;
+	pt_api_metric_point p;
+
+	metric_from_job(m, &p);
+	pthread_mutex_lock(&mgr->mu);
+	add_point(jb, &p);
+	jb->step = p.step;
+	if (jb->state == PT_JOB_STARTING)
+		apply_state(jb, PT_JOB_RUNNING, p.step, now_unix(), NULL);
+	if (now_mono() - jb->last_wake >= mgr->cfg.watch_interval_ms * 1e-3)
+		wake_all(jb);
+	else
+		jb->wake_pending = true;
+	pthread_mutex_unlock(&mgr->mu);
+	journal_metric(jb, &p);
+}
+
+static bool hook_should_stop(void *ctx)
+{
+	job *jb = ctx;
+	pt_jobs *mgr = jb->mgr;
+
+	/* Deliver coalesced wakes even when the next metric is slow to come. */
+	if (jb->wake_pending) {
+		pthread_mutex_lock(&mgr->mu);
+		if (jb->wake_pending &&
+		    now_mono() - jb->last_wake >= mgr->cfg.watch_interval_ms * 1e-3)
+			wake_all(jb);
+		pthread_mutex_unlock(&mgr->mu);
+	}
+	return atomic_load(&jb->stop) != STOP_NONE;
+}
+
+static void hook_checkpoint(void *ctx, int64_t step, const char *path)
+{
+	job *jb = ctx;
+	pt_debug("job %" PRIu64 ": checkpoint at step %" PRId64 ": %s", jb->id, step, path);
+	refresh_checkpoints(jb->mgr, jb);
+}
+
+/* next_job returns the oldest queued job of device dev (lock held). */
+static job *next_job(pt_jobs *m, const char *dev)
+{
+	job *best = NULL;
+	for (size_t i = 0; i < m->n_jobs; i++) {
+		job *jb = m->jobs[i];
+		if (jb->state == PT_JOB_QUEUED && strcmp(jb->device, dev) == 0 &&
+		    (best == NULL || jb->queue_seq < best->queue_seq))
+			best = jb;
+	}
+	return best;
+}
+
+static void run_one(pt_jobs *m, job *jb)
+{
+	char ckdir[MAX_PATH + 16], msg[MAX_PATH + 600];
+	pt_job_run_options o;
+	pt_job_hooks h = {.ctx = jb,
+	                  .on_metric = hook_metric,
+	                  .should_stop = hook_should_stop,
+	                  .on_checkpoint = hook_checkpoint};
+	int64_t last = 0;
+	pt_api_job_state final;
+	pt_err rv;
+	double t;
+
+	snprintf(ckdir, sizeof(ckdir), "%s/checkpoints", jb->dir);
+	memset(&o, 0, sizeof(o));
+	o.checkpoint_dir = ckdir;
+	o.files_root = m->files_root;
+	o.resume_from = jb->resume_from;
+	o.threads = m->cfg.threads;
+	journal_state(jb, PT_JOB_STARTING, jb->step, jb->started, NULL);
+	pt_info("job %" PRIu64 " (%s) starting on %s%s%s", jb->id,
+	        jb->spec.name ? jb->spec.name : "", jb->device,
+	        o.resume_from ? ", resuming from " : "", o.resume_from ? o.resume_from : "");
+	msg[0] = '\0';
+	if (o.resume_from)
+		snprintf(msg, sizeof(msg), "resumed from %s", o.resume_from);
+	pthread_mutex_lock(&m->mu);
+	t = now_unix();
+	set_state(jb, PT_JOB_RUNNING, msg, t);
+	pthread_mutex_unlock(&m->mu);
+	journal_state(jb, PT_JOB_RUNNING, jb->step, t, msg);
+
+	rv = pt_job_run(&jb->spec, &o, &h, &last);
+	if (rv != PT_OK)
+		snprintf(msg, sizeof(msg), "%s: %s", pt_strerror(rv), pt_last_error());
+	refresh_checkpoints(m, jb);
+
+	pthread_mutex_lock(&m->mu);
+	switch (atomic_load(&jb->stop)) {
+	case STOP_CANCEL:
+		final = PT_JOB_CANCELLED;
+		snprintf(msg, sizeof(msg), "cancelled at step %" PRId64, last);
+		break;
+	case STOP_SHUTDOWN:
+		final = PT_JOB_INTERRUPTED;
+		snprintf(msg, sizeof(msg), "server shut down at step %" PRId64, last);
+		break;
+	default:
+		if (rv == PT_OK) {
+			final = PT_JOB_SUCCEEDED;
+			msg[0] = '\0';
+		} else {
+			final = PT_JOB_FAILED;
+		}
+	}
+	if (last > jb->step)
+		jb->step = last;
+	free(jb->resume_from);
+	jb->resume_from = NULL;
+	t = now_unix();
+	set_state(jb, final, msg, t);
+	pthread_mutex_unlock(&m->mu);
+	journal_state(jb, final, last, t, msg);
+	journal_flush_close(jb);
+	pt_info("job %" PRIu64 " %s at step %" PRId64 "%s%s", jb->id, pt_api_job_state_name(final),
+	        last, msg[0] ? ": " : "", msg);
+}
+
+static void *runner_main(void *arg)
+{
+	runner *r = arg;
+	pt_jobs *m = r->mgr;
+
+	pthread_mutex_lock(&m->mu);
+	while (!m->stopping) {
+		job *jb = next_job(m, r->device);
+		if (jb == NULL) {
+			pthread_cond_wait(&m->cv, &m->mu);
+			continue;
+		}
+		set_state(jb, PT_JOB_STARTING, NULL, now_unix());
+		pthread_mutex_unlock(&m->mu);
+		run_one(m, jb);
+		pthread_mutex_lock(&m->mu);
+	}
+	pthread_mutex_unlock(&m->mu);
+	return NULL;
+}
+
+/* ensure_runner starts the runner of device dev if none (lock held). */
+static pt_err ensure_runner(pt_jobs *m, const char *dev)
+{
+	runner *r;
+
+	for (size_t i = 0; i < m->n_runners; i++)
+		if (strcmp(m->runners[i].device, dev) == 0)
+			return PT_OK;
+	if (m->n_runners == m->cap_runners) {
+		/* Runners hold pointers to their slot: allocate once, generously. */
+		return pt_set_error(PT_ERR_RANGE, "too many device sets (%zu)", m->n_runners);
+	}
+	r = &m->runners[m->n_runners];
+	memset(r, 0, sizeof(*r));
+	r->mgr = m;
+	if ((r->device = strdup(dev)) == NULL)
+		return pt_set_error(PT_ERR_NOMEM, "runner");
+	if (pthread_create(&r->thread, NULL, runner_main, r) != 0) {
+		free(r->device);
+		return pt_set_error(PT_ERR_NOMEM, "runner thread for %s", dev);
+	}
+	r->started = true;
+	m->n_runners++;
+	return PT_OK;
+}
+
+/* ------------------------------------------------------------ recovery -- */
+
+static void replay(job *jb, const uint8_t *d, size_t n, size_t *good)
+{
+	size_t off = 0;
+
+	while (off + 8 <= n) {
+		uint32_t len, crc;
+		const uint8_t *p;
+		memcpy(&len, d + off, 4);
+		memcpy(&crc, d + off + 4, 4);
+		if (len < 1 || len > n - off - 8 || crc32(d + off + 8, len) != crc)
+			break;
+		p = d + off + 8;
+		if (p[0] == REC_STATE && len >= 20) {
+			int64_t step;
+			double t;
+			uint16_t ml;
+			char msg[1024];
+			memcpy(&step, p + 2, 8);
+			memcpy(&t, p + 10, 8);
+			memcpy(&ml, p + 18, 2);
+			if (ml > len - 20)
+				ml = (uint16_t)(len - 20);
+			memcpy(msg, p + 20, ml);
+			msg[ml] = '\0';
+			if (p[1] < PT_JOB_STATE_COUNT)
+				apply_state(jb, (pt_api_job_state)p[1], step, t, msg);
+		} else if (p[0] == REC_METRIC && len >= 1 + 8 * 9 + 4 + 4) {
+			pt_api_metric_point pt;
+			const uint8_t *q = p + 1;
+			int32_t ns;
+			memset(&pt, 0, sizeof(pt));
+#define GET(f, sz)                                                                                 \
+	do {                                                                                       \
+		memcpy(&(f), q, sz);                                                               \
+		q += sz;                                                                           \
+	} while (0)
+			GET(pt.step, 8);
+			GET(pt.loss, 8);
+			GET(pt.learning_rate, 4);
+			GET(pt.grad_norm, 8);
+			GET(pt.samples_per_second, 8);
+			GET(pt.tokens_per_second, 8);
+			GET(pt.bubble, 8);
+			GET(pt.eval_loss, 8);
+			GET(pt.eval_accuracy, 8);
+			GET(pt.time_unix, 8);
+			GET(ns, 4);
+#undef GET
+			if (ns >= 0 && ns <= PT_API_MAX_STAGES &&
+			    (size_t)(q - p) + 8 * (size_t)ns <= len) {
+				pt.n_stages = ns;
+				memcpy(pt.stage_busy, q, 8 * (size_t)ns);
+				add_point(jb, &pt);
+				if (pt.step > jb->step)
+					jb->step = pt.step;
+			}
+		}
+		off += 8 + (size_t)len;
+	}
+	*good = off;
+}
+
+static pt_err recover_job(pt_jobs *m, uint64_t id, job **out)
+{
+	char path[MAX_PATH + 32];
+	void *buf = NULL;
+	size_t len = 0, good = 0;
+	job *jb;
+	pt_err rv;
+
+	*out = NULL;
+	if ((jb = job_new(m, id)) == NULL)
+		return pt_set_error(PT_ERR_NOMEM, "job %" PRIu64, id);
+	snprintf(path, sizeof(path), "%s/spec.job", jb->dir);
+	if ((rv = pt_file_read(path, 256u << 20, &buf, &len)) != PT_OK)
+		goto fail;
+	rv = pt_job_spec_decode(buf, len, &jb->spec);
+	free(buf);
+	buf = NULL;
+	if (rv != PT_OK)
+		goto fail;
+	jb->device = strdup(jb->spec.device && jb->spec.device[0] ? jb->spec.device : m->device);
+	if (jb->device == NULL) {
+		rv = pt_set_error(PT_ERR_NOMEM, "job %" PRIu64, id);
+		goto fail;
+	}
+	snprintf(path, sizeof(path), "%s/journal", jb->dir);
+	if (pt_file_read(path, JOURNAL_MAX, &buf, &len) == PT_OK) {
+		replay(jb, buf, len, &good);
+		free(buf);
+		if (good < len) {
+			pt_warn("job %" PRIu64 ": journal has a torn tail (%zu of %zu bytes good); "
+			        "cutting it off",
+			        id, good, len);
+			if (truncate(path, (off_t)good) != 0)
+				pt_warn("truncate %s: %s", path, strerror(errno));
+		}
+	}
+	if (jb->submitted == 0) {
+		/* spec.job without its Queued record: the submit was never acknowledged. */
+		rv = pt_set_error(PT_ERR_NOTFOUND, "job %" PRIu64 ": no journal record", id);
+		goto fail;
+	}
+	remove_temp_files(jb->dir);
+	scan_checkpoints(jb->dir, NULL, 0, &jb->ckpts, &jb->n_ckpts);
+	*out = jb;
+	return PT_OK;
+fail:
+	job_free(jb);
+	return rv;
+}
+
+static pt_err recover(pt_jobs *m)
+{
+	char dir[MAX_PATH + 16];
+	DIR *d;
+	struct dirent *e;
+
+	snprintf(dir, sizeof(dir), "%s/jobs", m->data_dir);
+	PT_TRY(mkdir_p(dir));
+	snprintf(dir, sizeof(dir), "%s/lock", m->data_dir);
+	if ((m->lock_fd = open(dir, O_RDWR | O_CREAT | O_CLOEXEC, 0644)) < 0)
+		return pt_set_error(PT_ERR_IO, "open %s: %s", dir, strerror(errno));
+	if (flock(m->lock_fd, LOCK_EX | LOCK_NB) != 0)
+		return pt_set_error(PT_ERR_STATE, "data dir %s is in use by another pipeserver",
+		                    m->data_dir);
+	snprintf(dir, sizeof(dir), "%s/jobs", m->data_dir);
+	if ((d = opendir(dir)) == NULL)
+		return pt_set_error(PT_ERR_IO, "opendir %s: %s", dir, strerror(errno));
+	while ((e = readdir(d)) != NULL) {
+		char *end;
+		uint64_t id;
+		job *jb;
+		if (e->d_name[0] < '0' || e->d_name[0] > '9')
+			continue;
+		errno = 0;
+		id = strtoull(e->d_name, &end, 10);
+		if (*end != '\0' || errno != 0 || id == 0)
+			continue;
+		if (id >= m->next_id)
+			m->next_id = id + 1;
+		if (recover_job(m, id, &jb) != PT_OK) {
+			pt_warn("recovery: skipping job %" PRIu64 ": %s", id, pt_last_error());
+			continue;
+		}
+		if (insert_job(m, jb) != PT_OK) {
+			job_free(jb);
+			closedir(d);
+			return PT_ERR_NOMEM;
+		}
+	}
+	closedir(d);
+
+	for (size_t i = 0; i < m->n_jobs; i++) {
+		job *jb = m->jobs[i];
+		double t = now_unix();
+		char msg[600];
+		if (jb->state == PT_JOB_STARTING || jb->state == PT_JOB_RUNNING) {
+			snprintf(msg, sizeof(msg),
+			         "server stopped while the job was running (step %" PRId64 ")",
+			         jb->step);
+			apply_state(jb, PT_JOB_INTERRUPTED, jb->step, t, msg);
+			journal_state(jb, PT_JOB_INTERRUPTED, jb->step, t, msg);
+		}
+		if (jb->state == PT_JOB_INTERRUPTED && jb->spec.resume) {
+			if (jb->n_ckpts > 0) {
+				char p[MAX_PATH + 64];
+				snprintf(p, sizeof(p),
+				         "%s/checkpoints/step-%" PRId64 ".safetensors", jb->dir,
+				         jb->ckpts[jb->n_ckpts - 1].step);
+				jb->resume_from = strdup(p);
+				snprintf(msg, sizeof(msg),
+				         "resuming from the checkpoint of step %" PRId64,
+				         jb->ckpts[jb->n_ckpts - 1].step);
+			} else {
+				snprintf(msg, sizeof(msg),
+				         "restarting: no checkpoint to resume from");
+			}
+			/* Steps after the checkpoint will be trained again: their points
+			 * go now, so a watcher never sees a step twice. */
+			{
+				int64_t keep = jb->n_ckpts ? jb->ckpts[jb->n_ckpts - 1].step : 0;
+				while (jb->n_points > 0 && jb->points[jb->n_points - 1].step > keep)
+					jb->n_points--;
+				jb->step = keep;
+			}
+			apply_state(jb, PT_JOB_QUEUED, jb->step, t, msg);
+			journal_state(jb, PT_JOB_QUEUED, jb->step, t, msg);
+			pt_info("job %" PRIu64 ": %s", jb->id, msg);
+		}
+		if (jb->state == PT_JOB_QUEUED) {
+			jb->queue_seq = m->next_seq++;
+			PT_TRY(ensure_runner(m, jb->device));
+		} else {
+			journal_flush_close(jb);
+		}
+	}
+	return PT_OK;
+}
+
+/* ------------------------------------------------------------- public -- */
+
+static char *dup_or_null(const char *s)
+{
+	return s && *s ? strdup(s) : NULL;
+}
+
+pt_err pt_jobs_create(pt_jobs **out, const pt_jobs_config *cfg)
+{
+	pt_jobs *m;
+	pt_err rv;
+
+	*out = NULL;
+	if ((m = calloc(1, sizeof(*m))) == NULL)
+		return pt_set_error(PT_ERR_NOMEM, "jobs");
+	m->cfg = *cfg;
+	m->data_dir = strdup(cfg->data_dir);
+	m->device = strdup(cfg->device && *cfg->device ? cfg->device : "cpu");
+	m->files_root = dup_or_null(cfg->files_root);
+	m->next_id = 1;
+	m->lock_fd = -1;
+	m->cap_runners = 64;
+	m->runners = calloc(m->cap_runners, sizeof(*m->runners));
+	pthread_mutex_init(&m->mu, NULL);
+	pthread_cond_init(&m->cv, NULL);
+	if (m->data_dir == NULL || m->device == NULL || m->runners == NULL) {
+		pt_jobs_destroy(m);
+		return pt_set_error(PT_ERR_NOMEM, "jobs");
+	}
+	pthread_mutex_lock(&m->mu);
+	rv = recover(m);
+	pthread_mutex_unlock(&m->mu);
+	if (rv != PT_OK) {
+		pt_jobs_destroy(m);
+		return rv;
+	}
+	pt_info("jobs: %zu recovered from %s", m->n_jobs, m->data_dir);
+	*out = m;
+	return PT_OK;
+}
+
+void pt_jobs_shutdown(pt_jobs *m)
+{
+	if (m == NULL)
+		return;
+	pthread_mutex_lock(&m->mu);
+	if (m->shut) {
+		pthread_mutex_unlock(&m->mu);
+		return;
+	}
+	m->stopping = true;
+	for (size_t i = 0; i < m->n_jobs; i++)
+		if (m->jobs[i]->state == PT_JOB_STARTING || m->jobs[i]->state == PT_JOB_RUNNING)
+			atomic_store(&m->jobs[i]->stop, STOP_SHUTDOWN);
+	pthread_cond_broadcast(&m->cv);
+	pthread_mutex_unlock(&m->mu);
+	for (size_t i = 0; i < m->n_runners; i++)
+		if (m->runners[i].started) {
+			pthread_join(m->runners[i].thread, NULL);
+			m->runners[i].started = false;
+		}
+	pthread_mutex_lock(&m->mu);
+	m->shut = true;
+	pthread_mutex_unlock(&m->mu);
+	for (size_t i = 0; i < m->n_jobs; i++)
+		journal_flush_close(m->jobs[i]);
+}
+
+void pt_jobs_destroy(pt_jobs *m)
+{
+	if (m == NULL)
+		return;
+	pt_jobs_shutdown(m);
+	for (size_t i = 0; i < m->n_jobs; i++)
+		job_free(m->jobs[i]);
+	for (size_t i = 0; i < m->n_runners; i++)
+		free(m->runners[i].device);
+	free(m->runners);
+	free(m->jobs);
+	free(m->data_dir);
+	free(m->device);
+	free(m->files_root);
+	if (m->lock_fd >= 0)
+		close(m->lock_fd);
+	pthread_cond_destroy(&m->cv);
+	pthread_mutex_destroy(&m->mu);
+	free(m);
+}
+
+static pt_err write_spec(job *jb)
+{
+	pt_fb_builder b;
+	pt_fb_ref ref;
+	const uint8_t *data;
+	size_t size;
+	char path[MAX_PATH + 16];
+	pt_err rv;
+
+	PT_TRY(pt_fb_builder_init(&b, 4096));
+	if ((rv = pt_job_spec_build(&b, &jb->spec, &ref)) == PT_OK &&
+	    (rv = pt_fb_finish(&b, ref, NULL, &data, &size)) == PT_OK) {
+		pt_file_part part = {data, size};
+		snprintf(path, sizeof(path), "%s/spec.job", jb->dir);
+		rv = pt_file_write_atomic(path, &part, 1);
+	}
+	pt_fb_builder_fini(&b);
+	return rv;
+}
+
+pt_err pt_jobs_submit(pt_jobs *m, const uint8_t *spec_table, uint64_t *id)
+{
+	char ckdir[MAX_PATH + 16];
+	job *jb = NULL;
+	uint64_t nid;
+	pt_err rv;
+	double t;
+
+	*id = 0;
+	pthread_mutex_lock(&m->mu);
+	if (m->stopping) {
+		pthread_mutex_unlock(&m->mu);
+		return pt_set_error(PT_ERR_CLOSED, "server is shutting down");
+	}
+	nid = m->next_id++;
+	pthread_mutex_unlock(&m->mu);
+
+	if ((jb = job_new(m, nid)) == NULL)
+		return pt_set_error(PT_ERR_NOMEM, "job");
+	if ((rv = pt_job_spec_read(spec_table, &jb->spec)) != PT_OK)
+		goto fail;
+	if (jb->spec.device == NULL || jb->spec.device[0] == '\0') {
+		free(jb->spec.device);
+		if ((jb->spec.device = strdup(m->device)) == NULL) {
+			rv = pt_set_error(PT_ERR_NOMEM, "job");
+			goto fail;
+		}
+	}
+	if ((rv = pt_job_spec_validate(&jb->spec, m->files_root)) != PT_OK) {
+		/* A data file the spec names that cannot be read is the spec's fault. */
+		if (rv == PT_ERR_IO) {
+			char msg[1024];
+			snprintf(msg, sizeof(msg), "%s", pt_last_error());
+			rv = pt_set_error(PT_ERR_INVALID, "%s", msg);
+		}
+		goto fail;
+	}
+	if ((jb->device = strdup(jb->spec.device)) == NULL) {
+		rv = pt_set_error(PT_ERR_NOMEM, "job");
+		goto fail;
+	}
+	snprintf(ckdir, sizeof(ckdir), "%s/checkpoints", jb->dir);
+	if ((rv = mkdir_p(ckdir)) != PT_OK || (rv = write_spec(jb)) != PT_OK)
+		goto fail_io;
+	t = now_unix();
+	apply_state(jb, PT_JOB_QUEUED, 0, t, NULL);
+	if ((rv = journal_state(jb, PT_JOB_QUEUED, 0, t, NULL)) != PT_OK)
+		goto fail_io;
+
+	pthread_mutex_lock(&m->mu);
+	if (m->stopping) {
+		pthread_mutex_unlock(&m->mu);
+		rv = pt_set_error(PT_ERR_CLOSED, "server is shutting down");
+		goto fail_io;
+	}
+	if ((rv = insert_job(m, jb)) != PT_OK) {
+		pthread_mutex_unlock(&m->mu);
+		goto fail_io;
+	}
+	jb->queue_seq = m->next_seq++;
+	if ((rv = ensure_runner(m, jb->device)) != PT_OK) {
+		/* Journaled but no runner: fail it visibly rather than lose it. */
+		char msg[300];
+		snprintf(msg, sizeof(msg), "no runner: %s", pt_last_error());
+		set_state(jb, PT_JOB_FAILED, msg, now_unix());
+		pthread_mutex_unlock(&m->mu);
+		journal_state(jb, PT_JOB_FAILED, 0, now_unix(), msg);
+		*id = nid;
+		return PT_OK;
+	}
+	pthread_cond_broadcast(&m->cv);
+	pthread_mutex_unlock(&m->mu);
+	pt_info("job %" PRIu64 " (%s) queued on %s", nid, jb->spec.name ? jb->spec.name : "",
+	        jb->device);
+	*id = nid;
+	return PT_OK;
+fail_io:
+	pt_error("job %" PRIu64 ": submit failed: %s", nid, pt_last_error());
+fail:
+	if (jb->dir[0] && rv != PT_OK) {
+		char p[MAX_PATH + 32];
+		snprintf(p, sizeof(p), "%s/journal", jb->dir);
+		unlink(p);
+	}
+	job_free(jb);
+	return rv;
+}
+
+pt_err pt_jobs_cancel(pt_jobs *m, uint64_t id, pt_api_job_state *state)
+{
+	job *jb;
+	double t;
+
+	pthread_mutex_lock(&m->mu);
+	if ((jb = find_job(m, id)) == NULL) {
+		pthread_mutex_unlock(&m->mu);
+		return pt_set_error(PT_ERR_NOTFOUND, "no job %" PRIu64, id);
+	}
+	*state = jb->state;
+	if (pt_api_job_state_final(jb->state)) {
+		pthread_mutex_unlock(&m->mu);
+		return pt_set_error(PT_ERR_STATE, "job %" PRIu64 " already %s", id,
+		                    pt_api_job_state_name(jb->state));
+	}
+	if (jb->state == PT_JOB_QUEUED) {
+		t = now_unix();
+		set_state(jb, PT_JOB_CANCELLED, "cancelled while queued", t);
+		*state = PT_JOB_CANCELLED;
+		pthread_mutex_unlock(&m->mu);
+		journal_state(jb, PT_JOB_CANCELLED, jb->step, t, "cancelled while queued");
+		journal_flush_close(jb);
+		return PT_OK;
+	}
+	atomic_store(&jb->stop, STOP_CANCEL);
+	pthread_mutex_unlock(&m->mu);
+	return PT_OK;
+}
+
+static void fill_info(const job *jb, pt_api_job_info *ji, bool with_spec)
+{
+	memset(ji, 0, sizeof(*ji));
+	ji->id = jb->id;
+	ji->name = jb->spec.name;
+	ji->state = jb->state;
+	ji->message = jb->message[0] ? jb->message : NULL;
+	ji->step = jb->step;
+	ji->steps = jb->spec.steps;
+	ji->submitted_unix = jb->submitted;
+	ji->started_unix = jb->started;
+	ji->finished_unix = jb->finished;
+	if (jb->n_points > 0) {
+		ji->has_last = true;
+		ji->last = jb->points[jb->n_points - 1];
+	}
+	ji->spec = with_spec ? &jb->spec : NULL;
+}
+
+pt_err pt_jobs_reply_get(pt_jobs *m, uint64_t req_id, uint64_t id, pt_fb_builder *b,
+                         const uint8_t **data, size_t *size)
+{
+	pt_api_response r;
+	pt_api_job_info ji;
+	job *jb;
+	pt_err rv;
+
+	pthread_mutex_lock(&m->mu);
+	if ((jb = find_job(m, id)) == NULL) {
+		pthread_mutex_unlock(&m->mu);
+		return pt_set_error(PT_ERR_NOTFOUND, "no job %" PRIu64, id);
+	}
+	fill_info(jb, &ji, true);
+	pt_api_response_init(&r, req_id, PT_API_OK, PT_API_GET_JOB);
+	r.jobs = &ji;
+	r.n_jobs = 1;
+	rv = pt_api_build_response(b, &r, data, size);
+	pthread_mutex_unlock(&m->mu);
+	return rv;
+}
+
+pt_err pt_jobs_reply_list(pt_jobs *m, uint64_t req_id, pt_fb_builder *b, const uint8_t **data,
+                          size_t *size)
+{
+	pt_api_response r;
+	pt_api_job_info *v;
+	pt_err rv;
+
+	pthread_mutex_lock(&m->mu);
+	v = calloc(m->n_jobs ? m->n_jobs : 1, sizeof(*v));
+	if (v == NULL) {
+		pthread_mutex_unlock(&m->mu);
+		return pt_set_error(PT_ERR_NOMEM, "list");
+	}
+	for (size_t i = 0; i < m->n_jobs; i++)
+		fill_info(m->jobs[i], &v[i], false);
+	pt_api_response_init(&r, req_id, PT_API_OK, PT_API_LIST_JOBS);
+	r.jobs = v;
+	r.n_jobs = m->n_jobs;
+	rv = pt_api_build_response(b, &r, data, size);
+	pthread_mutex_unlock(&m->mu);
+	free(v);
+	return rv;
+}
+
+pt_err pt_jobs_reply_watch(pt_jobs *m, const pt_api_request *q, pt_jobs_waiter *w, pt_fb_builder *b,
+                           const uint8_t **data, size_t *size, bool *parked)
+{
+	pt_api_response r;
+	job *jb;
+	size_t lo, hi, n, maxp;
+	bool ended;
+	pt_err rv;
+
+	*parked = false;
+	pthread_mutex_lock(&m->mu);
+	if ((jb = find_job(m, q->job)) == NULL) {
+		pthread_mutex_unlock(&m->mu);
+		return pt_set_error(PT_ERR_NOTFOUND, "no job %" PRIu64, q->job);
+	}
+	/* First point with step > cursor (steps increase). */
+	lo = 0;
+	hi = jb->n_points;
+	while (lo < hi) {
+		size_t mid = (lo + hi) / 2;
+		if (jb->points[mid].step <= q->cursor)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	maxp = q->max_points <= 0 ? 1000 : (size_t)q->max_points;
+	if (maxp > MAX_WATCH_POINTS)
+		maxp = MAX_WATCH_POINTS;
+	n = jb->n_points - lo;
+	if (n > maxp)
+		n = maxp;
+	ended = pt_api_job_state_final(jb->state);
+	if (n == 0 && !ended && w != NULL && q->wait_ms > 0 && !m->stopping) {
+		w->next = &jb->waiters;
+		w->prev = jb->waiters.prev;
+		w->prev->next = w;
+		jb->waiters.prev = w;
+		w->linked = true;
+		*parked = true;
+		pthread_mutex_unlock(&m->mu);
+		return PT_OK;
+	}
+	pt_api_response_init(&r, q->id, PT_API_OK, PT_API_WATCH_METRICS);
+	r.points = jb->points + lo;
+	r.n_points = n;
+	r.cursor = n ? jb->points[lo + n - 1].step : q->cursor;
+	r.state = jb->state;
+	r.ended = ended && lo + n == jb->n_points;
+	rv = pt_api_build_response(b, &r, data, size);
+	pthread_mutex_unlock(&m->mu);
+	return rv;
+}
+
+void pt_jobs_unwatch(pt_jobs *m, pt_jobs_waiter *w)
+{
+	pthread_mutex_lock(&m->mu);
+	if (w->linked) {
+		w->prev->next = w->next;
+		w->next->prev = w->prev;
+		w->next = w->prev = NULL;
+		w->linked = false;
+	}
+	pthread_mutex_unlock(&m->mu);
+}
+
+pt_err pt_jobs_reply_checkpoints(pt_jobs *m, uint64_t req_id, uint64_t id, pt_fb_builder *b,
+                                 const uint8_t **data, size_t *size)
+{
+	pt_api_response r;
+	pt_api_checkpoint_info *v;
+	job *jb;
+	pt_err rv;
+
+	pthread_mutex_lock(&m->mu);
+	if ((jb = find_job(m, id)) == NULL) {
+		pthread_mutex_unlock(&m->mu);
+		return pt_set_error(PT_ERR_NOTFOUND, "no job %" PRIu64, id);
+	}
+	v = calloc(jb->n_ckpts ? jb->n_ckpts : 1, sizeof(*v));
+	if (v == NULL) {
+		pthread_mutex_unlock(&m->mu);
+		return pt_set_error(PT_ERR_NOMEM, "checkpoints");
+	}
+	for (size_t i = 0; i < jb->n_ckpts; i++) {
+		v[i].step = jb->ckpts[i].step;
+		v[i].size = jb->ckpts[i].size;
+		v[i].sha256 = jb->ckpts[i].sha256;
+	}
+	pt_api_response_init(&r, req_id, PT_API_OK, PT_API_LIST_CHECKPOINTS);
+	r.checkpoints = v;
+	r.n_checkpoints = jb->n_ckpts;
+	rv = pt_api_build_response(b, &r, data, size);
+	pthread_mutex_unlock(&m->mu);
+	free(v);
+	return rv;
+}
+
+pt_err pt_jobs_checkpoint(pt_jobs *m, uint64_t id, int64_t step, char *path, size_t path_cap,
+                          int64_t *out_step, uint64_t *size, char sha256[PT_SHA256_HEX])
+{
+	job *jb;
+	const ckpt *c = NULL;
+
+	pthread_mutex_lock(&m->mu);
+	if ((jb = find_job(m, id)) == NULL) {
+		pthread_mutex_unlock(&m->mu);
+		return pt_set_error(PT_ERR_NOTFOUND, "no job %" PRIu64, id);
+	}
+	if (step < 0) {
+		if (jb->n_ckpts)
+			c = &jb->ckpts[jb->n_ckpts - 1];
+	} else {
+		for (size_t i = 0; i < jb->n_ckpts; i++)
+			if (jb->ckpts[i].step == step)
+				c = &jb->ckpts[i];
+	}
+	if (c == NULL) {
+		pthread_mutex_unlock(&m->mu);
+		if (step < 0)
+			return pt_set_error(PT_ERR_NOTFOUND, "job %" PRIu64 " has no checkpoint",
+			                    id);
+		return pt_set_error(PT_ERR_NOTFOUND,
+		                    "job %" PRIu64 " has no checkpoint at step %" PRId64, id, step);
+	}
+	snprintf(path, path_cap, "%s/checkpoints/step-%" PRId64 ".safetensors", jb->dir, c->step);
+	*out_step = c->step;
+	*size = c->size;
+	memcpy(sha256, c->sha256, PT_SHA256_HEX);
+	pthread_mutex_unlock(&m->mu);
+	return PT_OK;
+}
+
+void pt_jobs_counts(pt_jobs *m, int *queued, int *running)
+{
+	int q = 0, r = 0;
+
+	pthread_mutex_lock(&m->mu);
+	for (size_t i = 0; i < m->n_jobs; i++) {
+		if (m->jobs[i]->state == PT_JOB_QUEUED)
+			q++;
+		else if (m->jobs[i]->state == PT_JOB_STARTING ||
+		         m->jobs[i]->state == PT_JOB_RUNNING)
+			r++;
+	}
+	pthread_mutex_unlock(&m->mu);
+	*queued = q;
+	*running = r;
+}

@@ -1,0 +1,110 @@
+/* jobs.h - pipeserver's job manager: ids, a FIFO queue per device, job states,
+ * one runner thread per device set, and the on-disk journal.
+ *
+ * Layout under data_dir:
+ *   jobs/<id>/spec.job        the verified JobSpec binary (written atomically)
+ *   jobs/<id>/journal         append-only records (state changes, metric points),
+ *                             each [u32 length][u32 CRC-32][payload]; a torn tail
+ *                             after a crash fails its CRC and is cut off on restart
+ *   jobs/<id>/checkpoints/    step-N.safetensors (+ .state) written by pt_job_run
+ * A submit is acknowledged only after spec.job and its Queued record are fsynced;
+ * state changes are fsynced as they happen and metrics at least every
+ * metrics_sync_ms. On restart every job is listed again; a job that was running
+ * is marked Interrupted and, when its spec asks (checkpoint.resume), queued
+ * again to resume from its latest checkpoint.
+ *
+ * Thread-safety: every function may be called from any thread. Functions that
+ * do file I/O (create, submit, cancel, shutdown) block; the reply builders and
+ * watch functions only take the manager's lock for a short time.
+ */
+#ifndef PT_SERVER_JOBS_H
+#define PT_SERVER_JOBS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "api/api.h"
+#include "error.h"
+#include "fb.h"
+#include "sha256.h"
+
+typedef struct pt_jobs pt_jobs;
+
+typedef struct pt_jobs_config {
+	const char *data_dir;
+	const char *device;     /* default device of jobs that name none */
+	const char *files_root; /* relative data paths resolve here (NULL: cwd) */
+	int threads;            /* CPU threads per job (0: all cores) */
+	int watch_interval_ms;  /* wake parked watchers at most this often */
+	int metrics_sync_ms;    /* fsync metric records at least this often */
+} pt_jobs_config;
+
+/* pt_jobs_waiter is a parked WatchMetrics request, embedded by the caller.
+ * wake is called at most once per pt_jobs_reply_watch that parked it, with
+ * the manager's lock held and the waiter already unlinked: it must not block
+ * nor call back into pt_jobs. */
+typedef struct pt_jobs_waiter {
+	struct pt_jobs_waiter *next, *prev;
+	void (*wake)(struct pt_jobs_waiter *w);
+	bool linked;
+} pt_jobs_waiter;
+
+/* pt_jobs_create opens (creating) data_dir, recovers every journaled job
+ * (see above) and starts runner threads for queued jobs. */
+pt_err pt_jobs_create(pt_jobs **out, const pt_jobs_config *cfg);
+
+/* pt_jobs_shutdown stops accepting submits, asks running jobs to stop (they
+ * write a checkpoint and become Interrupted), waits for the runners and
+ * flushes every journal. Blocks for up to one training step. Idempotent. */
+void pt_jobs_shutdown(pt_jobs *j);
+
+/* pt_jobs_destroy shuts down (if not yet) and frees j; accepts NULL. No
+ * waiter may still be linked. */
+void pt_jobs_destroy(pt_jobs *j);
+
+/* pt_jobs_submit reads and validates the verified JobSpec table, journals it
+ * and queues the job; *id gets its id. Errors: PT_ERR_CLOSED while shutting
+ * down, PT_ERR_IO/NOMEM for the server's own failures, anything else is a
+ * spec problem named in pt_last_error(). Blocks (fsync). */
+pt_err pt_jobs_submit(pt_jobs *j, const uint8_t *spec_table, uint64_t *id);
+
+/* pt_jobs_cancel cancels a queued job at once or asks a running job to stop
+ * within one step (it keeps its last checkpoint); *state gets the job's state
+ * after the call (Cancelled, or Running/Starting while it stops). Errors:
+ * PT_ERR_NOTFOUND, PT_ERR_STATE (already finished). Blocks (fsync). */
+pt_err pt_jobs_cancel(pt_jobs *j, uint64_t id, pt_api_job_state *state);
+
+/* pt_jobs_reply_get builds the GetJobReply (with the spec) for request id
+ * req_id into b. PT_ERR_NOTFOUND when no such job. */
+pt_err pt_jobs_reply_get(pt_jobs *j, uint64_t req_id, uint64_t job, pt_fb_builder *b,
+                         const uint8_t **data, size_t *size);
+
+/* pt_jobs_reply_list builds the ListJobsReply (all jobs, by id, no specs). */
+pt_err pt_jobs_reply_list(pt_jobs *j, uint64_t req_id, pt_fb_builder *b, const uint8_t **data,
+                          size_t *size);
+
+/* pt_jobs_reply_watch answers WatchMetrics r: when points after r->cursor
+ * exist, the job has ended, r->wait_ms <= 0 or w is NULL, it builds the reply
+ * into b and sets *parked = false; otherwise it links w to the job and sets
+ * *parked = true (nothing built): w->wake will be called when points arrive
+ * or the job's state changes; the caller then calls this again with w NULL,
+ * or, when its own timer fires first, pt_jobs_unwatch(w) and then this. */
+pt_err pt_jobs_reply_watch(pt_jobs *j, const pt_api_request *r, pt_jobs_waiter *w, pt_fb_builder *b,
+                           const uint8_t **data, size_t *size, bool *parked);
+
+/* pt_jobs_unwatch unlinks w if it is still linked. */
+void pt_jobs_unwatch(pt_jobs *j, pt_jobs_waiter *w);
+
+/* pt_jobs_reply_checkpoints builds the ListCheckpointsReply of a job. */
+pt_err pt_jobs_reply_checkpoints(pt_jobs *j, uint64_t req_id, uint64_t job, pt_fb_builder *b,
+                                 const uint8_t **data, size_t *size);
+
+/* pt_jobs_checkpoint finds checkpoint `step` (-1: the latest) of a job: its
+ * file path (path_cap bytes), step, size and SHA-256 hex. PT_ERR_NOTFOUND. */
+pt_err pt_jobs_checkpoint(pt_jobs *j, uint64_t job, int64_t step, char *path, size_t path_cap,
+                          int64_t *out_step, uint64_t *size, char sha256[PT_SHA256_HEX]);
+
+/* pt_jobs_counts reports queued and running (starting included) jobs. */
+void pt_jobs_counts(pt_jobs *j, int *queued, int *running);
+
+#endif

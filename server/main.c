@@ -1,0 +1,138 @@
+/* main.c - pipeserver: options, signals, startup and graceful shutdown.
+ *
+ * Startup prints one `pipeserver listening on <url>` line per listener to
+ * stdout (tests and scripts parse it); everything else is logged to stderr.
+ * SIGTERM/SIGINT: stop taking requests, stop running jobs (each writes a
+ * checkpoint and is marked Interrupted), flush the journal, exit 0.
+ */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "api_server.h"
+#include "config.h"
+#include "jobs.h"
+#include "log.h"
+
+#ifndef PT_VERSION
+#define PT_VERSION "0.0.0"
+#endif
+
+/* is_local tells whether url can only be reached from this machine. */
+static int is_local(const char *url)
+{
+	static const char *const local_schemes[] = {"ipc://", "abstract://", "inproc://"};
+	static const char *const loopback[] = {"127.", "localhost:", "[::1]:", "::1:"};
+	const char *host = strstr(url, "://");
+
+	for (size_t i = 0; i < 3; i++)
+		if (strncmp(url, local_schemes[i], strlen(local_schemes[i])) == 0)
+			return 1;
+	if (host == NULL)
+		return 0;
+	host += 3;
+	for (size_t i = 0; i < 4; i++)
+		if (strncmp(host, loopback[i], strlen(loopback[i])) == 0)
+			return 1;
+	return 0;
+}
+
+static pt_log_level level_of(const char *s)
+{
+	if (strcmp(s, "debug") == 0)
+		return PT_LOG_DEBUG;
+	if (strcmp(s, "warn") == 0)
+		return PT_LOG_WARN;
+	if (strcmp(s, "error") == 0)
+		return PT_LOG_ERROR;
+	if (strcmp(s, "off") == 0)
+		return PT_LOG_OFF;
+	return PT_LOG_INFO;
+}
+
+int main(int argc, char **argv)
+{
+	pt_server_config cfg;
+	pt_jobs_config jc;
+	pt_api_server_config ac;
+	pt_jobs *jobs = NULL;
+	pt_api_server *srv = NULL;
+	sigset_t set;
+	int sig = 0, status = 1;
+
+	/* Every thread (nng's included) inherits the mask: only sigwait sees them. */
+	sigemptyset(&set);
+	sigaddset(&set, SIGTERM);
+	sigaddset(&set, SIGINT);
+	pthread_sigmask(SIG_BLOCK, &set, NULL);
+	signal(SIGPIPE, SIG_IGN);
+
+	if (pt_server_config_load(&cfg, argc, argv) != PT_OK) {
+		fprintf(stderr, "pipeserver: %s\n", pt_last_error());
+		pt_server_config_fini(&cfg);
+		return 2;
+	}
+	if (cfg.help) {
+		pt_server_config_usage(stdout);
+		pt_server_config_fini(&cfg);
+		return 0;
+	}
+	pt_log_set_level(level_of(cfg.log_level));
+	for (int i = 0; i < cfg.n_listen; i++)
+		if (!is_local(cfg.listen[i]) && cfg.auth_token == NULL) {
+			fprintf(
+			    stderr,
+			    "pipeserver: %s is not a loopback address: an auth token is required "
+			    "(--auth-token-file)\n",
+			    cfg.listen[i]);
+			pt_server_config_fini(&cfg);
+			return 2;
+		}
+
+	memset(&jc, 0, sizeof(jc));
+	jc.data_dir = cfg.data_dir;
+	jc.device = cfg.device;
+	jc.files_root = cfg.files_root[0] ? cfg.files_root : NULL;
+	jc.threads = cfg.threads;
+	jc.watch_interval_ms = cfg.watch_interval_ms;
+	jc.metrics_sync_ms = cfg.metrics_sync_ms;
+	if (pt_jobs_create(&jobs, &jc) != PT_OK) {
+		fprintf(stderr, "pipeserver: %s\n", pt_last_error());
+		goto out;
+	}
+
+	memset(&ac, 0, sizeof(ac));
+	ac.urls = (const char *const *)cfg.listen;
+	ac.n_urls = cfg.n_listen;
+	ac.auth_token = cfg.auth_token;
+	ac.tls_cert = cfg.tls_cert;
+	ac.tls_key = cfg.tls_key;
+	ac.tls_ca = cfg.tls_ca;
+	ac.contexts = cfg.contexts;
+	ac.max_contexts = cfg.max_contexts;
+	ac.workers = cfg.workers;
+	ac.max_request = (size_t)cfg.max_request_mb << 20;
+	ac.device = cfg.device;
+	ac.version = PT_VERSION;
+	ac.jobs = jobs;
+	if (pt_api_server_start(&srv, &ac, stdout) != PT_OK) {
+		fprintf(stderr, "pipeserver: %s\n", pt_last_error());
+		goto out;
+	}
+
+	while (sigwait(&set, &sig) != 0)
+		;
+	pt_info("signal %d (%s): shutting down", sig, strsignal(sig));
+	pt_api_server_drain(srv);
+	pt_jobs_shutdown(jobs);
+	status = 0;
+out:
+	pt_api_server_destroy(srv);
+	pt_jobs_destroy(jobs);
+	pt_server_config_fini(&cfg);
+	if (status == 0)
+		pt_info("stopped");
+	return status;
+}
