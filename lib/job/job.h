@@ -79,7 +79,25 @@ pt_err pt_job_spec_from_json(pt_fb_builder *b, const char *text, size_t len, pt_
  * root buffer (*buf, free() it). */
 pt_err pt_job_spec_load_file(const char *path, void **buf, size_t *len);
 
+/* pt_job_spec_fini frees what s owns and zeroes it. NULL-safe. */
 void pt_job_spec_fini(pt_job_spec *s);
+
+/* pt_job_spec_defaults zeroes s and sets the schema's defaults (held_out 0.2,
+ * shuffle, ignore_index -1, AdamW with beta1 0.9, beta2 0.999, eps 1e-8,
+ * microbatches 1, stages 1, keep 3, resume, seed 1, weight_stashing). Layers
+ * are the caller's to add (the schema's Layer.bias default is true). */
+void pt_job_spec_defaults(pt_job_spec *s);
+
+/* pt_job_spec_parse_json converts the JSON text of a JobSpec straight into *out
+ * (types, ranges of the field types and enum names are checked, nothing
+ * else: see pt_job_spec_validate). Errors name the JSON path. On error *out
+ * owns nothing; on success release it with pt_job_spec_fini. */
+pt_err pt_job_spec_parse_json(const char *text, size_t len, pt_job_spec *out);
+
+/* pt_job_spec_input_shape gives the shape of one sample as the data delivers
+ * it: Npy f32 features F (n_features from the features file), Tokens i64
+ * seq_len. */
+pt_act_shape pt_job_spec_input_shape(const pt_job_spec *s, int64_t n_features);
 
 /* One metric point of a running job. */
 typedef struct pt_job_metric {
@@ -87,7 +105,7 @@ typedef struct pt_job_metric {
 	double loss;
 	float lr;
 	double grad_norm;
-	double samples_per_s, tokens_per_s;
+	double samples_per_s, tokens_per_s; /* over the step's wall time; tokens: 0 for Npy */
 	double bubble;
 	int n_stages;
 	double stage_busy[PT_MAX_STAGES];
@@ -106,7 +124,7 @@ typedef struct pt_job_hooks {
 } pt_job_hooks;
 
 typedef struct pt_job_run_options {
-	const char *checkpoint_dir; /* where step-N.safetensors files go */
+	const char *checkpoint_dir; /* where step-N.safetensors files go (NULL: none) */
 	const char *files_root;     /* for relative data paths (NULL: cwd) */
 	const char *resume_from;    /* a checkpoint to resume from, or NULL */
 	int threads;                /* CPU threads for the whole job (0: all cores) */
@@ -114,8 +132,22 @@ typedef struct pt_job_run_options {
 
 /* pt_job_run trains the job to spec->steps (or until should_stop), writing
  * checkpoints per the spec's policy and always one at the end (also when
- * stopped). Blocking. *last_step gets the last completed step. */
+ * stopped). Blocking. *last_step gets the last completed step.
+ *
+ * It validates spec first, runs p stage threads and the coordinator (this
+ * thread) over the local communicator, and evaluates on the held-out rows
+ * (Npy) or a fixed set of token windows at every eval_every-th and the last
+ * step. A checkpoint is DIR/step-N.safetensors (the full model's weights,
+ * PyTorch names) plus DIR/step-N.safetensors.state (tensor "stage<s>.state",
+ * s = 0..p-1, per stage: parameters then optimizer state; metadata step,
+ * optimizer_steps, job, stages, boundaries); only the newest
+ * checkpoint.keep pairs stay. Stopped before any step, the initial weights
+ * are saved as step 0. resume_from (a step-N.safetensors path written for
+ * the same partition) restores every stage and continues at step N + 1; the
+ * batch of each step depends only on (seed, step), so in sync and semi-async
+ * mode a resumed run equals an uninterrupted one bitwise. An error from the
+ * pipeline, the data or a checkpoint ends the run with that error. */
 pt_err pt_job_run(const pt_job_spec *spec, const pt_job_run_options *o, const pt_job_hooks *h,
-		  int64_t *last_step);
+                  int64_t *last_step);
 
 #endif

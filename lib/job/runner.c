@@ -1,0 +1,619 @@
+/* runner.c - pt_job_run: train a validated JobSpec on in-process pipeline
+ * stages, with metrics, held-out evaluation, checkpoints and resume.
+ *
+ * Layout: rank 0 (this thread) is the coordinator, ranks 1..p are stage
+ * threads over the local communicator. The runner also keeps one full model
+ * (never trained) to evaluate and to write PyTorch-named weights: the full
+ * model's parameter arena is the concatenation of the stages' arenas, which
+ * the runner checks once by building each stage's model.
+ *
+ * Determinism: the batch of step N is a pure function of (seed, N) - an
+ * epoch's order comes from (seed, epoch), token windows from (seed, step) -
+ * and a checkpoint holds every stage's whole training state, so a run resumed
+ * from step k equals the uninterrupted run bitwise (sync and semi-async).
+ *
+ * Checkpoint files: DIR/step-N.safetensors holds the full model's weights
+ * (pt_checkpoint_save, PyTorch names); DIR/step-N.safetensors.state holds one
+ * flat f32 tensor per stage, "stage<s>.state" (s = 0..p-1: parameters then
+ * optimizer state, as pt_coordinator_get_state gives it), with metadata
+ * format, schema_version, job, step, optimizer_steps (per stage, comma
+ * separated), stages and boundaries. Limits: remote workers are refused by
+ * validation; only the CPU device.
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <pthread.h>
+
+#include "batch.h"
+#include "checkpoint.h"
+#include "dispatch.h"
+#include "fileio.h"
+#include "job.h"
+#include "runtime.h"
+#include "safetensors.h"
+#include "tokens.h"
+#include "train.h"
+
+/* Token jobs evaluate on this many fixed windows (rounded up to whole
+ * microbatches), drawn from their own Philox seed. */
+#define EVAL_WINDOWS 64
+#define EVAL_SEED    UINT64_C(0x6576616c00000000) /* "eval" */
+
+typedef struct runner {
+	const pt_job_spec *s;
+	const char *root, *ckdir;
+	const pt_job_hooks *h;
+	int p, m, threads, tps;
+	int64_t B; /* samples per microbatch */
+	pt_act_shape in;
+	int first[PT_MAX_STAGES + 1];
+	int64_t nparams[PT_MAX_STAGES]; /* floats in each stage's parameter arena */
+
+	pt_local_group *g;
+	pt_comm *comms[PT_MAX_STAGES + 1];
+	pt_stage *stages[PT_MAX_STAGES + 1];
+	pthread_t threads_of[PT_MAX_STAGES + 1];
+	bool started[PT_MAX_STAGES + 1];
+	pt_coordinator *coord;
+	pt_model *full;
+	pt_trainer *eval;
+
+	pt_dataset all, train, held;
+	pt_batch_iter it;
+	int64_t per_epoch; /* batches per epoch */
+	pt_tokens tk;
+	pt_tensor x, y;   /* one batch */
+	pt_tensor ex, ey; /* the evaluation set */
+	bool have_eval;
+
+	pt_tensor states[PT_MAX_STAGES]; /* gathered at eval/checkpoint steps */
+	int64_t opt_steps[PT_MAX_STAGES];
+	bool have_states;
+	int64_t last_ckpt; /* step of the newest checkpoint written or resumed (-1: none) */
+} runner;
+
+static const char *resolve(char *buf, size_t cap, const char *root, const char *path)
+{
+	if (root == NULL || root[0] == 0 || path[0] == '/')
+		return path;
+	snprintf(buf, cap, "%s/%s", root, path);
+	return buf;
+}
+
+/* ----------------------------------------------------------------- data -- */
+
+static pt_err data_up(runner *r)
+{
+	const pt_job_spec *s = r->s;
+	int64_t batch = s->batch_size;
+	char b1[4096], b2[4096];
+	pt_err rv;
+
+	if (s->data.format == PT_DATA_NPY) {
+		int64_t n_eval, yshape[2];
+		PT_TRY(pt_dataset_load_npy(&r->all,
+		                           resolve(b1, sizeof(b1), r->root, s->data.features),
+		                           resolve(b2, sizeof(b2), r->root, s->data.labels), true));
+		PT_TRY(pt_dataset_split(&r->train, &r->held, &r->all, (double)s->data.held_out,
+		                        s->seed));
+		PT_TRY(
+		    pt_batch_iter_init(&r->it, &r->train, batch, s->data.shuffle, true, s->seed));
+		r->per_epoch = pt_batch_iter_batches(&r->it);
+		if (r->per_epoch < 1)
+			return pt_set_error(PT_ERR_RANGE, "data: no full batch of %ld samples",
+			                    (long)batch);
+		r->in = pt_job_spec_input_shape(s, r->all.x.shape[1]);
+		PT_TRY(pt_tensor_init(&r->x, PT_F32, 2, (int64_t[]){batch, r->in.features}));
+		memcpy(yshape, r->train.y.shape, sizeof(yshape));
+		yshape[0] = batch;
+		PT_TRY(pt_tensor_init(&r->y, r->train.y.dtype, r->train.y.ndim, yshape));
+		n_eval = r->held.n / r->B * r->B;
+		if (n_eval > 0) {
+			PT_TRY(pt_tensor_narrow(&r->ex, &r->held.x, 0, 0, n_eval));
+			PT_TRY(pt_tensor_narrow(&r->ey, &r->held.y, 0, 0, n_eval));
+			r->have_eval = true;
+		}
+		return PT_OK;
+	}
+	int64_t T = s->data.seq_len, n_eval = (EVAL_WINDOWS + r->B - 1) / r->B * r->B;
+	rv = pt_tokens_load(&r->tk, resolve(b1, sizeof(b1), r->root, s->data.tokens),
+	                    s->data.format == PT_DATA_TOKENS16 ? PT_U16 : PT_U32, s->data.vocab);
+	if (rv != PT_OK)
+		return pt_set_error(rv, "data.tokens: %s", pt_last_error());
+	r->in = pt_job_spec_input_shape(s, 0);
+	PT_TRY(pt_tensor_init(&r->x, PT_I64, 2, (int64_t[]){batch, T}));
+	PT_TRY(pt_tensor_init(&r->y, PT_I64, 2, (int64_t[]){batch, T}));
+	PT_TRY(pt_tensor_init(&r->ex, PT_I64, 2, (int64_t[]){n_eval, T}));
+	PT_TRY(pt_tensor_init(&r->ey, PT_I64, 2, (int64_t[]){n_eval, T}));
+	PT_TRY(pt_tokens_sample(&r->tk, s->seed ^ EVAL_SEED, 0, &r->ex, &r->ey));
+	r->have_eval = true;
+	return PT_OK;
+}
+
+/* load_batch fills x, y with the batch of 0-based step k: a pure function of
+ * (seed, k), whatever ran before. */
+static pt_err load_batch(runner *r, int64_t k)
+{
+	int64_t rows;
+	if (r->s->data.format != PT_DATA_NPY)
+		return pt_tokens_sample(&r->tk, r->s->seed, (uint64_t)k, &r->x, &r->y);
+	uint64_t epoch = (uint64_t)(k / r->per_epoch);
+	int64_t pos = (k % r->per_epoch) * r->s->batch_size;
+	if (r->it.epoch != epoch || r->it.pos != pos) {
+		pt_batch_iter_set_epoch(&r->it, epoch);
+		r->it.pos = pos; /* the iterator's documented cursor: row `pos` of the order */
+	}
+	PT_TRY(pt_batch_iter_next(&r->it, &r->x, &r->y, &rows));
+	if (rows != r->s->batch_size)
+		return pt_set_error(PT_ERR_STATE, "data: step %ld got %ld rows of %ld", (long)k + 1,
+		                    (long)rows, (long)r->s->batch_size);
+	return PT_OK;
+}
+
+static void data_down(runner *r)
+{
+	pt_tensor_fini(&r->x);
+	pt_tensor_fini(&r->y);
+	pt_tensor_fini(&r->ex);
+	pt_tensor_fini(&r->ey);
+	pt_batch_iter_fini(&r->it);
+	pt_dataset_fini(&r->train);
+	pt_dataset_fini(&r->held);
+	pt_dataset_fini(&r->all);
+	pt_tokens_fini(&r->tk);
+}
+
+/* ------------------------------------------------------------- pipeline -- */
+
+static pt_err models_up(runner *r)
+{
+	const pt_job_spec *s = r->s;
+	pt_model_config one = {.batch = 1, .input = r->in, .n_slots = 1, .seed = s->seed};
+	pt_model_config full = {.batch = r->B, .input = r->in, .n_slots = 1, .seed = s->seed};
+	int64_t sum = 0, total;
+
+	if (s->boundaries != NULL) {
+		memcpy(r->first, s->boundaries, sizeof(int) * ((size_t)r->p + 1));
+		PT_TRY(pt_partition_check(s->n_layers, r->p, r->first));
+	} else {
+		PT_TRY(pt_partition(s->layers, s->n_layers, r->in, r->p, r->first));
+	}
+	PT_TRY(pt_model_create(&r->full, s->layers, s->n_layers, 0, s->n_layers, &full));
+	/* Each stage's arena from the stage's own model (batch 1: cheap): every
+	 * parameter must sit in the full arena at the stage's base plus its
+	 * place in the stage's arena, so concatenating the stages' arenas gives
+	 * the full model's. */
+	for (int st = 0, g = 0; st < r->p; st++) {
+		pt_model *m;
+		pt_err rv = PT_OK;
+		PT_TRY(pt_model_create(&m, s->layers, s->n_layers, r->first[st], r->first[st + 1],
+		                       &one));
+		r->nparams[st] = pt_tensor_numel(pt_model_params(m));
+		for (int i = 0; i < pt_model_num_tensors(m) && rv == PT_OK; i++, g++) {
+			const char *name, *full_name;
+			pt_tensor *p, *q;
+			pt_model_tensor(m, i, &name, &p, NULL);
+			if (g >= pt_model_num_tensors(r->full) ||
+			    pt_model_tensor(r->full, g, &full_name, &q, NULL) != PT_OK ||
+			    strcmp(name, full_name) != 0 || q->offset != sum + p->offset)
+				rv = pt_set_error(PT_ERR_STATE,
+				                  "stage %d's parameter %s is not where the full "
+				                  "model keeps it",
+				                  st, name);
+		}
+		sum += r->nparams[st];
+		pt_model_destroy(m);
+		PT_TRY(rv);
+	}
+	total = pt_tensor_numel(pt_model_params(r->full));
+	if (sum != total)
+		return pt_set_error(
+		    PT_ERR_STATE,
+		    "the stages' parameter arenas (%ld floats) do not add up to the "
+		    "full model's (%ld)",
+		    (long)sum, (long)total);
+	return pt_trainer_create(&r->eval, r->full, NULL, s->loss, s->ignore_index);
+}
+
+/* stage_main runs one stage's loop. It is pt_stage_start's thread plus one
+ * thing: a stage thread's default dispatcher (created on its first op) is
+ * thread-local and nothing frees it when the thread ends, so the thread frees
+ * it itself before leaving. */
+static void *stage_main(void *arg)
+{
+	pt_stage_run(arg);
+	pt_dispatcher_destroy(pt_dispatcher_current());
+	return NULL;
+}
+
+static pt_err pipeline_up(runner *r)
+{
+	const pt_job_spec *s = r->s;
+	pt_pipeline_config pc = {.n_stages = r->p,
+	                         .n_microbatches = r->m,
+	                         .microbatch = r->B,
+	                         .mode = s->mode,
+	                         .loss = s->loss,
+	                         .ignore_index = s->ignore_index,
+	                         .optim = s->optim,
+	                         .output = pt_model_output_shape(r->full)};
+
+	PT_TRY(pt_local_group_create(&r->g, r->p + 1));
+	for (int i = 0; i <= r->p; i++)
+		PT_TRY(pt_local_comm_create(&r->comms[i], r->g, i));
+	for (int st = 1; st <= r->p; st++) {
+		pt_stage_config c = {.layers = s->layers,
+		                     .n_layers = s->n_layers,
+		                     .input = r->in,
+		                     .microbatch = r->B,
+		                     .first = r->first[st - 1],
+		                     .last = r->first[st],
+		                     .n_slots = s->mode == PT_MODE_SYNC ? r->m : r->p,
+		                     .mode = s->mode,
+		                     .optim = s->optim,
+		                     .seed = s->seed,
+		                     .weight_stashing = s->weight_stashing,
+		                     .recompute = s->recompute,
+		                     .threads = r->tps};
+		PT_TRY(pt_stage_create(&r->stages[st], &c, r->comms[st]));
+		if (pthread_create(&r->threads_of[st], NULL, stage_main, r->stages[st]) != 0)
+			return pt_set_error(PT_ERR_BACKEND, "stage %d: cannot start its thread",
+			                    st - 1);
+		r->started[st] = true;
+	}
+	return pt_coordinator_create(&r->coord, &pc, r->comms[0]);
+}
+
+static void release_states(runner *r)
+{
+	for (int st = 0; st < r->p; st++)
+		pt_tensor_fini(&r->states[st]);
+	r->have_states = false;
+}
+
+static void pipeline_down(runner *r)
+{
+	bool stopped = false;
+	release_states(r);
+	if (r->coord != NULL) {
+		if (r->s->mode == PT_MODE_ASYNC) {
+			pt_pipe_step_result res;
+			pt_coordinator_drain(r->coord, &res);
+		}
+		stopped = pt_coordinator_stop(r->coord) == PT_OK;
+	}
+	/* Stages that did not take STOP leave their loops when closed. */
+	if (!stopped)
+		for (int i = 0; i <= r->p; i++)
+			if (r->comms[i])
+				pt_comm_close(r->comms[i]);
+	for (int st = 1; st <= r->p; st++) {
+		if (r->started[st])
+			pthread_join(r->threads_of[st], NULL);
+		pt_stage_destroy(r->stages[st]);
+	}
+	pt_coordinator_destroy(r->coord);
+	for (int i = 0; i <= r->p; i++)
+		pt_comm_destroy(r->comms[i]);
+	pt_local_group_destroy(r->g);
+	pt_trainer_destroy(r->eval);
+	pt_model_destroy(r->full);
+}
+
+/* gather fetches every stage's state and copies the parameters into the full
+ * model's arena (stage arenas concatenated). */
+static pt_err gather(runner *r)
+{
+	pt_tensor *P = pt_model_params(r->full);
+	float *dst;
+	int64_t off = 0;
+	if (r->s->mode == PT_MODE_ASYNC) {
+		pt_pipe_step_result res;
+		PT_TRY(pt_coordinator_drain(r->coord, &res));
+	}
+	for (int st = 0; st < r->p; st++) {
+		PT_TRY(
+		    pt_coordinator_get_state(r->coord, st + 1, &r->states[st], &r->opt_steps[st]));
+		r->have_states = true;
+		if (r->states[st].dtype != PT_F32 || r->states[st].ndim != 1 ||
+		    r->states[st].shape[0] < r->nparams[st])
+			return pt_set_error(
+			    PT_ERR_SHAPE, "stage %d sent a state of %ld values for %ld parameters",
+			    st, (long)pt_tensor_numel(&r->states[st]), (long)r->nparams[st]);
+		PT_TRY(pt_tensor_sync(&r->states[st]));
+	}
+	PT_TRY(pt_data_write_begin(P, "full model parameters"));
+	dst = pt_tensor_f32(P);
+	for (int st = 0; st < r->p; st++) {
+		memcpy(dst + off, pt_tensor_f32(&r->states[st]),
+		       sizeof(float) * (size_t)r->nparams[st]);
+		off += r->nparams[st];
+	}
+	pt_data_write_end(P);
+	return PT_OK;
+}
+
+/* ---------------------------------------------------------- checkpoints -- */
+
+static int cmp_desc(const void *a, const void *b)
+{
+	int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+	return x < y ? 1 : x > y ? -1 : 0;
+}
+
+/* prune deletes all but the newest `keep` step-N.safetensors pairs in dir. */
+static void prune(const char *dir, int keep)
+{
+	DIR *d = opendir(dir);
+	struct dirent *e;
+	int64_t *steps = NULL;
+	size_t n = 0, cap = 0;
+	if (d == NULL)
+		return;
+	while ((e = readdir(d)) != NULL) {
+		char *end;
+		long long v;
+		if (strncmp(e->d_name, "step-", 5) != 0 || e->d_name[5] < '0' || e->d_name[5] > '9')
+			continue;
+		errno = 0;
+		v = strtoll(e->d_name + 5, &end, 10);
+		if (errno != 0 || strcmp(end, ".safetensors") != 0)
+			continue;
+		if (n == cap) {
+			int64_t *grown = realloc(steps, sizeof(int64_t) * (cap ? 2 * cap : 16));
+			if (grown == NULL)
+				break;
+			steps = grown;
+			cap = cap ? 2 * cap : 16;
+		}
+		steps[n++] = v;
+	}
+	closedir(d);
+	qsort(steps, n, sizeof(int64_t), cmp_desc);
+	for (size_t i = (size_t)keep; i < n; i++) {
+		char path[4200];
+		snprintf(path, sizeof(path), "%s/step-%" PRId64 ".safetensors.state", dir,
+		         steps[i]);
+		unlink(path);
+		path[strlen(path) - 6] = 0; /* drop ".state" */
+		unlink(path);
+	}
+	free(steps);
+}
+
+/* checkpoint writes the gathered state as step-N: the .state companion first,
+ * then the weights, so a weights file always has its state next to it. */
+static pt_err checkpoint(runner *r, int64_t step)
+{
+	const pt_job_spec *s = r->s;
+	char path[4096], spath[4200], names[PT_MAX_STAGES][32], stepbuf[32];
+	char opt[PT_MAX_STAGES * 21 + 1], bounds[(PT_MAX_STAGES + 1) * 12 + 1], stages[16];
+	pt_st_tensor t[PT_MAX_STAGES];
+	pt_checkpoint_info info = {.step = step};
+	size_t o1 = 0, o2 = 0;
+
+	if (mkdir(r->ckdir, 0755) != 0 && errno != EEXIST)
+		return pt_set_error(PT_ERR_IO, "checkpoint directory '%s': %s", r->ckdir,
+		                    strerror(errno));
+	snprintf(path, sizeof(path), "%s/step-%" PRId64 ".safetensors", r->ckdir, step);
+	snprintf(spath, sizeof(spath), "%s.state", path);
+	snprintf(info.job, sizeof(info.job), "%s", s->name ? s->name : "");
+	snprintf(stepbuf, sizeof(stepbuf), "%" PRId64, step);
+	snprintf(stages, sizeof(stages), "%d", r->p);
+	for (int st = 0; st < r->p; st++) {
+		snprintf(names[st], sizeof(names[st]), "stage%d.state", st);
+		t[st] = (pt_st_tensor){names[st], &r->states[st]};
+		o1 += (size_t)snprintf(opt + o1, sizeof(opt) - o1, "%s%" PRId64, st ? "," : "",
+		                       r->opt_steps[st]);
+	}
+	for (int st = 0; st <= r->p; st++)
+		o2 += (size_t)snprintf(bounds + o2, sizeof(bounds) - o2, "%s%d", st ? "," : "",
+		                       r->first[st]);
+	pt_st_meta meta[] = {
+	    {"format", "pipetrain"},  {"schema_version", PT_CHECKPOINT_SCHEMA_VERSION},
+	    {"job", info.job},        {"step", stepbuf},
+	    {"optimizer_steps", opt}, {"stages", stages},
+	    {"boundaries", bounds}};
+	PT_TRY(pt_safetensors_write(spath, t, (size_t)r->p, meta, sizeof(meta) / sizeof(meta[0])));
+	PT_TRY(pt_checkpoint_save(path, r->full, NULL, &info));
+	r->last_ckpt = step;
+	prune(r->ckdir, s->checkpoint_keep);
+	if (r->h && r->h->on_checkpoint)
+		r->h->on_checkpoint(r->h->ctx, step, path);
+	return PT_OK;
+}
+
+/* resume loads every stage's state from PATH.state; *step gets its step. */
+static pt_err resume(runner *r, const char *path, int64_t *step)
+{
+	char spath[4200], bounds[(PT_MAX_STAGES + 1) * 12 + 1], *end;
+	const char *v;
+	pt_safetensors *st;
+	int64_t opt[PT_MAX_STAGES];
+	size_t o = 0;
+	pt_err rv = PT_OK;
+
+	snprintf(spath, sizeof(spath), "%s.state", path);
+	if ((rv = pt_safetensors_open(&st, spath)) != PT_OK)
+		return pt_set_error(rv, "resume_from: %s", pt_last_error());
+	for (int i = 0; i <= r->p; i++)
+		o += (size_t)snprintf(bounds + o, sizeof(bounds) - o, "%s%d", i ? "," : "",
+		                      r->first[i]);
+	v = pt_safetensors_meta(st, "step");
+	errno = 0;
+	*step = v ? strtoll(v, &end, 10) : -1;
+	if (v == NULL || *end != 0 || errno != 0 || *step < 0) {
+		rv = pt_set_error(PT_ERR_FORMAT, "resume_from: '%s' has no valid \"step\"", spath);
+		goto out;
+	}
+	v = pt_safetensors_meta(st, "boundaries");
+	if (v == NULL || strcmp(v, bounds) != 0) {
+		rv = pt_set_error(PT_ERR_INVALID,
+		                  "resume_from: '%s' was written for stage boundaries %s; this run "
+		                  "uses %s",
+		                  spath, v ? v : "(none)", bounds);
+		goto out;
+	}
+	v = pt_safetensors_meta(st, "optimizer_steps");
+	for (int i = 0; i < r->p; i++) {
+		errno = 0;
+		opt[i] = v ? strtoll(v, &end, 10) : -1;
+		if (v == NULL || errno != 0 || opt[i] < 0 || (*end != ',' && *end != 0) ||
+		    (*end == 0 && i != r->p - 1)) {
+			rv = pt_set_error(
+			    PT_ERR_FORMAT,
+			    "resume_from: '%s' has no valid \"optimizer_steps\" for %d "
+			    "stages",
+			    spath, r->p);
+			goto out;
+		}
+		v = *end ? end + 1 : end;
+	}
+	for (int i = 0; i < r->p && rv == PT_OK; i++) {
+		char name[32];
+		pt_tensor t;
+		snprintf(name, sizeof(name), "stage%d.state", i);
+		if ((rv = pt_safetensors_get(st, name, &t)) != PT_OK) {
+			pt_set_error(rv, "resume_from: %s", pt_last_error());
+			break;
+		}
+		if ((rv = pt_coordinator_set_state(r->coord, i + 1, &t, opt[i])) != PT_OK)
+			pt_set_error(rv, "resume_from: stage %d: %s", i, pt_last_error());
+		pt_tensor_fini(&t);
+	}
+out:
+	pt_safetensors_destroy(st);
+	return rv;
+}
+
+/* ---------------------------------------------------------------- run -- */
+
+static pt_err evaluate(runner *r, pt_job_metric *m)
+{
+	double loss, acc;
+	PT_TRY(pt_trainer_evaluate(r->eval, &r->ex, &r->ey, &loss, &acc));
+	m->eval_loss = loss;
+	m->eval_accuracy = r->s->loss == PT_LOSS_CROSS_ENTROPY ? acc : NAN;
+	return PT_OK;
+}
+
+static double unix_now(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static pt_err train(runner *r, int64_t start, int64_t *done)
+{
+	const pt_job_spec *s = r->s;
+	int64_t step;
+	int64_t tokens = s->batch_size * (s->data.format == PT_DATA_NPY ? 0 : s->data.seq_len);
+
+	*done = start;
+	for (step = start + 1; step <= s->steps; step++) {
+		pt_pipe_step_result res;
+		pt_job_metric m = {.step = step, .eval_loss = NAN, .eval_accuracy = NAN};
+		bool eval_due, ck_due;
+		double t0, dt;
+
+		if (r->h && r->h->should_stop && r->h->should_stop(r->h->ctx))
+			break;
+		PT_TRY(load_batch(r, step - 1));
+		t0 = pt_now();
+		PT_TRY(pt_coordinator_step(r->coord, &r->x, &r->y, step - 1, &res));
+		dt = pt_now() - t0;
+		*done = step;
+
+		m.loss = res.loss;
+		m.lr = res.lr;
+		m.grad_norm = res.grad_norm;
+		m.samples_per_s = dt > 0 ? (double)s->batch_size / dt : 0.0;
+		m.tokens_per_s = dt > 0 ? (double)tokens / dt : 0.0;
+		m.bubble = res.bubble;
+		m.n_stages = r->p;
+		for (int st = 0; st < r->p; st++)
+			m.stage_busy[st] = res.stage_busy[st];
+		eval_due = r->have_eval &&
+		           ((s->eval_every > 0 && step % s->eval_every == 0) || step == s->steps);
+		ck_due = r->ckdir != NULL &&
+		         ((s->checkpoint_every > 0 && step % s->checkpoint_every == 0) ||
+		          step == s->steps);
+		if (eval_due || ck_due)
+			PT_TRY(gather(r));
+		if (eval_due)
+			PT_TRY(evaluate(r, &m));
+		m.time_unix = unix_now();
+		if (r->h && r->h->on_metric)
+			r->h->on_metric(r->h->ctx, &m);
+		if (ck_due)
+			PT_TRY(checkpoint(r, step));
+		release_states(r);
+	}
+	/* Stopped early (or nothing left to do): the last step still gets one. */
+	if (r->ckdir != NULL && r->last_ckpt != *done) {
+		PT_TRY(gather(r));
+		PT_TRY(checkpoint(r, *done));
+		release_states(r);
+	}
+	return PT_OK;
+}
+
+pt_err pt_job_run(const pt_job_spec *spec, const pt_job_run_options *o, const pt_job_hooks *h,
+                  int64_t *last_step)
+{
+	static const pt_job_run_options none = {0};
+	runner *r;
+	int prev_threads = pt_get_num_threads();
+	int64_t start = 0, done = 0;
+	char msg[1024];
+	pt_err rv;
+
+	if (last_step)
+		*last_step = 0;
+	if (o == NULL)
+		o = &none;
+	PT_TRY(pt_job_spec_validate(spec, o->files_root));
+	if ((r = calloc(1, sizeof(*r))) == NULL)
+		return pt_set_error(PT_ERR_NOMEM, "job runner");
+	r->s = spec;
+	r->root = o->files_root;
+	r->ckdir = o->checkpoint_dir;
+	r->h = h;
+	r->p = spec->stages;
+	r->m = spec->microbatches;
+	r->B = spec->batch_size / spec->microbatches;
+	r->threads = o->threads > 0 ? o->threads : pt_num_cores();
+	r->tps = spec->threads_per_stage > 0 ? spec->threads_per_stage
+	                                     : (r->threads / r->p > 1 ? r->threads / r->p : 1);
+	r->last_ckpt = -1;
+	pt_set_num_threads(r->threads); /* this thread evaluates with the whole budget */
+
+	if ((rv = data_up(r)) == PT_OK && (rv = models_up(r)) == PT_OK &&
+	    (rv = pipeline_up(r)) == PT_OK) {
+		if (o->resume_from != NULL && (rv = resume(r, o->resume_from, &start)) == PT_OK)
+			r->last_ckpt = start;
+		if (rv == PT_OK)
+			rv = train(r, start, &done);
+	}
+	if (rv != PT_OK)
+		snprintf(msg, sizeof(msg), "%s", pt_last_error());
+	pipeline_down(r);
+	data_down(r);
+	free(r);
+	pt_set_num_threads(prev_threads);
+	if (last_step)
+		*last_step = done;
+	if (rv != PT_OK)
+		return pt_set_error(rv, "%s", msg);
+	return PT_OK;
+}
