@@ -7,6 +7,7 @@
  */
 #include "dispatch.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -33,6 +34,20 @@ struct pt_dispatcher {
 
 static _Thread_local pt_dispatcher *current;
 static _Thread_local pt_dispatcher *thread_default;
+
+/* Frees a thread's default dispatcher when the thread exits. */
+static pthread_key_t default_key;
+static pthread_once_t default_key_once = PTHREAD_ONCE_INIT;
+
+static void free_thread_default(void *d)
+{
+	pt_dispatcher_destroy(d);
+}
+
+static void make_default_key(void)
+{
+	pthread_key_create(&default_key, free_thread_default);
+}
 
 const char *pt_op_name(pt_op op)
 {
@@ -87,8 +102,10 @@ void pt_dispatcher_destroy(pt_dispatcher *d)
 	clear_queue(d, PT_INVALID);
 	if (current == d)
 		current = NULL;
-	if (thread_default == d)
+	if (thread_default == d) {
 		thread_default = NULL;
+		pthread_setspecific(default_key, NULL); /* the key exists: d was made by it */
+	}
 	free(d->queue);
 	free(d->workspace);
 	free(d);
@@ -98,8 +115,12 @@ pt_dispatcher *pt_dispatcher_current(void)
 {
 	if (current != NULL)
 		return current;
-	if (thread_default == NULL && pt_dispatcher_create(&thread_default) != PT_OK)
-		return NULL;
+	if (thread_default == NULL) {
+		if (pt_dispatcher_create(&thread_default) != PT_OK)
+			return NULL;
+		pthread_once(&default_key_once, make_default_key);
+		pthread_setspecific(default_key, thread_default);
+	}
 	return thread_default;
 }
 
