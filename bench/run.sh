@@ -9,6 +9,12 @@ export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
 ours=$("$build/bench/pt-bench")
 echo "$ours"
 
+# Communicator throughput: nng over tcp loopback against a plain TCP socket.
+if [ -x "$build/bench/comm_bench" ]; then
+	comm=$("$build/bench/comm_bench")
+	echo "$comm"
+fi
+
 if /usr/bin/python3 -c 'import torch' 2>/dev/null; then
 	theirs=$(/usr/bin/python3 "$here/torch_ref.py")
 	echo "$theirs" | sed 's/^/# /'

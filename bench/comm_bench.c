@@ -1,0 +1,256 @@
+/* comm_bench.c - nng communicator throughput against a plain TCP socket.
+ *
+ * Two ranks in one process over tcp://127.0.0.1 loopback: a sender thread
+ * sends tensors of 1, 4 and 64 MiB to rank 1, the main thread receives them
+ * (each a fresh tensor, freed at once). The baseline, measured in the same
+ * run, is a plain AF_INET loopback connection: the sender writes an 8-byte
+ * length and the same bytes with blocking send(), the receiver reads the
+ * length and the bytes into one reused buffer with blocking recv() - no
+ * copies beyond the kernel's. Each measurement runs for at least MIN_SECONDS;
+ * the best of 3 counts. Prints `bench <name> <value>` lines:
+ *   bench nng_tcp_ratio_<size> <nng GB/s / plain GB/s>
+ *   bench nng_tcp_gbps_<size> <GB/s>, bench plain_tcp_gbps_<size> <GB/s>
+ */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "comm.h"
+
+#define MIN_SECONDS 1.0
+#define TRIES       3
+
+static double now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void die(const char *what)
+{
+	fprintf(stderr, "comm_bench: %s: %s\n", what, pt_last_error());
+	exit(1);
+}
+
+/* ------------------------------------------------------------------ nng -- */
+
+typedef struct nng_job {
+	pt_comm *tx;
+	const pt_tensor *t;
+	int count;
+	pt_err rv;
+} nng_job;
+
+static void *nng_sender(void *p)
+{
+	nng_job *j = p;
+	for (int i = 0; i < j->count && j->rv == PT_OK; i++)
+		j->rv = pt_comm_send_forward(j->tx, 1, j->t, i, 0);
+	return NULL;
+}
+
+/* nng_run sends count tensors and returns the seconds until the last arrived. */
+static double nng_run(pt_comm *tx, pt_comm *rx, const pt_tensor *t, int count)
+{
+	nng_job j = {tx, t, count, PT_OK};
+	pthread_t th;
+	double t0 = now_s();
+
+	pthread_create(&th, NULL, nng_sender, &j);
+	for (int i = 0; i < count; i++) {
+		pt_msg m;
+		if (pt_comm_recv_forward(rx, 0, 30000, &m) != PT_OK)
+			die("nng receive");
+		pt_msg_fini(&m);
+	}
+	pthread_join(th, NULL);
+	if (j.rv != PT_OK)
+		die("nng send");
+	return now_s() - t0;
+}
+
+/* ---------------------------------------------------------------- plain -- */
+
+typedef struct plain_job {
+	int fd;
+	const void *data;
+	size_t bytes;
+	int count;
+	int failed;
+} plain_job;
+
+static int write_all(int fd, const void *p, size_t n)
+{
+	const char *c = p;
+	while (n > 0) {
+		ssize_t w = send(fd, c, n, 0);
+		if (w <= 0)
+			return -1;
+		c += w;
+		n -= (size_t)w;
+	}
+	return 0;
+}
+
+static int read_all(int fd, void *p, size_t n)
+{
+	char *c = p;
+	while (n > 0) {
+		ssize_t r = recv(fd, c, n, 0);
+		if (r <= 0)
+			return -1;
+		c += r;
+		n -= (size_t)r;
+	}
+	return 0;
+}
+
+static void *plain_sender(void *p)
+{
+	plain_job *j = p;
+	for (int i = 0; i < j->count; i++) {
+		uint64_t len = j->bytes;
+		if (write_all(j->fd, &len, sizeof(len)) || write_all(j->fd, j->data, j->bytes)) {
+			j->failed = 1;
+			break;
+		}
+	}
+	return NULL;
+}
+
+static void plain_connect(int *tx, int *rx)
+{
+	struct sockaddr_in a = {.sin_family = AF_INET};
+	socklen_t len = sizeof(a);
+	int l = socket(AF_INET, SOCK_STREAM, 0);
+
+	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	if (l < 0 || bind(l, (struct sockaddr *)&a, sizeof(a)) || listen(l, 1) ||
+	    getsockname(l, (struct sockaddr *)&a, &len))
+		die("plain listen");
+	*tx = socket(AF_INET, SOCK_STREAM, 0);
+	if (*tx < 0 || connect(*tx, (struct sockaddr *)&a, sizeof(a)))
+		die("plain connect");
+	if ((*rx = accept(l, NULL, NULL)) < 0)
+		die("plain accept");
+	close(l);
+}
+
+static double plain_run(int tx, int rx, const void *data, void *buf, size_t bytes, int count)
+{
+	plain_job j = {tx, data, bytes, count, 0};
+	pthread_t th;
+	double t0 = now_s();
+
+	pthread_create(&th, NULL, plain_sender, &j);
+	for (int i = 0; i < count; i++) {
+		uint64_t len;
+		if (read_all(rx, &len, sizeof(len)) || len != bytes || read_all(rx, buf, bytes))
+			die("plain receive");
+	}
+	pthread_join(th, NULL);
+	if (j.failed)
+		die("plain send");
+	return now_s() - t0;
+}
+
+/* ----------------------------------------------------------------- main -- */
+
+/* best_gbps times run(count) with count grown until one run takes at least
+ * MIN_SECONDS, then returns the best GB/s of TRIES runs of that count. */
+typedef double (*run_fn)(void *ctx, int count);
+
+static double best_gbps(run_fn run, void *ctx, size_t bytes)
+{
+	int count = 1;
+	double best = 0, s;
+
+	while ((s = run(ctx, count)) < MIN_SECONDS)
+		count = s < MIN_SECONDS / 8 ? count * 8 : (int)(count * 1.2 * MIN_SECONDS / s) + 1;
+	for (int k = 0; k < TRIES; k++) {
+		double g = (double)bytes * count / (k == 0 ? s : run(ctx, count)) / 1e9;
+		if (g > best)
+			best = g;
+	}
+	return best;
+}
+
+typedef struct ctx {
+	pt_comm *tx, *rx;
+	pt_tensor *t;
+	int ptx, prx;
+	void *buf;
+	size_t bytes;
+} ctx;
+
+static double run_nng(void *p, int count)
+{
+	ctx *c = p;
+	return nng_run(c->tx, c->rx, c->t, count);
+}
+
+static double run_plain(void *p, int count)
+{
+	ctx *c = p;
+	return plain_run(c->ptx, c->prx, pt_tensor_data(c->t), c->buf, c->bytes, count);
+}
+
+int main(void)
+{
+	const size_t sizes[] = {(size_t)1 << 20, (size_t)4 << 20, (size_t)64 << 20};
+	const char *names[] = {"1mib", "4mib", "64mib"};
+	pt_comm *c[2];
+	const char *urls[2];
+	char u[2][64];
+	ctx x = {0};
+
+	for (int r = 0; r < 2; r++) {
+		pt_nng_options o = {.listen_url = "tcp://127.0.0.1:0", .world = 2, .rank = r};
+		if (pt_nng_comm_create(&c[r], &o) != PT_OK)
+			die("nng create");
+		snprintf(u[r], sizeof(u[r]), "%s", pt_nng_comm_url(c[r]));
+		urls[r] = u[r];
+	}
+	for (int r = 0; r < 2; r++)
+		if (pt_nng_comm_connect(c[r], urls) != PT_OK)
+			die("nng connect");
+	plain_connect(&x.ptx, &x.prx);
+	x.tx = c[0];
+	x.rx = c[1];
+
+	for (size_t k = 0; k < sizeof(sizes) / sizeof(sizes[0]); k++) {
+		const char *only = getenv("COMM_BENCH_ONLY"); /* e.g. "4mib" */
+		if (only && strcmp(only, names[k]) != 0)
+			continue;
+		int64_t n = (int64_t)(sizes[k] / 4);
+		pt_tensor t;
+		if (pt_tensor_init(&t, PT_F32, 1, &n) != PT_OK)
+			die("tensor");
+		for (int64_t i = 0; i < n; i++)
+			pt_tensor_f32(&t)[i] = (float)(i % 1000) * 0.001f;
+		x.t = &t;
+		x.bytes = sizes[k];
+		if ((x.buf = malloc(sizes[k])) == NULL)
+			die("buffer");
+		double plain = best_gbps(run_plain, &x, sizes[k]);
+		double nng = best_gbps(run_nng, &x, sizes[k]);
+		printf("bench nng_tcp_ratio_%s %.2f\n", names[k], nng / plain);
+		printf("bench nng_tcp_gbps_%s %.2f\n", names[k], nng);
+		printf("bench plain_tcp_gbps_%s %.2f\n", names[k], plain);
+		fflush(stdout);
+		free(x.buf);
+		pt_tensor_fini(&t);
+	}
+	close(x.ptx);
+	close(x.prx);
+	pt_comm_destroy(c[0]);
+	pt_comm_destroy(c[1]);
+	return 0;
+}

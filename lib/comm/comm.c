@@ -1,0 +1,149 @@
+/* comm.c - what every communicator shares: pt_msg helpers, argument checks in
+ * front of the implementations' ops, and seed 001's forward/backward names.
+ */
+#include "comm.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+pt_channel pt_msg_channel(pt_msg_kind kind)
+{
+	switch (kind) {
+	case PT_MSG_FORWARD:
+		return PT_CH_FORWARD;
+	case PT_MSG_BACKWARD:
+		return PT_CH_BACKWARD;
+	default:
+		return PT_CH_CONTROL;
+	}
+}
+
+void pt_msg_fini(pt_msg *m)
+{
+	if (m == NULL)
+		return;
+	pt_tensor_fini(&m->tensor);
+	free(m->blob);
+	memset(m, 0, sizeof(*m));
+}
+
+pt_err pt_msg_set_blob(pt_msg *m, const void *data, size_t len)
+{
+	void *b;
+
+	if (m == NULL || (data == NULL && len > 0))
+		return pt_set_error(PT_ERR_INVALID, "pt_msg_set_blob: NULL argument");
+	b = malloc(len ? len : 1);
+	if (b == NULL)
+		return pt_set_error(PT_ERR_NOMEM, "message blob of %zu bytes", len);
+	if (len)
+		memcpy(b, data, len);
+	free(m->blob);
+	m->blob = b;
+	m->blob_len = len;
+	return PT_OK;
+}
+
+static pt_err check_rank(const pt_comm *c, int r, bool any_ok, const char *what)
+{
+	if ((any_ok && r == PT_ANY_RANK) || (r >= 0 && r < c->world))
+		return PT_OK;
+	return pt_set_error(PT_ERR_RANGE, "%s rank %d outside [0, %d) of rank %d's communicator",
+	                    what, r, c->world, c->rank);
+}
+
+pt_err pt_comm_send(pt_comm *c, int dst, pt_msg *m)
+{
+	if (c == NULL || m == NULL)
+		return pt_set_error(PT_ERR_INVALID, "pt_comm_send: NULL argument");
+	PT_TRY(check_rank(c, dst, false, "destination"));
+	if ((unsigned)m->meta.kind >= PT_MSG_KIND_COUNT)
+		return pt_set_error(PT_ERR_INVALID, "message kind %d", (int)m->meta.kind);
+	if (m->blob == NULL && m->blob_len > 0)
+		return pt_set_error(PT_ERR_INVALID, "blob of %zu bytes without data", m->blob_len);
+	if (m->has_tensor) {
+		if (m->tensor.storage == NULL)
+			return pt_set_error(PT_ERR_INVALID, "message tensor has no storage");
+		if (m->tensor.storage->device.kind != PT_DEV_CPU)
+			return pt_set_error(PT_ERR_UNSUPPORTED,
+			                    "send of a device tensor (copy it to the CPU first)");
+		PT_TRY(pt_tensor_sync(&m->tensor));
+	}
+	m->meta.source = c->rank;
+	m->meta.channel = pt_msg_channel(m->meta.kind);
+	return c->ops->send(c, dst, m);
+}
+
+pt_err pt_comm_recv(pt_comm *c, int src, pt_channel ch, int timeout_ms, pt_msg *out)
+{
+	if (c == NULL || out == NULL)
+		return pt_set_error(PT_ERR_INVALID, "pt_comm_recv: NULL argument");
+	memset(out, 0, sizeof(*out));
+	PT_TRY(check_rank(c, src, true, "source"));
+	if (ch != PT_CH_ANY && ((int)ch < 0 || ch >= PT_CH_COUNT))
+		return pt_set_error(PT_ERR_RANGE, "channel %d", (int)ch);
+	return c->ops->recv(c, src, ch, timeout_ms < 0 ? c->timeout_ms : timeout_ms, out);
+}
+
+pt_err pt_comm_barrier(pt_comm *c, int timeout_ms)
+{
+	if (c == NULL)
+		return pt_set_error(PT_ERR_INVALID, "pt_comm_barrier: NULL communicator");
+	return c->ops->barrier(c, timeout_ms < 0 ? c->timeout_ms : timeout_ms);
+}
+
+void pt_comm_close(pt_comm *c)
+{
+	if (c)
+		c->ops->close(c);
+}
+
+void pt_comm_destroy(pt_comm *c)
+{
+	if (c)
+		c->ops->destroy(c);
+}
+
+pt_comm_stats pt_comm_get_stats(const pt_comm *c)
+{
+	pt_comm_stats none = {0};
+	return c && c->ops->stats ? c->ops->stats(c) : none;
+}
+
+static pt_err send_tensor(pt_comm *c, int dst, const pt_tensor *t, pt_msg_kind kind, int64_t step,
+                          int32_t mb)
+{
+	pt_msg m = {0};
+	pt_err rv;
+
+	if (t == NULL || t->storage == NULL)
+		return pt_set_error(PT_ERR_INVALID, "send of a NULL tensor");
+	m.meta.kind = kind;
+	m.meta.step = step;
+	m.meta.microbatch = mb;
+	m.has_tensor = true;
+	pt_tensor_view(&m.tensor, t);
+	rv = pt_comm_send(c, dst, &m);
+	pt_msg_fini(&m);
+	return rv;
+}
+
+pt_err pt_comm_send_forward(pt_comm *c, int dst, const pt_tensor *t, int64_t step, int32_t mb)
+{
+	return send_tensor(c, dst, t, PT_MSG_FORWARD, step, mb);
+}
+
+pt_err pt_comm_recv_forward(pt_comm *c, int src, int timeout_ms, pt_msg *out)
+{
+	return pt_comm_recv(c, src, PT_CH_FORWARD, timeout_ms, out);
+}
+
+pt_err pt_comm_send_backward(pt_comm *c, int dst, const pt_tensor *t, int64_t step, int32_t mb)
+{
+	return send_tensor(c, dst, t, PT_MSG_BACKWARD, step, mb);
+}
+
+pt_err pt_comm_recv_backward(pt_comm *c, int src, int timeout_ms, pt_msg *out)
+{
+	return pt_comm_recv(c, src, PT_CH_BACKWARD, timeout_ms, out);
+}
