@@ -15,6 +15,11 @@ if [ -x "$build/bench/comm_bench" ]; then
 	echo "$comm"
 fi
 
+# pipeserver: GetJob rate and latency vs an nng echo server; 100 long-pollers.
+if [ -x "$build/bench/api_bench" ]; then
+	"$build/bench/api_bench"
+fi
+
 if /usr/bin/python3 -c 'import torch' 2>/dev/null; then
 	theirs=$(/usr/bin/python3 "$here/torch_ref.py")
 	echo "$theirs" | sed 's/^/# /'

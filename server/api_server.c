@@ -120,7 +120,7 @@ static pt_err h_submit(srv_ctx *c, const uint8_t **data, size_t *size, bool *par
 
 	pt_sha256(nng_msg_body(c->req), nng_msg_len(c->req), hash);
 	pthread_mutex_lock(&s->dmu);
-	for (size_t i = 0; i < DEDUP_SLOTS; i++)
+	for (size_t i = 0; i < DEDUP_SLOTS && c->r.id != 0; i++)
 		if (s->dedup[i].job && s->dedup[i].pipe == pipe &&
 		    memcmp(s->dedup[i].hash, hash, sizeof(hash)) == 0)
 			id = s->dedup[i].job;

@@ -11,11 +11,12 @@
  * never blocks the others.
  *
  * REQ resend: a SubmitJob that arrives twice on the same connection with the
- * same bytes (REQ's resend timer, NNG_OPT_REQ_RESENDTIME) returns the first
- * job's id. A resend after a reconnect is a new pipe and submits again:
- * clients that must never double-submit should disable resend (set
- * NNG_OPT_REQ_RESENDTIME to NNG_DURATION_INFINITE) and retry with
- * ListJobs. Every other request is idempotent.
+ * same bytes and a non-zero request id (REQ's resend timer,
+ * NNG_OPT_REQ_RESENDTIME) returns the first job's id (the last 64 submits are
+ * remembered). Clients must therefore use a fresh request id per request. A resend after a
+ * reconnect is a new pipe and submits again: clients that must never double-submit should disable
+ * resend (set NNG_OPT_REQ_RESENDTIME to NNG_DURATION_INFINITE) and retry with ListJobs. Every other
+ * request is idempotent.
  */
 #ifndef PT_SERVER_API_SERVER_H
 #define PT_SERVER_API_SERVER_H

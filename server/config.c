@@ -397,8 +397,8 @@ void pt_server_config_usage(FILE *f)
 			if (flag[k] == '_')
 				flag[k] = '-';
 		env_name(o, env, sizeof(env));
-		fprintf(f, "  %-22s %-30s default: %s\n      %s%s\n", flag, env,
-		        o->def[0] ? o->def : "(none)", o->help, o->type == OPT_INT ? "" : "");
+		fprintf(f, "  %-22s %-30s default: %s\n      %s\n", flag, env,
+		        o->def[0] ? o->def : "(none)", o->help);
 	}
 }
 
