@@ -4,8 +4,10 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "pipe_fixture.h"
+#include "wire.h"
 #include "pt_test.h"
 #include "runtime.h"
 #include "train.h"
@@ -403,7 +405,48 @@ static void test_pipeline_state_roundtrip_resumes_bitwise(void)
 	rig_down(&b);
 }
 
+/* The control messages are the tables of schema/stage.fbs: flatc reads what
+ * we build (a Configure command with its StageConfig). */
+static void test_pipeline_control_matches_schema(void)
+{
+	char dir[] = "/tmp/pt-ctl-XXXXXX", path[256], cmd[1024], json[8192];
+	pt_stage_config sc[2];
+	pt_msg m = {0};
+	FILE *f;
+	size_t n;
+	if (system("flatc --version > /dev/null 2>&1") != 0) {
+		printf("\n    skip: flatc not installed\n");
+		return;
+	}
+	fx_stage_configs(sc, 2, 4, PT_MODE_SEMI_ASYNC, false, NULL);
+	PT_CHECK_OK(pt_wire_configure_encode(&m, &sc[1]));
+	CU_ASSERT_PTR_NOT_NULL_FATAL(mkdtemp(dir));
+	snprintf(path, sizeof(path), "%s/control.bin", dir);
+	pt_test_write_file(path, m.blob, m.blob_len);
+	snprintf(cmd, sizeof(cmd),
+	         "flatc --json --strict-json --raw-binary --root-type pipetrain.Control -o %s "
+	         "%s -- %s",
+	         dir, pt_test_path("schema/stage.fbs"), path);
+	CU_ASSERT_EQUAL_FATAL(system(cmd), 0);
+	snprintf(path, sizeof(path), "%s/control.json", dir);
+	f = fopen(path, "r");
+	CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+	n = fread(json, 1, sizeof(json) - 1, f);
+	json[n] = '\0';
+	fclose(f);
+	CU_ASSERT_PTR_NOT_NULL(strstr(json, "\"command\": \"Configure\""));
+	CU_ASSERT_PTR_NOT_NULL(strstr(json, "\"kind\": \"ReLU\""));
+	CU_ASSERT_PTR_NOT_NULL(strstr(json, "\"mode\": 1"));
+	CU_ASSERT_PTR_NOT_NULL(strstr(json, "\"first\": "));
+	unlink(path);
+	snprintf(path, sizeof(path), "%s/control.bin", dir);
+	unlink(path);
+	rmdir(dir);
+	pt_msg_fini(&m);
+}
+
 static const pt_test_case tests[] = {
+    {"test_pipeline_control_matches_schema", test_pipeline_control_matches_schema},
     {"test_pipeline_state_roundtrip_resumes_bitwise",
      test_pipeline_state_roundtrip_resumes_bitwise},
     {"test_pipeline_partition", test_pipeline_partition},
