@@ -1061,7 +1061,10 @@ static void test_job_run_edges(void)
 	PT_CHECK_OK(pt_job_run(&s, &o, &hooks, &last));
 	CU_ASSERT_EQUAL(last, 12);
 	CU_ASSERT_EQUAL(rec.n, 12);
-	CU_ASSERT(rec.m[11].eval_loss < rec.m[5].eval_loss);
+	/* Async staleness depends on timing: only "it learns" is asserted. */
+	printf("\n    async: held-out loss %.3f at step 6, %.3f at step 12", rec.m[5].eval_loss,
+	       rec.m[11].eval_loss);
+	CU_ASSERT(rec.m[11].eval_loss < 0.8 * log(10.0));
 	CU_ASSERT(exists(tmp_path("async/step-12.safetensors.state")));
 	/* A failure mid-run (here the checkpoint directory) ends the run with
 	 * its error, after every step done so far; threads and buffers are

@@ -31,11 +31,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include <pthread.h>
-
 #include "batch.h"
 #include "checkpoint.h"
-#include "dispatch.h"
 #include "fileio.h"
 #include "job.h"
 #include "runtime.h"
@@ -61,7 +58,6 @@ typedef struct runner {
 	pt_local_group *g;
 	pt_comm *comms[PT_MAX_STAGES + 1];
 	pt_stage *stages[PT_MAX_STAGES + 1];
-	pthread_t threads_of[PT_MAX_STAGES + 1];
 	bool started[PT_MAX_STAGES + 1];
 	pt_coordinator *coord;
 	pt_model *full;
@@ -224,17 +220,6 @@ static pt_err models_up(runner *r)
 	return pt_trainer_create(&r->eval, r->full, NULL, s->loss, s->ignore_index);
 }
 
-/* stage_main runs one stage's loop. It is pt_stage_start's thread plus one
- * thing: a stage thread's default dispatcher (created on its first op) is
- * thread-local and nothing frees it when the thread ends, so the thread frees
- * it itself before leaving. */
-static void *stage_main(void *arg)
-{
-	pt_stage_run(arg);
-	pt_dispatcher_destroy(pt_dispatcher_current());
-	return NULL;
-}
-
 static pt_err pipeline_up(runner *r)
 {
 	const pt_job_spec *s = r->s;
@@ -265,9 +250,7 @@ static pt_err pipeline_up(runner *r)
 		                     .recompute = s->recompute,
 		                     .threads = r->tps};
 		PT_TRY(pt_stage_create(&r->stages[st], &c, r->comms[st]));
-		if (pthread_create(&r->threads_of[st], NULL, stage_main, r->stages[st]) != 0)
-			return pt_set_error(PT_ERR_BACKEND, "stage %d: cannot start its thread",
-			                    st - 1);
+		PT_TRY(pt_stage_start(r->stages[st]));
 		r->started[st] = true;
 	}
 	return pt_coordinator_create(&r->coord, &pc, r->comms[0]);
@@ -298,7 +281,7 @@ static void pipeline_down(runner *r)
 				pt_comm_close(r->comms[i]);
 	for (int st = 1; st <= r->p; st++) {
 		if (r->started[st])
-			pthread_join(r->threads_of[st], NULL);
+			pt_stage_join(r->stages[st]);
 		pt_stage_destroy(r->stages[st]);
 	}
 	pt_coordinator_destroy(r->coord);
