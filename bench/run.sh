@@ -15,12 +15,22 @@ if [ -x "$build/bench/comm_bench" ]; then
 	echo "$comm"
 fi
 
+# Pipeline efficiency (2 stages, W2) and bubble fraction vs the GPipe formula.
+"$build/bench/pipe-bench"
+
 # pipeserver: GetJob rate and latency vs an nng echo server; 100 long-pollers.
 if [ -x "$build/bench/api_bench" ]; then
 	"$build/bench/api_bench"
 fi
 
 if /usr/bin/python3 -c 'import torch' 2>/dev/null; then
+	# PyTorch's best CPU settings here: OpenBLAS as libblas.so.3 (Debian's
+	# libopenblas0-pthread) with its core type forced, since OpenBLAS 0.3.21
+	# misdetects recent CPUs; passive OpenMP waiting as above.
+	if [ -z "${OPENBLAS_CORETYPE:-}" ]; then
+		if grep -q avx512f /proc/cpuinfo; then export OPENBLAS_CORETYPE=SkylakeX
+		else export OPENBLAS_CORETYPE=Haswell; fi
+	fi
 	theirs=$(/usr/bin/python3 "$here/torch_ref.py")
 	echo "$theirs" | sed 's/^/# /'
 	get() { echo "$1" | awk -v k="$2" '$2 == k { print $3 }'; }
