@@ -1,0 +1,359 @@
+/* validate.c - pt_job_spec_validate: everything a run needs, checked at
+ * submit time, each error naming its field. Kept apart from decoding so that
+ * clients can decode and build job specs without the training stack. */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "batch.h"
+#include "job.h"
+#include "job_internal.h"
+#include "model_wire.h"
+#include "npy.h"
+#include "tokens.h"
+
+/* ------------------------------------------------------------- validate -- */
+
+pt_act_shape pt_job_spec_input_shape(const pt_job_spec *s, int64_t n_features)
+{
+	if (s->data.format == PT_DATA_NPY)
+		return (pt_act_shape){PT_F32, 0, n_features};
+	return (pt_act_shape){PT_I64, s->data.seq_len, 0};
+}
+
+/* resolve joins files_root and a relative path into buf. */
+static const char *resolve(char *buf, size_t cap, const char *root, const char *path)
+{
+	if (root == NULL || root[0] == 0 || path[0] == '/')
+		return path;
+	snprintf(buf, cap, "%s/%s", root, path);
+	return buf;
+}
+
+/* check_readable reports a missing or unreadable file under the field's name. */
+static pt_err check_readable(const char *field, const char *shown, const char *path)
+{
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return pt_set_error(PT_ERR_IO, "%s: cannot open '%s': %s", field, shown,
+		                    strerror(errno));
+	close(fd);
+	return PT_OK;
+}
+
+/* output_shape runs the layers' shape inference (pt_model_check passed). */
+static pt_act_shape output_shape(const pt_job_spec *s, pt_act_shape in)
+{
+	pt_act_shape cur = in;
+	for (int i = 0; i < s->n_layers; i++) {
+		pt_act_shape next = cur;
+		pt_layer_vtable(s->layers[i].kind)->infer(&s->layers[i], cur, &next);
+		cur = next;
+	}
+	return cur;
+}
+
+static pt_err check_model(const pt_job_spec *s, pt_act_shape in)
+{
+	pt_err rv = pt_model_check(s->layers, s->n_layers, in);
+	return rv == PT_OK ? PT_OK : pt_job_model_error(rv);
+}
+
+static bool is_int_dtype(pt_dtype dt)
+{
+	return dt == PT_I32 || dt == PT_I64 || dt == PT_U8 || dt == PT_U16 || dt == PT_U32;
+}
+
+static pt_err validate_npy(const pt_job_spec *s, const char *root)
+{
+	char fb[4096], lb[4096], shape[64];
+	const char *fpath, *lpath;
+	pt_tensor x = {0}, y = {0};
+	pt_act_shape out;
+	int64_t n, f, train;
+	pt_err rv;
+
+	if (s->data.features == NULL || s->data.features[0] == 0)
+		return pt_set_error(PT_ERR_INVALID, "data.features: required for the Npy format");
+	if (s->data.labels == NULL || s->data.labels[0] == 0)
+		return pt_set_error(PT_ERR_INVALID, "data.labels: required for the Npy format");
+	if (s->data.tokens != NULL)
+		return pt_set_error(PT_ERR_INVALID, "data.tokens: only for the Tokens formats");
+	if (!(s->data.held_out >= 0.0f && s->data.held_out < 1.0f))
+		return pt_set_error(PT_ERR_RANGE, "data.held_out: %g is not in [0, 1)",
+		                    (double)s->data.held_out);
+	fpath = resolve(fb, sizeof(fb), root, s->data.features);
+	lpath = resolve(lb, sizeof(lb), root, s->data.labels);
+	PT_TRY(check_readable("data.features", s->data.features, fpath));
+	PT_TRY(check_readable("data.labels", s->data.labels, lpath));
+	if ((rv = pt_npy_read(&x, fpath)) != PT_OK)
+		return pt_set_error(rv, "data.features: %s", pt_last_error());
+	if ((rv = pt_npy_read(&y, lpath)) != PT_OK) {
+		pt_set_error(rv, "data.labels: %s", pt_last_error());
+		goto out;
+	}
+	if (x.ndim != 2 || x.shape[0] < 1 || x.shape[1] < 1 ||
+	    !(x.dtype == PT_F32 || x.dtype == PT_F64 || x.dtype == PT_F16 ||
+	      is_int_dtype(x.dtype))) {
+		rv = pt_set_error(PT_ERR_SHAPE,
+		                  "data.features: '%s' is %s %s; expected (N, F) numbers",
+		                  s->data.features, pt_dtype_name(x.dtype),
+		                  pt_shape_str(shape, sizeof(shape), x.ndim, x.shape));
+		goto out;
+	}
+	n = x.shape[0];
+	f = x.shape[1];
+	if ((rv = check_model(s, pt_job_spec_input_shape(s, f))) != PT_OK)
+		goto out;
+	out = output_shape(s, pt_job_spec_input_shape(s, f));
+	if (y.ndim < 1 || y.shape[0] != n) {
+		rv = pt_set_error(
+		    PT_ERR_SHAPE, "data.labels: %s rows for %ld samples of data.features",
+		    y.ndim ? pt_shape_str(shape, sizeof(shape), 1, y.shape) : "no", (long)n);
+		goto out;
+	}
+	if (s->loss == PT_LOSS_CROSS_ENTROPY) {
+		if (y.ndim != 1 || !is_int_dtype(y.dtype)) {
+			rv = pt_set_error(
+			    PT_ERR_DTYPE,
+			    "loss: CrossEntropy needs integer labels (N,); data.labels "
+			    "is %s %s",
+			    pt_dtype_name(y.dtype),
+			    pt_shape_str(shape, sizeof(shape), y.ndim, y.shape));
+			goto out;
+		}
+		if (out.seq != 0) {
+			rv = pt_set_error(
+			    PT_ERR_SHAPE,
+			    "model[%d]: the model outputs a sequence; labels (N,) need "
+			    "one row of logits per sample",
+			    s->n_layers - 1);
+			goto out;
+		}
+		for (int64_t i = 0; i < n; i++) {
+			double v;
+			pt_tensor_item(&y, i, &v);
+			if ((int64_t)v == s->ignore_index)
+				continue;
+			if (v < 0 || v >= (double)out.features) {
+				rv = pt_set_error(
+				    PT_ERR_RANGE,
+				    "data.labels: label %.0f at row %ld is outside the %ld "
+				    "classes of model[%d]",
+				    v, (long)i, (long)out.features, s->n_layers - 1);
+				goto out;
+			}
+		}
+	} else {
+		if (y.ndim != 2 || is_int_dtype(y.dtype)) {
+			rv = pt_set_error(
+			    PT_ERR_DTYPE,
+			    "loss: MSE needs float targets (N, K); data.labels is %s %s",
+			    pt_dtype_name(y.dtype),
+			    pt_shape_str(shape, sizeof(shape), y.ndim, y.shape));
+			goto out;
+		}
+		if (out.seq != 0 || y.shape[1] != out.features) {
+			rv = pt_set_error(PT_ERR_SHAPE,
+			                  "data.labels: targets of %ld values do not match the %ld "
+			                  "outputs of model[%d]",
+			                  (long)y.shape[1], (long)out.features, s->n_layers - 1);
+			goto out;
+		}
+	}
+	train = n - (int64_t)floor((double)s->data.held_out * (double)n);
+	if (train < s->batch_size) {
+		rv = pt_set_error(PT_ERR_RANGE,
+		                  "data: %ld training samples (%ld, %g held out) are fewer than "
+		                  "batch_size %ld",
+		                  (long)train, (long)n, (double)s->data.held_out,
+		                  (long)s->batch_size);
+		goto out;
+	}
+	rv = PT_OK;
+out:
+	pt_tensor_fini(&x);
+	pt_tensor_fini(&y);
+	return rv;
+}
+
+static pt_err validate_tokens(const pt_job_spec *s, const char *root)
+{
+	const pt_layer_spec *emb = &s->layers[0];
+	char tb[4096];
+	const char *tpath;
+	pt_tokens tk = {0};
+	pt_act_shape in = pt_job_spec_input_shape(s, 0), out;
+	int64_t vocab;
+	pt_err rv;
+
+	if (s->data.tokens == NULL || s->data.tokens[0] == 0)
+		return pt_set_error(PT_ERR_INVALID,
+		                    "data.tokens: required for the Tokens16 and Tokens32 formats");
+	if (s->data.features != NULL || s->data.labels != NULL)
+		return pt_set_error(PT_ERR_INVALID, "data.%s: only for the Npy format",
+		                    s->data.features ? "features" : "labels");
+	if (s->data.seq_len <= 0)
+		return pt_set_error(PT_ERR_RANGE, "data.seq_len: %ld must be > 0 for token data",
+		                    (long)s->data.seq_len);
+	if (s->data.vocab < 0)
+		return pt_set_error(PT_ERR_RANGE, "data.vocab: %ld must be >= 0",
+		                    (long)s->data.vocab);
+	if (s->loss != PT_LOSS_CROSS_ENTROPY)
+		return pt_set_error(
+		    PT_ERR_INVALID,
+		    "loss: MSE needs float targets; token data gives integer labels");
+	if (emb->kind != PT_LAYER_EMBEDDING)
+		return pt_set_error(PT_ERR_INVALID,
+		                    "model[0] (%s): token data needs an embedding as the first "
+		                    "layer",
+		                    pt_layer_kind_name(emb->kind));
+	if (emb->max_seq > 0 && s->data.seq_len > emb->max_seq)
+		return pt_set_error(PT_ERR_RANGE, "data.seq_len: %ld exceeds model[0].max_seq %ld",
+		                    (long)s->data.seq_len, (long)emb->max_seq);
+	if (s->data.vocab > emb->vocab)
+		return pt_set_error(PT_ERR_RANGE,
+		                    "data.vocab: %ld exceeds the embedding's vocab %ld "
+		                    "(model[0].vocab)",
+		                    (long)s->data.vocab, (long)emb->vocab);
+	PT_TRY(check_model(s, in));
+	out = output_shape(s, in);
+	vocab = s->data.vocab > 0 ? s->data.vocab : emb->vocab;
+	if (out.seq != s->data.seq_len || out.features < vocab)
+		return pt_set_error(PT_ERR_SHAPE,
+		                    "model[%d]: outputs (%ld, %ld) per sample; next-token targets "
+		                    "need (%ld, >= %ld)",
+		                    s->n_layers - 1, (long)out.seq, (long)out.features,
+		                    (long)s->data.seq_len, (long)vocab);
+	tpath = resolve(tb, sizeof(tb), root, s->data.tokens);
+	PT_TRY(check_readable("data.tokens", s->data.tokens, tpath));
+	rv = pt_tokens_load(&tk, tpath, s->data.format == PT_DATA_TOKENS16 ? PT_U16 : PT_U32,
+	                    s->data.vocab);
+	if (rv != PT_OK)
+		return pt_set_error(rv, "data.tokens: %s", pt_last_error());
+	if (tk.count < s->data.seq_len + 1)
+		rv =
+		    pt_set_error(PT_ERR_RANGE,
+		                 "data.tokens: '%s' holds %ld tokens, fewer than seq_len + 1 = %ld",
+		                 s->data.tokens, (long)tk.count, (long)s->data.seq_len + 1);
+	else if ((int64_t)tk.max_token >= emb->vocab)
+		rv = pt_set_error(PT_ERR_RANGE,
+		                  "data.tokens: token %u is outside the embedding's vocab %ld "
+		                  "(model[0].vocab)",
+		                  tk.max_token, (long)emb->vocab);
+	pt_tokens_fini(&tk);
+	return rv;
+}
+
+/* validate_device accepts "cpu" and "cuda:N"; CUDA is refused in this build. */
+static pt_err validate_device(const char *dev)
+{
+	const char *p;
+	char *end;
+	long n;
+	if (dev == NULL || strcmp(dev, "cpu") == 0)
+		return PT_OK;
+	if (strncmp(dev, "cuda:", 5) != 0)
+		return pt_set_error(PT_ERR_INVALID,
+		                    "device: \"%s\" (expected \"cpu\" or \"cuda:N\")", dev);
+	p = dev + 5;
+	errno = 0;
+	n = strtol(p, &end, 10);
+	if (*p < '0' || *p > '9' || *end != 0 || errno != 0 || n < 0 || n > 1023)
+		return pt_set_error(PT_ERR_INVALID,
+		                    "device: \"%s\" (expected \"cuda:N\" with N a device number)",
+		                    dev);
+	return pt_set_error(PT_ERR_UNSUPPORTED, "device: %s is not available (built without CUDA)",
+	                    dev);
+}
+
+pt_err pt_job_spec_validate(const pt_job_spec *s, const char *files_root)
+{
+	pt_err rv;
+
+	/* The model on its own. */
+	if (s->n_layers <= 0 || s->layers == NULL)
+		return pt_set_error(PT_ERR_INVALID, "model: no layers (a job needs at least one)");
+	if (s->n_layers > PT_MAX_LAYERS)
+		return pt_set_error(PT_ERR_RANGE, "model: %d layers (at most %d)", s->n_layers,
+		                    PT_MAX_LAYERS);
+	for (int i = 0; i < s->n_layers; i++)
+		if ((unsigned)s->layers[i].kind >= PT_LAYER_KIND_COUNT)
+			return pt_set_error(PT_ERR_INVALID, "model[%d].kind: unknown layer kind %d",
+			                    i, (int)s->layers[i].kind);
+
+	/* Batching and length. */
+	if (s->batch_size <= 0)
+		return pt_set_error(PT_ERR_RANGE, "batch_size: %ld must be > 0",
+		                    (long)s->batch_size);
+	if (s->microbatches <= 0)
+		return pt_set_error(PT_ERR_RANGE, "microbatches: %d must be > 0", s->microbatches);
+	if (s->batch_size % s->microbatches != 0)
+		return pt_set_error(PT_ERR_INVALID,
+		                    "microbatches: %d does not divide batch_size %ld",
+		                    s->microbatches, (long)s->batch_size);
+	if (s->steps <= 0)
+		return pt_set_error(PT_ERR_RANGE, "steps: %ld must be > 0", (long)s->steps);
+	if (s->eval_every < 0)
+		return pt_set_error(PT_ERR_RANGE, "eval_every: %ld must be >= 0",
+		                    (long)s->eval_every);
+	if ((unsigned)s->mode > PT_MODE_ASYNC)
+		return pt_set_error(PT_ERR_INVALID, "mode: unknown mode %d", (int)s->mode);
+
+	/* Placement. */
+	if (s->stages < 1 || s->stages > PT_MAX_STAGES)
+		return pt_set_error(PT_ERR_RANGE, "placement.stages: %d (1 to %d)", s->stages,
+		                    PT_MAX_STAGES);
+	if (s->stages > s->n_layers)
+		return pt_set_error(PT_ERR_RANGE, "placement.stages: %d stages for %d layers",
+		                    s->stages, s->n_layers);
+	if (s->boundaries != NULL &&
+	    (rv = pt_partition_check(s->n_layers, s->stages, s->boundaries)) != PT_OK)
+		return pt_set_error(rv, "placement.boundaries: %s", pt_last_error());
+	if (s->threads_per_stage < 0 || s->threads_per_stage > 1024)
+		return pt_set_error(PT_ERR_RANGE, "placement.threads_per_stage: %d (0 to 1024)",
+		                    s->threads_per_stage);
+	if (s->n_workers > 0 && s->n_workers != s->stages)
+		return pt_set_error(PT_ERR_INVALID, "placement.workers: %d URLs for %d stages",
+		                    s->n_workers, s->stages);
+	if (s->n_workers > 0)
+		/* Workers must learn every rank's URL (the coordinator's is bound at
+		 * run time) and the handshake to tell them is not designed yet. */
+		return pt_set_error(PT_ERR_UNSUPPORTED,
+		                    "placement.workers: remote workers are not supported yet");
+
+	/* Checkpoints. */
+	if (s->checkpoint_every < 0)
+		return pt_set_error(PT_ERR_RANGE, "checkpoint.every_steps: %ld must be >= 0",
+		                    (long)s->checkpoint_every);
+	if (s->checkpoint_keep < 1)
+		return pt_set_error(PT_ERR_RANGE, "checkpoint.keep: %d must be >= 1",
+		                    s->checkpoint_keep);
+
+	/* Optimizer, device, loss. */
+	if ((rv = pt_optim_validate(&s->optim)) != PT_OK)
+		return pt_job_optim_error(rv);
+	PT_TRY(validate_device(s->device));
+	if ((unsigned)s->loss > PT_LOSS_MSE)
+		return pt_set_error(PT_ERR_INVALID, "loss: unknown loss kind %d", (int)s->loss);
+	if (s->loss != PT_LOSS_CROSS_ENTROPY && s->ignore_index != -1)
+		return pt_set_error(PT_ERR_INVALID,
+		                    "ignore_index: %ld is only meaningful with CrossEntropy",
+		                    (long)s->ignore_index);
+
+	/* Data: fields for the format, files, shapes against the model. */
+	switch (s->data.format) {
+	case PT_DATA_NPY:
+		return validate_npy(s, files_root);
+	case PT_DATA_TOKENS16:
+	case PT_DATA_TOKENS32:
+		return validate_tokens(s, files_root);
+	}
+	return pt_set_error(PT_ERR_INVALID, "data.format: unknown data format %d",
+	                    (int)s->data.format);
+}
