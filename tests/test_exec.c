@@ -1,0 +1,583 @@
+/* test_exec.c - streams, events and the async executor (seed 000) and the
+ * graph manager (seed 002) on the CPU backend. */
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "executor.h"
+#include "ops.h"
+#include "pt_test.h"
+
+static double now_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+/* ---- streams ---- */
+
+typedef struct log_item {
+	int *log;
+	atomic_int *n;
+	int value;
+	int sleep_ms;
+} log_item;
+
+static pt_err log_fn(void *arg)
+{
+	log_item *it = arg;
+	if (it->sleep_ms)
+		usleep((useconds_t)it->sleep_ms * 1000);
+	it->log[atomic_fetch_add(it->n, 1)] = it->value;
+	return PT_OK;
+}
+
+static void count_done(void *arg, pt_err rv)
+{
+	log_item *it = arg;
+	if (rv == PT_ERR_CLOSED)
+		it->value = -1;
+}
+
+static void test_exec_stream_creation_and_index(void)
+{
+	pt_stream_manager *m;
+	pt_stream *s;
+	PT_CHECK_OK(pt_stream_manager_create(&m, "compute", 2));
+	CU_ASSERT_EQUAL(pt_stream_manager_count(m), 2);
+	PT_CHECK_OK(pt_stream_manager_get(m, 1, &s));
+	CU_ASSERT_STRING_EQUAL(pt_stream_name(s), "compute.1");
+	PT_CHECK_ERR_MSG(pt_stream_manager_get(m, 2, &s), PT_ERR_RANGE, "index 2");
+	PT_CHECK_ERR(pt_stream_manager_get(m, -1, &s), PT_ERR_RANGE);
+	PT_CHECK_ERR(pt_stream_manager_sync(m, 5, 10), PT_ERR_RANGE);
+	PT_CHECK_ERR(pt_stream_manager_record(m, 7, NULL), PT_ERR_RANGE);
+	pt_stream_manager_destroy(m);
+	PT_CHECK_ERR(pt_stream_manager_create(&m, "x", 0), PT_ERR_INVALID);
+}
+
+static void test_exec_stream_round_robin(void)
+{
+	pt_stream_manager *m;
+	int idx;
+	PT_CHECK_OK(pt_stream_manager_create(&m, "rr", 3));
+	for (int i = 0; i < 7; i++) {
+		pt_stream *s = pt_stream_manager_next(m, &idx), *g;
+		CU_ASSERT_EQUAL(idx, i % 3);
+		PT_CHECK_OK(pt_stream_manager_get(m, i % 3, &g));
+		CU_ASSERT_PTR_EQUAL(s, g);
+		CU_ASSERT_PTR_EQUAL(pt_stream_manager_for(m, i), g);
+	}
+	pt_stream_manager_destroy(m);
+}
+
+static void test_exec_stream_runs_in_order(void)
+{
+	pt_stream *s;
+	int log[200];
+	atomic_int n = 0;
+	log_item items[200];
+	PT_CHECK_OK(pt_stream_create(&s, "ordered"));
+	for (int i = 0; i < 200; i++) {
+		items[i] = (log_item){log, &n, i, 0};
+		PT_CHECK_OK(pt_stream_enqueue(s, log_fn, NULL, &items[i]));
+	}
+	PT_CHECK_OK(pt_stream_sync(s, 5000));
+	CU_ASSERT_EQUAL(atomic_load(&n), 200);
+	for (int i = 0; i < 200; i++)
+		CU_ASSERT_EQUAL(log[i], i);
+	CU_ASSERT(pt_stream_query(s));
+	pt_stream_destroy(s);
+}
+
+static void test_exec_events_order_streams(void)
+{
+	pt_stream *a, *b;
+	pt_event *e;
+	int log[4];
+	atomic_int n = 0;
+	log_item slow = {log, &n, 1, 60}, after = {log, &n, 2, 0};
+	PT_CHECK_OK(pt_stream_create(&a, "a"));
+	PT_CHECK_OK(pt_stream_create(&b, "b"));
+	PT_CHECK_OK(pt_event_create(&e));
+	CU_ASSERT(pt_event_query(e)); /* never recorded: complete */
+	PT_CHECK_OK(pt_stream_enqueue(a, log_fn, NULL, &slow));
+	PT_CHECK_OK(pt_event_record(e, a));
+	PT_CHECK_OK(pt_stream_wait_event(b, e));
+	PT_CHECK_OK(pt_stream_enqueue(b, log_fn, NULL, &after));
+	CU_ASSERT_FALSE(pt_event_query(e));
+	PT_CHECK_ERR(pt_event_wait(e, 5), PT_ERR_TIMEOUT);
+	PT_CHECK_OK(pt_event_wait(e, 5000));
+	PT_CHECK_OK(pt_stream_sync(b, 5000));
+	CU_ASSERT_EQUAL(atomic_load(&n), 2);
+	CU_ASSERT_EQUAL(log[0], 1); /* b waited for a although its own item was quick */
+	CU_ASSERT_EQUAL(log[1], 2);
+	pt_stream_destroy(a);
+	pt_stream_destroy(b);
+	pt_event_destroy(e);
+}
+
+static void test_exec_stream_sync_timeout(void)
+{
+	pt_stream *s;
+	int log[1];
+	atomic_int n = 0;
+	log_item slow = {log, &n, 1, 150};
+	PT_CHECK_OK(pt_stream_create(&s, "slow"));
+	PT_CHECK_OK(pt_stream_enqueue(s, log_fn, NULL, &slow));
+	PT_CHECK_ERR_MSG(pt_stream_sync(s, 10), PT_ERR_TIMEOUT, "slow");
+	PT_CHECK_OK(pt_stream_sync(s, -1));
+	CU_ASSERT_EQUAL(atomic_load(&n), 1);
+	pt_stream_destroy(s);
+}
+
+/* Two streams really run at once: 2 x 100 ms of sleeping takes ~100 ms. */
+static void test_exec_streams_run_concurrently(void)
+{
+	pt_stream_manager *m;
+	int log[2];
+	atomic_int n = 0;
+	log_item it[2] = {{log, &n, 0, 100}, {log, &n, 1, 100}};
+	double t0;
+	PT_CHECK_OK(pt_stream_manager_create(&m, "c", 2));
+	t0 = now_ms();
+	for (int i = 0; i < 2; i++)
+		PT_CHECK_OK(
+		    pt_stream_enqueue(pt_stream_manager_next(m, NULL), log_fn, NULL, &it[i]));
+	PT_CHECK_OK(pt_stream_manager_sync_all(m, 5000));
+	CU_ASSERT(now_ms() - t0 < 180.0);
+	pt_stream_manager_destroy(m);
+}
+
+static void test_exec_many_streams_and_single(void)
+{
+	int counts[] = {1, 32};
+	for (int c = 0; c < 2; c++) {
+		pt_stream_manager *m;
+		int log[64];
+		atomic_int n = 0;
+		log_item it[64];
+		PT_CHECK_OK(pt_stream_manager_create(&m, "many", counts[c]));
+		for (int i = 0; i < 64; i++) {
+			it[i] = (log_item){log, &n, i, 0};
+			PT_CHECK_OK(
+			    pt_stream_enqueue(pt_stream_manager_for(m, i), log_fn, NULL, &it[i]));
+		}
+		PT_CHECK_OK(pt_stream_manager_sync_all(m, 5000));
+		CU_ASSERT_EQUAL(atomic_load(&n), 64);
+		if (counts[c] == 1)
+			for (int i = 0; i < 64; i++)
+				CU_ASSERT_EQUAL(log[i], i);
+		pt_stream_manager_destroy(m);
+	}
+}
+
+static void test_exec_stream_destroy_cancels_pending(void)
+{
+	pt_stream *s;
+	int log[16];
+	atomic_int n = 0;
+	log_item it[16];
+	PT_CHECK_OK(pt_stream_create(&s, "doomed"));
+	for (int i = 0; i < 16; i++) {
+		it[i] = (log_item){log, &n, i, i == 0 ? 50 : 0};
+		PT_CHECK_OK(pt_stream_enqueue(s, log_fn, count_done, &it[i]));
+	}
+	usleep(10000); /* the first item is running */
+	pt_stream_destroy(s);
+	CU_ASSERT_EQUAL(atomic_load(&n), 1); /* it finished; the rest were cancelled */
+	CU_ASSERT_EQUAL(it[0].value, 0);
+	for (int i = 1; i < 16; i++)
+		CU_ASSERT_EQUAL(it[i].value, -1);
+}
+
+/* ---- executor over a toy compute: y = 2x (+ sleep), dx = 3 dy ---- */
+
+typedef struct toy {
+	int fail_mb;
+	int sleep_ms;
+	atomic_int running, max_running;
+} toy;
+
+static pt_err toy_apply(toy *t, int mb, const pt_tensor *x, pt_tensor *y, float k)
+{
+	int r = atomic_fetch_add(&t->running, 1) + 1;
+	pt_err rv;
+	if (r > atomic_load(&t->max_running))
+		atomic_store(&t->max_running, r);
+	if (t->sleep_ms)
+		usleep((useconds_t)t->sleep_ms * 1000);
+	if (mb == t->fail_mb)
+		rv = pt_set_error(PT_ERR_BACKEND, "toy failure on microbatch %d", mb);
+	else if ((rv = pt_tensor_init(y, x->dtype, x->ndim, x->shape)) == PT_OK)
+		rv = pt_scale(y, x, k);
+	atomic_fetch_sub(&t->running, 1);
+	return rv;
+}
+
+static pt_err toy_fwd(void *ctx, int mb, const pt_tensor *x, pt_tensor *y)
+{
+	return toy_apply(ctx, mb, x, y, 2.0f);
+}
+
+static pt_err toy_bwd(void *ctx, int mb, const pt_tensor *dy, pt_tensor *dx)
+{
+	return toy_apply(ctx, mb, dy, dx, 3.0f);
+}
+
+static void vec(pt_tensor *t, int64_t n, float v)
+{
+	PT_CHECK_OK(pt_tensor_init(t, PT_F32, 1, (int64_t[]){n}));
+	for (int64_t i = 0; i < n; i++)
+		pt_tensor_f32(t)[i] = v + (float)i;
+}
+
+static void test_exec_forward_backward_async(void)
+{
+	toy t = {.fail_mb = -1};
+	pt_exec_compute c = {toy_fwd, toy_bwd, &t};
+	pt_executor *ex;
+	pt_async_op *f[3], *b;
+	pt_tensor x;
+	vec(&x, 4, 1.0f);
+	PT_CHECK_OK(pt_executor_create(&ex, &c, NULL, NULL));
+	CU_ASSERT_EQUAL(pt_executor_num_compute(ex), 2);
+	CU_ASSERT_EQUAL(pt_executor_num_comm(ex), 2);
+	for (int mb = 0; mb < 3; mb++)
+		PT_CHECK_OK(pt_executor_forward(ex, mb, &x, NULL, &f[mb]));
+	PT_CHECK_OK(pt_executor_backward(ex, 2, NULL, f[2], &b));
+	for (int mb = 0; mb < 3; mb++) {
+		CU_ASSERT_EQUAL(pt_async_op_kind(f[mb]), PT_ASYNC_FORWARD);
+		CU_ASSERT_EQUAL(pt_async_op_microbatch(f[mb]), mb);
+		CU_ASSERT_EQUAL(pt_async_op_stream(f[mb]), mb % 2);
+		CU_ASSERT_PTR_EQUAL(pt_executor_compute_stream(ex, mb),
+		                    pt_executor_compute_stream(ex, mb + 2));
+		PT_CHECK_OK(pt_async_op_wait(f[mb], 5000));
+		CU_ASSERT(pt_async_op_done(f[mb]));
+		CU_ASSERT_EQUAL(pt_tensor_f32(pt_async_op_result(f[mb]))[3], 8.0f);
+	}
+	CU_ASSERT_NOT_EQUAL(pt_async_op_id(f[0]), pt_async_op_id(f[1]));
+	PT_CHECK_OK(pt_async_op_wait(b, 5000));
+	CU_ASSERT_EQUAL(pt_async_op_kind(b), PT_ASYNC_BACKWARD);
+	CU_ASSERT_STRING_EQUAL(pt_async_kind_name(pt_async_op_kind(b)), "backward");
+	CU_ASSERT_EQUAL(pt_tensor_f32(pt_async_op_result(b))[1], 12.0f); /* 3 * 2 * 2 */
+	PT_CHECK_OK(pt_executor_sync_all(ex, 5000));
+	/* ordered compute: never two at once */
+	CU_ASSERT_EQUAL(atomic_load(&t.max_running), 1);
+	pt_executor_destroy(ex);
+	for (int mb = 0; mb < 3; mb++)
+		pt_async_op_release(f[mb]);
+	pt_async_op_release(b);
+	pt_tensor_fini(&x);
+}
+
+/* Rank 0 forwards and sends; rank 1 receives, forwards, sends the gradient
+ * back; rank 0 receives it and runs backward. Receives are submitted out of
+ * order and still get their own microbatch. */
+static void test_exec_send_receive_chain(void)
+{
+	toy t0 = {.fail_mb = -1}, t1 = {.fail_mb = -1};
+	pt_exec_compute c0 = {toy_fwd, toy_bwd, &t0}, c1 = {toy_fwd, toy_bwd, &t1};
+	pt_local_group *g;
+	pt_comm *k0, *k1;
+	pt_executor *e0, *e1;
+	pt_async_op *ops[4][8];
+	pt_tensor x[4];
+	pt_executor_config cfg = {.step = 5, .timeout_ms = 5000};
+	/* A receive holds its stream until its message arrives (as on CUDA), so
+	 * receives posted out of order each get their own stream here. */
+	pt_executor_config cfg1 = {.step = 5, .timeout_ms = 5000, .n_comm = 4};
+	PT_CHECK_OK(pt_local_group_create(&g, 2));
+	PT_CHECK_OK(pt_local_comm_create(&k0, g, 0));
+	PT_CHECK_OK(pt_local_comm_create(&k1, g, 1));
+	PT_CHECK_OK(pt_executor_create(&e0, &c0, k0, &cfg));
+	PT_CHECK_OK(pt_executor_create(&e1, &c1, k1, &cfg1));
+	for (int mb = 3; mb >= 0; mb--) /* receives posted in reverse order */
+		PT_CHECK_OK(pt_executor_recv_forward(e1, mb, 0, &ops[mb][2]));
+	for (int mb = 0; mb < 4; mb++) {
+		vec(&x[mb], 3, (float)(10 * mb));
+		PT_CHECK_OK(pt_executor_forward(e0, mb, &x[mb], NULL, &ops[mb][0]));
+		PT_CHECK_OK(pt_executor_send_forward(e0, mb, 1, NULL, ops[mb][0], &ops[mb][1]));
+		PT_CHECK_OK(pt_executor_forward(e1, mb, NULL, ops[mb][2], &ops[mb][3]));
+		PT_CHECK_OK(pt_executor_send_backward(e1, mb, 0, NULL, ops[mb][3], &ops[mb][4]));
+		PT_CHECK_OK(pt_executor_recv_backward(e0, mb, 1, &ops[mb][5]));
+		PT_CHECK_OK(pt_executor_backward(e0, mb, NULL, ops[mb][5], &ops[mb][6]));
+	}
+	for (int mb = 0; mb < 4; mb++) {
+		PT_CHECK_OK(pt_async_op_wait(ops[mb][6], 5000));
+		CU_ASSERT_EQUAL(pt_async_op_kind(ops[mb][2]), PT_ASYNC_RECV_FORWARD);
+		CU_ASSERT_EQUAL(pt_async_op_kind(ops[mb][4]), PT_ASYNC_SEND_BACKWARD);
+		/* x -> 2x -> 4x -> 12x */
+		CU_ASSERT_EQUAL(pt_tensor_f32(pt_async_op_result(ops[mb][2]))[1],
+		                2.0f * (10 * mb + 1));
+		CU_ASSERT_EQUAL(pt_tensor_f32(pt_async_op_result(ops[mb][6]))[2],
+		                12.0f * (10 * mb + 2));
+	}
+	PT_CHECK_OK(pt_executor_sync_all(e0, 5000));
+	PT_CHECK_OK(pt_executor_sync_all(e1, 5000));
+	pt_executor_destroy(e0);
+	pt_executor_destroy(e1);
+	for (int mb = 0; mb < 4; mb++) {
+		for (int k = 0; k < 7; k++)
+			pt_async_op_release(ops[mb][k]);
+		pt_tensor_fini(&x[mb]);
+	}
+	pt_comm_destroy(k0);
+	pt_comm_destroy(k1);
+	pt_local_group_destroy(g);
+}
+
+/* Communication of one microbatch overlaps compute of another. */
+static void test_exec_comm_overlaps_compute(void)
+{
+	toy t = {.fail_mb = -1, .sleep_ms = 60};
+	pt_exec_compute c = {toy_fwd, toy_bwd, &t};
+	pt_local_group *g;
+	pt_comm *k0, *k1;
+	pt_executor *ex;
+	pt_async_op *f, *r;
+	pt_tensor x;
+	pt_msg m = {0};
+	pt_executor_config cfg = {.timeout_ms = 5000};
+	double t0;
+	vec(&x, 2, 1.0f);
+	PT_CHECK_OK(pt_local_group_create(&g, 2));
+	PT_CHECK_OK(pt_local_comm_create(&k0, g, 0));
+	PT_CHECK_OK(pt_local_comm_create(&k1, g, 1));
+	PT_CHECK_OK(pt_executor_create(&ex, &c, k1, &cfg));
+	t0 = now_ms();
+	PT_CHECK_OK(pt_executor_forward(ex, 0, &x, NULL, &f));
+	PT_CHECK_OK(pt_executor_recv_forward(ex, 1, 0, &r));
+	usleep(20000);
+	PT_CHECK_OK(pt_comm_send_forward(k0, 1, &x, 0, 1));
+	PT_CHECK_OK(pt_async_op_wait(r, 5000));
+	CU_ASSERT_FALSE(pt_async_op_done(f)); /* the receive finished during the forward */
+	PT_CHECK_OK(pt_async_op_wait(f, 5000));
+	CU_ASSERT(now_ms() - t0 < 200.0);
+	pt_executor_destroy(ex);
+	pt_async_op_release(f);
+	pt_async_op_release(r);
+	pt_msg_fini(&m);
+	pt_tensor_fini(&x);
+	pt_comm_destroy(k0);
+	pt_comm_destroy(k1);
+	pt_local_group_destroy(g);
+}
+
+static void test_exec_failure_propagates(void)
+{
+	toy t = {.fail_mb = 1};
+	pt_exec_compute c = {toy_fwd, toy_bwd, &t};
+	pt_local_group *g;
+	pt_comm *k0, *k1;
+	pt_executor *ex;
+	pt_async_op *f, *s, *ok;
+	pt_tensor x;
+	vec(&x, 2, 1.0f);
+	PT_CHECK_OK(pt_local_group_create(&g, 2));
+	PT_CHECK_OK(pt_local_comm_create(&k0, g, 0));
+	PT_CHECK_OK(pt_local_comm_create(&k1, g, 1));
+	PT_CHECK_OK(pt_executor_create(&ex, &c, k0, NULL));
+	PT_CHECK_OK(pt_executor_forward(ex, 1, &x, NULL, &f));
+	PT_CHECK_OK(pt_executor_send_forward(ex, 1, 1, NULL, f, &s));
+	PT_CHECK_ERR_MSG(pt_async_op_wait(f, 5000), PT_ERR_BACKEND, "toy failure on microbatch 1");
+	PT_CHECK_ERR_MSG(pt_async_op_wait(s, 5000), PT_ERR_BACKEND, "depends on forward");
+	CU_ASSERT_PTR_NOT_NULL(strstr(pt_last_error(), "send-forward of microbatch 1"));
+	/* the stream keeps working after a failure */
+	PT_CHECK_OK(pt_executor_forward(ex, 3, &x, NULL, &ok));
+	PT_CHECK_OK(pt_async_op_wait(ok, 5000));
+	/* bad submissions */
+	{
+		pt_async_op *bad;
+		PT_CHECK_ERR(pt_executor_forward(ex, -1, &x, NULL, &bad), PT_ERR_RANGE);
+		PT_CHECK_ERR(pt_executor_forward(ex, 0, NULL, NULL, &bad), PT_ERR_INVALID);
+		CU_ASSERT_PTR_NULL(bad);
+	}
+	pt_executor_destroy(ex);
+	pt_async_op_release(f);
+	pt_async_op_release(s);
+	pt_async_op_release(ok);
+	pt_tensor_fini(&x);
+	pt_comm_destroy(k0);
+	pt_comm_destroy(k1);
+	pt_local_group_destroy(g);
+}
+
+static void test_exec_receive_timeout(void)
+{
+	toy t = {.fail_mb = -1};
+	pt_exec_compute c = {toy_fwd, toy_bwd, &t};
+	pt_local_group *g;
+	pt_comm *k0;
+	pt_executor *ex;
+	pt_async_op *r, *f;
+	pt_executor_config cfg = {.timeout_ms = 80};
+	PT_CHECK_OK(pt_local_group_create(&g, 2));
+	PT_CHECK_OK(pt_local_comm_create(&k0, g, 0));
+	PT_CHECK_OK(pt_executor_create(&ex, &c, k0, &cfg));
+	PT_CHECK_OK(pt_executor_recv_backward(ex, 0, 1, &r));
+	PT_CHECK_OK(pt_executor_backward(ex, 0, NULL, r, &f));
+	PT_CHECK_ERR(pt_async_op_wait(r, 10), PT_ERR_TIMEOUT); /* the wait's own timeout */
+	PT_CHECK_ERR_MSG(pt_async_op_wait(r, 5000), PT_ERR_TIMEOUT, "no message");
+	PT_CHECK_ERR_MSG(pt_async_op_wait(f, 5000), PT_ERR_TIMEOUT, "receive-backward");
+	pt_executor_destroy(ex);
+	pt_async_op_release(r);
+	pt_async_op_release(f);
+	pt_comm_destroy(k0);
+	pt_local_group_destroy(g);
+}
+
+static void test_exec_destroy_with_pending(void)
+{
+	toy t = {.fail_mb = -1, .sleep_ms = 40};
+	pt_exec_compute c = {toy_fwd, toy_bwd, &t};
+	pt_local_group *g;
+	pt_comm *k0;
+	pt_executor *ex;
+	pt_async_op *r, *f[6];
+	pt_tensor x;
+	double t0;
+	vec(&x, 2, 1.0f);
+	PT_CHECK_OK(pt_local_group_create(&g, 2));
+	PT_CHECK_OK(pt_local_comm_create(&k0, g, 0));
+	PT_CHECK_OK(pt_executor_create(&ex, &c, k0, &(pt_executor_config){.timeout_ms = 60000}));
+	PT_CHECK_OK(pt_executor_recv_forward(ex, 0, 1, &r)); /* never satisfied */
+	for (int i = 0; i < 6; i++)
+		PT_CHECK_OK(pt_executor_forward(ex, i, &x, NULL, &f[i]));
+	usleep(10000);
+	t0 = now_ms();
+	pt_executor_destroy(ex);
+	CU_ASSERT(now_ms() - t0 < 1000.0);
+	PT_CHECK_ERR(pt_async_op_wait(r, 1000), PT_ERR_CLOSED);
+	PT_CHECK_OK(pt_async_op_wait(f[0], 1000)); /* it was running: drained */
+	PT_CHECK_ERR(pt_async_op_wait(f[5], 1000), PT_ERR_CLOSED);
+	for (int i = 0; i < 6; i++) {
+		CU_ASSERT(pt_async_op_done(f[i]));
+		pt_async_op_release(f[i]);
+	}
+	pt_async_op_release(r);
+	pt_tensor_fini(&x);
+	pt_comm_destroy(k0);
+	pt_local_group_destroy(g);
+}
+
+/* A 2-stage split of an MLP under the executors accumulates the same gradients,
+ * bitwise, as the whole model run synchronously. */
+static void test_exec_async_equals_sync_pipeline(void)
+{
+	pt_layer_spec layers[] = {pt_linear(8, 16), pt_activation(PT_LAYER_TANH), pt_linear(16, 16),
+	                          pt_activation(PT_LAYER_RELU), pt_linear(16, 4)};
+	pt_model_config cfg = {.batch = 4, .input = {PT_F32, 0, 8}, .n_slots = 4, .seed = 9};
+	pt_model *full, *s0, *s1;
+	pt_exec_model em0, em1;
+	pt_exec_compute c0, c1;
+	pt_local_group *g;
+	pt_comm *k0, *k1;
+	pt_executor *e0, *e1;
+	pt_tensor x[4], dy;
+	pt_async_op *ops[4][7];
+	pt_executor_config ecfg = {.timeout_ms = 10000};
+	PT_CHECK_OK(pt_model_create(&full, layers, 5, 0, 5, &cfg));
+	PT_CHECK_OK(pt_model_create(&s0, layers, 5, 0, 2, &cfg));
+	PT_CHECK_OK(pt_model_create(&s1, layers, 5, 2, 5, &cfg));
+	PT_CHECK_OK(pt_tensor_init(&dy, PT_F32, 2, (int64_t[]){4, 4}));
+	for (int i = 0; i < 16; i++)
+		pt_tensor_f32(&dy)[i] = 0.01f * (float)(i - 7);
+	for (int mb = 0; mb < 4; mb++) {
+		PT_CHECK_OK(pt_tensor_init(&x[mb], PT_F32, 2, (int64_t[]){4, 8}));
+		for (int i = 0; i < 32; i++)
+			pt_tensor_f32(&x[mb])[i] = 0.1f * (float)((i * 7 + mb * 3) % 11) - 0.5f;
+	}
+	/* synchronous reference: GPipe order, all forwards then all backwards */
+	{
+		const pt_tensor *y;
+		for (int mb = 0; mb < 4; mb++)
+			PT_CHECK_OK(pt_model_forward(full, mb, &x[mb], &y, true, 0, (uint64_t)mb));
+		for (int mb = 0; mb < 4; mb++)
+			PT_CHECK_OK(pt_model_backward(full, mb, &dy, NULL));
+	}
+	PT_CHECK_OK(pt_exec_model_init(&em0, s0, 4, true));
+	PT_CHECK_OK(pt_exec_model_init(&em1, s1, 4, true));
+	c0 = pt_exec_model_compute(&em0);
+	c1 = pt_exec_model_compute(&em1);
+	PT_CHECK_OK(pt_local_group_create(&g, 2));
+	PT_CHECK_OK(pt_local_comm_create(&k0, g, 0));
+	PT_CHECK_OK(pt_local_comm_create(&k1, g, 1));
+	PT_CHECK_OK(pt_executor_create(&e0, &c0, k0, &ecfg));
+	PT_CHECK_OK(pt_executor_create(&e1, &c1, k1, &ecfg));
+	for (int mb = 0; mb < 4; mb++) {
+		PT_CHECK_OK(pt_executor_forward(e0, mb, &x[mb], NULL, &ops[mb][0]));
+		PT_CHECK_OK(pt_executor_send_forward(e0, mb, 1, NULL, ops[mb][0], &ops[mb][1]));
+		PT_CHECK_OK(pt_executor_recv_forward(e1, mb, 0, &ops[mb][2]));
+		PT_CHECK_OK(pt_executor_forward(e1, mb, NULL, ops[mb][2], &ops[mb][3]));
+	}
+	for (int mb = 0; mb < 4; mb++) {
+		PT_CHECK_OK(pt_executor_backward(e1, mb, &dy, ops[mb][3], &ops[mb][4]));
+		PT_CHECK_OK(pt_executor_send_backward(e1, mb, 0, NULL, ops[mb][4], &ops[mb][5]));
+	}
+	for (int mb = 0; mb < 4; mb++)
+		PT_CHECK_OK(pt_executor_recv_backward(e0, mb, 1, &ops[mb][6]));
+	{
+		pt_async_op *b[4];
+		for (int mb = 0; mb < 4; mb++)
+			PT_CHECK_OK(pt_executor_backward(e0, mb, NULL, ops[mb][6], &b[mb]));
+		for (int mb = 0; mb < 4; mb++) {
+			PT_CHECK_OK(pt_async_op_wait(b[mb], 10000));
+			pt_async_op_release(b[mb]);
+		}
+	}
+	PT_CHECK_OK(pt_executor_sync_all(e0, 10000));
+	PT_CHECK_OK(pt_executor_sync_all(e1, 10000));
+	{
+		size_t n0 = pt_tensor_nbytes(pt_model_grads(s0));
+		size_t n1 = pt_tensor_nbytes(pt_model_grads(s1));
+		const char *gf = pt_tensor_data(pt_model_grads(full));
+		CU_ASSERT_EQUAL(n0 + n1, pt_tensor_nbytes(pt_model_grads(full)));
+		CU_ASSERT_EQUAL(memcmp(gf, pt_tensor_data(pt_model_grads(s0)), n0), 0);
+		CU_ASSERT_EQUAL(memcmp(gf + n0, pt_tensor_data(pt_model_grads(s1)), n1), 0);
+	}
+	pt_executor_destroy(e0);
+	pt_executor_destroy(e1);
+	for (int mb = 0; mb < 4; mb++) {
+		for (int k = 0; k < 7; k++)
+			pt_async_op_release(ops[mb][k]);
+		pt_tensor_fini(&x[mb]);
+	}
+	pt_exec_model_fini(&em0);
+	pt_exec_model_fini(&em1);
+	pt_tensor_fini(&dy);
+	pt_comm_destroy(k0);
+	pt_comm_destroy(k1);
+	pt_local_group_destroy(g);
+	pt_model_destroy(full);
+	pt_model_destroy(s0);
+	pt_model_destroy(s1);
+}
+
+int main(void)
+{
+	static const pt_test_case streams[] = {
+	    {"test_exec_stream_creation_and_index", test_exec_stream_creation_and_index},
+	    {"test_exec_stream_round_robin", test_exec_stream_round_robin},
+	    {"test_exec_stream_runs_in_order", test_exec_stream_runs_in_order},
+	    {"test_exec_events_order_streams", test_exec_events_order_streams},
+	    {"test_exec_stream_sync_timeout", test_exec_stream_sync_timeout},
+	    {"test_exec_streams_run_concurrently", test_exec_streams_run_concurrently},
+	    {"test_exec_many_streams_and_single", test_exec_many_streams_and_single},
+	    {"test_exec_stream_destroy_cancels_pending", test_exec_stream_destroy_cancels_pending},
+	    {NULL, NULL}};
+	static const pt_test_case executor[] = {
+	    {"test_exec_forward_backward_async", test_exec_forward_backward_async},
+	    {"test_exec_send_receive_chain", test_exec_send_receive_chain},
+	    {"test_exec_comm_overlaps_compute", test_exec_comm_overlaps_compute},
+	    {"test_exec_failure_propagates", test_exec_failure_propagates},
+	    {"test_exec_receive_timeout", test_exec_receive_timeout},
+	    {"test_exec_destroy_with_pending", test_exec_destroy_with_pending},
+	    {"test_exec_async_equals_sync_pipeline", test_exec_async_equals_sync_pipeline},
+	    {NULL, NULL}};
+	static const pt_test_suite suites[] = {
+	    {"streams", streams}, {"executor", executor}, {NULL, NULL}};
+	return pt_test_main(suites);
+}
