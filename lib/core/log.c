@@ -10,20 +10,25 @@
 
 static atomic_int threshold = -1;
 
+pt_err pt_log_level_parse(const char *name, pt_log_level *out)
+{
+	static const char *const names[] = {"debug", "info", "warn", "error", "off"};
+	for (int i = 0; i <= PT_LOG_OFF; i++)
+		if (strcmp(name, names[i]) == 0) {
+			*out = (pt_log_level)i;
+			return PT_OK;
+		}
+	return pt_set_error(PT_ERR_INVALID, "log level \"%s\" (debug, info, warn, error, off)",
+	                    name);
+}
+
 static int level_from_env(void)
 {
 	const char *s = getenv("PIPETRAIN_LOG_LEVEL");
-	if (s == NULL)
-		return PT_LOG_INFO;
-	if (strcmp(s, "debug") == 0)
-		return PT_LOG_DEBUG;
-	if (strcmp(s, "warn") == 0)
-		return PT_LOG_WARN;
-	if (strcmp(s, "error") == 0)
-		return PT_LOG_ERROR;
-	if (strcmp(s, "off") == 0)
-		return PT_LOG_OFF;
-	return PT_LOG_INFO;
+	pt_log_level l = PT_LOG_INFO;
+	if (s != NULL)
+		pt_log_level_parse(s, &l);
+	return (int)l;
 }
 
 void pt_log_set_level(pt_log_level level)

@@ -6,6 +6,8 @@
 #ifndef PT_LOG_H
 #define PT_LOG_H
 
+#include "error.h"
+
 typedef enum pt_log_level {
 	PT_LOG_DEBUG,
 	PT_LOG_INFO,
@@ -17,6 +19,10 @@ typedef enum pt_log_level {
 /* pt_log_set_level sets the global threshold (default PT_LOG_INFO, or the
  * PIPETRAIN_LOG_LEVEL environment variable: debug|info|warn|error|off). */
 void pt_log_set_level(pt_log_level level);
+
+/* pt_log_level_parse maps "debug", "info", "warn", "error" or "off" to a
+ * level; PT_ERR_INVALID for anything else. */
+pt_err pt_log_level_parse(const char *name, pt_log_level *out);
 
 /* pt_log_level_get returns the current threshold. */
 pt_log_level pt_log_level_get(void);
