@@ -7,8 +7,11 @@
 #include <unistd.h>
 
 #include "executor.h"
+#include "graph.h"
 #include "ops.h"
 #include "pt_test.h"
+#include "rng.h"
+#include "train.h"
 
 static double now_ms(void)
 {
@@ -556,6 +559,320 @@ static void test_exec_async_equals_sync_pipeline(void)
 	pt_model_destroy(s1);
 }
 
+/* ---- graph manager ---- */
+
+typedef struct affine {
+	pt_tensor x, y, z;
+	float alpha; /* z = alpha * (x + 2y) */
+	bool vary;   /* alpha changes per call: not capturable */
+	bool fail;
+	int calls; /* host calls of the function (not made by a replay) */
+} affine;
+
+static pt_err affine_fn(void *arg, pt_stream *stream)
+{
+	affine *a = arg;
+	a->calls++;
+	if (a->fail)
+		return pt_set_error(PT_ERR_BACKEND, "affine failed on purpose");
+	if (a->vary)
+		a->alpha += 1.0f;
+	PT_TRY(pt_add(&a->z, &a->x, &a->y, 1.0f, 2.0f));
+	return pt_scale(&a->z, &a->z, a->alpha);
+}
+
+static void affine_init(affine *a, float alpha)
+{
+	memset(a, 0, sizeof(*a));
+	vec(&a->x, 8, 1.0f);
+	vec(&a->y, 8, 0.5f);
+	vec(&a->z, 8, 0.0f);
+	a->alpha = alpha;
+}
+
+static void affine_fini(affine *a)
+{
+	pt_tensor_fini(&a->x);
+	pt_tensor_fini(&a->y);
+	pt_tensor_fini(&a->z);
+}
+
+static float affine_expect(const affine *a, int i)
+{
+	return a->alpha * (pt_tensor_f32(&a->x)[i] + 2.0f * pt_tensor_f32(&a->y)[i]);
+}
+
+static void test_exec_graph_warmup_capture_replay(void)
+{
+	pt_graph_manager *m;
+	affine a;
+	pt_graph_run how;
+	pt_graph_info info;
+	pt_dispatcher *d = pt_dispatcher_current();
+	uint64_t dispatched;
+	affine_init(&a, 3.0f);
+	PT_CHECK_OK(pt_graph_manager_create(&m, -1, 0));
+	PT_CHECK_ERR(pt_graph_manager_get(m, "affine", &info), PT_ERR_NOTFOUND);
+	for (int i = 0; i < 3; i++) {
+		CU_ASSERT_FALSE(pt_graph_manager_is_capture_complete(m, "affine"));
+		PT_CHECK_OK(pt_graph_manager_execute(m, "affine", affine_fn, &a, NULL, &how));
+		CU_ASSERT_EQUAL(how, PT_GRAPH_RAN_WARMUP); /* fallback to eager while warming */
+		CU_ASSERT_EQUAL(pt_graph_manager_count(m), 0);
+	}
+	CU_ASSERT(pt_graph_manager_is_capture_complete(m, "affine"));
+	PT_CHECK_ERR(pt_graph_manager_get(m, "affine", &info), PT_ERR_NOTFOUND);
+	PT_CHECK_OK(pt_graph_manager_execute(m, "affine", affine_fn, &a, NULL, &how));
+	CU_ASSERT_EQUAL(how, PT_GRAPH_RAN_CAPTURE); /* the 4th run is captured */
+	CU_ASSERT_EQUAL(pt_graph_manager_count(m), 1);
+	PT_CHECK_OK(pt_graph_manager_get(m, "affine", &info));
+	CU_ASSERT_EQUAL(info.n_ops, 2);
+	CU_ASSERT_EQUAL(a.calls, 4);
+	dispatched = pt_dispatcher_stats(d).dispatched;
+	for (int r = 0; r < 5; r++) {
+		float nx[8];
+		for (int i = 0; i < 8; i++)
+			nx[i] = (float)(r * 10 + i);
+		PT_CHECK_OK(pt_tensor_write(&a.x, nx, sizeof(nx))); /* new input, same buffer */
+		PT_CHECK_OK(pt_graph_manager_execute(m, "affine", affine_fn, &a, NULL, &how));
+		CU_ASSERT_EQUAL(how, PT_GRAPH_RAN_REPLAY);
+		CU_ASSERT_EQUAL(pt_tensor_state(&a.z), PT_READY);
+		for (int i = 0; i < 8; i++)
+			CU_ASSERT_EQUAL(pt_tensor_f32(&a.z)[i], affine_expect(&a, i));
+	}
+	CU_ASSERT_EQUAL(a.calls, 4); /* replays never call the function */
+	CU_ASSERT_EQUAL(pt_dispatcher_stats(d).dispatched, dispatched); /* nor dispatch */
+	PT_CHECK_OK(pt_graph_manager_get(m, "affine", &info));
+	CU_ASSERT_EQUAL(info.replays, 5);
+	pt_graph_manager_destroy(m);
+	affine_fini(&a);
+}
+
+static void test_exec_graph_names_remove_clear_pool(void)
+{
+	pt_graph_manager *m;
+	affine a[3];
+	pt_graph_run how;
+	pt_graph_pool_stats ps;
+	const char *names[3] = {"a", "b", "c"};
+	PT_CHECK_OK(pt_graph_manager_create(&m, 1, 1 << 16));
+	ps = pt_graph_manager_pool(m);
+	CU_ASSERT_EQUAL(ps.reserved, 1 << 16);
+	CU_ASSERT_EQUAL(ps.in_use, 0);
+	for (int k = 0; k < 3; k++) {
+		affine_init(&a[k], (float)(k + 1));
+		for (int i = 0; i < 2; i++)
+			PT_CHECK_OK(
+			    pt_graph_manager_execute(m, names[k], affine_fn, &a[k], NULL, &how));
+		CU_ASSERT_EQUAL(how, PT_GRAPH_RAN_CAPTURE);
+	}
+	CU_ASSERT_EQUAL(pt_graph_manager_count(m), 3);
+	ps = pt_graph_manager_pool(m);
+	CU_ASSERT(ps.in_use > 0); /* every graph's workspace comes from the one pool */
+	CU_ASSERT_EQUAL(ps.blocks, 3);
+	PT_CHECK_OK(pt_graph_manager_remove(m, "b"));
+	PT_CHECK_ERR(pt_graph_manager_remove(m, "b"), PT_ERR_NOTFOUND);
+	CU_ASSERT_EQUAL(pt_graph_manager_count(m), 2);
+	CU_ASSERT(pt_graph_manager_pool(m).in_use < ps.in_use);
+	/* a removed name warms up again, and reuses the freed block */
+	PT_CHECK_OK(pt_graph_manager_execute(m, "b", affine_fn, &a[1], NULL, &how));
+	CU_ASSERT_EQUAL(how, PT_GRAPH_RAN_WARMUP);
+	PT_CHECK_OK(pt_graph_manager_execute(m, "b", affine_fn, &a[1], NULL, &how));
+	CU_ASSERT_EQUAL(how, PT_GRAPH_RAN_CAPTURE);
+	CU_ASSERT_EQUAL(pt_graph_manager_pool(m).blocks, 3);
+	PT_CHECK_OK(
+	    pt_graph_manager_execute_phase(m, PT_PHASE_FORWARD, affine_fn, &a[0], NULL, &how));
+	CU_ASSERT_STRING_EQUAL(pt_graph_phase_name(PT_PHASE_FULL_TRAINING_STEP),
+	                       "Phase_FullTrainingStep");
+	CU_ASSERT(pt_graph_manager_is_capture_complete(m, "Phase_Forward")); /* warm-up of 1 */
+	CU_ASSERT_FALSE(pt_graph_manager_is_capture_complete(m, "unknown"));
+	pt_graph_manager_clear(m);
+	CU_ASSERT_EQUAL(pt_graph_manager_count(m), 0);
+	CU_ASSERT_EQUAL(pt_graph_manager_pool(m).in_use, 0);
+	CU_ASSERT_FALSE(pt_graph_manager_is_capture_complete(m, NULL));
+	pt_graph_manager_destroy(m);
+	for (int k = 0; k < 3; k++)
+		affine_fini(&a[k]);
+}
+
+static void test_exec_graph_fallback_and_errors(void)
+{
+	pt_graph_manager *m;
+	affine a, b;
+	pt_graph_run how;
+	affine_init(&a, 1.0f);
+	affine_init(&b, 1.0f);
+	a.vary = true; /* params change per call: a replay would be wrong */
+	PT_CHECK_OK(pt_graph_manager_create(&m, 2, 0));
+	for (int i = 0; i < 6; i++) {
+		PT_CHECK_OK(pt_graph_manager_execute(m, "vary", affine_fn, &a, NULL, &how));
+		CU_ASSERT_EQUAL(how, i < 2 ? PT_GRAPH_RAN_WARMUP : PT_GRAPH_RAN_FALLBACK);
+		CU_ASSERT_EQUAL(pt_tensor_f32(&a.z)[5], affine_expect(&a, 5));
+	}
+	CU_ASSERT_EQUAL(a.calls, 6);
+	CU_ASSERT_EQUAL(pt_graph_manager_count(m), 0);
+	b.fail = true;
+	PT_CHECK_ERR_MSG(pt_graph_manager_execute(m, "fail", affine_fn, &b, NULL, &how),
+	                 PT_ERR_BACKEND, "on purpose");
+	PT_CHECK_ERR(pt_graph_manager_execute(m, NULL, affine_fn, &b, NULL, &how), PT_ERR_INVALID);
+	pt_graph_manager_destroy(m);
+	affine_fini(&a);
+	affine_fini(&b);
+}
+
+static affine shared_affine; /* one set of buffers behind one name, for all threads */
+
+typedef struct graph_thread {
+	pt_graph_manager *m;
+	char name[16];
+	affine a;
+	int replays, bad;
+} graph_thread;
+
+static void *graph_thread_main(void *arg)
+{
+	graph_thread *g = arg;
+	for (int i = 0; i < 12; i++) {
+		pt_graph_run how;
+		if (pt_graph_manager_execute(g->m, g->name, affine_fn, &g->a, NULL, &how) != PT_OK)
+			g->bad++;
+		g->replays += how == PT_GRAPH_RAN_REPLAY;
+		for (int k = 0; k < 8; k++)
+			g->bad += pt_tensor_f32(&g->a.z)[k] != affine_expect(&g->a, k);
+		/* a shared name, executed by every thread */
+		if (pt_graph_manager_execute(g->m, "shared", affine_fn, &shared_affine, NULL,
+		                             &how) != PT_OK)
+			g->bad++;
+	}
+	return NULL;
+}
+
+static void test_exec_graph_concurrent_threads(void)
+{
+	pt_graph_manager *m;
+	graph_thread g[4];
+	pthread_t th[4];
+	PT_CHECK_OK(pt_graph_manager_create(&m, -1, 0));
+	affine_init(&shared_affine, 0.5f);
+	for (int i = 0; i < 4; i++) {
+		g[i].m = m;
+		snprintf(g[i].name, sizeof(g[i].name), "t%d", i);
+		affine_init(&g[i].a, (float)(i + 2));
+		g[i].replays = g[i].bad = 0;
+		CU_ASSERT_EQUAL(pthread_create(&th[i], NULL, graph_thread_main, &g[i]), 0);
+	}
+	for (int i = 0; i < 4; i++) {
+		pthread_join(th[i], NULL);
+		CU_ASSERT_EQUAL(g[i].bad, 0);
+		CU_ASSERT_EQUAL(g[i].replays, 8); /* 3 warm-up, 1 capture, 8 replays */
+		affine_fini(&g[i].a);
+	}
+	for (int i = 0; i < 4; i++)
+		PT_CHECK_OK(pt_graph_manager_get(m, g[i].name, NULL));
+	{
+		pt_graph_info info;
+		PT_CHECK_OK(pt_graph_manager_get(m, "shared", &info));
+		CU_ASSERT_EQUAL(info.replays, 4 * 12 - 4);
+		for (int k = 0; k < 8; k++)
+			CU_ASSERT_EQUAL(pt_tensor_f32(&shared_affine.z)[k],
+			                affine_expect(&shared_affine, k));
+	}
+	CU_ASSERT_EQUAL(pt_graph_manager_count(m), 5);
+	affine_fini(&shared_affine);
+	pt_graph_manager_destroy(m);
+}
+
+/* ---- a training step with graphs equals the eager step bitwise ---- */
+
+typedef struct train_ctx {
+	pt_trainer *t;
+	pt_tensor *x, *y;
+	int mbs;
+	uint64_t step;
+	pt_step_result res;
+} train_ctx;
+
+static pt_err train_fn(void *arg, pt_stream *stream)
+{
+	train_ctx *c = arg;
+	return pt_trainer_step(c->t, c->x, c->y, c->mbs, c->step, &c->res);
+}
+
+static void train_graph_vs_eager(pt_optim_kind kind, bool deferred, pt_graph_run expect_last)
+{
+	static const pt_layer_spec layers[] = {
+	    {.kind = PT_LAYER_LINEAR, .in_features = 64, .out_features = 64, .bias = true},
+	    {.kind = PT_LAYER_RELU},
+	    {.kind = PT_LAYER_LINEAR, .in_features = 64, .out_features = 64, .bias = true},
+	    {.kind = PT_LAYER_RELU},
+	    {.kind = PT_LAYER_LINEAR, .in_features = 64, .out_features = 10, .bias = true}};
+	pt_model_config cfg = {.batch = 8, .input = {PT_F32, 0, 64}, .n_slots = 1, .seed = 21};
+	pt_optim_config oc = pt_optim_defaults(kind, kind == PT_OPTIM_SGD ? 0.05f : 1e-3f);
+	pt_model *m[2];
+	pt_optimizer *o[2];
+	pt_trainer *t[2];
+	pt_tensor x, y;
+	pt_graph_manager *gm;
+	pt_graph_run how = PT_GRAPH_RAN_WARMUP;
+	pt_rng r;
+	const int steps = 8, mbs = 2;
+	float hx[16 * 64];
+	int64_t hy[16];
+	if (kind == PT_OPTIM_SGD)
+		oc.momentum = 0.9f;
+	for (int k = 0; k < 2; k++) {
+		PT_CHECK_OK(pt_model_create(&m[k], layers, 5, 0, 5, &cfg));
+		PT_CHECK_OK(
+		    pt_optimizer_create(&o[k], &oc, pt_model_params(m[k]), pt_model_grads(m[k])));
+		PT_CHECK_OK(pt_trainer_create(&t[k], m[k], o[k], PT_LOSS_CROSS_ENTROPY, -1));
+		pt_trainer_set_deferred(t[k], deferred);
+	}
+	PT_CHECK_OK(pt_tensor_init(&x, PT_F32, 2, (int64_t[]){16, 64}));
+	PT_CHECK_OK(pt_tensor_init(&y, PT_I64, 1, (int64_t[]){16}));
+	PT_CHECK_OK(pt_graph_manager_create(&gm, -1, 0));
+	pt_rng_init(&r, 5, 0);
+	for (int s = 0; s < steps; s++) {
+		train_ctx c = {.t = t[1], .x = &x, .y = &y, .mbs = mbs, .step = (uint64_t)s};
+		pt_step_result er;
+		pt_rng_normal(&r, hx, 16 * 64, 0.0f, 1.0f);
+		for (int i = 0; i < 16; i++)
+			hy[i] = pt_rng_u32(&r) % 10;
+		PT_CHECK_OK(pt_tensor_write(&x, hx, sizeof(hx)));
+		PT_CHECK_OK(pt_tensor_write(&y, hy, sizeof(hy)));
+		PT_CHECK_OK(pt_trainer_step(t[0], &x, &y, mbs, (uint64_t)s, &er));
+		PT_CHECK_OK(pt_graph_manager_execute_phase(gm, PT_PHASE_FULL_TRAINING_STEP,
+		                                           train_fn, &c, NULL, &how));
+	}
+	CU_ASSERT_EQUAL(how, expect_last);
+	{
+		size_t nb = pt_tensor_nbytes(pt_model_params(m[0]));
+		CU_ASSERT_EQUAL(memcmp(pt_tensor_data(pt_model_params(m[0])),
+		                       pt_tensor_data(pt_model_params(m[1])), nb),
+		                0);
+		CU_ASSERT_EQUAL(memcmp(pt_tensor_data(pt_model_grads(m[0])),
+		                       pt_tensor_data(pt_model_grads(m[1])), nb),
+		                0);
+	}
+	pt_graph_manager_destroy(gm);
+	for (int k = 0; k < 2; k++) {
+		pt_trainer_destroy(t[k]);
+		pt_optimizer_destroy(o[k]);
+		pt_model_destroy(m[k]);
+	}
+	pt_tensor_fini(&x);
+	pt_tensor_fini(&y);
+}
+
+static void test_exec_graph_training_step_bitwise(void)
+{
+	/* SGD with momentum and a constant lr: every step's kernels and params
+	 * are the same from step 2 on, so the step is captured and replayed. */
+	train_graph_vs_eager(PT_OPTIM_SGD, false, PT_GRAPH_RAN_REPLAY);
+	train_graph_vs_eager(PT_OPTIM_SGD, true, PT_GRAPH_RAN_REPLAY);
+	/* AdamW's step count is an op param: validation refuses the capture and
+	 * the step runs eagerly, still bitwise equal. */
+	train_graph_vs_eager(PT_OPTIM_ADAMW, true, PT_GRAPH_RAN_FALLBACK);
+}
+
 int main(void)
 {
 	static const pt_test_case streams[] = {
@@ -577,7 +894,14 @@ int main(void)
 	    {"test_exec_destroy_with_pending", test_exec_destroy_with_pending},
 	    {"test_exec_async_equals_sync_pipeline", test_exec_async_equals_sync_pipeline},
 	    {NULL, NULL}};
+	static const pt_test_case graphs[] = {
+	    {"test_exec_graph_warmup_capture_replay", test_exec_graph_warmup_capture_replay},
+	    {"test_exec_graph_names_remove_clear_pool", test_exec_graph_names_remove_clear_pool},
+	    {"test_exec_graph_fallback_and_errors", test_exec_graph_fallback_and_errors},
+	    {"test_exec_graph_concurrent_threads", test_exec_graph_concurrent_threads},
+	    {"test_exec_graph_training_step_bitwise", test_exec_graph_training_step_bitwise},
+	    {NULL, NULL}};
 	static const pt_test_suite suites[] = {
-	    {"streams", streams}, {"executor", executor}, {NULL, NULL}};
+	    {"streams", streams}, {"executor", executor}, {"graphs", graphs}, {NULL, NULL}};
 	return pt_test_main(suites);
 }

@@ -30,6 +30,14 @@ struct pt_dispatcher {
 	bool inject[PT_OP_COUNT];
 	bool flushing;
 	pt_dispatch_stats stats;
+	pt_op_tape *capture; /* attached tape, or NULL */
+};
+
+struct pt_op_tape {
+	queued_call **calls; /* one allocation per call: pointers into it stay valid */
+	size_t n, cap;
+	size_t workspace;
+	bool oom;
 };
 
 static _Thread_local pt_dispatcher *current;
@@ -181,11 +189,209 @@ static pt_err ensure_workspace(pt_dispatcher *d, size_t need)
 	return PT_OK;
 }
 
+static void tape_append(pt_op_tape *t, const pt_op_call *c)
+{
+	queued_call *q;
+	if (t->oom)
+		return;
+	if (t->n == t->cap) {
+		size_t cap = t->cap ? t->cap * 2 : 64;
+		queued_call **nc = realloc(t->calls, cap * sizeof(*nc));
+		if (nc == NULL) {
+			t->oom = true;
+			return;
+		}
+		t->calls = nc;
+		t->cap = cap;
+	}
+	if ((q = malloc(sizeof(*q))) == NULL) {
+		t->oom = true;
+		return;
+	}
+	q->call = *c;
+	for (int k = 0; k < c->n_in; k++)
+		if (c->in[k]) {
+			pt_tensor_view(&q->in_t[k], c->in[k]);
+			q->call.in[k] = &q->in_t[k];
+		}
+	for (int k = 0; k < c->n_out; k++)
+		if (c->out[k]) {
+			pt_tensor_view(&q->out_t[k], c->out[k]);
+			q->call.out[k] = &q->out_t[k];
+		}
+	if (c->workspace > t->workspace)
+		t->workspace = c->workspace;
+	t->calls[t->n++] = q;
+}
+
 static pt_err run_planned(pt_dispatcher *d, const pt_op_call *c)
 {
+	pt_err rv;
 	if (d->inject[c->op])
 		return pt_set_error(PT_ERR_BACKEND, "%s: injected failure", pt_op_name(c->op));
-	return c->kernel(c, d->workspace);
+	rv = c->kernel(c, d->workspace);
+	if (rv == PT_OK && d->capture != NULL)
+		tape_append(d->capture, c);
+	return rv;
+}
+
+pt_err pt_op_tape_create(pt_op_tape **out)
+{
+	if ((*out = calloc(1, sizeof(**out))) == NULL)
+		return pt_set_error(PT_ERR_NOMEM, "op tape");
+	return PT_OK;
+}
+
+void pt_op_tape_destroy(pt_op_tape *t)
+{
+	if (t == NULL)
+		return;
+	for (size_t i = 0; i < t->n; i++) {
+		release_call(t->calls[i]);
+		free(t->calls[i]);
+	}
+	free(t->calls);
+	free(t);
+}
+
+size_t pt_op_tape_len(const pt_op_tape *t)
+{
+	return t->n;
+}
+
+size_t pt_op_tape_workspace(const pt_op_tape *t)
+{
+	return t->workspace;
+}
+
+bool pt_op_tape_ok(const pt_op_tape *t)
+{
+	return !t->oom;
+}
+
+static bool same_tensor(const pt_tensor *a, const pt_tensor *b)
+{
+	if (a == NULL || b == NULL)
+		return a == b;
+	if (pt_tensor_data(a) != pt_tensor_data(b) || a->dtype != b->dtype || a->ndim != b->ndim)
+		return false;
+	for (int i = 0; i < a->ndim; i++)
+		if (a->shape[i] != b->shape[i] || a->strides[i] != b->strides[i])
+			return false;
+	return true;
+}
+
+bool pt_op_tape_same(const pt_op_tape *a, const pt_op_tape *b)
+{
+	if (a->n != b->n || a->oom || b->oom)
+		return false;
+	for (size_t i = 0; i < a->n; i++) {
+		const pt_op_call *x = &a->calls[i]->call, *y = &b->calls[i]->call;
+		if (x->op != y->op || x->kernel != y->kernel || x->workspace != y->workspace ||
+		    memcmp(&x->p, &y->p, sizeof(x->p)) != 0)
+			return false;
+		for (int k = 0; k < x->n_in; k++)
+			if (!same_tensor(x->in[k], y->in[k]))
+				return false;
+		for (int k = 0; k < x->n_out; k++)
+			if (!same_tensor(x->out[k], y->out[k]))
+				return false;
+	}
+	return true;
+}
+
+/* Views of storage st held by the tape. */
+static int tape_refs(const pt_op_tape *t, const pt_storage *st)
+{
+	int n = 0;
+	for (size_t i = 0; i < t->n; i++) {
+		const pt_op_call *c = &t->calls[i]->call;
+		for (int k = 0; k < c->n_in; k++)
+			n += c->in[k] != NULL && c->in[k]->storage == st;
+		for (int k = 0; k < c->n_out; k++)
+			n += c->out[k] != NULL && c->out[k]->storage == st;
+	}
+	return n;
+}
+
+/* A storage only the tape still references (its owner freed it). */
+static bool tape_private(const pt_op_tape *t, const pt_storage *st)
+{
+	return st->parent == NULL && atomic_load(&st->refs) == tape_refs(t, st);
+}
+
+static bool read_later(const pt_op_tape *t, size_t from, const bool *keep, const pt_storage *st)
+{
+	for (size_t j = from; j < t->n; j++) {
+		const pt_op_call *c = &t->calls[j]->call;
+		if (!keep[j])
+			continue;
+		for (int k = 0; k < c->n_in; k++)
+			if (c->in[k] != NULL && c->in[k]->storage == st)
+				return true;
+	}
+	return false;
+}
+
+size_t pt_op_tape_prune(pt_op_tape *t)
+{
+	bool *keep;
+	size_t kept = 0, n = t->n;
+	if (t->n == 0 || (keep = malloc(t->n)) == NULL)
+		return 0;
+	for (size_t i = t->n; i-- > 0;) {
+		const pt_op_call *c = &t->calls[i]->call;
+		bool dead = true;
+		for (int k = 0; k < c->n_out && dead; k++)
+			if (c->out[k] != NULL && (!tape_private(t, c->out[k]->storage) ||
+			                          read_later(t, i + 1, keep, c->out[k]->storage)))
+				dead = false;
+		keep[i] = !dead;
+	}
+	for (size_t i = 0; i < n; i++) {
+		if (keep[i]) {
+			t->calls[kept++] = t->calls[i];
+		} else {
+			release_call(t->calls[i]);
+			free(t->calls[i]);
+		}
+	}
+	t->n = kept;
+	free(keep);
+	return n - kept;
+}
+
+pt_err pt_op_tape_replay(const pt_op_tape *t, void *workspace)
+{
+	for (size_t i = 0; i < t->n; i++) {
+		queued_call *q = t->calls[i];
+		pt_err rv = q->call.kernel(&q->call, workspace);
+		if (rv != PT_OK) {
+			char detail[512];
+			snprintf(detail, sizeof(detail), "%s", pt_last_error());
+			for (size_t j = i; j < t->n; j++)
+				mark_outputs(t->calls[j], PT_INVALID);
+			return pt_set_error(rv, "graph replay failed at op %zu/%zu (%s): %s", i + 1,
+			                    t->n, pt_op_name(q->call.op), detail);
+		}
+		mark_outputs(q, PT_READY);
+	}
+	return PT_OK;
+}
+
+pt_err pt_dispatcher_capture_begin(pt_dispatcher *d, pt_op_tape *t)
+{
+	if (d->capture != NULL)
+		return pt_set_error(PT_ERR_STATE, "dispatcher is already capturing");
+	d->capture = t;
+	return PT_OK;
+}
+
+pt_op_tape *pt_dispatcher_capture_end(pt_dispatcher *d)
+{
+	pt_op_tape *t = d->capture;
+	d->capture = NULL;
+	return t;
 }
 
 pt_err pt_dispatcher_flush(pt_dispatcher *d)

@@ -199,6 +199,55 @@ pt_err pt_dispatch(pt_op_call *c);
 /* pt_dispatch_on is pt_dispatch on a given dispatcher. */
 pt_err pt_dispatch_on(pt_dispatcher *d, pt_op_call *c);
 
+/* ---- capture and replay (the CPU graph backend) ----
+ *
+ * While a tape is attached, every call that runs on d (eager, or in a flush)
+ * is appended to it after its kernel succeeded: the planned call (kernel,
+ * params, workspace size) with a view of each operand, so the storages stay
+ * alive and the data pointers stay fixed. Replay runs the recorded kernels in
+ * order on those same buffers, without meta, plan, queueing or allocation,
+ * and marks every output READY. A tape is owned by its creator; it is not
+ * thread-safe (one capturing dispatcher, one replaying thread at a time). */
+typedef struct pt_op_tape pt_op_tape;
+
+/* pt_op_tape_create makes an empty tape. */
+pt_err pt_op_tape_create(pt_op_tape **out);
+
+/* pt_op_tape_destroy releases the operand references. NULL-safe. */
+void pt_op_tape_destroy(pt_op_tape *t);
+
+/* pt_op_tape_len returns the number of recorded calls. */
+size_t pt_op_tape_len(const pt_op_tape *t);
+
+/* pt_op_tape_workspace returns the largest workspace a recorded call needs. */
+size_t pt_op_tape_workspace(const pt_op_tape *t);
+
+/* pt_op_tape_ok returns false when recording ran out of memory (the tape is
+ * then incomplete and must not be replayed). */
+bool pt_op_tape_ok(const pt_op_tape *t);
+
+/* pt_op_tape_same returns true when a and b hold the same ops with the same
+ * kernels, params, dtypes, shapes, strides and data addresses, i.e. replaying
+ * one is the same computation as the other. */
+bool pt_op_tape_same(const pt_op_tape *a, const pt_op_tape *b);
+
+/* pt_op_tape_prune drops dead calls: those whose every output is a storage
+ * that only the tape still references (a temporary its owner has freed, e.g.
+ * a per-call scratch tensor read back to the host) and that no kept later
+ * call reads. Nothing outside the tape can observe them. Returns the number
+ * dropped. */
+size_t pt_op_tape_prune(pt_op_tape *t);
+
+/* pt_op_tape_replay runs the recorded kernels in order with a workspace of at
+ * least pt_op_tape_workspace(t) bytes. On failure it stops, marks the outputs
+ * of the failed and later calls INVALID, and names the op and its position. */
+pt_err pt_op_tape_replay(const pt_op_tape *t, void *workspace);
+
+/* pt_dispatcher_capture_begin attaches t to d (PT_ERR_STATE when one is
+ * already attached); pt_dispatcher_capture_end detaches and returns it. */
+pt_err pt_dispatcher_capture_begin(pt_dispatcher *d, pt_op_tape *t);
+pt_op_tape *pt_dispatcher_capture_end(pt_dispatcher *d);
+
 /* Test hook: when set, the kernel of calls to `op` fails with PT_ERR_BACKEND
  * at impl time (once armed, every such call fails until cleared). */
 void pt_dispatcher_inject_failure(pt_dispatcher *d, pt_op op, bool armed);
