@@ -23,6 +23,8 @@ if [ -x "$build/bench/api_bench" ]; then
 	"$build/bench/api_bench"
 fi
 
+[ -x "$build/bench/exec_bench" ] && "$build/bench/exec_bench" # graph replay vs eager dispatch
+
 if /usr/bin/python3 -c 'import torch' 2>/dev/null; then
 	# PyTorch's best CPU settings here: OpenBLAS as libblas.so.3 (Debian's
 	# libopenblas0-pthread) with its core type forced, since OpenBLAS 0.3.21
