@@ -105,6 +105,12 @@ static const opt_desc options[] = {
      "parked WatchMetrics requests are woken at most this often while metrics arrive"},
     {"metrics_sync_ms", OPT_INT, F(metrics_sync_ms), "1000", 0, 60000, NULL,
      "metric points are fsynced to the journal at least this often"},
+    {"worker", OPT_BOOL, F(worker), "false", 0, 0, NULL,
+     "run as a worker: serve pipeline stages of jobs whose placement.workers name this "
+     "process's listen URL, instead of the job API"},
+    {"advertise_host", OPT_STRING, F(advertise_host), "", 0, 0, NULL,
+     "with --worker: host name or IP that peers dial for this process's stage data (empty: "
+     "the address the coordinator reached this worker on)"},
     {"help", OPT_BOOL, F(help), "false", 0, 0, NULL, "print this table and exit"},
 };
 #undef F

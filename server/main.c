@@ -4,6 +4,8 @@
  * stdout (tests and scripts parse it); everything else is logged to stderr.
  * SIGTERM/SIGINT: stop taking requests, stop running jobs (each writes a
  * checkpoint and is marked Interrupted), flush the journal, exit 0.
+ * With --worker the process serves pipeline stages for other servers' jobs
+ * instead of the job API (server/worker.h); SIGTERM ends a running stage.
  */
 #include <errno.h>
 #include <signal.h>
@@ -15,6 +17,7 @@
 #include "config.h"
 #include "jobs.h"
 #include "log.h"
+#include "worker.h"
 
 #ifndef PT_VERSION
 #define PT_VERSION "0.0.0"
@@ -90,6 +93,24 @@ int main(int argc, char **argv)
 			pt_server_config_fini(&cfg);
 			return 2;
 		}
+
+	if (cfg.worker) {
+		pt_worker_config wc = {.urls = (const char *const *)cfg.listen,
+		                       .n_urls = cfg.n_listen,
+		                       .auth_token = cfg.auth_token,
+		                       .advertise_host = cfg.advertise_host};
+		pt_worker *w = NULL;
+		if (pt_worker_start(&w, &wc, stdout) != PT_OK) {
+			fprintf(stderr, "pipeserver: %s\n", pt_last_error());
+			goto out;
+		}
+		while (sigwait(&set, &sig) != 0)
+			;
+		pt_info("signal %d (%s): worker shutting down", sig, strsignal(sig));
+		pt_worker_destroy(w);
+		status = 0;
+		goto out;
+	}
 
 	memset(&jc, 0, sizeof(jc));
 	jc.data_dir = cfg.data_dir;

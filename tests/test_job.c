@@ -371,8 +371,12 @@ static void test_job_spec_validation_names_fields(void)
 	       PT_ERR_INVALID, "placement.workers: 1 URLs for 2 stages");
 	EXPECT(NULL, NULL,
 	       "\"optimizer\": {\"lr\": 0.1}, \"batch_size\": 64, \"steps\": 1, \"placement\": "
-	       "{\"stages\": 1, \"workers\": [\"tcp://127.0.0.1:5001\"]}",
-	       PT_ERR_UNSUPPORTED, "placement.workers: remote workers are not supported yet");
+	       "{\"stages\": 1, \"workers\": [\"tls+tcp://127.0.0.1:5001\"]}",
+	       PT_ERR_UNSUPPORTED, "tls+tcp:// workers are not supported yet");
+	EXPECT(NULL, NULL,
+	       "\"optimizer\": {\"lr\": 0.1}, \"batch_size\": 64, \"steps\": 1, \"placement\": "
+	       "{\"stages\": 1, \"workers\": [\"http://127.0.0.1:5001\"]}",
+	       PT_ERR_INVALID, "placement.workers[0]: 'http://127.0.0.1:5001' is not a tcp://");
 	EXPECT(NULL, NULL,
 	       "\"optimizer\": {\"lr\": 0.1}, \"batch_size\": 64, \"steps\": 1, \"checkpoint\": "
 	       "{\"keep\": 0}",

@@ -128,6 +128,11 @@ typedef struct pt_job_run_options {
 	const char *files_root;     /* for relative data paths (NULL: cwd) */
 	const char *resume_from;    /* a checkpoint to resume from, or NULL */
 	int threads;                /* CPU threads for the whole job (0: all cores) */
+	/* Jobs with placement.workers: */
+	const char *worker_token;   /* presented to workers that require one (NULL: none) */
+	const char *advertise_host; /* host workers dial for the coordinator (NULL: this
+	                             * host's address on the connection to the first worker) */
+	int worker_timeout_ms;      /* each handshake reply (0: 10 s) */
 } pt_job_run_options;
 
 /* pt_job_run trains the job to spec->steps (or until should_stop), writing
@@ -135,7 +140,9 @@ typedef struct pt_job_run_options {
  * stopped). Blocking. *last_step gets the last completed step.
  *
  * It validates spec first, runs p stage threads and the coordinator (this
- * thread) over the local communicator, and evaluates on the held-out rows
+ * thread) over the local communicator - or, with placement.workers, has
+ * each stage served by the `pipeserver --worker` named for it, over nng
+ * (pt_job_workers_join); training is the same either way - and evaluates on the held-out rows
  * (Npy) or a fixed set of token windows at every eval_every-th and the last
  * step. A checkpoint is DIR/step-N.safetensors (the full model's weights,
  * PyTorch names) plus DIR/step-N.safetensors.state (tensor "stage<s>.state",
@@ -149,5 +156,23 @@ typedef struct pt_job_run_options {
  * pipeline, the data or a checkpoint ends the run with that error. */
 pt_err pt_job_run(const pt_job_spec *spec, const pt_job_run_options *o, const pt_job_hooks *h,
                   int64_t *last_step);
+
+/* Options of pt_job_workers_join. */
+typedef struct pt_job_workers_options {
+	const char *const *urls; /* control URLs of the workers of stages 0..n-1 */
+	int n;
+	const char *token;          /* presented in StageJoin (NULL: none) */
+	const char *advertise_host; /* see pt_job_run_options */
+	bool compress;              /* lz4 tensors on every rank */
+	int timeout_ms;             /* each reply (0: 10 s) */
+} pt_job_workers_options;
+
+/* pt_job_workers_join runs the worker handshake (schema/stage.fbs: StageJoin
+ * to every worker, then StagePeers with every rank's data URL) and returns
+ * in *coord rank 0's nng communicator, listening on tcp://<host>:0 and
+ * connected; the workers then wait for pt_coordinator_configure. On error
+ * (naming the stage and the worker URL) nothing is left: sessions joined so
+ * far are cancelled. Blocking (up to timeout_ms per request); thread-safe. */
+pt_err pt_job_workers_join(const pt_job_workers_options *o, pt_comm **coord);
 
 #endif

@@ -2,10 +2,13 @@
  * stages, with metrics, held-out evaluation, checkpoints and resume.
  *
  * Layout: rank 0 (this thread) is the coordinator, ranks 1..p are stage
- * threads over the local communicator. The runner also keeps one full model
- * (never trained) to evaluate and to write PyTorch-named weights: the full
- * model's parameter arena is the concatenation of the stages' arenas, which
- * the runner checks once by building each stage's model.
+ * threads over the local communicator - or, when the spec names
+ * placement.workers, stages served by those `pipeserver --worker` processes
+ * over nng (workers.c does the handshake; the stages are then configured
+ * with pt_coordinator_configure and everything else is the same code). The runner also keeps one
+ * full model (never trained) to evaluate and to write PyTorch-named weights: the full model's
+ * parameter arena is the concatenation of the stages' arenas, which the runner checks once by
+ * building each stage's model.
  *
  * Determinism: the batch of step N is a pure function of (seed, N) - an
  * epoch's order comes from (seed, epoch), token windows from (seed, step) -
@@ -17,8 +20,8 @@
  * flat f32 tensor per stage, "stage<s>.state" (s = 0..p-1: parameters then
  * optimizer state, as pt_coordinator_get_state gives it), with metadata
  * format, schema_version, job, step, optimizer_steps (per stage, comma
- * separated), stages and boundaries. Limits: remote workers are refused by
- * validation; only the CPU device.
+ * separated), stages and boundaries. Limits: only the CPU device; a lost
+ * worker ends the run with an error (no re-placement yet).
  */
 #include <dirent.h>
 #include <errno.h>
@@ -49,6 +52,7 @@ typedef struct runner {
 	const pt_job_spec *s;
 	const char *root, *ckdir;
 	const pt_job_hooks *h;
+	const pt_job_run_options *o;
 	int p, m, threads, tps;
 	int64_t B; /* samples per microbatch */
 	pt_act_shape in;
@@ -232,9 +236,21 @@ static pt_err pipeline_up(runner *r)
 	                         .optim = s->optim,
 	                         .output = pt_model_output_shape(r->full)};
 
-	PT_TRY(pt_local_group_create(&r->g, r->p + 1));
-	for (int i = 0; i <= r->p; i++)
-		PT_TRY(pt_local_comm_create(&r->comms[i], r->g, i));
+	pt_stage_config configs[PT_MAX_STAGES];
+
+	if (s->n_workers > 0) {
+		pt_job_workers_options wo = {.urls = (const char *const *)s->workers,
+		                             .n = s->n_workers,
+		                             .token = r->o->worker_token,
+		                             .advertise_host = r->o->advertise_host,
+		                             .compress = s->compress,
+		                             .timeout_ms = r->o->worker_timeout_ms};
+		PT_TRY(pt_job_workers_join(&wo, &r->comms[0]));
+	} else {
+		PT_TRY(pt_local_group_create(&r->g, r->p + 1));
+		for (int i = 0; i <= r->p; i++)
+			PT_TRY(pt_local_comm_create(&r->comms[i], r->g, i));
+	}
 	for (int st = 1; st <= r->p; st++) {
 		pt_stage_config c = {.layers = s->layers,
 		                     .n_layers = s->n_layers,
@@ -249,11 +265,17 @@ static pt_err pipeline_up(runner *r)
 		                     .weight_stashing = s->weight_stashing,
 		                     .recompute = s->recompute,
 		                     .threads = r->tps};
+		configs[st - 1] = c;
+		if (s->n_workers > 0)
+			continue;
 		PT_TRY(pt_stage_create(&r->stages[st], &c, r->comms[st]));
 		PT_TRY(pt_stage_start(r->stages[st]));
 		r->started[st] = true;
 	}
-	return pt_coordinator_create(&r->coord, &pc, r->comms[0]);
+	PT_TRY(pt_coordinator_create(&r->coord, &pc, r->comms[0]));
+	if (s->n_workers > 0)
+		return pt_coordinator_configure(r->coord, configs);
+	return PT_OK;
 }
 
 static void release_states(runner *r)
@@ -572,6 +594,7 @@ pt_err pt_job_run(const pt_job_spec *spec, const pt_job_run_options *o, const pt
 	r->root = o->files_root;
 	r->ckdir = o->checkpoint_dir;
 	r->h = h;
+	r->o = o;
 	r->p = spec->stages;
 	r->m = spec->microbatches;
 	r->B = spec->batch_size / spec->microbatches;

@@ -1,0 +1,156 @@
+/* handshake.c - WorkerRequest, StageJoinReply and StagePeersReply
+ * (schema/stage.fbs) built and verified with lib/fb. */
+#include "handshake.h"
+
+#include <string.h>
+
+/* Field ids follow the declaration order in schema/stage.fbs. */
+enum { JOIN_PROTOCOL, JOIN_TOKEN, JOIN_RANK, JOIN_WORLD, JOIN_COMPRESS };
+enum { JREPLY_OK, JREPLY_MESSAGE, JREPLY_DATA_URL, JREPLY_SESSION };
+enum { PEERS_URLS, PEERS_SESSION };
+enum { PREPLY_OK, PREPLY_MESSAGE };
+enum { REQUEST_JOIN, REQUEST_PEERS };
+
+static const pt_fb_field_desc join_fields[] = {
+    PT_FB_FIELD_SCALAR(JOIN_PROTOCOL, "protocol", 4),
+    PT_FB_FIELD_STRING(JOIN_TOKEN, "token", false),
+    PT_FB_FIELD_SCALAR(JOIN_RANK, "rank", 4),
+    PT_FB_FIELD_SCALAR(JOIN_WORLD, "world", 4),
+    PT_FB_FIELD_SCALAR(JOIN_COMPRESS, "compress", 1),
+};
+static const pt_fb_table_desc join_desc = PT_FB_TABLE_DESC("StageJoin", join_fields);
+
+static const pt_fb_field_desc peers_fields[] = {
+    PT_FB_FIELD_VECTOR_STRING(PEERS_URLS, "urls", false),
+    PT_FB_FIELD_SCALAR(PEERS_SESSION, "session", 8),
+};
+static const pt_fb_table_desc peers_desc = PT_FB_TABLE_DESC("StagePeers", peers_fields);
+
+static const pt_fb_field_desc request_fields[] = {
+    PT_FB_FIELD_TABLE(REQUEST_JOIN, "join", &join_desc, false),
+    PT_FB_FIELD_TABLE(REQUEST_PEERS, "peers", &peers_desc, false),
+};
+static const pt_fb_table_desc request_desc = PT_FB_TABLE_DESC("WorkerRequest", request_fields);
+
+static const pt_fb_field_desc jreply_fields[] = {
+    PT_FB_FIELD_SCALAR(JREPLY_OK, "ok", 1),
+    PT_FB_FIELD_STRING(JREPLY_MESSAGE, "message", false),
+    PT_FB_FIELD_STRING(JREPLY_DATA_URL, "data_url", false),
+    PT_FB_FIELD_SCALAR(JREPLY_SESSION, "session", 8),
+};
+static const pt_fb_table_desc jreply_desc = PT_FB_TABLE_DESC("StageJoinReply", jreply_fields);
+
+static const pt_fb_field_desc preply_fields[] = {
+    PT_FB_FIELD_SCALAR(PREPLY_OK, "ok", 1),
+    PT_FB_FIELD_STRING(PREPLY_MESSAGE, "message", false),
+};
+static const pt_fb_table_desc preply_desc = PT_FB_TABLE_DESC("StagePeersReply", preply_fields);
+
+pt_err pt_handshake_encode_request(pt_fb_builder *b, const pt_worker_request *q,
+                                   const uint8_t **data, size_t *size)
+{
+	pt_fb_ref token = 0, urls = 0, inner = 0, root = 0;
+	pt_fb_ref refs[PT_MAX_STAGES + 1];
+
+	if (q->n_urls < 0 || q->n_urls > PT_MAX_STAGES + 1)
+		return pt_set_error(PT_ERR_RANGE, "StagePeers: %d URLs (at most %d)", q->n_urls,
+		                    PT_MAX_STAGES + 1);
+	pt_fb_builder_reset(b);
+	if (q->is_join) {
+		if (q->token != NULL)
+			pt_fb_create_cstring(b, q->token, &token);
+		pt_fb_start_table(b);
+		pt_fb_add_offset(b, JOIN_TOKEN, token);
+		pt_fb_force_i32(b, JOIN_PROTOCOL, q->protocol);
+		pt_fb_force_i32(b, JOIN_RANK, q->rank);
+		pt_fb_force_i32(b, JOIN_WORLD, q->world);
+		pt_fb_add_bool(b, JOIN_COMPRESS, q->compress, false);
+		pt_fb_end_table(b, &inner);
+	} else {
+		for (int i = 0; i < q->n_urls; i++)
+			pt_fb_create_cstring(b, q->urls[i], &refs[i]);
+		if (q->n_urls > 0)
+			pt_fb_create_ref_vector(b, refs, (size_t)q->n_urls, &urls);
+		pt_fb_start_table(b);
+		pt_fb_force_u64(b, PEERS_SESSION, q->session);
+		pt_fb_add_offset(b, PEERS_URLS, urls);
+		pt_fb_end_table(b, &inner);
+	}
+	pt_fb_start_table(b);
+	pt_fb_add_offset(b, q->is_join ? REQUEST_JOIN : REQUEST_PEERS, inner);
+	pt_fb_end_table(b, &root);
+	return pt_fb_finish(b, root, NULL, data, size);
+}
+
+pt_err pt_handshake_decode_request(const void *buf, size_t len, pt_worker_request *q)
+{
+	const uint8_t *t, *join, *peers, *vec;
+	uint32_t n;
+
+	memset(q, 0, sizeof(*q));
+	if (pt_fb_verify(buf, len, &request_desc, NULL, NULL) != PT_OK)
+		return pt_set_error(PT_ERR_FORMAT, "malformed WorkerRequest: %s", pt_last_error());
+	t = pt_fb_root(buf);
+	join = pt_fb_get_table(t, REQUEST_JOIN);
+	peers = pt_fb_get_table(t, REQUEST_PEERS);
+	if ((join == NULL) == (peers == NULL))
+		return pt_set_error(PT_ERR_FORMAT,
+		                    "WorkerRequest: exactly one of join and peers expected");
+	if (join != NULL) {
+		q->is_join = true;
+		q->protocol = pt_fb_get_i32(join, JOIN_PROTOCOL, 0);
+		q->token = pt_fb_get_string(join, JOIN_TOKEN, NULL);
+		q->rank = pt_fb_get_i32(join, JOIN_RANK, 0);
+		q->world = pt_fb_get_i32(join, JOIN_WORLD, 0);
+		q->compress = pt_fb_get_bool(join, JOIN_COMPRESS, false);
+		return PT_OK;
+	}
+	q->session = pt_fb_get_u64(peers, PEERS_SESSION, 0);
+	vec = pt_fb_get_vector(peers, PEERS_URLS, &n);
+	if (n > PT_MAX_STAGES + 1)
+		return pt_set_error(PT_ERR_FORMAT, "StagePeers: %u URLs (at most %d)", n,
+		                    PT_MAX_STAGES + 1);
+	for (uint32_t i = 0; i < n; i++)
+		q->urls[i] = pt_fb_vec_string(vec, i, NULL);
+	q->n_urls = (int)n;
+	return PT_OK;
+}
+
+pt_err pt_handshake_encode_reply(pt_fb_builder *b, bool join, const pt_worker_reply *r,
+                                 const uint8_t **data, size_t *size)
+{
+	pt_fb_ref msg = 0, url = 0, root = 0;
+
+	pt_fb_builder_reset(b);
+	if (r->message != NULL)
+		pt_fb_create_cstring(b, r->message, &msg);
+	if (join && r->data_url != NULL)
+		pt_fb_create_cstring(b, r->data_url, &url);
+	pt_fb_start_table(b);
+	if (join) {
+		pt_fb_add_u64(b, JREPLY_SESSION, r->session, 0);
+		pt_fb_add_offset(b, JREPLY_DATA_URL, url);
+	}
+	pt_fb_add_offset(b, JREPLY_MESSAGE, msg);
+	pt_fb_force_bool(b, JREPLY_OK, r->ok);
+	pt_fb_end_table(b, &root);
+	return pt_fb_finish(b, root, NULL, data, size);
+}
+
+pt_err pt_handshake_decode_reply(const void *buf, size_t len, bool join, pt_worker_reply *r)
+{
+	const uint8_t *t;
+
+	memset(r, 0, sizeof(*r));
+	if (pt_fb_verify(buf, len, join ? &jreply_desc : &preply_desc, NULL, NULL) != PT_OK)
+		return pt_set_error(PT_ERR_FORMAT, "malformed %s: %s",
+		                    join ? "StageJoinReply" : "StagePeersReply", pt_last_error());
+	t = pt_fb_root(buf);
+	r->ok = pt_fb_get_bool(t, JREPLY_OK, false);
+	r->message = pt_fb_get_string(t, JREPLY_MESSAGE, NULL);
+	if (join) {
+		r->data_url = pt_fb_get_string(t, JREPLY_DATA_URL, NULL);
+		r->session = pt_fb_get_u64(t, JREPLY_SESSION, 0);
+	}
+	return PT_OK;
+}

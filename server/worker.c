@@ -1,0 +1,416 @@
+/* worker.c - `pipeserver --worker` (see worker.h): a REP loop on one thread
+ * answering the handshake, and at most one stage thread.
+ *
+ * States: IDLE -> JOINED (StageJoin: communicator made, session drawn) ->
+ * RUNNING (StagePeers: connected, stage thread started) -> DONE (the stage
+ * thread returned) -> IDLE (the REP thread joined it and freed the
+ * communicator). Only the REP thread creates and destroys the communicator
+ * and the stage thread; the lock guards the state for the stage thread's
+ * last transition. Limits: no TLS on the control socket, no heartbeats.
+ */
+#include "worker.h"
+
+#include <arpa/inet.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+
+#include <nng/nng.h>
+#include <nng/protocol/reqrep0/rep.h>
+
+#include "comm.h"
+#include "handshake.h"
+#include "log.h"
+#include "runtime.h"
+
+#define POLL_MS              200  /* the REP loop's receive timeout: how often it reaps */
+#define JOIN_TTL_S           30.0 /* a joined session without StagePeers expires */
+#define BUSY_WAIT_MS         1000 /* a join waits this long for a finishing stage */
+#define MAX_REQUEST          (256 * 1024)
+#define DEFAULT_CONFIGURE_MS 60000
+#define MAX_LISTENERS        16
+
+typedef enum wstate { W_IDLE, W_JOINED, W_RUNNING, W_DONE } wstate;
+
+struct pt_worker {
+	pt_worker_config cfg;
+	nng_socket sock;
+	bool sock_open;
+	pthread_t thread;
+	bool thread_started;
+	atomic_bool stopping;
+	pt_fb_builder b;
+
+	pthread_mutex_t mu;
+	pthread_cond_t cv; /* signalled when the stage thread reaches DONE */
+	wstate state;
+	pt_comm *comm;
+	int rank, world;
+	uint64_t session;
+	double joined_at;
+	pthread_t stage;
+	bool stage_started;
+};
+
+/* ct_equal compares a presented token with the expected one in time that
+ * depends only on the expected token's length. */
+static bool ct_equal(const char *got, const char *want)
+{
+	size_t lg = strlen(got), lw = strlen(want);
+	unsigned char d = (unsigned char)(lg != lw);
+
+	for (size_t i = 0; i < lw; i++)
+		d |= (unsigned char)((i < lg ? (unsigned char)got[i] : 0) ^ (unsigned char)want[i]);
+	return d == 0;
+}
+
+static uint64_t new_session(void)
+{
+	uint64_t v = 0;
+	if (getrandom(&v, sizeof(v), 0) != (ssize_t)sizeof(v)) {
+		struct timespec ts;
+		clock_gettime(CLOCK_REALTIME, &ts);
+		v = (uint64_t)ts.tv_nsec * 0x9E3779B97F4A7C15ull ^ (uint64_t)ts.tv_sec;
+	}
+	return v ? v : 1;
+}
+
+/* release drops the session's communicator (REP thread; no stage thread). */
+static void release(pt_worker *w)
+{
+	pt_comm_destroy(w->comm);
+	w->comm = NULL;
+	w->session = 0;
+	w->state = W_IDLE;
+}
+
+/* reap frees a finished stage and an expired join (REP thread). */
+static void reap(pt_worker *w)
+{
+	bool done;
+
+	pthread_mutex_lock(&w->mu);
+	done = w->state == W_DONE;
+	pthread_mutex_unlock(&w->mu);
+	if (done) {
+		pthread_join(w->stage, NULL);
+		w->stage_started = false;
+		pthread_mutex_lock(&w->mu);
+		release(w);
+		pthread_mutex_unlock(&w->mu);
+		pt_info("worker: stage %d finished; idle", w->rank);
+	}
+	if (w->state == W_JOINED && pt_now() - w->joined_at > JOIN_TTL_S) {
+		pt_warn("worker: stage %d: no peer list within %.0f s; session dropped", w->rank,
+		        JOIN_TTL_S);
+		pthread_mutex_lock(&w->mu);
+		release(w);
+		pthread_mutex_unlock(&w->mu);
+	}
+}
+
+static void *stage_main(void *arg)
+{
+	pt_worker *w = arg;
+	int timeout =
+	    w->cfg.configure_timeout_ms > 0 ? w->cfg.configure_timeout_ms : DEFAULT_CONFIGURE_MS;
+	pt_err rv = pt_stage_host_run(w->comm, timeout);
+
+	if (rv != PT_OK)
+		pt_warn("worker: stage %d: %s", w->rank, pt_last_error());
+	pthread_mutex_lock(&w->mu);
+	w->state = W_DONE;
+	pthread_cond_broadcast(&w->cv);
+	pthread_mutex_unlock(&w->mu);
+	return NULL;
+}
+
+/* wait_done gives a stage that is finishing (its STOP answered) a moment to
+ * return, so a job right after the last one finds the worker idle. */
+static void wait_done(pt_worker *w)
+{
+	struct timespec ts;
+
+	pthread_mutex_lock(&w->mu);
+	clock_gettime(CLOCK_REALTIME, &ts);
+	ts.tv_nsec += (long)BUSY_WAIT_MS % 1000 * 1000000L;
+	ts.tv_sec += BUSY_WAIT_MS / 1000 + ts.tv_nsec / 1000000000L;
+	ts.tv_nsec %= 1000000000L;
+	while (w->state == W_RUNNING && !atomic_load(&w->stopping))
+		if (pthread_cond_timedwait(&w->cv, &w->mu, &ts) != 0)
+			break;
+	pthread_mutex_unlock(&w->mu);
+	reap(w);
+}
+
+/* data_host writes the host peers should dial for this worker's data. */
+static void data_host(pt_worker *w, nng_msg *req, char *out, size_t n)
+{
+	const char *h = w->cfg.advertise_host;
+	nng_sockaddr sa;
+	char ip[INET6_ADDRSTRLEN];
+
+	if (h != NULL && h[0] != '\0') {
+		snprintf(out, n, strchr(h, ':') && h[0] != '[' ? "[%s]" : "%s", h);
+		return;
+	}
+	snprintf(out, n, "127.0.0.1"); /* ipc:// and abstract:// control sockets */
+	if (nng_pipe_get_addr(nng_msg_get_pipe(req), NNG_OPT_LOCADDR, &sa) != 0)
+		return;
+	if (sa.s_family == NNG_AF_INET &&
+	    inet_ntop(AF_INET, &sa.s_in.sa_addr, ip, sizeof(ip)) != NULL)
+		snprintf(out, n, "%s", ip);
+	else if (sa.s_family == NNG_AF_INET6 &&
+	         inet_ntop(AF_INET6, sa.s_in6.sa_addr, ip, sizeof(ip)) != NULL)
+		snprintf(out, n, "[%s]", ip);
+}
+
+static void on_join(pt_worker *w, nng_msg *req, const pt_worker_request *q, pt_worker_reply *r,
+                    char *msg, size_t n)
+{
+	char host[300], url[400];
+	pt_nng_options o = {.listen_url = url, .compress = q->compress};
+	pt_err rv;
+
+	r->message = msg;
+	if (q->protocol != PT_WORKER_PROTOCOL) {
+		snprintf(msg, n, "protocol version %d not supported (this worker speaks %d)",
+		         (int)q->protocol, PT_WORKER_PROTOCOL);
+		return;
+	}
+	if (w->cfg.auth_token != NULL &&
+	    (q->token == NULL || !ct_equal(q->token, w->cfg.auth_token))) {
+		snprintf(msg, n, "unauthorized");
+		return;
+	}
+	reap(w);
+	if (w->state == W_RUNNING)
+		wait_done(w);
+	if (w->state != W_IDLE) {
+		snprintf(msg, n, "worker busy with another job");
+		return;
+	}
+	if (q->world < 2 || q->world > PT_MAX_STAGES + 1 || q->rank < 1 || q->rank >= q->world) {
+		snprintf(msg, n, "rank %d of world %d: need 2 <= world <= %d and 1 <= rank < world",
+		         (int)q->rank, (int)q->world, PT_MAX_STAGES + 1);
+		return;
+	}
+	data_host(w, req, host, sizeof(host));
+	snprintf(url, sizeof(url), "tcp://%s:0", host);
+	o.world = q->world;
+	o.rank = q->rank;
+	if ((rv = pt_nng_comm_create(&w->comm, &o)) != PT_OK) {
+		snprintf(msg, n, "cannot listen on %s: %s", url, pt_last_error());
+		w->comm = NULL;
+		return;
+	}
+	pthread_mutex_lock(&w->mu);
+	w->state = W_JOINED;
+	w->rank = q->rank;
+	w->world = q->world;
+	w->session = new_session();
+	w->joined_at = pt_now();
+	pthread_mutex_unlock(&w->mu);
+	r->ok = true;
+	r->message = NULL;
+	r->data_url = pt_nng_comm_url(w->comm);
+	r->session = w->session;
+	pt_info("worker: joined as stage rank %d of world %d; data on %s", w->rank, w->world,
+	        r->data_url);
+}
+
+static void on_peers(pt_worker *w, const pt_worker_request *q, pt_worker_reply *r, char *msg,
+                     size_t n)
+{
+	pt_err rv;
+
+	r->message = msg;
+	if (w->state != W_JOINED || q->session != w->session) {
+		snprintf(msg, n, "no such session (StageJoin first)");
+		return;
+	}
+	if (q->n_urls == 0) {
+		pthread_mutex_lock(&w->mu);
+		release(w);
+		pthread_mutex_unlock(&w->mu);
+		pt_info("worker: session cancelled; idle");
+		r->ok = true;
+		snprintf(msg, n, "cancelled");
+		return;
+	}
+	if (q->n_urls != w->world) {
+		snprintf(msg, n, "%d peer URLs for a world of %d", q->n_urls, w->world);
+	} else if ((rv = pt_nng_comm_connect(w->comm, q->urls)) != PT_OK) {
+		snprintf(msg, n, "connecting to the peers: %s", pt_last_error());
+	} else {
+		pthread_mutex_lock(&w->mu);
+		w->state = W_RUNNING;
+		pthread_mutex_unlock(&w->mu);
+		if (pthread_create(&w->stage, NULL, stage_main, w) == 0) {
+			w->stage_started = true;
+			r->ok = true;
+			r->message = NULL;
+			return;
+		}
+		snprintf(msg, n, "cannot start the stage thread");
+	}
+	/* A failed peer list ends the session: the coordinator gives up the job. */
+	pthread_mutex_lock(&w->mu);
+	release(w);
+	pthread_mutex_unlock(&w->mu);
+}
+
+static void handle(pt_worker *w, nng_msg *req)
+{
+	void *body = nng_msg_body(req), *copy = NULL;
+	size_t len = nng_msg_len(req), size;
+	pt_worker_request q;
+	pt_worker_reply r = {0};
+	char msg[1200];
+	const uint8_t *data;
+	nng_msg *rep;
+	bool join = true;
+
+	if (((uintptr_t)body & 3u) != 0 && len > 0) {
+		if ((copy = malloc(len)) == NULL) {
+			nng_msg_free(req);
+			return;
+		}
+		memcpy(copy, body, len);
+		body = copy;
+	}
+	if (pt_handshake_decode_request(body, len, &q) != PT_OK) {
+		snprintf(msg, sizeof(msg), "%s", pt_last_error());
+		r.message = msg;
+	} else if (q.is_join) {
+		on_join(w, req, &q, &r, msg, sizeof(msg));
+	} else {
+		join = false;
+		on_peers(w, &q, &r, msg, sizeof(msg));
+	}
+	if (!r.ok)
+		pt_info("worker: request refused: %s", r.message);
+	if (pt_handshake_encode_reply(&w->b, join, &r, &data, &size) == PT_OK &&
+	    nng_msg_alloc(&rep, size) == 0) {
+		memcpy(nng_msg_body(rep), data, size);
+		if (nng_sendmsg(w->sock, rep, 0) != 0)
+			nng_msg_free(rep);
+	}
+	free(copy);
+	nng_msg_free(req);
+}
+
+static void *rep_main(void *arg)
+{
+	pt_worker *w = arg;
+
+	while (!atomic_load(&w->stopping)) {
+		nng_msg *req;
+		int rv;
+		reap(w);
+		rv = nng_recvmsg(w->sock, &req, 0);
+		if (rv == NNG_ETIMEDOUT)
+			continue;
+		if (rv != 0)
+			break; /* closed */
+		handle(w, req);
+	}
+	return NULL;
+}
+
+static void resolved_url(nng_listener l, const char *url, char *out, size_t n)
+{
+	int port = 0;
+	const char *colon = strrchr(url, ':');
+
+	snprintf(out, n, "%s", url);
+	if (colon && strcmp(colon, ":0") == 0 &&
+	    nng_listener_get_int(l, NNG_OPT_TCP_BOUND_PORT, &port) == 0)
+		snprintf(out, n, "%.*s:%d", (int)(colon - url), url, port);
+}
+
+pt_err pt_worker_start(pt_worker **out, const pt_worker_config *cfg, FILE *announce)
+{
+	pt_worker *w;
+	pt_err e = PT_OK;
+	int rv;
+
+	*out = NULL;
+	if ((w = calloc(1, sizeof(*w))) == NULL)
+		return pt_set_error(PT_ERR_NOMEM, "worker");
+	w->cfg = *cfg;
+	pthread_mutex_init(&w->mu, NULL);
+	pthread_cond_init(&w->cv, NULL);
+	if ((e = pt_fb_builder_init(&w->b, 1024)) != PT_OK) {
+		pt_worker_destroy(w);
+		return e;
+	}
+	if ((rv = nng_rep0_open(&w->sock)) != 0) {
+		e = pt_set_error(PT_ERR_IO, "worker socket: %s", nng_strerror(rv));
+		goto fail;
+	}
+	w->sock_open = true;
+	nng_socket_set_ms(w->sock, NNG_OPT_RECVTIMEO, POLL_MS);
+	nng_socket_set_ms(w->sock, NNG_OPT_SENDTIMEO, 5000);
+	nng_socket_set_size(w->sock, NNG_OPT_RECVMAXSZ, MAX_REQUEST);
+	for (int i = 0; i < cfg->n_urls && i < MAX_LISTENERS; i++) {
+		const char *url = cfg->urls[i];
+		nng_listener l;
+		char shown[512];
+		if (strncmp(url, "tls+", 4) == 0) {
+			e = pt_set_error(PT_ERR_UNSUPPORTED,
+			                 "listen %s: TLS is not supported by --worker yet", url);
+			goto fail;
+		}
+		if ((rv = nng_listener_create(&l, w->sock, url)) != 0) {
+			e = pt_set_error(PT_ERR_INVALID, "listen %s: %s", url, nng_strerror(rv));
+			goto fail;
+		}
+		if ((rv = nng_listener_start(l, 0)) != 0) {
+			e = pt_set_error(PT_ERR_IO, "listen %s: %s", url, nng_strerror(rv));
+			goto fail;
+		}
+		resolved_url(l, url, shown, sizeof(shown));
+		fprintf(announce, "pipeserver listening on %s\n", shown);
+		fflush(announce);
+		pt_info("worker listening on %s%s", shown,
+		        cfg->auth_token ? " (token required)" : "");
+	}
+	if (pthread_create(&w->thread, NULL, rep_main, w) != 0) {
+		e = pt_set_error(PT_ERR_NOMEM, "worker thread");
+		goto fail;
+	}
+	w->thread_started = true;
+	*out = w;
+	return PT_OK;
+fail:
+	pt_worker_destroy(w);
+	return e;
+}
+
+void pt_worker_destroy(pt_worker *w)
+{
+	if (w == NULL)
+		return;
+	atomic_store(&w->stopping, true);
+	if (w->sock_open)
+		nng_close(w->sock); /* wakes the REP thread's receive */
+	if (w->thread_started)
+		pthread_join(w->thread, NULL);
+	pthread_mutex_lock(&w->mu);
+	if (w->state == W_RUNNING && w->comm != NULL)
+		pt_comm_close(w->comm); /* the stage loop returns */
+	pthread_mutex_unlock(&w->mu);
+	if (w->stage_started)
+		pthread_join(w->stage, NULL);
+	pt_comm_destroy(w->comm);
+	pt_fb_builder_fini(&w->b);
+	pthread_cond_destroy(&w->cv);
+	pthread_mutex_destroy(&w->mu);
+	free(w);
+}

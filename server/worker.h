@@ -1,0 +1,42 @@
+/* worker.h - `pipeserver --worker`: host one pipeline stage at a time for
+ * coordinators that name this process in a job's placement.workers.
+ *
+ * The worker listens with an nng REP socket on its control URLs and speaks
+ * the handshake of lib/pipeline/handshake.h: a StageJoin (protocol 1, the
+ * auth token when the worker has one, rank, world) makes it create a stage
+ * communicator on tcp://<advertise host>:0 and answer with its URL and a
+ * session; the StagePeers of that session connects it to every rank and
+ * starts pt_stage_host_run on a thread. When the stage ends (STOP, or the
+ * coordinator is gone) the worker is idle again. While a session is joined
+ * or running, another StageJoin is refused ("worker busy with another
+ * job"); a joined session that gets no StagePeers expires after 30 s.
+ */
+#ifndef PT_SERVER_WORKER_H
+#define PT_SERVER_WORKER_H
+
+#include <stdio.h>
+
+#include "error.h"
+
+typedef struct pt_worker_config {
+	const char *const *urls; /* control URLs to listen on (tcp port 0: any) */
+	int n_urls;
+	const char *auth_token;     /* required in StageJoin when not NULL */
+	const char *advertise_host; /* host peers dial for stage data (NULL or "": this
+	                             * host's address on the coordinator's connection) */
+	int configure_timeout_ms;   /* wait for the coordinator's Configure (0: 60 s) */
+} pt_worker_config;
+
+typedef struct pt_worker pt_worker;
+
+/* pt_worker_start listens on every URL, prints `pipeserver listening on
+ * <url>` (port resolved) per URL to announce, and serves requests on its own
+ * thread. cfg's strings are borrowed and must outlive the worker. */
+pt_err pt_worker_start(pt_worker **out, const pt_worker_config *cfg, FILE *announce);
+
+/* pt_worker_destroy stops taking requests, ends a running stage (its
+ * communicator is closed, so the stage loop returns), waits for both
+ * threads and frees everything. Blocking; NULL-safe. */
+void pt_worker_destroy(pt_worker *w);
+
+#endif
