@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "api_server.h"
+#include "backend.h"
 #include "config.h"
 #include "jobs.h"
 #include "log.h"
@@ -93,6 +94,17 @@ int main(int argc, char **argv)
 			pt_server_config_fini(&cfg);
 			return 2;
 		}
+	/* --device cuda:N on a machine (or build) without that GPU: say so now. */
+	{
+		pt_device dev;
+		if (pt_device_parse(cfg.device, &dev) != PT_OK ||
+		    pt_backend_check_device(dev) != PT_OK) {
+			fprintf(stderr, "pipeserver: --device %s: %s\n", cfg.device,
+			        pt_last_error());
+			pt_server_config_fini(&cfg);
+			return 2;
+		}
+	}
 
 	if (cfg.worker) {
 		pt_worker_config wc = {.urls = (const char *const *)cfg.listen,

@@ -1,14 +1,15 @@
 /* ops.c - the op table (meta + plan per op) and the typed wrappers of ops.h.
  *
  * meta validates shapes and dtypes and names the op in every error. plan picks
- * the kernel for the tensors' device; only the CPU backend is registered here
- * (the CUDA backend registers through the same table when it is built).
+ * the kernel for the tensors' device: CPU kernels here, any other device
+ * through the backend registry (lib/backend), which knows what is built.
  */
 #include "ops.h"
 
 #include <inttypes.h>
 #include <string.h>
 
+#include "backend.h"
 #include "cpu/cpu_kernels.h"
 
 /* ---- meta helpers ---- */
@@ -481,9 +482,7 @@ static pt_err device_of(const pt_op_call *c, pt_device_kind *kind)
 		pt_device_kind k;                                                                  \
 		PT_TRY(device_of(c, &k));                                                          \
 		if (k != PT_DEV_CPU)                                                               \
-			return pt_set_error(PT_ERR_UNSUPPORTED,                                    \
-			                    "%s: no kernel for device kind %d", pt_op_name(c->op), \
-			                    k);                                                    \
+			return pt_backend_plan(c);                                                 \
 		c->kernel = cpu_##kern;                                                            \
 		c->workspace = 0;                                                                  \
 		return PT_OK;                                                                      \
@@ -517,7 +516,10 @@ PLAN_CPU(sgd, sgd)
 
 static pt_err plan_attn_bwd(pt_op_call *c)
 {
-	PT_TRY(plan_xent_fwd(c)); /* device check only */
+	pt_device_kind k;
+	PT_TRY(device_of(c, &k));
+	if (k != PT_DEV_CPU)
+		return pt_backend_plan(c);
 	c->kernel = cpu_attention_backward;
 	c->workspace = cpu_attention_workspace(c);
 	return PT_OK;

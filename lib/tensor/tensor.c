@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend.h"
 #include "dispatch.h"
 
 static const size_t dtype_sizes[PT_DTYPE_COUNT] = {
@@ -51,9 +52,15 @@ pt_err pt_storage_create(pt_storage **out, size_t nbytes, pt_device dev)
 	size_t rounded = (nbytes + 63) & ~(size_t)63;
 
 	*out = NULL;
-	if (dev.kind != PT_DEV_CPU)
-		return pt_set_error(PT_ERR_UNSUPPORTED,
-		                    "storage on device kind %d needs its backend", dev.kind);
+	if (dev.kind != PT_DEV_CPU) {
+		/* Device memory comes from the backend registry (its pool). */
+		PT_TRY(pt_backend_alloc(dev, nbytes, &data));
+		if (storage_new(out, data, nbytes, dev, true, NULL) != PT_OK) {
+			pt_backend_free(dev, data);
+			return PT_ERR_NOMEM;
+		}
+		return PT_OK;
+	}
 	if (rounded < nbytes)
 		return pt_set_error(PT_ERR_OVERFLOW, "storage of %zu bytes", nbytes);
 	data = aligned_alloc(64, rounded ? rounded : 64);
@@ -94,7 +101,9 @@ void pt_storage_release(pt_storage *s)
 		return;
 	if (atomic_fetch_sub_explicit(&s->refs, 1, memory_order_acq_rel) != 1)
 		return;
-	if (s->owns_data)
+	if (s->owns_data && s->device.kind != PT_DEV_CPU)
+		pt_backend_free(s->device, s->data);
+	else if (s->owns_data)
 		free(s->data);
 	pt_storage_release(s->parent);
 	free(s);
@@ -341,8 +350,12 @@ pt_err pt_tensor_read(const pt_tensor *t, void *dst, size_t dst_bytes)
 	PT_TRY(pt_tensor_sync(t));
 	if (dst_bytes < nb)
 		return pt_set_error(PT_ERR_RANGE, "read of %zu bytes into %zu", nb, dst_bytes);
-	if (t->storage->device.kind != PT_DEV_CPU)
-		return pt_set_error(PT_ERR_UNSUPPORTED, "host read of a device tensor");
+	if (t->storage->device.kind != PT_DEV_CPU) {
+		if (!pt_tensor_is_contiguous(t))
+			return pt_set_error(PT_ERR_UNSUPPORTED,
+			                    "host read of a non-contiguous device tensor");
+		return pt_backend_copy(dst, PT_CPU, pt_tensor_data(t), t->storage->device, nb);
+	}
 	if (pt_tensor_is_contiguous(t)) {
 		memcpy(dst, pt_tensor_data(t), nb);
 	} else {
@@ -366,7 +379,10 @@ pt_err pt_tensor_write(pt_tensor *t, const void *src, size_t src_bytes)
 		return pt_set_error(PT_ERR_RANGE, "write of %zu bytes from %zu", nb, src_bytes);
 	if (!pt_tensor_is_contiguous(t))
 		return pt_set_error(PT_ERR_INVALID, "host write into a non-contiguous tensor");
-	memcpy(pt_tensor_data(t), src, nb);
+	if (t->storage->device.kind != PT_DEV_CPU)
+		PT_TRY(pt_backend_copy(pt_tensor_data(t), t->storage->device, src, PT_CPU, nb));
+	else
+		memcpy(pt_tensor_data(t), src, nb);
 	atomic_store(&t->storage->state, PT_READY);
 	return PT_OK;
 }

@@ -1,0 +1,255 @@
+/* backend.c - the backend registry (see backend.h). The only file in lib/
+ * that asks whether CUDA was compiled in: with PT_HAVE_CUDA it forwards to
+ * the launchers of lib/ops/cuda; without it, each CUDA entry point is a stub
+ * returning PT_ERR_UNSUPPORTED.
+ */
+#include "backend.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef PT_HAVE_CUDA
+#include "cuda/cuda_kernels.h"
+#include "cuda/cuda_ops.h"
+#endif
+
+pt_err pt_device_parse(const char *s, pt_device *out)
+{
+	char *end;
+	long idx;
+	if (s == NULL)
+		return pt_set_error(PT_ERR_INVALID, "device: missing");
+	if (strcmp(s, "cpu") == 0) {
+		*out = PT_CPU;
+		return PT_OK;
+	}
+	if (strcmp(s, "cuda") == 0) {
+		*out = (pt_device){PT_DEV_CUDA, 0};
+		return PT_OK;
+	}
+	if (strncmp(s, "cuda:", 5) != 0 || s[5] < '0' || s[5] > '9')
+		return pt_set_error(PT_ERR_INVALID, "device \"%s\": expected cpu or cuda:N", s);
+	errno = 0;
+	idx = strtol(s + 5, &end, 10);
+	if (errno != 0 || *end != '\0' || idx > 1023)
+		return pt_set_error(PT_ERR_INVALID, "device \"%s\": bad CUDA device index", s);
+	*out = (pt_device){PT_DEV_CUDA, (int)idx};
+	return PT_OK;
+}
+
+char *pt_device_str(char *buf, size_t len, pt_device dev)
+{
+	if (dev.kind == PT_DEV_CPU)
+		snprintf(buf, len, "cpu");
+	else
+		snprintf(buf, len, "cuda:%d", dev.index);
+	return buf;
+}
+
+/* Every operand of c on one device, which is returned in *dev. */
+static pt_err call_device(const pt_op_call *c, pt_device *dev)
+{
+	bool first = true;
+	for (int pass = 0; pass < 2; pass++) {
+		int n = pass == 0 ? c->n_out : c->n_in;
+		for (int i = 0; i < n; i++) {
+			const pt_tensor *t = pass == 0 ? c->out[i] : c->in[i];
+			pt_device d;
+			if (t == NULL)
+				continue;
+			d = t->storage->device;
+			if (first) {
+				*dev = d;
+				first = false;
+			} else if (d.kind != dev->kind || d.index != dev->index) {
+				char a[32], b[32];
+				return pt_set_error(PT_ERR_INVALID, "%s: operands on %s and %s",
+				                    pt_op_name(c->op),
+				                    pt_device_str(a, sizeof(a), *dev),
+				                    pt_device_str(b, sizeof(b), d));
+			}
+		}
+	}
+	if (first)
+		*dev = PT_CPU;
+	return PT_OK;
+}
+
+#ifdef PT_HAVE_CUDA
+
+bool pt_backend_compiled(pt_device_kind kind)
+{
+	return kind == PT_DEV_CPU || kind == PT_DEV_CUDA;
+}
+
+pt_err pt_backend_device_count(pt_device_kind kind, int *n)
+{
+	if (kind == PT_DEV_CPU) {
+		*n = 1;
+		return PT_OK;
+	}
+	if (kind != PT_DEV_CUDA) {
+		*n = 0;
+		return pt_set_error(PT_ERR_UNSUPPORTED, "device kind %d", (int)kind);
+	}
+	if (ptc_device_count(n) != 0)
+		return pt_set_error(PT_ERR_UNSUPPORTED, "no CUDA device (%s)", ptc_last_error());
+	return PT_OK;
+}
+
+static pt_err cuda_fail(pt_device dev, const char *what)
+{
+	return pt_set_error(PT_ERR_BACKEND, "cuda:%d: %s: %s", dev.index, what, ptc_last_error());
+}
+
+pt_err pt_backend_alloc(pt_device dev, size_t nbytes, void **out)
+{
+	*out = NULL;
+	if (dev.kind != PT_DEV_CUDA)
+		return pt_set_error(PT_ERR_INVALID, "pt_backend_alloc: not a device");
+	/* No device (or no driver): PT_ERR_UNSUPPORTED, as in a build without CUDA. */
+	PT_TRY(pt_backend_check_device(dev));
+	if (ptc_alloc(dev.index, nbytes, out) != 0)
+		return pt_set_error(PT_ERR_NOMEM, "cuda:%d: %zu bytes: %s", dev.index, nbytes,
+		                    ptc_last_error());
+	return PT_OK;
+}
+
+void pt_backend_free(pt_device dev, void *p)
+{
+	if (p != NULL && dev.kind == PT_DEV_CUDA && ptc_free(dev.index, p) != 0)
+		fprintf(stderr, "pipetrain: cuda:%d: free failed: %s\n", dev.index,
+		        ptc_last_error());
+}
+
+pt_err pt_backend_copy(void *dst, pt_device dst_dev, const void *src, pt_device src_dev,
+                       size_t nbytes)
+{
+	int kind;
+	pt_device dev = dst_dev.kind == PT_DEV_CPU ? src_dev : dst_dev;
+	if (dst_dev.kind == PT_DEV_CPU && src_dev.kind == PT_DEV_CPU) {
+		memmove(dst, src, nbytes);
+		return PT_OK;
+	}
+	if (src_dev.kind == PT_DEV_CPU)
+		kind = PTC_H2D;
+	else if (dst_dev.kind == PT_DEV_CPU)
+		kind = PTC_D2H;
+	else if (src_dev.index == dst_dev.index)
+		kind = PTC_D2D;
+	else
+		return pt_set_error(PT_ERR_UNSUPPORTED, "copy from cuda:%d to cuda:%d",
+		                    src_dev.index, dst_dev.index);
+	if (ptc_memcpy(dev.index, dst, src, nbytes, kind) != 0)
+		return cuda_fail(dev, "copy");
+	return PT_OK;
+}
+
+pt_err pt_backend_sync(pt_device dev)
+{
+	if (dev.kind == PT_DEV_CUDA && ptc_sync(dev.index) != 0)
+		return cuda_fail(dev, "synchronize");
+	return PT_OK;
+}
+
+void *pt_backend_stream(pt_device dev)
+{
+	return dev.kind == PT_DEV_CUDA ? ptc_stream(dev.index) : NULL;
+}
+
+pt_err pt_backend_plan(pt_op_call *c)
+{
+	pt_device dev;
+	PT_TRY(call_device(c, &dev));
+	if (dev.kind != PT_DEV_CUDA)
+		return pt_set_error(PT_ERR_UNSUPPORTED, "%s: no kernel for device kind %d",
+		                    pt_op_name(c->op), (int)dev.kind);
+	c->kernel = cuda_op_kernel(c->op);
+	c->workspace = 0;
+	return c->kernel
+	           ? PT_OK
+	           : pt_set_error(PT_ERR_UNSUPPORTED, "%s: no CUDA kernel", pt_op_name(c->op));
+}
+
+#else /* !PT_HAVE_CUDA: CUDA is a stub that says how to get it. */
+
+#define NO_CUDA "this build has no CUDA support (configure with -Dcuda=enabled and nvcc)"
+
+bool pt_backend_compiled(pt_device_kind kind)
+{
+	return kind == PT_DEV_CPU;
+}
+
+pt_err pt_backend_device_count(pt_device_kind kind, int *n)
+{
+	*n = kind == PT_DEV_CPU ? 1 : 0;
+	return kind == PT_DEV_CPU ? PT_OK : pt_set_error(PT_ERR_UNSUPPORTED, NO_CUDA);
+}
+
+pt_err pt_backend_alloc(pt_device dev, size_t nbytes, void **out)
+{
+	*out = NULL;
+	return pt_set_error(PT_ERR_UNSUPPORTED, "device memory: " NO_CUDA);
+}
+
+void pt_backend_free(pt_device dev, void *p)
+{
+}
+
+pt_err pt_backend_copy(void *dst, pt_device dst_dev, const void *src, pt_device src_dev,
+                       size_t nbytes)
+{
+	if (dst_dev.kind != PT_DEV_CPU || src_dev.kind != PT_DEV_CPU)
+		return pt_set_error(PT_ERR_UNSUPPORTED, "device copy: " NO_CUDA);
+	memmove(dst, src, nbytes);
+	return PT_OK;
+}
+
+pt_err pt_backend_sync(pt_device dev)
+{
+	return PT_OK;
+}
+
+void *pt_backend_stream(pt_device dev)
+{
+	return NULL;
+}
+
+pt_err pt_backend_plan(pt_op_call *c)
+{
+	pt_device dev;
+	PT_TRY(call_device(c, &dev));
+	return pt_set_error(PT_ERR_UNSUPPORTED, "%s: %s", pt_op_name(c->op), NO_CUDA);
+}
+
+#endif
+
+bool pt_backend_available(pt_device_kind kind)
+{
+	int n = 0;
+	bool ok = pt_backend_device_count(kind, &n) == PT_OK && n > 0;
+	if (!ok)
+		pt_clear_error();
+	return ok;
+}
+
+pt_err pt_backend_check_device(pt_device dev)
+{
+	int n = 0;
+	if (dev.kind == PT_DEV_CPU)
+		return PT_OK;
+	if (dev.index < 0)
+		return pt_set_error(PT_ERR_INVALID, "cuda:%d: negative device index", dev.index);
+	if (pt_backend_device_count(dev.kind, &n) != PT_OK) {
+		char detail[384];
+		snprintf(detail, sizeof(detail), "%s", pt_last_error());
+		return pt_set_error(PT_ERR_UNSUPPORTED, "cuda:%d: %s", dev.index, detail);
+	}
+	if (dev.index >= n)
+		return pt_set_error(PT_ERR_RANGE, "cuda:%d: only %d CUDA device%s here", dev.index,
+		                    n, n == 1 ? "" : "s");
+	return PT_OK;
+}

@@ -1,0 +1,75 @@
+/* backend.h - the backend registry: which device kinds this build and this
+ * machine can run, device memory for pt_storage, host<->device copies, and
+ * the kernel choice for ops whose operands live on a device.
+ *
+ * The CPU is always available. The CUDA backend exists when the library was
+ * built with nvcc (meson feature `cuda`); without it every CUDA entry point
+ * returns PT_ERR_UNSUPPORTED naming the missing build option. This registry
+ * is the only code that knows whether CUDA was compiled in.
+ *
+ * Thread-safety: every function may be called from any thread.
+ */
+#ifndef PT_BACKEND_H
+#define PT_BACKEND_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "dispatch.h"
+#include "tensor.h"
+
+/* pt_backend_compiled returns true when support for kind is built in. */
+bool pt_backend_compiled(pt_device_kind kind);
+
+/* pt_backend_available returns true when kind is built in and this machine
+ * has at least one such device (CPU: always). */
+bool pt_backend_available(pt_device_kind kind);
+
+/* pt_backend_device_count sets *n to the number of devices of kind (CPU: 1).
+ * CUDA without a driver or device: PT_ERR_UNSUPPORTED, *n = 0, and the detail
+ * quotes cudaGetDeviceCount's message. */
+pt_err pt_backend_device_count(pt_device_kind kind, int *n);
+
+/* pt_device_parse reads "cpu", "cuda" (= cuda:0) or "cuda:N" into *out.
+ * PT_ERR_INVALID for anything else. Does not check that the device exists. */
+pt_err pt_device_parse(const char *s, pt_device *out);
+
+/* pt_device_str formats dev as "cpu" or "cuda:N" into buf; returns buf. */
+char *pt_device_str(char *buf, size_t len, pt_device dev);
+
+/* pt_backend_check_device returns PT_OK when dev can be used here, else an
+ * error whose detail says why in words fit for a start-up message ("cuda:0:
+ * no CUDA device (cudaGetDeviceCount: ...)", "cuda:3: only 2 CUDA devices",
+ * "cuda:0: this build has no CUDA support (configure with -Dcuda=enabled)"). */
+pt_err pt_backend_check_device(pt_device dev);
+
+/* pt_backend_alloc allocates nbytes of zeroed memory on dev (a non-CPU
+ * device; pt_storage_create serves the CPU itself). The caller owns *out and
+ * frees it with pt_backend_free on the same device. */
+pt_err pt_backend_alloc(pt_device dev, size_t nbytes, void **out);
+
+/* pt_backend_free returns p (from pt_backend_alloc on dev) to the device's
+ * pool; it never blocks on the device. NULL is fine. */
+void pt_backend_free(pt_device dev, void *p);
+
+/* pt_backend_copy copies nbytes between host and a device or within one
+ * device (src_dev and dst_dev each CPU or the same device). Blocks until the
+ * bytes have arrived when either side is the host; device-to-device copies
+ * are queued in order with the device's kernels. */
+pt_err pt_backend_copy(void *dst, pt_device dst_dev, const void *src, pt_device src_dev,
+                       size_t nbytes);
+
+/* pt_backend_sync waits until every queued kernel and copy of dev is done
+ * (no-op for the CPU). */
+pt_err pt_backend_sync(pt_device dev);
+
+/* pt_backend_plan picks c->kernel (and c->workspace, host bytes) for a call
+ * whose tensors live on a non-CPU device. Every operand must be on that one
+ * device: PT_ERR_INVALID otherwise; PT_ERR_UNSUPPORTED without the backend. */
+pt_err pt_backend_plan(pt_op_call *c);
+
+/* pt_backend_stream returns the device's compute stream (a cudaStream_t for
+ * CUDA) for code that must order its own work after the kernels, or NULL. */
+void *pt_backend_stream(pt_device dev);
+
+#endif

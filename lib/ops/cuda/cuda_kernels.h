@@ -1,0 +1,156 @@
+/* cuda_kernels.h - the CUDA launchers: plain C functions over raw device
+ * pointers and sizes, implemented in the .cu files of lib/ops/cuda.
+ *
+ * This header is shared by C and the nvcc-compiled .cu files, so it uses only
+ * <stdint.h>/<stddef.h> types (tensor.h's C11 atomics do not compile as C++);
+ * cuda_ops.c unpacks a pt_op_call into these calls. Each launcher works on
+ * device `dev`, runs on that device's compute stream (asynchronous unless it
+ * says otherwise) and returns 0 on success or non-zero with a message naming
+ * the CUDA/cuBLAS call in ptc_last_error(). Reductions are deterministic and
+ * follow the CPU kernels' summation order where the CPU order is serial.
+ * Launchers may be called from any thread; one device's calls are ordered by
+ * its one stream.
+ */
+#ifndef PT_CUDA_KERNELS_H
+#define PT_CUDA_KERNELS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- runtime (cuda_runtime.cu) ---- */
+
+/* ptc_last_error returns the calling thread's last failure message ("" if none). */
+const char *ptc_last_error(void);
+
+/* ptc_device_count sets *n to the number of visible devices; fails (with the
+ * cudaGetDeviceCount message) when there is no driver or no device. */
+int ptc_device_count(int *n);
+
+/* ptc_alloc allocates n bytes (zeroed) on dev from the device's caching pool
+ * (CUDA's stream-ordered allocator, configured never to give memory back to
+ * the driver on its own), ordered on dev's compute stream. */
+int ptc_alloc(int dev, size_t n, void **out);
+
+/* ptc_free returns p to dev's pool, ordered after every queued use on the
+ * compute stream. NULL is fine. */
+int ptc_free(int dev, void *p);
+
+/* ptc_pool_trim gives cached, unused pool memory of dev back to the driver. */
+int ptc_pool_trim(int dev);
+
+enum { PTC_H2D = 0, PTC_D2H = 1, PTC_D2D = 2 };
+
+/* ptc_memcpy copies n bytes in direction kind on dev's compute stream and,
+ * for PTC_H2D/PTC_D2H, waits for it (host buffers may be pageable). */
+int ptc_memcpy(int dev, void *dst, const void *src, size_t n, int kind);
+
+/* ptc_sync waits until dev's compute stream is idle. */
+int ptc_sync(int dev);
+
+/* ptc_stream returns dev's compute stream (a cudaStream_t) or NULL. */
+void *ptc_stream(int dev);
+
+/* ptc_gemm: row-major C (M, N) = alpha op(A) op(B) + beta C through cuBLAS
+ * sgemm in full FP32 (no TF32); leading dimensions in elements. */
+int ptc_gemm(int dev, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
+             const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C,
+             int64_t ldc);
+
+/* ptc_gemm_batched is ptc_gemm over `batch` problems whose operands are
+ * strideA/strideB/strideC elements apart. */
+int ptc_gemm_batched(int dev, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
+                     const float *A, int64_t lda, int64_t strideA, const float *B, int64_t ldb,
+                     int64_t strideB, float beta, float *C, int64_t ldc, int64_t strideC,
+                     int64_t batch);
+
+/* ---- element-wise (cuda_elementwise.cu) ---- */
+
+enum { PTC_F32 = 0, PTC_F64 = 1, PTC_I32 = 2, PTC_I64 = 3 };
+
+/* ptc_fill sets n elements of kind (PTC_F32, ...) at p to v (converted as C does). */
+int ptc_fill(int dev, void *p, int64_t n, int kind, double v);
+
+/* ptc_copy_strided copies an ndim-d view element by element (elem_size 1, 2,
+ * 4 or 8 bytes); offsets and strides in elements. */
+int ptc_copy_strided(int dev, void *dst, const int64_t *dst_strides, const void *src,
+                     const int64_t *src_strides, int ndim, const int64_t *shape, size_t elem_size);
+
+int ptc_scale(int dev, float *y, const float *x, int64_t n, float a);
+int ptc_add(int dev, float *y, const float *a, const float *b, int64_t n, float al, float be);
+
+/* act: 0 ReLU, 1 GELU (tanh form), 2 Tanh, 3 Sigmoid, as pt_act. */
+int ptc_act_forward(int dev, int act, float *y, const float *x, int64_t n);
+int ptc_act_backward(int dev, int act, float *dx, const float *dy, const float *x, const float *y,
+                     int64_t n, bool accum);
+
+/* ptc_dropout: out = (accum ? out : 0) + in * mask / (1 - p) with the
+ * Philox4x32-10 mask of lib/core/rng.c (bitwise the CPU mask). */
+int ptc_dropout(int dev, float *out, const float *in, int64_t n, float p, uint64_t seed,
+                uint64_t stream, bool accum);
+
+/* ptc_check_index sets *bad to the first i in [0, n) with idx[i] outside
+ * [0, limit) (skipping idx[i] == ignore when use_ignore), or -1. Waits for
+ * the stream (the answer is read on the host). */
+int ptc_check_index(int dev, const int64_t *idx, int64_t n, int64_t limit, bool use_ignore,
+                    int64_t ignore, int64_t *bad, int64_t *bad_value);
+
+int ptc_mse_forward(int dev, float *loss, const float *p, const float *t, int64_t n, float scale);
+int ptc_mse_backward(int dev, float *d, const float *p, const float *t, int64_t n, float scale);
+
+/* ptc_squared_norm: *out (device f64) = sum x^2 in double. */
+int ptc_squared_norm(int dev, double *out, const float *x, int64_t n);
+
+int ptc_adamw(int dev, float *p, float *m, float *v, const float *g, int64_t n, float b1, float b2,
+              float eps, float gs, float step_size, float bc2_sqrt, float decay);
+int ptc_sgd(int dev, float *p, float *buf, const float *g, int64_t n, float lr, float mu,
+            float damp, float wd, float gs, bool nesterov, bool first);
+
+/* ---- rows (cuda_rows.cu) ---- */
+
+/* Row ops over R rows of C contiguous floats. */
+int ptc_softmax_forward(int dev, float *y, const float *x, int64_t R, int64_t C);
+int ptc_softmax_backward(int dev, float *dx, const float *dy, const float *y, int64_t R, int64_t C,
+                         bool accum);
+int ptc_layernorm_forward(int dev, float *y, float *mean, float *rstd, const float *x,
+                          const float *w, const float *b, int64_t R, int64_t C, float eps);
+int ptc_layernorm_backward(int dev, float *dx, float *dw, float *db, const float *dy,
+                           const float *x, const float *w, const float *mean, const float *rstd,
+                           int64_t R, int64_t C, bool accum);
+
+/* ptc_bias_rows: y (N, O) rows = bias (O). ptc_colsum_acc: db (O) += column
+ * sums of g (N, O), rows in order. */
+int ptc_bias_rows(int dev, float *y, const float *bias, int64_t N, int64_t O);
+int ptc_colsum_acc(int dev, float *db, const float *g, int64_t N, int64_t O);
+
+/* Embeddings: tokens already range-checked. wpe/dwpe may be NULL. */
+int ptc_embedding_forward(int dev, float *out, const int64_t *tok, const float *wte,
+                          const float *wpe, int64_t B, int64_t T, int64_t C);
+int ptc_embedding_backward(int dev, float *dwte, float *dwpe, const float *dout, const int64_t *tok,
+                           int64_t B, int64_t T, int64_t C);
+
+/* Cross-entropy over R rows of V logits; targets already range-checked. */
+int ptc_xent_forward(int dev, float *losses, float *probs, const float *logits, const int64_t *tg,
+                     int64_t R, int64_t V, int64_t ignore);
+int ptc_xent_backward(int dev, float *d, const float *probs, const int64_t *tg, int64_t R,
+                      int64_t V, int64_t ignore, float scale);
+
+/* ---- attention (cuda_attention.cu) ---- */
+
+/* Causal self-attention core, as cpu_attention.c: qkv (B, T, 3C), out (B, T, C),
+ * att (B, NH, T, T). Backward takes a scratch pool buffer of B*NH*T*T floats. */
+int ptc_attention_forward(int dev, float *out, float *att, const float *qkv, int64_t B, int64_t T,
+                          int64_t C, int64_t NH);
+int ptc_attention_backward(int dev, float *dqkv, const float *dout, const float *qkv,
+                           const float *att, int64_t B, int64_t T, int64_t C, int64_t NH,
+                           bool accum);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

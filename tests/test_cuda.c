@@ -1,0 +1,508 @@
+/* test_cuda.c - the CUDA backend checked against the CPU reference.
+ *
+ * Every op of PT_OPS runs on random inputs twice, once on CPU tensors and once
+ * on copies in CUDA memory, and every output (including outputs that
+ * accumulate, which start from the same random values) must agree within the
+ * case's stated tolerance: |gpu - cpu| <= tol * (1 + |cpu|). Tolerances:
+ * exact for fill/copy/dropout masks and integer data, 1e-6 for plain
+ * element-wise arithmetic, 1e-5 for ops using exp/tanh and row reductions
+ * (the GPU reduces in a different order), 1e-4 for cuBLAS-based ops.
+ *
+ * Without a CUDA device (or in a build without CUDA) the program prints
+ * "skip: no CUDA device (...)" and exits 77, which meson reports as SKIP;
+ * before that it checks that asking for cuda:0 fails with a clear message.
+ * The NCCL communicator contract runs when NCCL is built and >= 2 devices
+ * are present; otherwise that suite says why it skipped.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "nccl.h"
+#include "ops.h"
+#include "pt_test.h"
+#include "rng.h"
+
+#define GPU ((pt_device){PT_DEV_CUDA, 0})
+
+typedef struct tspec {
+	int ndim; /* -1: absent (NULL operand) */
+	pt_dtype dt;
+	int64_t shape[4];
+	int init;    /* INIT_* */
+	int64_t lim; /* tokens: values in [0, lim) */
+} tspec;
+
+enum { INIT_NORMAL, INIT_POSITIVE, INIT_TOKENS, INIT_ZERO };
+
+typedef struct op_case {
+	const char *name;
+	pt_op op;
+	tspec in[PT_OP_MAX_IN], out[PT_OP_MAX_OUT];
+	pt_op_params p;
+	double tol;
+} op_case;
+
+static uint64_t case_seed = 1;
+
+static void fill_host(pt_tensor *t, const tspec *s)
+{
+	int64_t n = pt_tensor_numel(t);
+	pt_rng r;
+	pt_rng_init(&r, 1234, case_seed++);
+	if (s->dt == PT_I64) {
+		int64_t *p = pt_tensor_data(t);
+		for (int64_t i = 0; i < n; i++)
+			p[i] = s->init == INIT_TOKENS ? (int64_t)(pt_rng_u32(&r) % (uint32_t)s->lim)
+			                              : 0;
+		return;
+	}
+	if (s->dt == PT_F64) {
+		double *p = pt_tensor_data(t);
+		for (int64_t i = 0; i < n; i++)
+			p[i] = 0.5;
+		return;
+	}
+	float *p = pt_tensor_f32(t);
+	if (s->init == INIT_ZERO)
+		memset(p, 0, sizeof(float) * (size_t)n);
+	else if (s->init == INIT_POSITIVE)
+		pt_rng_uniform(&r, p, n, 0.5f, 1.5f);
+	else
+		pt_rng_normal(&r, p, n, 0.0f, 1.0f);
+}
+
+/* A CPU tensor per spec and its copy on the GPU. */
+static void make_pair(const tspec *s, pt_tensor *h, pt_tensor *d)
+{
+	pt_storage *st;
+	PT_CHECK_OK(pt_tensor_init(h, s->dt, s->ndim, s->shape));
+	fill_host(h, s);
+	PT_CHECK_OK(pt_storage_create(&st, pt_tensor_nbytes(h), GPU));
+	PT_CHECK_OK(pt_tensor_init_on(d, st, 0, s->dt, s->ndim, s->shape));
+	pt_storage_release(st);
+	PT_CHECK_OK(pt_tensor_write(d, pt_tensor_data(h), pt_tensor_nbytes(h)));
+}
+
+static int compare(const char *name, int which, const pt_tensor *h, const pt_tensor *d, double tol)
+{
+	size_t nb = pt_tensor_nbytes(h);
+	int64_t n = pt_tensor_numel(h), bad = 0;
+	void *g = malloc(nb ? nb : 1);
+	double worst = 0.0;
+	CU_ASSERT_PTR_NOT_NULL_FATAL(g);
+	PT_CHECK_OK(pt_tensor_read(d, g, nb));
+	for (int64_t i = 0; i < n; i++) {
+		double a, b;
+		switch (h->dtype) {
+		case PT_F32:
+			a = ((float *)pt_tensor_data(h))[i], b = ((float *)g)[i];
+			break;
+		case PT_F64:
+			a = ((double *)pt_tensor_data(h))[i], b = ((double *)g)[i];
+			break;
+		default:
+			a = (double)((int64_t *)pt_tensor_data(h))[i],
+			b = (double)((int64_t *)g)[i];
+			break;
+		}
+		double err = fabs(a - b) / (1.0 + fabs(a));
+		if (!(err <= tol)) {
+			if (bad++ < 3)
+				fprintf(stderr, "%s: output %d [%ld]: cpu %.9g gpu %.9g\n", name,
+				        which, (long)i, a, b);
+		}
+		if (err > worst)
+			worst = err;
+	}
+	free(g);
+	if (bad)
+		fprintf(stderr, "%s: output %d: %ld of %ld beyond tolerance %g (worst %g)\n", name,
+		        which, (long)bad, (long)n, tol, worst);
+	return bad == 0;
+}
+
+static void run_case(const op_case *cs)
+{
+	pt_tensor hi[PT_OP_MAX_IN], di[PT_OP_MAX_IN], ho[PT_OP_MAX_OUT], dout[PT_OP_MAX_OUT];
+	pt_op_call hc = {.op = cs->op, .p = cs->p}, dc = {.op = cs->op, .p = cs->p};
+	memset(hi, 0, sizeof(hi));
+	memset(di, 0, sizeof(di));
+	memset(ho, 0, sizeof(ho));
+	memset(dout, 0, sizeof(dout));
+	for (int i = 0; i < PT_OP_MAX_IN; i++)
+		if (cs->in[i].ndim > 0) {
+			make_pair(&cs->in[i], &hi[i], &di[i]);
+			hc.in[i] = &hi[i];
+			dc.in[i] = &di[i];
+		}
+	for (int i = 0; i < PT_OP_MAX_OUT; i++)
+		if (cs->out[i].ndim > 0) {
+			make_pair(&cs->out[i], &ho[i], &dout[i]);
+			hc.out[i] = &ho[i];
+			dc.out[i] = &dout[i];
+		}
+	PT_CHECK_OK(pt_dispatch(&hc));
+	PT_CHECK_OK(pt_dispatch(&dc));
+	for (int i = 0; i < PT_OP_MAX_OUT; i++)
+		if (cs->out[i].ndim > 0)
+			CU_ASSERT_TRUE(compare(cs->name, i, &ho[i], &dout[i], cs->tol));
+	for (int i = 0; i < PT_OP_MAX_IN; i++) {
+		pt_tensor_fini(&hi[i]);
+		pt_tensor_fini(&di[i]);
+	}
+	for (int i = 0; i < PT_OP_MAX_OUT; i++) {
+		pt_tensor_fini(&ho[i]);
+		pt_tensor_fini(&dout[i]);
+	}
+}
+
+#define F32(...)                                                                                   \
+	{                                                                                          \
+		.ndim = (int)(sizeof((int64_t[]){__VA_ARGS__}) / 8), .dt = PT_F32, .shape = {      \
+			__VA_ARGS__                                                                \
+		}                                                                                  \
+	}
+#define POS(...)                                                                                   \
+	{                                                                                          \
+		.ndim = (int)(sizeof((int64_t[]){__VA_ARGS__}) / 8), .dt = PT_F32,                 \
+		.shape = {__VA_ARGS__}, .init = INIT_POSITIVE                                      \
+	}
+#define TOK(l, ...)                                                                                \
+	{                                                                                          \
+		.ndim = (int)(sizeof((int64_t[]){__VA_ARGS__}) / 8), .dt = PT_I64,                 \
+		.shape = {__VA_ARGS__}, .init = INIT_TOKENS, .lim = (l)                            \
+	}
+#define NONE                                                                                       \
+	{                                                                                          \
+		.ndim = -1                                                                         \
+	}
+
+/* Sizes chosen off powers of two so partial blocks and tails are exercised. */
+enum { R = 37, C = 130, V = 51, B = 3, T = 17, NH = 4, CA = 48 };
+
+static const op_case cases[] = {
+    {"fill_f32", PT_OP_FILL, {NONE}, {F32(R, C)}, {.fill = {1.25}}, 0},
+    {"fill_f64",
+     PT_OP_FILL,
+     {NONE},
+     {{.ndim = 1, .dt = PT_F64, .shape = {9}}},
+     {.fill = {-3.5}},
+     0},
+    {"fill_i64", PT_OP_FILL, {NONE}, {TOK(5, 3, 7)}, {.fill = {42}}, 0},
+    {"copy", PT_OP_COPY, {F32(R, C)}, {F32(R, C)}, {{0}}, 0},
+    {"scale", PT_OP_SCALE, {F32(R, C)}, {F32(R, C)}, {.scale = {-0.75f}}, 1e-6},
+    {"add", PT_OP_ADD, {F32(R, C), F32(R, C)}, {F32(R, C)}, {.add = {0.5f, -2.0f}}, 1e-6},
+    {"add_plain", PT_OP_ADD, {F32(R, C), F32(R, C)}, {F32(R, C)}, {.add = {1.0f, 1.0f}}, 1e-6},
+    {"matmul_nn",
+     PT_OP_MATMUL,
+     {F32(R, 29), F32(29, 41)},
+     {F32(R, 41)},
+     {.matmul = {false, false, 1.0f, 0.5f}},
+     1e-4},
+    {"matmul_tn",
+     PT_OP_MATMUL,
+     {F32(29, R), F32(29, 41)},
+     {F32(R, 41)},
+     {.matmul = {true, false, 0.7f, 0.0f}},
+     1e-4},
+    {"matmul_nt",
+     PT_OP_MATMUL,
+     {F32(R, 29), F32(41, 29)},
+     {F32(R, 41)},
+     {.matmul = {false, true, 1.0f, 1.0f}},
+     1e-4},
+    {"matmul_tt",
+     PT_OP_MATMUL,
+     {F32(29, R), F32(41, 29)},
+     {F32(R, 41)},
+     {.matmul = {true, true, -1.0f, 0.0f}},
+     1e-4},
+    {"linear_fwd_bias",
+     PT_OP_LINEAR_FWD,
+     {F32(B, T, 33), F32(21, 33), F32(21)},
+     {F32(B, T, 21)},
+     {.linear = {.has_bias = true}},
+     1e-4},
+    {"linear_fwd",
+     PT_OP_LINEAR_FWD,
+     {F32(B, T, 33), F32(21, 33), NONE},
+     {F32(B, T, 21)},
+     {{0}},
+     1e-4},
+    {"linear_bwd",
+     PT_OP_LINEAR_BWD,
+     {F32(B, T, 21), F32(B, T, 33), F32(21, 33)},
+     {F32(B, T, 33), F32(21, 33), F32(21)},
+     {.linear = {true, false, true}},
+     1e-4},
+    {"linear_bwd_acc",
+     PT_OP_LINEAR_BWD,
+     {F32(B, T, 21), F32(B, T, 33), F32(21, 33)},
+     {F32(B, T, 33), F32(21, 33), NONE},
+     {.linear = {false, true, true}},
+     1e-4},
+    {"relu_fwd", PT_OP_ACT_FWD, {F32(R, C)}, {F32(R, C)}, {.act = {PT_ACT_RELU}}, 1e-6},
+    {"gelu_fwd", PT_OP_ACT_FWD, {F32(R, C)}, {F32(R, C)}, {.act = {PT_ACT_GELU}}, 1e-5},
+    {"tanh_fwd", PT_OP_ACT_FWD, {F32(R, C)}, {F32(R, C)}, {.act = {PT_ACT_TANH}}, 1e-5},
+    {"sigmoid_fwd", PT_OP_ACT_FWD, {F32(R, C)}, {F32(R, C)}, {.act = {PT_ACT_SIGMOID}}, 1e-5},
+    {"relu_bwd",
+     PT_OP_ACT_BWD,
+     {F32(R, C), F32(R, C), F32(R, C)},
+     {F32(R, C)},
+     {.act = {PT_ACT_RELU, true}},
+     1e-6},
+    {"gelu_bwd",
+     PT_OP_ACT_BWD,
+     {F32(R, C), F32(R, C), F32(R, C)},
+     {F32(R, C)},
+     {.act = {PT_ACT_GELU, false}},
+     1e-5},
+    {"tanh_bwd",
+     PT_OP_ACT_BWD,
+     {F32(R, C), F32(R, C), F32(R, C)},
+     {F32(R, C)},
+     {.act = {PT_ACT_TANH, false}},
+     1e-6},
+    {"sigmoid_bwd",
+     PT_OP_ACT_BWD,
+     {F32(R, C), F32(R, C), F32(R, C)},
+     {F32(R, C)},
+     {.act = {PT_ACT_SIGMOID, true}},
+     1e-6},
+    /* Masks must match bitwise; kept values are x * (1/(1-p)) on both sides. */
+    {"dropout_fwd",
+     PT_OP_DROPOUT_FWD,
+     {F32(R, C)},
+     {F32(R, C)},
+     {.dropout = {0.3f, 99, 7, false}},
+     0},
+    {"dropout_bwd",
+     PT_OP_DROPOUT_BWD,
+     {F32(R, C)},
+     {F32(R, C)},
+     {.dropout = {0.3f, 99, 7, true}},
+     1e-6},
+    {"dropout_p0",
+     PT_OP_DROPOUT_FWD,
+     {F32(R, C)},
+     {F32(R, C)},
+     {.dropout = {0.0f, 1, 2, false}},
+     0},
+    {"softmax_fwd", PT_OP_SOFTMAX_FWD, {F32(R, C)}, {F32(R, C)}, {{0}}, 1e-5},
+    {"softmax_bwd",
+     PT_OP_SOFTMAX_BWD,
+     {F32(R, C), F32(R, C)},
+     {F32(R, C)},
+     {.act = {.accum_dx = true}},
+     1e-5},
+    {"layernorm_fwd",
+     PT_OP_LAYERNORM_FWD,
+     {F32(R, C), F32(C), F32(C)},
+     {F32(R, C), F32(R), F32(R)},
+     {.layernorm = {1e-5f, false}},
+     1e-4},
+    {"layernorm_bwd",
+     PT_OP_LAYERNORM_BWD,
+     {F32(R, C), F32(R, C), F32(C), F32(R), POS(R)},
+     {F32(R, C), F32(C), F32(C)},
+     {.layernorm = {1e-5f, true}},
+     1e-4},
+    {"embedding_fwd",
+     PT_OP_EMBEDDING_FWD,
+     {TOK(V, B, T), F32(V, C), F32(T + 3, C)},
+     {F32(B, T, C)},
+     {{0}},
+     1e-6},
+    {"embedding_fwd_nopos",
+     PT_OP_EMBEDDING_FWD,
+     {TOK(V, B, T), F32(V, C), NONE},
+     {F32(B, T, C)},
+     {{0}},
+     0},
+    {"embedding_bwd",
+     PT_OP_EMBEDDING_BWD,
+     {F32(B, T, C), TOK(V, B, T)},
+     {F32(V, C), F32(T, C)},
+     {{0}},
+     1e-6},
+    {"attention_fwd",
+     PT_OP_ATTENTION_FWD,
+     {F32(B, T, 3 * CA)},
+     {F32(B, T, CA), F32(B, NH, T, T)},
+     {.attention = {NH, false}},
+     1e-4},
+    {"attention_bwd",
+     PT_OP_ATTENTION_BWD,
+     {F32(B, T, CA), F32(B, T, 3 * CA), POS(B, NH, T, T)},
+     {F32(B, T, 3 * CA)},
+     {.attention = {NH, true}},
+     1e-4},
+    {"xent_fwd",
+     PT_OP_XENT_FWD,
+     {F32(R, V), TOK(V, R)},
+     {F32(R), F32(R, V)},
+     {.xent = {.ignore_index = 3}},
+     1e-5},
+    {"xent_bwd", PT_OP_XENT_BWD, {POS(R, V), TOK(V, R)}, {F32(R, V)}, {.xent = {3, 0.25f}}, 1e-6},
+    {"mse_fwd", PT_OP_MSE_FWD, {F32(R, C), F32(R, C)}, {F32(1)}, {.mse = {0.01f}}, 1e-6},
+    {"mse_bwd", PT_OP_MSE_BWD, {F32(R, C), F32(R, C)}, {F32(R, C)}, {.mse = {0.01f}}, 1e-6},
+    {"squared_norm",
+     PT_OP_SQNORM,
+     {F32(1000, 77)},
+     {{.ndim = 1, .dt = PT_F64, .shape = {1}}},
+     {{0}},
+     1e-12},
+    {"adamw",
+     PT_OP_ADAMW,
+     {F32(R, C)},
+     {F32(R, C), F32(R, C), POS(R, C)},
+     {.adamw = {1e-3f, 0.9f, 0.999f, 1e-8f, 0.1f, 0.5f, 3}},
+     1e-5},
+    {"sgd_nesterov",
+     PT_OP_SGD,
+     {F32(R, C)},
+     {F32(R, C), F32(R, C)},
+     {.sgd = {0.1f, 0.9f, 0.0f, 0.01f, 1.0f, true, false}},
+     1e-6},
+    {"sgd_plain",
+     PT_OP_SGD,
+     {F32(R, C)},
+     {F32(R, C), NONE},
+     {.sgd = {0.1f, 0.0f, 0.0f, 0.0f, 2.0f, false, false}},
+     1e-6},
+};
+
+static void test_cuda_every_op_matches_cpu(void)
+{
+	bool seen[PT_OP_COUNT] = {false};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		run_case(&cases[i]);
+		seen[cases[i].op] = true;
+	}
+	for (int op = 0; op < PT_OP_COUNT; op++) {
+		if (!seen[op])
+			fprintf(stderr, "op %s has no CUDA test case\n", pt_op_name((pt_op)op));
+		CU_ASSERT_TRUE(seen[op]);
+	}
+}
+
+static void test_cuda_strided_copy_matches_cpu(void)
+{
+	op_case cs = {"copy_t", PT_OP_COPY, {F32(T, C)}, {F32(C, T)}, {{0}}, 0};
+	pt_tensor h, d, ht, dt, ho, dout;
+	pt_op_call hc = {.op = PT_OP_COPY}, dc = {.op = PT_OP_COPY};
+	make_pair(&cs.in[0], &h, &d);
+	make_pair(&cs.out[0], &ho, &dout);
+	PT_CHECK_OK(pt_tensor_transpose(&ht, &h, 0, 1));
+	PT_CHECK_OK(pt_tensor_transpose(&dt, &d, 0, 1));
+	hc.in[0] = &ht, hc.out[0] = &ho;
+	dc.in[0] = &dt, dc.out[0] = &dout;
+	PT_CHECK_OK(pt_dispatch(&hc));
+	PT_CHECK_OK(pt_dispatch(&dc));
+	CU_ASSERT_TRUE(compare("copy_transposed", 0, &ho, &dout, 0));
+	pt_tensor_fini(&h), pt_tensor_fini(&d), pt_tensor_fini(&ht), pt_tensor_fini(&dt);
+	pt_tensor_fini(&ho), pt_tensor_fini(&dout);
+}
+
+static void test_cuda_bad_token_is_range_error(void)
+{
+	tspec ts = TOK(V, 1, 4), ws = F32(V, 8), os = F32(1, 4, 8);
+	pt_tensor ht, dt, hw, dw, ho, dout;
+	int64_t bad[4] = {1, 2, V + 5, 0};
+	make_pair(&ts, &ht, &dt);
+	make_pair(&ws, &hw, &dw);
+	make_pair(&os, &ho, &dout);
+	PT_CHECK_OK(pt_tensor_write(&dt, bad, sizeof(bad)));
+	PT_CHECK_ERR_MSG(pt_embedding_forward(&dout, &dt, &dw, NULL), PT_ERR_RANGE, "position 2");
+	pt_tensor_fini(&ht), pt_tensor_fini(&dt), pt_tensor_fini(&hw), pt_tensor_fini(&dw);
+	pt_tensor_fini(&ho), pt_tensor_fini(&dout);
+}
+
+static void test_cuda_mixed_devices_refused(void)
+{
+	tspec s = F32(4, 4);
+	pt_tensor h, d, ho, dout;
+	make_pair(&s, &h, &d);
+	make_pair(&s, &ho, &dout);
+	PT_CHECK_ERR(pt_add(&dout, &d, &h, 1.0f, 1.0f), PT_ERR_INVALID);
+	pt_tensor_fini(&h), pt_tensor_fini(&d), pt_tensor_fini(&ho), pt_tensor_fini(&dout);
+}
+
+static const pt_test_case cuda_tests[] = {
+    {"test_cuda_every_op_matches_cpu", test_cuda_every_op_matches_cpu},
+    {"test_cuda_strided_copy_matches_cpu", test_cuda_strided_copy_matches_cpu},
+    {"test_cuda_bad_token_is_range_error", test_cuda_bad_token_is_range_error},
+    {"test_cuda_mixed_devices_refused", test_cuda_mixed_devices_refused},
+    {NULL, NULL},
+};
+
+/* ---- NCCL communicator contract (2 devices, one thread per rank) ---- */
+
+static void nccl_contract(void)
+{
+	/* Without NCCL in the build, creation must say so; with it, see below. */
+	pt_local_group *g;
+	pt_comm *ctl;
+	pt_comm *nc = NULL;
+	PT_CHECK_OK(pt_local_group_create(&g, 1));
+	PT_CHECK_OK(pt_local_comm_create(&ctl, g, 0));
+	pt_err rv = pt_nccl_comm_create(&nc, ctl, GPU, 1000);
+	if (rv == PT_ERR_UNSUPPORTED) {
+		printf("skip: %s\n", pt_last_error());
+		pt_comm_destroy(ctl);
+	} else {
+		PT_CHECK_OK(rv);
+		pt_comm_destroy(nc);
+	}
+	pt_local_group_destroy(g);
+}
+
+static int n_devices;
+
+static void test_cuda_nccl_contract(void)
+{
+	if (n_devices < 2) {
+		printf("skip: NCCL contract needs 2 CUDA devices, found %d\n", n_devices);
+		return;
+	}
+	nccl_contract();
+}
+
+static const pt_test_case nccl_tests[] = {
+    {"test_cuda_nccl_contract", test_cuda_nccl_contract},
+    {NULL, NULL},
+};
+
+int main(void)
+{
+	int n = 0;
+	pt_err rv = pt_backend_device_count(PT_DEV_CUDA, &n);
+	if (rv != PT_OK || n < 1) {
+		char why[512];
+		snprintf(why, sizeof(why), "%s", pt_last_error());
+		/* Without a device, asking for one must fail cleanly and say why. */
+		pt_storage *s = NULL;
+		if (pt_backend_check_device(GPU) == PT_OK ||
+		    pt_storage_create(&s, 64, GPU) == PT_OK) {
+			fprintf(stderr, "cuda:0 accepted without a CUDA device\n");
+			pt_storage_release(s);
+			return 1;
+		}
+		if (strstr(why, "cudaGetDeviceCount") != NULL)
+			printf("skip: %s\n", why);
+		else
+			printf("skip: no CUDA device (%s)\n", why);
+		return 77;
+	}
+	const pt_test_suite suites[] = {
+	    {"cuda_ops", cuda_tests},
+	    {"cuda_nccl", nccl_tests},
+	    {NULL, NULL},
+	};
+	n_devices = n;
+	printf("%d CUDA device(s)\n", n);
+	return pt_test_main(suites);
+}
