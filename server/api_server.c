@@ -25,6 +25,7 @@
 #include "api/api.h"
 #include "fileio.h"
 #include "log.h"
+#include "metrics.h"
 #include "sha256.h"
 
 #define MAX_WAIT_MS 300000
@@ -56,6 +57,7 @@ struct srv_ctx {
 	pt_api_code code; /* set by a handler to override the error code */
 	pt_fb_builder b;
 	pt_jobs_waiter waiter;
+	double t0;          /* monotonic seconds when the request arrived (metrics) */
 	pthread_mutex_t mu; /* sleeping/woken, between a waker and the callback */
 	bool sleeping, woken;
 	srv_ctx *next_all, *next_work;
@@ -300,6 +302,7 @@ static void send_error(srv_ctx *c, uint64_t id, pt_api_code code, const char *ms
 	size_t size;
 
 	pt_debug("request %" PRIu64 ": %s: %s", id, pt_api_code_name(code), msg);
+	pt_metrics_request(c->r.kind, code, now_mono() - c->t0);
 	if (pt_api_build_error(&c->b, id, code, &data, &size, "%s", msg) != PT_OK) {
 		pt_error("building an error reply: %s", pt_last_error());
 		if (c->req) {
@@ -316,6 +319,7 @@ static void send_error(srv_ctx *c, uint64_t id, pt_api_code code, const char *ms
 static void finish(srv_ctx *c, pt_err rv, const uint8_t *data, size_t size)
 {
 	if (rv == PT_OK) {
+		pt_metrics_request(c->r.kind, PT_API_OK, now_mono() - c->t0);
 		send_bytes(c, data, size);
 		return;
 	}
@@ -556,6 +560,7 @@ static void ctx_cb(void *arg)
 			return;
 		}
 		c->req = nng_aio_get_msg(c->aio);
+		c->t0 = now_mono();
 		handle_request(c);
 		return;
 	case CTX_PARK: {

@@ -63,6 +63,31 @@ static pt_err valid_level(const char *v)
 	return pt_set_error(PT_ERR_INVALID, "'%s' is not debug, info, warn, error or off", v);
 }
 
+static pt_err valid_log_format(const char *v)
+{
+	if (strcmp(v, "text") == 0 || strcmp(v, "json") == 0)
+		return PT_OK;
+	return pt_set_error(PT_ERR_INVALID, "'%s' is not text or json", v);
+}
+
+/* valid_http accepts "" (off) or HOST:PORT with a port 0..65535. */
+static pt_err valid_http(const char *v)
+{
+	const char *c = strrchr(v, ':');
+	char *end;
+	long port;
+
+	if (*v == '\0')
+		return PT_OK;
+	if (c == NULL || c == v || c[1] == '\0')
+		return pt_set_error(PT_ERR_INVALID, "'%s' is not HOST:PORT", v);
+	errno = 0;
+	port = strtol(c + 1, &end, 10);
+	if (*end != '\0' || errno != 0 || port < 0 || port > 65535)
+		return pt_set_error(PT_ERR_INVALID, "'%s': bad port", v);
+	return PT_OK;
+}
+
 static pt_err valid_nonempty(const char *v)
 {
 	return *v ? PT_OK : pt_set_error(PT_ERR_INVALID, "empty value");
@@ -92,6 +117,11 @@ static const opt_desc options[] = {
      "PEM CA bundle: when set, TLS clients must present a certificate it signed"},
     {"log_level", OPT_STRING, F(log_level), "info", 0, 0, valid_level,
      "debug, info, warn, error or off"},
+    {"log_format", OPT_STRING, F(log_format), "text", 0, 0, valid_log_format,
+     "log lines as text or json (one object a line, for log shippers)"},
+    {"http", OPT_STRING, F(http), "", 0, 0, valid_http,
+     "HOST:PORT of the HTTP endpoint (/metrics, /healthz, /readyz, dashboard); empty: off. "
+     "A non-loopback address needs an auth token"},
     {"contexts", OPT_INT, F(contexts), "16", 1, 1024, NULL,
      "requests received concurrently (REP contexts)"},
     {"max_contexts", OPT_INT, F(max_contexts), "1024", 1, 65536, NULL,

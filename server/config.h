@@ -32,6 +32,8 @@ typedef struct pt_server_config {
 	char *tls_key;    /* PEM private key (may be the same file as tls_cert) */
 	char *tls_ca;     /* PEM CA: when set, clients must present a certificate */
 	char *log_level;
+	char *log_format;      /* text or json */
+	char *http;            /* --http HOST:PORT of the metrics/dashboard endpoint ("": off) */
 	int contexts;          /* REP contexts receiving at once */
 	int max_contexts;      /* contexts at most (parked long polls included) */
 	int workers;           /* worker threads for blocking requests */

@@ -16,8 +16,10 @@
 #include "api_server.h"
 #include "backend.h"
 #include "config.h"
+#include "http.h"
 #include "jobs.h"
 #include "log.h"
+#include "metrics.h"
 #include "worker.h"
 
 #ifndef PT_VERSION
@@ -63,6 +65,9 @@ int main(int argc, char **argv)
 	pt_api_server_config ac;
 	pt_jobs *jobs = NULL;
 	pt_api_server *srv = NULL;
+	pt_metrics *metrics = NULL;
+	pt_http *http = NULL;
+	pt_log_format log_format = PT_LOG_FORMAT_TEXT;
 	sigset_t set;
 	int sig = 0, status = 1;
 
@@ -84,6 +89,8 @@ int main(int argc, char **argv)
 		return 0;
 	}
 	pt_log_set_level(level_of(cfg.log_level));
+	pt_log_format_parse(cfg.log_format, &log_format); /* validated by config */
+	pt_log_set_format(log_format);
 	for (int i = 0; i < cfg.n_listen; i++)
 		if (!is_local(cfg.listen[i]) && cfg.auth_token == NULL) {
 			fprintf(
@@ -154,14 +161,33 @@ int main(int argc, char **argv)
 		fprintf(stderr, "pipeserver: %s\n", pt_last_error());
 		goto out;
 	}
+	if (cfg.http[0]) {
+		pt_metrics_config mc = {
+		    .jobs = jobs, .version = PT_VERSION, .device = cfg.device, .grace_s = 300};
+		pt_http_config hc = {.addr = cfg.http,
+		                     .auth_token = cfg.auth_token,
+		                     .data_dir = cfg.data_dir,
+		                     .device = cfg.device,
+		                     .jobs = jobs};
+		if (pt_metrics_create(&metrics, &mc) == PT_OK)
+			hc.metrics = metrics;
+		if (metrics == NULL || pt_http_start(&http, &hc, stdout) != PT_OK) {
+			fprintf(stderr, "pipeserver: --http: %s\n", pt_last_error());
+			goto out;
+		}
+	}
 
 	while (sigwait(&set, &sig) != 0)
 		;
 	pt_info("signal %d (%s): shutting down", sig, strsignal(sig));
+	pt_http_destroy(http);
+	http = NULL;
 	pt_api_server_drain(srv);
 	pt_jobs_shutdown(jobs);
 	status = 0;
 out:
+	pt_http_destroy(http);
+	pt_metrics_destroy(metrics);
 	pt_api_server_destroy(srv);
 	pt_jobs_destroy(jobs);
 	pt_server_config_fini(&cfg);

@@ -1,4 +1,4 @@
-/* log.c - leveled logging with timestamps. */
+/* log.c - leveled logging with timestamps, as text or JSON lines (see log.h). */
 #include "log.h"
 
 #include <stdarg.h>
@@ -9,6 +9,69 @@
 #include <time.h>
 
 static atomic_int threshold = -1;
+static atomic_int log_format = PT_LOG_FORMAT_TEXT;
+
+void pt_log_set_format(pt_log_format format)
+{
+	atomic_store(&log_format, (int)format);
+}
+
+pt_err pt_log_format_parse(const char *name, pt_log_format *out)
+{
+	if (strcmp(name, "text") == 0)
+		*out = PT_LOG_FORMAT_TEXT;
+	else if (strcmp(name, "json") == 0)
+		*out = PT_LOG_FORMAT_JSON;
+	else
+		return pt_set_error(PT_ERR_INVALID, "log format \"%s\" (text, json)", name);
+	return PT_OK;
+}
+
+/* json_escape copies s into out (cap bytes, NUL-terminated) as the inside of
+ * a JSON string; control bytes become \u00XX. Truncates on a whole escape. */
+static void json_escape(char *out, size_t cap, const char *s)
+{
+	size_t o = 0;
+
+	for (; *s; s++) {
+		unsigned char ch = (unsigned char)*s;
+		char tmp[8];
+		size_t n;
+		if (ch == '"' || ch == '\\') {
+			tmp[0] = '\\';
+			tmp[1] = (char)ch;
+			n = 2;
+		} else if (ch < 0x20) {
+			n = (size_t)snprintf(tmp, sizeof(tmp), "\\u%04x", ch);
+		} else {
+			tmp[0] = (char)ch;
+			n = 1;
+		}
+		if (o + n + 1 > cap)
+			break;
+		memcpy(out + o, tmp, n);
+		o += n;
+	}
+	out[o] = '\0';
+}
+
+/* ids_of reads a leading "job N" and a following "stage M" (or ", stage M")
+ * from msg; absent ids stay -1. */
+static void ids_of(const char *msg, long long *job, long long *stage)
+{
+	char *end;
+	const char *p;
+
+	*job = *stage = -1;
+	if (strncmp(msg, "job ", 4) != 0 || msg[4] < '0' || msg[4] > '9')
+		return;
+	*job = strtoll(msg + 4, &end, 10);
+	p = end;
+	while (*p == ' ' || *p == ',' || *p == ':')
+		p++;
+	if (strncmp(p, "stage ", 6) == 0 && p[6] >= '0' && p[6] <= '9')
+		*stage = strtoll(p + 6, NULL, 10);
+}
 
 pt_err pt_log_level_parse(const char *name, pt_log_level *out)
 {
@@ -61,5 +124,20 @@ void pt_log_write(pt_log_level level, const char *fmt, ...)
 	clock_gettime(CLOCK_REALTIME, &ts);
 	gmtime_r(&ts.tv_sec, &tm);
 	strftime(stamp, sizeof(stamp), "%Y-%m-%dT%H:%M:%S", &tm);
+	if (atomic_load_explicit(&log_format, memory_order_relaxed) == PT_LOG_FORMAT_JSON) {
+		char esc[sizeof(msg) * 2], ids[64] = "";
+		long long job, stage;
+		int n = 0;
+
+		json_escape(esc, sizeof(esc), msg);
+		ids_of(msg, &job, &stage);
+		if (job >= 0)
+			n = snprintf(ids, sizeof(ids), ",\"job\":%lld", job);
+		if (stage >= 0)
+			snprintf(ids + n, sizeof(ids) - (size_t)n, ",\"stage\":%lld", stage);
+		fprintf(stderr, "{\"ts\":\"%s.%03ldZ\",\"level\":\"%s\",\"msg\":\"%s\"%s}\n", stamp,
+		        ts.tv_nsec / 1000000, tags[level], esc, ids);
+		return;
+	}
 	fprintf(stderr, "%s.%03ldZ %s %s\n", stamp, ts.tv_nsec / 1000000, tags[level], msg);
 }

@@ -1,5 +1,10 @@
 /* log.h - leveled logging to stderr, one line per event.
  *
+ * Two formats: text (`2026-01-02T03:04:05.678Z info message`) and JSON lines
+ * (`{"ts":"...","level":"info","msg":"...","job":7,"stage":1}`) for log
+ * shippers. In JSON, a message that begins with `job N` or `job N stage M`
+ * also gets numeric "job"/"stage" fields, so callers keep writing plain text.
+ *
  * The level is checked before any formatting. Thread-safe: each line is written
  * with one fprintf under stdio's own lock.
  */
@@ -23,6 +28,17 @@ void pt_log_set_level(pt_log_level level);
 /* pt_log_level_parse maps "debug", "info", "warn", "error" or "off" to a
  * level; PT_ERR_INVALID for anything else. */
 pt_err pt_log_level_parse(const char *name, pt_log_level *out);
+
+typedef enum pt_log_format {
+	PT_LOG_FORMAT_TEXT,
+	PT_LOG_FORMAT_JSON,
+} pt_log_format;
+
+/* pt_log_set_format selects the line format for every thread (default text). */
+void pt_log_set_format(pt_log_format format);
+
+/* pt_log_format_parse maps "text" or "json" to a format; PT_ERR_INVALID otherwise. */
+pt_err pt_log_format_parse(const char *name, pt_log_format *out);
 
 /* pt_log_level_get returns the current threshold. */
 pt_log_level pt_log_level_get(void);

@@ -1,0 +1,55 @@
+/* http.h - pipeserver's observability endpoint: libevent's evhttp on its own
+ * thread and event_base.
+ *
+ * Endpoints (GET and HEAD only; anything else gets 405):
+ *   /metrics                      Prometheus text format 0.0.4 (metrics.h)
+ *   /healthz                      200 {"status":"ok"} while the process runs
+ *   /readyz                       200 when jobs can be accepted (a probe file
+ *                                 can be created and removed in data_dir and
+ *                                 the device is present), else 503; JSON body
+ *   /                             the dashboard (one self-contained page)
+ *   /api/jobs                     the job list as JSON
+ *   /api/jobs/<id>/metrics?after=N  points with step > N as JSON
+ * Every other path is 404; URLs never reach the file system. Requests are
+ * bounded (header and body size, read/write timeout). When the address is not
+ * loopback and a token is configured, every endpoint but /healthz and
+ * /readyz needs `Authorization: Bearer <token>` (probes carry no secrets).
+ * Handlers run on the HTTP thread and take the job manager's lock only
+ * briefly, so a slow client never holds up the API or training.
+ */
+#ifndef PT_SERVER_HTTP_H
+#define PT_SERVER_HTTP_H
+
+#include <stdio.h>
+
+#include "error.h"
+#include "jobs.h"
+#include "metrics.h"
+
+typedef struct pt_http pt_http;
+
+typedef struct pt_http_config {
+	const char *addr;       /* "HOST:PORT"; port 0 picks a free one */
+	const char *auth_token; /* NULL: none */
+	const char *data_dir;   /* readiness probe directory */
+	const char *device;     /* "cpu" or "cuda:N": readiness checks it exists */
+	pt_jobs *jobs;          /* not owned */
+	pt_metrics *metrics;    /* not owned */
+	int timeout_s;          /* per-connection read/write timeout (0: 10 s) */
+} pt_http_config;
+
+/* pt_http_start binds addr, starts the HTTP thread and prints
+ * `pipeserver http on http://HOST:PORT` (the bound port) to announce,
+ * flushed. PT_ERR_INVALID for a bad address; PT_ERR_IO when binding fails;
+ * a non-loopback address without a token is refused (PT_ERR_INVALID). */
+pt_err pt_http_start(pt_http **out, const pt_http_config *cfg, FILE *announce);
+
+/* pt_http_port returns the bound port. */
+int pt_http_port(const pt_http *h);
+
+/* pt_http_destroy stops the loop, waits for the thread (a request being
+ * answered completes first), closes every connection and frees h. Accepts
+ * NULL. */
+void pt_http_destroy(pt_http *h);
+
+#endif
