@@ -25,6 +25,11 @@ fi
 
 [ -x "$build/bench/exec_bench" ] && "$build/bench/exec_bench" # graph replay vs eager dispatch
 
+# pipeserver's HTTP endpoint: /metrics scrape time and the cost of scraping.
+if [ -x "$build/bench/http_bench" ]; then
+	"$build/bench/http_bench"
+fi
+
 if /usr/bin/python3 -c 'import torch' 2>/dev/null; then
 	# PyTorch's best CPU settings here: OpenBLAS as libblas.so.3 (Debian's
 	# libopenblas0-pthread) with its core type forced, since OpenBLAS 0.3.21

@@ -38,8 +38,8 @@ trap 'exit 130' INT TERM
 
 # Spinning OpenMP threads fight on small machines; the server's stages share cores.
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
-"$server_bin" --listen tcp://127.0.0.1:0 --data-dir "$tmp/data" >"$tmp/server.out" \
-	2>"$tmp/server.log" &
+"$server_bin" --listen tcp://127.0.0.1:0 --http 127.0.0.1:0 --data-dir "$tmp/data" \
+	>"$tmp/server.out" 2>"$tmp/server.log" &
 server_pid=$!
 
 url=
@@ -57,6 +57,13 @@ done
 [ -n "$url" ] || { echo "demo: pipeserver did not start" >&2; cat "$tmp/server.log" >&2; exit 1; }
 export PIPETRAIN_SERVER=$url
 echo "demo: pipeserver listening on $url (data in $tmp/data)"
+# The HTTP line follows the API one: dashboard, /metrics, /healthz, /readyz.
+for _ in $(seq 50); do
+	http=$(sed -n 's/^pipeserver http on //p' "$tmp/server.out" | head -n 1)
+	[ -n "$http" ] && break
+	sleep 0.1
+done
+[ -n "${http:-}" ] && echo "demo: dashboard at $http/ (metrics at $http/metrics)"
 "$pc" info
 echo
 
