@@ -15,6 +15,9 @@ packages=(
 	flatbuffers-compiler libflatbuffers-dev  # flatc interop tests, C++ reference verifier
 	python3 python3-flatbuffers python3-numpy  # data tools, Python client tests
 )
+# Optional, not installed here: prometheus (promtool, a real scrape) and chromium
+# (dashboard screenshot) for tests/test_http; together ~1 GB installed, ~1m40s.
+# test_http skips those checks without them.
 
 missing=()
 for p in "${packages[@]}"; do
