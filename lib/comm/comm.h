@@ -29,7 +29,7 @@
 
 #include "tensor.h"
 
-#define PT_ANY_RANK    (-1)
+#define PT_ANY_RANK                (-1)
 #define PT_COMM_TIMEOUT_DEFAULT_MS 30000
 
 typedef enum pt_channel {
@@ -41,15 +41,15 @@ typedef enum pt_channel {
 } pt_channel;
 
 typedef enum pt_msg_kind {
-	PT_MSG_FORWARD,     /* activation of (step, microbatch) */
-	PT_MSG_BACKWARD,    /* gradient of (step, microbatch) */
-	PT_MSG_OUTPUT,      /* last stage's output, to the coordinator */
-	PT_MSG_DONE,        /* a stage finished a microbatch's backward / a command */
-	PT_MSG_COMMAND,     /* coordinator -> stage control (blob says what) */
-	PT_MSG_REPLY,       /* stage -> coordinator reply (blob) */
-	PT_MSG_ERROR,       /* blob: a NUL-terminated message naming stage/step/microbatch */
-	PT_MSG_BARRIER,     /* internal to barrier() */
-	PT_MSG_END,         /* end of stream: the sender will send nothing more */
+	PT_MSG_FORWARD,  /* activation of (step, microbatch) */
+	PT_MSG_BACKWARD, /* gradient of (step, microbatch) */
+	PT_MSG_OUTPUT,   /* last stage's output, to the coordinator */
+	PT_MSG_DONE,     /* a stage finished a microbatch's backward / a command */
+	PT_MSG_COMMAND,  /* coordinator -> stage control (blob says what) */
+	PT_MSG_REPLY,    /* stage -> coordinator reply (blob) */
+	PT_MSG_ERROR,    /* blob: a NUL-terminated message naming stage/step/microbatch */
+	PT_MSG_BARRIER,  /* internal to barrier() */
+	PT_MSG_END,      /* end of stream: the sender will send nothing more */
 	PT_MSG_KIND_COUNT
 } pt_msg_kind;
 
@@ -59,9 +59,9 @@ typedef struct pt_msg_meta {
 	uint64_t job;
 	int64_t step;
 	int32_t microbatch;
-	int32_t source;  /* filled by the communicator on send */
-	uint64_t seq;    /* per (source, destination), filled on send, checked on receive */
-	uint32_t tag;    /* free for the caller (e.g. a command code) */
+	int32_t source; /* filled by the communicator on send */
+	uint64_t seq;   /* per (source, destination), filled on send, checked on receive */
+	uint32_t tag;   /* free for the caller (e.g. a command code) */
 } pt_msg_meta;
 
 typedef struct pt_msg {
@@ -168,10 +168,11 @@ typedef struct pt_nng_options {
 	const char *listen_url; /* tcp://, ipc://, inproc:// or tls+tcp://; tcp port 0 = any */
 	int world;
 	int rank;
-	int timeout_ms;        /* default receive timeout (0: PT_COMM_TIMEOUT_DEFAULT_MS) */
-	int send_timeout_ms;   /* a send blocked this long (peer gone) fails (0: the receive timeout) */
-	bool compress;         /* lz4 per tensor when it shrinks the data */
-	size_t max_msg_bytes;  /* receive cap (0: 1 GiB + 64 KiB); larger messages are refused */
+	int timeout_ms;       /* default receive timeout (0: PT_COMM_TIMEOUT_DEFAULT_MS) */
+	int send_timeout_ms;  /* a send blocked this long (peer gone) fails (0: the receive timeout)
+	                       */
+	bool compress;        /* lz4 per tensor when it shrinks the data */
+	size_t max_msg_bytes; /* receive cap (0: 1 GiB + 64 KiB); larger messages are refused */
 	const char *tls_cert_key_file; /* PEM with cert + key, for a tls+tcp listener */
 	const char *tls_ca_file;       /* CA bundle, for tls+tcp dialers */
 	const char *tls_server_name;   /* expected name in peers' certificates */

@@ -66,8 +66,8 @@ extern "C" int ptc_attention_forward(int dev, float *out, float *att, const floa
 }
 
 extern "C" int ptc_attention_backward(int dev, float *dqkv, const float *dout, const float *qkv,
-                                      const float *att, int64_t B, int64_t T, int64_t C,
-                                      int64_t NH, bool accum)
+                                      const float *att, int64_t B, int64_t T, int64_t C, int64_t NH,
+                                      bool accum)
 {
 	PTC_STREAM(dev, s);
 	int64_t hs = C / NH, C3 = 3 * C;
@@ -91,16 +91,16 @@ extern "C" int ptc_attention_backward(int dev, float *dqkv, const float *dout, c
 			rc = ptc_gemm_batched(dev, false, true, T, T, hs, 1.0f, d, C, hs, v, C3, hs,
 			                      0.0f, da, T, T * T, NH);
 		if (rc == 0) {
-			k_causal_softmax_bwd<<<(unsigned)(NH * T), PTC_ROW_THREADS, 0, s>>>(da, a, T,
-			                                                                    scale);
+			k_causal_softmax_bwd<<<(unsigned)(NH * T), PTC_ROW_THREADS, 0, s>>>(
+			    da, a, T, scale);
 			cudaError_t e = cudaGetLastError();
 			if (e != cudaSuccess)
 				rc = ptc_cuda_fail("causal softmax backward kernel", e);
 		}
 		/* dq = dscores k ; dk = dscores^T q */
 		if (rc == 0)
-			rc = ptc_gemm_batched(dev, false, false, T, hs, T, 1.0f, da, T, T * T, k, C3,
-			                      hs, beta, dq, C3, hs, NH);
+			rc = ptc_gemm_batched(dev, false, false, T, hs, T, 1.0f, da, T, T * T, k,
+			                      C3, hs, beta, dq, C3, hs, NH);
 		if (rc == 0)
 			rc = ptc_gemm_batched(dev, true, false, T, hs, T, 1.0f, da, T, T * T, q, C3,
 			                      hs, beta, dk, C3, hs, NH);

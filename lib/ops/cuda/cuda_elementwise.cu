@@ -84,7 +84,8 @@ extern "C" int ptc_copy_strided(int dev, void *dst, const int64_t *dst_strides, 
 	unsigned g = ptc_blocks(n, THREADS);
 	switch (elem_size) {
 	case 1:
-		k_copy_strided<uint8_t><<<g, THREADS, 0, s>>>((uint8_t *)dst, (const uint8_t *)src, n, v);
+		k_copy_strided<uint8_t>
+		    <<<g, THREADS, 0, s>>>((uint8_t *)dst, (const uint8_t *)src, n, v);
 		break;
 	case 2:
 		k_copy_strided<uint16_t>
@@ -251,7 +252,7 @@ extern "C" int ptc_dropout(int dev, float *out, const float *in, int64_t n, floa
 		k_dropout_p0<<<ptc_blocks(n, THREADS), THREADS, 0, s>>>(out, in, n, accum);
 	else
 		k_dropout<<<ptc_blocks((n + 3) / 4, THREADS), THREADS, 0, s>>>(out, in, n, p, seed,
-		                                                                stream, accum);
+		                                                               stream, accum);
 	PTC_LAUNCHED("dropout kernel");
 	return 0;
 }
@@ -387,9 +388,8 @@ extern "C" int ptc_mse_backward(int dev, float *d, const float *p, const float *
 	return 0;
 }
 
-__global__ void k_adamw(float *p, float *m, float *v, const float *g, int64_t n, float b1,
-                        float b2, float eps, float gs, float step_size, float bc2_sqrt,
-                        float decay)
+__global__ void k_adamw(float *p, float *m, float *v, const float *g, int64_t n, float b1, float b2,
+                        float eps, float gs, float step_size, float bc2_sqrt, float decay)
 {
 	PTC_FOR(i, n)
 	{
@@ -402,8 +402,8 @@ __global__ void k_adamw(float *p, float *m, float *v, const float *g, int64_t n,
 	}
 }
 
-extern "C" int ptc_adamw(int dev, float *p, float *m, float *v, const float *g, int64_t n,
-                         float b1, float b2, float eps, float gs, float step_size, float bc2_sqrt,
+extern "C" int ptc_adamw(int dev, float *p, float *m, float *v, const float *g, int64_t n, float b1,
+                         float b2, float eps, float gs, float step_size, float bc2_sqrt,
                          float decay)
 {
 	PTC_STREAM(dev, s);
@@ -430,8 +430,8 @@ __global__ void k_sgd(float *p, float *buf, const float *g, int64_t n, float lr,
 	}
 }
 
-extern "C" int ptc_sgd(int dev, float *p, float *buf, const float *g, int64_t n, float lr,
-                       float mu, float damp, float wd, float gs, bool nesterov, bool first)
+extern "C" int ptc_sgd(int dev, float *p, float *buf, const float *g, int64_t n, float lr, float mu,
+                       float damp, float wd, float gs, bool nesterov, bool first)
 {
 	PTC_STREAM(dev, s);
 	if (n == 0)

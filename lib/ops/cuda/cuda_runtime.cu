@@ -183,8 +183,8 @@ extern "C" int ptc_gemm_batched(int dev, bool ta, bool tb, int64_t M, int64_t N,
 		return 1;
 	if (M == 0 || N == 0 || batch == 0)
 		return 0;
-	if (M > INT32_MAX || N > INT32_MAX || K > INT32_MAX || lda > INT32_MAX ||
-	    ldb > INT32_MAX || ldc > INT32_MAX || batch > INT32_MAX)
+	if (M > INT32_MAX || N > INT32_MAX || K > INT32_MAX || lda > INT32_MAX || ldb > INT32_MAX ||
+	    ldc > INT32_MAX || batch > INT32_MAX)
 		return ptc_fail("cublasSgemm", "dimension beyond 32 bits");
 	/* Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T. */
 	cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
