@@ -749,9 +749,9 @@ static void test_server_kill9_resume(void)
 	CU_ASSERT_FALSE_FATAL(ended);
 	CU_ASSERT_FATAL(ck_before >= 10);
 	(void)seen;
-	t_kill = now_s();
 	client_close(&c);
 	CU_ASSERT_EQUAL(server_stop(&s, SIGKILL), -1);
+	t_kill = now_s(); /* after the process is gone: later points are the resumed run's */
 	CU_ASSERT(check_checkpoint_files(dir) >= 1);
 	/* Training went on between our look and the kill: the resume point is
 	 * the newest checkpoint on disk. */
@@ -763,9 +763,14 @@ static void test_server_kill9_resume(void)
 		snprintf(ck, sizeof(ck), "%s/jobs/%llu/checkpoints", dir, (unsigned long long)id);
 		dd = opendir(ck);
 		CU_ASSERT_PTR_NOT_NULL_FATAL(dd);
-		while ((e = readdir(dd)) != NULL)
-			if (sscanf(e->d_name, "step-%lld.safetensors", &st) == 1 && st > ck_before)
+		/* Only complete checkpoints: exactly "step-N.safetensors", not the
+		 * ".state" companion or a ".tmp.<pid>" the kill left half-written. */
+		while ((e = readdir(dd)) != NULL) {
+			int used = 0;
+			if (sscanf(e->d_name, "step-%lld.safetensors%n", &st, &used) == 1 &&
+			    e->d_name[used] == '\0' && st > ck_before)
 				ck_before = st;
+		}
 		closedir(dd);
 	}
 
