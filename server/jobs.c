@@ -636,6 +636,8 @@ static void run_one(pt_jobs *m, job *jb)
 	o.files_root = m->files_root;
 	o.resume_from = jb->resume_from;
 	o.threads = m->cfg.threads;
+	o.worker_token = m->cfg.worker_token;
+	o.advertise_host = m->cfg.advertise_host;
 	journal_state(jb, PT_JOB_STARTING, jb->step, jb->started, NULL);
 	pt_info("job %" PRIu64 " (%s) starting on %s%s%s", jb->id,
 	        jb->spec.name ? jb->spec.name : "", jb->device,

@@ -32,11 +32,13 @@ typedef struct pt_jobs pt_jobs;
 
 typedef struct pt_jobs_config {
 	const char *data_dir;
-	const char *device;     /* default device of jobs that name none */
-	const char *files_root; /* relative data paths resolve here (NULL: cwd) */
-	int threads;            /* CPU threads per job (0: all cores) */
-	int watch_interval_ms;  /* wake parked watchers at most this often */
-	int metrics_sync_ms;    /* fsync metric records at least this often */
+	const char *device;         /* default device of jobs that name none */
+	const char *files_root;     /* relative data paths resolve here (NULL: cwd) */
+	int threads;                /* CPU threads per job (0: all cores) */
+	int watch_interval_ms;      /* wake parked watchers at most this often */
+	int metrics_sync_ms;        /* fsync metric records at least this often */
+	const char *worker_token;   /* token shown to `pipeserver --worker`s (NULL: none) */
+	const char *advertise_host; /* host workers dial for the coordinator (NULL: automatic) */
 } pt_jobs_config;
 
 /* pt_jobs_waiter is a parked WatchMetrics request, embedded by the caller.

@@ -138,6 +138,10 @@ int main(int argc, char **argv)
 	jc.threads = cfg.threads;
 	jc.watch_interval_ms = cfg.watch_interval_ms;
 	jc.metrics_sync_ms = cfg.metrics_sync_ms;
+	/* Workers of a cluster share the server's token; --advertise-host names
+	 * the address they dial back (empty: the one they connected to). */
+	jc.worker_token = cfg.auth_token;
+	jc.advertise_host = cfg.advertise_host[0] ? cfg.advertise_host : NULL;
 	if (pt_jobs_create(&jobs, &jc) != PT_OK) {
 		fprintf(stderr, "pipeserver: %s\n", pt_last_error());
 		goto out;

@@ -323,13 +323,19 @@ static void test_workers_server_job(void)
 	double t0;
 	bool done = false;
 
+	/* The server and one worker share a token: the server presents its own
+	 * token to the workers it joins (w0 needs none). */
+	char token_file[400];
+	snprintf(token_file, sizeof(token_file), "%s/server-token", tmpdir);
+	pt_test_write_file(token_file, "cluster-secret\n", 15);
 	snprintf(data_dir, sizeof(data_dir), "%s/server-data", tmpdir);
 	CU_ASSERT_FATAL(worker_start(&w0, NULL));
-	CU_ASSERT_FATAL(worker_start(&w1, NULL));
+	CU_ASSERT_FATAL(worker_start(&w1, token_file));
 	{
 		const char *args[] = {
-		    "--listen",     "tcp://127.0.0.1:0", "--data-dir", data_dir, "--files-root",
-		    PT_SOURCE_ROOT, "--threads",         "2",          NULL};
+		    "--listen",          "tcp://127.0.0.1:0", "--data-dir", data_dir,
+		    "--files-root",      PT_SOURCE_ROOT,      "--threads",  "2",
+		    "--auth-token-file", token_file,          NULL};
 		CU_ASSERT_FATAL(proc_start(&srv, args));
 	}
 	digits_spec(&spec, &w0, &w1);
@@ -348,6 +354,7 @@ static void test_workers_server_job(void)
 			usleep(100 * 1000);
 		pt_api_request_init(&q, k == 0 ? PT_API_SUBMIT_JOB : PT_API_GET_JOB);
 		q.id = (uint64_t)k + 1;
+		q.auth_token = "cluster-secret";
 		q.spec = k == 0 ? &spec : NULL;
 		q.job = id;
 		PT_CHECK_OK(pt_api_build_request(&b, &q, &d, &n));
