@@ -1,7 +1,10 @@
 /* pt_test.c - CUnit runner and failure reporting shared by the tests. */
 #include "pt_test.h"
 
+#include <limits.h>
 #include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 
 void pt_test_report(int rv, const char *expr, const char *file, int line)
 {
@@ -46,4 +49,37 @@ void pt_test_write_file(const char *path, const void *data, size_t len)
 	CU_ASSERT_PTR_NOT_NULL_FATAL(f);
 	CU_ASSERT_EQUAL(fwrite(data, 1, len, f), len);
 	fclose(f);
+}
+
+bool pt_test_binary(const char *rel, char *out, size_t cap)
+{
+	char self[PATH_MAX];
+	ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+	char *slash;
+	if (n <= 0)
+		return false;
+	self[n] = '\0';
+	if ((slash = strrchr(self, '/')) != NULL)
+		*slash = '\0';
+	snprintf(out, cap, "%s/%s", self, rel);
+	return access(out, X_OK) == 0;
+}
+
+bool pt_test_tmpdir(const char *name, char *dir, size_t cap)
+{
+	snprintf(dir, cap, "/tmp/%s.XXXXXX", name);
+	return mkdtemp(dir) != NULL;
+}
+
+int pt_test_tmpdir_done(const char *dir, int rc)
+{
+	char cmd[PATH_MAX + 16];
+	if (rc == 0 && getenv("PT_KEEP_TMP") == NULL) {
+		snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+		if (system(cmd) != 0)
+			fprintf(stderr, "could not remove %s\n", dir);
+	} else {
+		fprintf(stderr, "test files kept in %s\n", dir);
+	}
+	return rc;
 }

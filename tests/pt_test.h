@@ -8,6 +8,7 @@
 #define PT_TEST_H
 
 #include <CUnit/Basic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -45,6 +46,17 @@ void pt_test_report(int rv, const char *expr, const char *file, int line);
 			        __LINE__, pt_last_error(), (words));                               \
 		CU_ASSERT_PTR_NOT_NULL(strstr(pt_last_error(), (words)));                          \
 	} while (0)
+
+/* pt_test_binary writes "<directory of this test program>/<rel>" into out
+ * (e.g. "../server/pipeserver") and returns whether it is executable. */
+bool pt_test_binary(const char *rel, char *out, size_t cap);
+
+/* pt_test_tmpdir makes a new directory /tmp/<name>.XXXXXX into dir. */
+bool pt_test_tmpdir(const char *name, char *dir, size_t cap);
+
+/* pt_test_tmpdir_done removes dir when rc == 0 and PT_KEEP_TMP is unset,
+ * else says where the files were kept; returns rc. */
+int pt_test_tmpdir_done(const char *dir, int rc);
 
 /* pt_test_write_file writes len bytes to path (asserting success). */
 void pt_test_write_file(const char *path, const void *data, size_t len);

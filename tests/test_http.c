@@ -714,24 +714,16 @@ static int suite_fini(void)
 
 int main(void)
 {
-	char self[PATH_MAX], cmd[400];
-	ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
 	CU_pSuite s;
 	int rc;
 
-	if (n <= 0)
-		return 99;
-	self[n] = '\0';
-	*strrchr(self, '/') = '\0';
-	snprintf(build_tests, sizeof(build_tests), "%s", self);
-	snprintf(server_bin, sizeof(server_bin), "%s/../server/pipeserver", self);
-	if (access(server_bin, X_OK) != 0) {
+	if (!pt_test_binary("../server/pipeserver", server_bin, sizeof(server_bin))) {
 		printf("pipeserver not found at %s: skipping\n", server_bin);
 		return 77;
 	}
+	pt_test_binary(".", build_tests, sizeof(build_tests)); /* this program's directory */
 	signal(SIGPIPE, SIG_IGN);
-	snprintf(tmpdir, sizeof(tmpdir), "/tmp/test_http.XXXXXX");
-	if (mkdtemp(tmpdir) == NULL)
+	if (!pt_test_tmpdir("test_http", tmpdir, sizeof(tmpdir)))
 		return 99;
 	/* One server and one job for the whole suite, in the order listed. */
 	if (CU_initialize_registry() != CUE_SUCCESS)
@@ -744,12 +736,5 @@ int main(void)
 	rc = CU_get_number_of_tests_failed() || CU_get_number_of_suites_failed() ||
 	     CU_get_number_of_failures();
 	CU_cleanup_registry();
-	if (rc == 0 && getenv("PT_KEEP_TMP") == NULL) {
-		snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmpdir);
-		if (system(cmd) != 0)
-			fprintf(stderr, "could not remove %s\n", tmpdir);
-	} else {
-		fprintf(stderr, "test files kept in %s\n", tmpdir);
-	}
-	return rc ? 1 : 0;
+	return pt_test_tmpdir_done(tmpdir, rc ? 1 : 0);
 }

@@ -34,13 +34,7 @@ typedef struct procs {
 static const char *stage_binary(void)
 {
 	static char path[4096];
-	char self[4096];
-	ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
-	if (n <= 0)
-		return NULL;
-	self[n] = '\0';
-	snprintf(path, sizeof(path), "%s/../tools/pt-stage", dirname(self));
-	return access(path, X_OK) == 0 ? path : NULL;
+	return pt_test_binary("../tools/pt-stage", path, sizeof(path)) ? path : NULL;
 }
 
 static void spawn(child *ch, const char *bin, int rank, int delay_ms)

@@ -407,30 +407,12 @@ static const pt_test_suite suites[] = {
 
 int main(void)
 {
-	char self[PATH_MAX], cmd[400];
-	ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
-	int rc;
-
-	if (n <= 0)
-		return 99;
-	self[n] = '\0';
-	*strrchr(self, '/') = '\0';
-	snprintf(server_bin, sizeof(server_bin), "%s/../server/pipeserver", self);
-	if (access(server_bin, X_OK) != 0) {
+	if (!pt_test_binary("../server/pipeserver", server_bin, sizeof(server_bin))) {
 		printf("pipeserver not found at %s: skipping\n", server_bin);
 		return 77;
 	}
 	signal(SIGPIPE, SIG_IGN);
-	snprintf(tmpdir, sizeof(tmpdir), "/tmp/test_workers.XXXXXX");
-	if (mkdtemp(tmpdir) == NULL)
+	if (!pt_test_tmpdir("test_workers", tmpdir, sizeof(tmpdir)))
 		return 99;
-	rc = pt_test_main(suites);
-	if (rc == 0 && getenv("PT_KEEP_TMP") == NULL) {
-		snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmpdir);
-		if (system(cmd) != 0)
-			fprintf(stderr, "could not remove %s\n", tmpdir);
-	} else {
-		fprintf(stderr, "test_workers: files and processes.log kept in %s\n", tmpdir);
-	}
-	return rc;
+	return pt_test_tmpdir_done(tmpdir, pt_test_main(suites));
 }
