@@ -172,6 +172,7 @@ static bool spec_equal(const pt_job_spec *a, const pt_job_spec *b, double tol)
 	for (int i = 0; ok && i < a->n_workers; i++)
 		ok &= str_eq("workers", a->workers[i], b->workers[i]);
 	EQ(threads_per_stage);
+	EQ(worker_timeout_ms);
 	EQ(checkpoint_every);
 	EQ(checkpoint_keep);
 	EQ(resume);
@@ -180,6 +181,8 @@ static bool spec_equal(const pt_job_spec *a, const pt_job_spec *b, double tol)
 	EQ(compress);
 	EQ(recompute);
 	EQ(weight_stashing);
+	EQ(use_graphs);
+	EQ(max_restarts);
 #undef EQ
 #undef EQF
 	return ok;
@@ -299,11 +302,14 @@ static void test_job_spec_roundtrip_all_fields(void)
 	    "\"warmup_steps\": 3, \"total_steps\": 99, \"min_lr\": 0.125, \"beta1\": 0.5}, "
 	    "\"batch_size\": 12, \"microbatches\": 3, \"steps\": 77, \"mode\": \"Async\", "
 	    "\"placement\": {\"stages\": 3, \"boundaries\": [1, 3], \"workers\": [\"tcp://a:1\", "
-	    "\"tcp://b:2\", \"tcp://c:3\"], \"threads_per_stage\": 2}, \"checkpoint\": "
+	    "\"tcp://b:2\", \"tcp://c:3\"], \"threads_per_stage\": 2, \"worker_timeout_ms\": 2500}, \"checkpoint\": "
 	    "{\"every_steps\": 5, \"keep\": 9, \"resume\": false}, \"device\": \"cuda:1\", "
 	    "\"seed\": 9223372036854775807, \"eval_every\": 4, \"compress\": true, \"recompute\": "
-	    "1, \"weight_stashing\": false");
+	    "1, \"weight_stashing\": false, \"use_graphs\": true, \"max_restarts\": 2");
 	PT_CHECK_OK(decode_json(j, &a));
+	CU_ASSERT_EQUAL(a.worker_timeout_ms, 2500);
+	CU_ASSERT_EQUAL(a.max_restarts, 2);
+	CU_ASSERT(a.use_graphs);
 	CU_ASSERT_EQUAL(a.loss, PT_LOSS_MSE);
 	CU_ASSERT_EQUAL(a.mode, PT_MODE_ASYNC);
 	CU_ASSERT_EQUAL(a.optim.schedule.kind, PT_SCHED_WARMUP_COSINE);
@@ -546,6 +552,15 @@ static void test_job_spec_validation_of_c_specs(void)
 	PT_CHECK_ERR_MSG(pt_job_spec_validate(&s, PT_SOURCE_ROOT), PT_ERR_RANGE,
 	                 "optimizer.eps must be > 0");
 	s.optim.eps = 1e-8f;
+	CU_ASSERT_EQUAL(s.worker_timeout_ms, PT_JOB_WORKER_TIMEOUT_MS);
+	s.worker_timeout_ms = 50;
+	PT_CHECK_ERR_MSG(pt_job_spec_validate(&s, PT_SOURCE_ROOT), PT_ERR_RANGE,
+	                 "placement.worker_timeout_ms: 50 (100 to 3600000)");
+	s.worker_timeout_ms = PT_JOB_WORKER_TIMEOUT_MS;
+	s.max_restarts = -1;
+	PT_CHECK_ERR_MSG(pt_job_spec_validate(&s, PT_SOURCE_ROOT), PT_ERR_RANGE,
+	                 "max_restarts: -1 (0 to 1000)");
+	s.max_restarts = 0;
 	PT_CHECK_OK(pt_job_spec_validate(&s, PT_SOURCE_ROOT));
 	/* Relative data paths resolve against files_root. */
 	PT_CHECK_ERR_MSG(pt_job_spec_validate(&s, "/nonexistent"), PT_ERR_IO,

@@ -14,6 +14,9 @@
 #include "fb.h"
 #include "pipeline.h"
 
+/* How long a silent worker may stay silent before it counts as lost. */
+#define PT_JOB_WORKER_TIMEOUT_MS 10000
+
 typedef enum pt_data_format { PT_DATA_NPY, PT_DATA_TOKENS16, PT_DATA_TOKENS32 } pt_data_format;
 
 /* A decoded JobSpec. Strings and arrays are owned (pt_job_spec_fini). */
@@ -40,6 +43,7 @@ typedef struct pt_job_spec {
 	char **workers;  /* n_workers URLs, or NULL */
 	int n_workers;
 	int threads_per_stage;
+	int worker_timeout_ms; /* a worker silent this long is lost */
 	int64_t checkpoint_every;
 	int checkpoint_keep;
 	bool resume;
@@ -47,6 +51,8 @@ typedef struct pt_job_spec {
 	uint64_t seed;
 	int64_t eval_every;
 	bool compress, recompute, weight_stashing;
+	bool use_graphs;  /* replay a captured training step */
+	int max_restarts; /* restarts after a lost worker (0: the job fails) */
 } pt_job_spec;
 
 /* The JobSpec table descriptor, for verifying buffers and nested tables. */

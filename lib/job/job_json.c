@@ -162,6 +162,7 @@ static const jfield placement_fields[] = {
     F("boundaries", JT_BOUNDS, pt_job_spec, boundaries),
     F("workers", JT_WORKERS, pt_job_spec, workers),
     F("threads_per_stage", JT_I32, pt_job_spec, threads_per_stage),
+    F("worker_timeout_ms", JT_I32, pt_job_spec, worker_timeout_ms),
 };
 static const jtable placement_table = JTABLE("Placement", placement_fields);
 
@@ -191,6 +192,8 @@ static const jfield job_fields[] = {
     F("compress", JT_BOOL, pt_job_spec, compress),
     F("recompute", JT_BOOL, pt_job_spec, recompute),
     F("weight_stashing", JT_BOOL, pt_job_spec, weight_stashing),
+    F("use_graphs", JT_BOOL, pt_job_spec, use_graphs),
+    F("max_restarts", JT_I32, pt_job_spec, max_restarts),
 };
 static const jtable job_table = JTABLE("JobSpec", job_fields);
 

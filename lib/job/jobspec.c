@@ -27,7 +27,7 @@
 #define JOB_MAX_STRING 4096
 
 enum { D_FORMAT, D_FEATURES, D_LABELS, D_TOKENS, D_SEQ_LEN, D_VOCAB, D_HELD_OUT, D_SHUFFLE };
-enum { P_STAGES, P_BOUNDARIES, P_WORKERS, P_THREADS };
+enum { P_STAGES, P_BOUNDARIES, P_WORKERS, P_THREADS, P_WORKER_TIMEOUT };
 enum { K_EVERY, K_KEEP, K_RESUME };
 enum {
 	J_NAME,
@@ -47,7 +47,9 @@ enum {
 	J_EVAL,
 	J_COMPRESS,
 	J_RECOMPUTE,
-	J_STASH
+	J_STASH,
+	J_USE_GRAPHS,
+	J_MAX_RESTARTS
 };
 
 static const pt_fb_field_desc data_fields[] = {
@@ -67,6 +69,7 @@ static const pt_fb_field_desc placement_fields[] = {
     PT_FB_FIELD_VECTOR(P_BOUNDARIES, "boundaries", 4, 4, false),
     PT_FB_FIELD_VECTOR_STRING(P_WORKERS, "workers", false),
     PT_FB_FIELD_SCALAR(P_THREADS, "threads_per_stage", 4),
+    PT_FB_FIELD_SCALAR(P_WORKER_TIMEOUT, "worker_timeout_ms", 4),
 };
 static const pt_fb_table_desc placement_desc = PT_FB_TABLE_DESC("Placement", placement_fields);
 
@@ -97,6 +100,8 @@ static const pt_fb_field_desc job_fields[] = {
     PT_FB_FIELD_SCALAR(J_COMPRESS, "compress", 1),
     PT_FB_FIELD_SCALAR(J_RECOMPUTE, "recompute", 1),
     PT_FB_FIELD_SCALAR(J_STASH, "weight_stashing", 1),
+    PT_FB_FIELD_SCALAR(J_USE_GRAPHS, "use_graphs", 1),
+    PT_FB_FIELD_SCALAR(J_MAX_RESTARTS, "max_restarts", 4),
 };
 const pt_fb_table_desc pt_fb_job_spec_desc = PT_FB_TABLE_DESC("JobSpec", job_fields);
 
@@ -180,6 +185,7 @@ void pt_job_spec_defaults(pt_job_spec *s)
 	s->resume = true;
 	s->seed = 1;
 	s->weight_stashing = true;
+	s->worker_timeout_ms = PT_JOB_WORKER_TIMEOUT_MS;
 }
 
 void pt_job_spec_fini(pt_job_spec *s)
@@ -245,10 +251,12 @@ static pt_err read_placement(const uint8_t *t, pt_job_spec *s)
 	const uint8_t *bv = NULL, *wv = NULL;
 
 	s->stages = 1;
+	s->worker_timeout_ms = PT_JOB_WORKER_TIMEOUT_MS;
 	if (t == NULL)
 		return PT_OK;
 	s->stages = pt_fb_get_i32(t, P_STAGES, 1);
 	s->threads_per_stage = pt_fb_get_i32(t, P_THREADS, 0);
+	s->worker_timeout_ms = pt_fb_get_i32(t, P_WORKER_TIMEOUT, PT_JOB_WORKER_TIMEOUT_MS);
 	bv = pt_fb_get_vector(t, P_BOUNDARIES, &nb);
 	wv = pt_fb_get_vector(t, P_WORKERS, &nw);
 	if (bv != NULL) {
@@ -315,6 +323,8 @@ static pt_err read_spec(const uint8_t *t, pt_job_spec *s)
 	s->compress = pt_fb_get_bool(t, J_COMPRESS, false);
 	s->recompute = pt_fb_get_bool(t, J_RECOMPUTE, false);
 	s->weight_stashing = pt_fb_get_bool(t, J_STASH, true);
+	s->use_graphs = pt_fb_get_bool(t, J_USE_GRAPHS, false);
+	s->max_restarts = pt_fb_get_i32(t, J_MAX_RESTARTS, 0);
 	s->checkpoint_every = ck ? pt_fb_get_i64(ck, K_EVERY, 0) : 0;
 	s->checkpoint_keep = ck ? pt_fb_get_i32(ck, K_KEEP, 3) : 3;
 	s->resume = ck ? pt_fb_get_bool(ck, K_RESUME, true) : true;
@@ -417,6 +427,7 @@ pt_err pt_job_spec_build(pt_fb_builder *b, const pt_job_spec *s, pt_fb_ref *out)
 	pt_fb_add_offset(b, P_WORKERS, workers);
 	pt_fb_add_i32(b, P_STAGES, s->stages, 1);
 	pt_fb_add_i32(b, P_THREADS, s->threads_per_stage, 0);
+	pt_fb_add_i32(b, P_WORKER_TIMEOUT, s->worker_timeout_ms, PT_JOB_WORKER_TIMEOUT_MS);
 	PT_TRY(pt_fb_end_table(b, &placement));
 
 	pt_fb_start_table(b);
@@ -439,10 +450,12 @@ pt_err pt_job_spec_build(pt_fb_builder *b, const pt_job_spec *s, pt_fb_ref *out)
 	pt_fb_add_offset(b, J_CHECKPOINT, ck);
 	pt_fb_add_offset(b, J_DEVICE, device);
 	pt_fb_add_i32(b, J_MICRO, s->microbatches, 1);
+	pt_fb_add_i32(b, J_MAX_RESTARTS, s->max_restarts, 0);
 	pt_fb_add_u8(b, J_LOSS, (uint8_t)s->loss, 0);
 	pt_fb_add_u8(b, J_MODE, (uint8_t)s->mode, 0);
 	pt_fb_add_bool(b, J_COMPRESS, s->compress, false);
 	pt_fb_add_bool(b, J_RECOMPUTE, s->recompute, false);
 	pt_fb_add_bool(b, J_STASH, s->weight_stashing, true);
+	pt_fb_add_bool(b, J_USE_GRAPHS, s->use_graphs, false);
 	return pt_fb_end_table(b, out);
 }

@@ -321,6 +321,12 @@ pt_err pt_job_spec_validate(const pt_job_spec *s, const char *files_root)
 	if (s->n_workers > 0 && s->n_workers != s->stages)
 		return pt_set_error(PT_ERR_INVALID, "placement.workers: %d URLs for %d stages",
 		                    s->n_workers, s->stages);
+	if (s->worker_timeout_ms < 100 || s->worker_timeout_ms > 3600000)
+		return pt_set_error(PT_ERR_RANGE,
+		                    "placement.worker_timeout_ms: %d (100 to 3600000)",
+		                    s->worker_timeout_ms);
+	if (s->max_restarts < 0 || s->max_restarts > 1000)
+		return pt_set_error(PT_ERR_RANGE, "max_restarts: %d (0 to 1000)", s->max_restarts);
 	for (int i = 0; i < s->n_workers; i++) {
 		/* The control URL of a `pipeserver --worker` (lib/job/workers.c
 		 * dials it without TLS for now). */
