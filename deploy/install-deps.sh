@@ -3,6 +3,9 @@
 # Debian 12 packages. Idempotent: when everything is present it changes nothing.
 # Runs as root, or through sudo. The CUDA toolkit is not a Debian package: the
 # CUDA backend is built only where nvcc already exists (/usr/local/cuda).
+# The Dockerfile runs this same script on NVIDIA's Ubuntu 24.04 CUDA image:
+# every name below is also an Ubuntu 24.04 package (main or universe), so
+# keep new ones to names both distributions have.
 set -euo pipefail
 
 packages=(
