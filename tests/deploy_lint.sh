@@ -6,9 +6,11 @@
 #   shell       shellcheck on deploy/*.sh, the Slurm script and these tests
 #   systemd     `systemd-analyze verify` of deploy/*.service, with ExecStart
 #               pointed at the built pipeserver (Debian: systemd)
+#   compose     `docker-compose config` (Debian: docker-compose) or
+#               `docker compose config` on deploy/docker-compose.yml
 set -euo pipefail
 
-tool=${1:?usage: deploy_lint.sh hadolint|shell|systemd SOURCE_ROOT BUILD_ROOT}
+tool=${1:?usage: deploy_lint.sh hadolint|shell|systemd|compose SOURCE_ROOT BUILD_ROOT}
 src=${2:?usage: deploy_lint.sh TOOL SOURCE_ROOT BUILD_ROOT}
 build=${3:?usage: deploy_lint.sh TOOL SOURCE_ROOT BUILD_ROOT}
 cd "$src"
@@ -48,6 +50,19 @@ systemd)
 	cp "$tmp/pipetrain-worker@.service" "$tmp/pipetrain-worker@7700.service"
 	systemd-analyze verify "$tmp/pipetrain.service" "$tmp/pipetrain-worker@7700.service"
 	echo "deploy_lint: systemd-analyze verify: units ok"
+	;;
+compose)
+	if command -v docker-compose >/dev/null; then
+		compose=(docker-compose)
+	elif docker compose version >/dev/null 2>&1; then
+		compose=(docker compose)
+	else
+		echo "SKIP: neither docker-compose nor docker compose is installed (Debian: docker-compose)"
+		exit 77
+	fi
+	# Parses and checks the file against the Compose schema; needs no engine.
+	"${compose[@]}" -f deploy/docker-compose.yml config -q
+	echo "deploy_lint: ${compose[*]} config: deploy/docker-compose.yml ok"
 	;;
 *)
 	echo "deploy_lint: unknown tool $tool" >&2
