@@ -4,9 +4,10 @@
 # Build steps are the scripts CI runs (deploy/install-deps.sh, deploy/build.sh)
 # plus deploy/stage.sh, which CI runs too (tests/deploy_stage.sh).
 # Ubuntu 24.04, not Debian: NVIDIA publishes no Debian CUDA images, and the
-# packages install-deps.sh names have the same names in Ubuntu 24.04 (not
-# checked from our machines, which reach no Ubuntu archive: a missing one
-# stops the build at install-deps.sh with apt's message).
+# packages install-deps.sh names have the same names in Ubuntu 24.04 (newer
+# versions: oneDNN 3.1, of which we use only dnnl_sgemm, and nng 1.7.2). Our
+# machines reach no Ubuntu archive; a missing name would stop the build at
+# install-deps.sh with apt's message.
 #
 #   docker build -t pipetrain:0.1.0 .
 #   docker run --gpus all -v pipetrain-data:/var/lib/pipetrain \
