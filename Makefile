@@ -18,11 +18,11 @@ all: build
 deps:
 	@bash deploy/install-deps.sh
 
-$(BUILD)/build.ninja:
-	$(MESON) setup $(BUILD) -Dwerror=true -Dbuildtype=release
+# deploy/build.sh is the build command the Dockerfile runs too, so CI runs it.
+BUILD_ENV  = MESON=$(MESON) NINJA=$(NINJA) JOBS=$(JOBS)
 
-build: deps $(BUILD)/build.ninja
-	$(NINJA) -C $(BUILD) -j$(JOBS)
+build: deps
+	$(BUILD_ENV) bash deploy/build.sh $(BUILD)
 
 demo: build
 	bash tools/demo.sh $(BUILD)
@@ -34,12 +34,9 @@ test: build
 	$(MESON) test -C $(BUILD) --print-errorlogs --num-processes 1
 	$(MAKE) test-asan
 
-$(ASAN_BUILD)/build.ninja:
-	$(MESON) setup $(ASAN_BUILD) -Dwerror=true -Dbuildtype=debugoptimized \
+test-asan: deps
+	$(BUILD_ENV) bash deploy/build.sh $(ASAN_BUILD) -Dwerror=true -Dbuildtype=debugoptimized \
 		-Db_sanitize=address,undefined -Db_lundef=false
-
-test-asan: deps $(ASAN_BUILD)/build.ninja
-	$(NINJA) -C $(ASAN_BUILD) -j$(JOBS)
 	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
 		$(MESON) test -C $(ASAN_BUILD) --suite unit --print-errorlogs --num-processes 1 \
 		--timeout-multiplier 4

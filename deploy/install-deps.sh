@@ -3,6 +3,9 @@
 # Debian 12 packages. Idempotent: when everything is present it changes nothing.
 # Runs as root, or through sudo. The CUDA toolkit is not a Debian package: the
 # CUDA backend is built only where nvcc already exists (/usr/local/cuda).
+# The Dockerfile runs this same script on NVIDIA's Ubuntu 24.04 CUDA image:
+# every name below is also an Ubuntu 24.04 package (main or universe), so
+# keep new ones to names both distributions have.
 set -euo pipefail
 
 packages=(
@@ -14,6 +17,7 @@ packages=(
 	liblz4-dev             # wire compression
 	flatbuffers-compiler libflatbuffers-dev  # flatc interop tests, C++ reference verifier
 	python3 python3-flatbuffers python3-numpy  # data tools, Python client tests
+	python3-yaml           # tests/deploy_check.py reads the deploy/ YAML files
 )
 # Optional, not installed here: prometheus (promtool, a real scrape) and chromium
 # (dashboard screenshot) for tests/test_http; together ~1 GB installed, ~1m40s.
