@@ -20,7 +20,7 @@
 #include <string.h>
 
 #include "backend.h"
-#include "nccl.h"
+#include "nccl_comm.h"
 #include "ops.h"
 #include "pt_test.h"
 #include "rng.h"
