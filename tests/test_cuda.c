@@ -10,14 +10,19 @@
  *
  * Without a CUDA device (or in a build without CUDA) the program prints
  * "skip: no CUDA device (...)" and exits 77, which meson reports as SKIP;
- * before that it checks that asking for cuda:0 fails with a clear message.
+ * before that it checks that asking for cuda:0 fails with a clear message,
+ * also from the real `pipeserver --device cuda:0` (exit code and stderr;
+ * with a GPU: that it starts). A failed check fails the program.
  * The NCCL communicator contract runs when NCCL is built and >= 2 devices
  * are present; otherwise that suite says why it skipped.
  */
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "backend.h"
 #include "nccl_comm.h"
@@ -476,10 +481,68 @@ static const pt_test_case nccl_tests[] = {
     {NULL, NULL},
 };
 
+/* pipeserver_device runs the real `pipeserver --device cuda:0`. Without a
+ * device (or CUDA in the build) it must exit non-zero at start-up with
+ * "--device cuda:0: <reason>" on stderr; with one it must start (print its
+ * listening line) and stop on SIGTERM. Returns 0 when it behaved, 1 if not,
+ * 77 when the binary is not built. */
+static int pipeserver_device(bool have_gpu)
+{
+	char bin[4096], dir[256], out[4096] = {0};
+	int fds[2], st = 0;
+	size_t len = 0;
+	ssize_t k;
+	pid_t pid;
+	bool ok;
+
+	if (!pt_test_binary("../server/pipeserver", bin, sizeof(bin))) {
+		printf("pipeserver not built: --device check skipped\n");
+		return 77;
+	}
+	if (!pt_test_tmpdir("pt-cuda-server", dir, sizeof(dir)) || pipe(fds) != 0)
+		return 1;
+	if ((pid = fork()) == 0) {
+		dup2(fds[1], 1);
+		dup2(fds[1], 2);
+		close(fds[0]);
+		close(fds[1]);
+		execl(bin, bin, "--device", "cuda:0", "--listen", "tcp://127.0.0.1:0", "--data-dir",
+		      dir, (char *)NULL);
+		_exit(127);
+	}
+	close(fds[1]);
+	/* Without a GPU it exits and the pipe ends; with one, stop after its first line. */
+	while (len < sizeof(out) - 1 && (k = read(fds[0], out + len, sizeof(out) - 1 - len)) > 0) {
+		len += (size_t)k;
+		out[len] = 0;
+		if (have_gpu && strchr(out, '\n') != NULL)
+			break;
+	}
+	if (have_gpu)
+		kill(pid, SIGTERM);
+	close(fds[0]);
+	waitpid(pid, &st, 0);
+	if (have_gpu) {
+		ok = strstr(out, "pipeserver listening on") != NULL;
+		printf("pipeserver --device cuda:0 %s: %s", ok ? "started" : "did not start", out);
+	} else {
+		ok = WIFEXITED(st) && WEXITSTATUS(st) != 0 &&
+		     strstr(out, "--device cuda:0: ") != NULL &&
+		     (strstr(out, "no CUDA device") != NULL ||
+		      strstr(out, "no CUDA support") != NULL);
+		printf("pipeserver --device cuda:0 without a GPU: exit %d, said: %s",
+		       WIFEXITED(st) ? WEXITSTATUS(st) : -1, out);
+	}
+	return pt_test_tmpdir_done(dir, ok ? 0 : 1);
+}
+
 int main(void)
 {
 	int n = 0;
 	pt_err rv = pt_backend_device_count(PT_DEV_CUDA, &n);
+	int server_rc = pipeserver_device(rv == PT_OK && n >= 1);
+	if (server_rc == 1)
+		return 1;
 	if (rv != PT_OK || n < 1) {
 		char why[512];
 		snprintf(why, sizeof(why), "%s", pt_last_error());

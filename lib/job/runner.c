@@ -20,13 +20,22 @@
  * flat f32 tensor per stage, "stage<s>.state" (s = 0..p-1: parameters then
  * optimizer state, as pt_coordinator_get_state gives it), with metadata
  * format, schema_version, job, step, optimizer_steps (per stage, comma
- * separated), stages and boundaries. Limits: only the CPU device; a lost
- * worker ends the run with an error (no re-placement yet).
+ * separated), stages and boundaries.
+ *
+ * Device cuda:N (in-process stages only): the stages' communicators become
+ * NCCL communicators (nccl_comm.h) over the local ones, stage s on
+ * cuda:((N + s - 1) mod devices) and the coordinator on the CPU, so tensors
+ * between stages on different GPUs travel over NCCL. Limits: the stages
+ * still compute on the CPU (lib/pipeline has no device placement yet), so
+ * what NCCL carries are host tensors staged through device memory; jobs on
+ * placement.workers with a CUDA device are refused; a lost worker ends the
+ * run with an error (no re-placement yet).
  */
 #include <dirent.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,10 +43,12 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "backend.h"
 #include "batch.h"
 #include "checkpoint.h"
 #include "fileio.h"
 #include "job.h"
+#include "nccl_comm.h"
 #include "runtime.h"
 #include "safetensors.h"
 #include "tokens.h"
@@ -224,6 +235,57 @@ static pt_err models_up(runner *r)
 	return pt_trainer_create(&r->eval, r->full, NULL, s->loss, s->ignore_index);
 }
 
+typedef struct nccl_join {
+	pt_comm **comm; /* in: the local communicator; out: the NCCL one on success */
+	pt_device dev;
+	pt_err rv;
+	char why[512];
+} nccl_join;
+
+static void *nccl_join_rank(void *p)
+{
+	nccl_join *j = p;
+	pt_comm *nc;
+	j->rv = pt_nccl_comm_create(&nc, *j->comm, j->dev, -1);
+	if (j->rv == PT_OK)
+		*j->comm = nc;
+	else
+		snprintf(j->why, sizeof(j->why), "%s", pt_last_error());
+	return NULL;
+}
+
+/* nccl_up wraps every rank's local communicator in an NCCL one (creation is
+ * collective: one thread per rank). Ranks that failed keep their local
+ * communicator, so pipeline_down frees everything either way. */
+static pt_err nccl_up(runner *r, pt_device dev)
+{
+	nccl_join j[PT_MAX_STAGES + 1];
+	pthread_t th[PT_MAX_STAGES + 1];
+	bool started[PT_MAX_STAGES + 1] = {false};
+	int n = 0, bad = -1;
+
+	PT_TRY(pt_backend_device_count(PT_DEV_CUDA, &n));
+	for (int i = 0; i <= r->p; i++) {
+		j[i] = (nccl_join){.comm = &r->comms[i], .rv = PT_ERR_STATE};
+		j[i].dev = i == 0 ? PT_CPU : (pt_device){PT_DEV_CUDA, (dev.index + i - 1) % n};
+		started[i] = pthread_create(&th[i], NULL, nccl_join_rank, &j[i]) == 0;
+		if (!started[i]) {
+			/* The others time out waiting for this rank's hello. */
+			snprintf(j[i].why, sizeof(j[i].why), "no thread");
+			j[i].rv = PT_ERR_NOMEM;
+		}
+	}
+	for (int i = 0; i <= r->p; i++) {
+		if (started[i])
+			pthread_join(th[i], NULL);
+		if (j[i].rv != PT_OK && bad < 0)
+			bad = i;
+	}
+	if (bad >= 0)
+		return pt_set_error(j[bad].rv, "NCCL communicator of rank %d: %s", bad, j[bad].why);
+	return PT_OK;
+}
+
 static pt_err pipeline_up(runner *r)
 {
 	const pt_job_spec *s = r->s;
@@ -237,7 +299,15 @@ static pt_err pipeline_up(runner *r)
 	                         .output = pt_model_output_shape(r->full)};
 
 	pt_stage_config configs[PT_MAX_STAGES];
+	pt_device dev = PT_CPU;
 
+	if (s->device != NULL)
+		PT_TRY(pt_device_parse(s->device, &dev));
+	if (dev.kind == PT_DEV_CUDA && s->n_workers > 0)
+		return pt_set_error(PT_ERR_UNSUPPORTED,
+		                    "device %s with placement.workers: not supported yet (the "
+		                    "workers' communicators are nng)",
+		                    s->device);
 	if (s->n_workers > 0) {
 		pt_job_workers_options wo = {.urls = (const char *const *)s->workers,
 		                             .n = s->n_workers,
@@ -250,6 +320,8 @@ static pt_err pipeline_up(runner *r)
 		PT_TRY(pt_local_group_create(&r->g, r->p + 1));
 		for (int i = 0; i <= r->p; i++)
 			PT_TRY(pt_local_comm_create(&r->comms[i], r->g, i));
+		if (dev.kind == PT_DEV_CUDA)
+			PT_TRY(nccl_up(r, dev));
 	}
 	for (int st = 1; st <= r->p; st++) {
 		pt_stage_config c = {.layers = s->layers,
