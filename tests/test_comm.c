@@ -73,6 +73,7 @@ static const impl impls[] = {
     {"nng_lz4", IMPL_NNG, "tcp", true, false, false},
     {"nng_tls", IMPL_NNG, "tls", false, false, false},
     {"nccl_cpu", IMPL_NCCL, NULL, false, false, false},
+    {"nccl_cpu_tcp", IMPL_NCCL, "tcp", false, false, false},
 };
 #else
 static const impl impls[] = {
@@ -1441,6 +1442,130 @@ static void test_comm_device_tensors(void)
 	group_free(&g);
 }
 
+/* An NCCL trailer (lib/comm/nccl.c), written here independently: u32 magic
+ * "PTNC", u8 version, what (1 hello, 2 init, 3 data), route (0 none,
+ * 1 control, 2 NCCL device, 3 NCCL host, 4 self), dtype; i32 ndim,
+ * dev_kind, dev_index; u32 0; u64 seq; u64 nbytes; i64 shape[6]. */
+typedef struct fake_trailer {
+	uint8_t what, route, dtype;
+	int32_t ndim;
+	uint64_t seq, nbytes;
+	int64_t shape[6];
+	uint32_t magic;
+} fake_trailer;
+
+static void fake_nccl_send(pt_comm *raw, int dst, const fake_trailer *f, bool tensor)
+{
+	uint8_t b[88] = {0};
+	uint32_t magic = f->magic ? f->magic : 0x434e5450u;
+	int32_t zero = 0;
+	pt_msg m = {0};
+	memcpy(b, &magic, 4);
+	b[4] = 1;
+	b[5] = f->what;
+	b[6] = f->route;
+	b[7] = f->dtype;
+	memcpy(b + 8, &f->ndim, 4);
+	memcpy(b + 12, &zero, 4); /* hello: PT_DEV_CPU, index 0 */
+	memcpy(b + 24, &f->seq, 8);
+	memcpy(b + 32, &f->nbytes, 8);
+	memcpy(b + 40, f->shape, 48);
+	m.meta.kind = f->what == 3 ? PT_MSG_FORWARD : PT_MSG_COMMAND;
+	m.meta.tag = f->what == 3 ? 0 : 0x4e43434cu;
+	if (tensor) {
+		m.has_tensor = true;
+		make_f32(&m.tensor, 4, 0);
+	}
+	PT_CHECK_OK(pt_msg_set_blob(&m, b, sizeof(b)));
+	PT_CHECK_OK(pt_comm_send(raw, dst, &m));
+	pt_msg_fini(&m);
+}
+
+/* What the NCCL communicator receives is verified: a peer that is not an
+ * NCCL communicator fails creation; a bad trailer, a tensor that does not
+ * match it, a route this rank cannot take or a sequence gap is a
+ * PT_ERR_FORMAT for the receiver, and good messages still arrive after. */
+static void test_comm_nccl_verifies(void)
+{
+	pt_local_group *lg;
+	pt_comm *raw, *ctl, *nc = NULL;
+	group g = {0};
+	nccl_arg a;
+	pthread_t th;
+	pt_msg r, m = {0};
+
+	if (cur->kind != IMPL_NCCL || cur->gpu) {
+		printf("(NCCL with CPU ranks only) ");
+		return;
+	}
+	/* A peer whose first message is no hello. */
+	PT_CHECK_OK(pt_local_group_create(&lg, 2));
+	PT_CHECK_OK(pt_local_comm_create(&raw, lg, 0));
+	PT_CHECK_OK(pt_local_comm_create(&ctl, lg, 1));
+	m.meta.kind = PT_MSG_COMMAND;
+	PT_CHECK_OK(pt_msg_set_blob(&m, "hello?", 6));
+	PT_CHECK_OK(pt_comm_send(raw, 1, &m));
+	pt_msg_fini(&m);
+	PT_CHECK_ERR_MSG(pt_nccl_comm_create(&nc, ctl, PT_CPU, 2000), PT_ERR_FORMAT, "rank 0");
+	CU_ASSERT_PTR_NULL(nc);
+	pt_comm_destroy(ctl); /* still ours after the failure */
+	pt_comm_destroy(raw);
+	pt_local_group_destroy(lg);
+
+	/* A fake peer that says hello, then sends bad and good messages. */
+	PT_CHECK_OK(pt_local_group_create(&lg, 2));
+	g.world = 2;
+	PT_CHECK_OK(pt_local_comm_create(&raw, lg, 0));
+	PT_CHECK_OK(pt_local_comm_create(&g.c[1], lg, 1));
+	a = (nccl_arg){.g = &g, .rank = 1};
+	CU_ASSERT_EQUAL_FATAL(pthread_create(&th, NULL, nccl_create_rank, &a), 0);
+	fake_nccl_send(raw, 1, &(fake_trailer){.what = 1}, false);
+	PT_CHECK_OK(pt_comm_recv(raw, 1, PT_CH_CONTROL, TIMEOUT_MS, &r)); /* its hello */
+	pt_msg_fini(&r);
+	pthread_join(th, NULL);
+	CU_ASSERT_EQUAL_FATAL(a.rv, PT_OK);
+	pt_comm *c1 = g.c[1];
+	const struct {
+		fake_trailer f;
+		bool tensor;
+		const char *words;
+	} bad[] = {
+	    {{.what = 3, .magic = 0x12345678u}, false, "bad NCCL trailer"},
+	    {{.what = 9}, false, "trailer type"},
+	    {{.what = 3, .route = 1, .dtype = 200, .ndim = 1, .nbytes = 16, .shape = {4}},
+	     true,
+	     "dtype"},
+	    {{.what = 3, .route = 1, .ndim = 7}, true, "dims"},
+	    {{.what = 3, .route = 1, .ndim = 1, .nbytes = 20, .shape = {4}}, true, "bytes"},
+	    {{.what = 3, .route = 1, .ndim = 1, .nbytes = 12, .shape = {3}}, true, "differs"},
+	    {{.what = 3, .route = 0, .seq = 1}, true, "unannounced"},
+	    {{.what = 3, .route = 2, .ndim = 1, .nbytes = 16, .shape = {4}, .seq = 2},
+	     false,
+	     "without an NCCL communicator"},
+	    {{.what = 3, .route = 0, .seq = 7}, false, "sequence gap"},
+	};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		fake_nccl_send(raw, 1, &bad[i].f, bad[i].tensor);
+		PT_CHECK_ERR_MSG(pt_comm_recv(c1, 0, PT_CH_ANY, TIMEOUT_MS, &r), PT_ERR_FORMAT,
+		                 bad[i].words);
+	}
+	/* The gap message itself still arrives; then a good one with a tensor. */
+	PT_CHECK_OK(pt_comm_recv(c1, 0, PT_CH_ANY, TIMEOUT_MS, &r));
+	CU_ASSERT_EQUAL(r.meta.seq, 7);
+	pt_msg_fini(&r);
+	fake_nccl_send(
+	    raw, 1,
+	    &(fake_trailer){.what = 3, .route = 1, .ndim = 1, .nbytes = 16, .shape = {4}, .seq = 8},
+	    true);
+	PT_CHECK_OK(pt_comm_recv(c1, 0, PT_CH_FORWARD, TIMEOUT_MS, &r));
+	CU_ASSERT(r.has_tensor && r.tensor.shape[0] == 4 && r.blob == NULL && r.blob_len == 0);
+	pt_msg_fini(&r);
+	CU_ASSERT(pt_comm_get_stats(c1).errors >= 9);
+	pt_comm_destroy(c1);
+	pt_comm_destroy(raw);
+	pt_local_group_destroy(lg);
+}
+
 /* ------------------------------------------------------------- suites -- */
 
 typedef struct test_def {
@@ -1475,6 +1600,7 @@ static const test_def tests[] = {
     {"test_comm_lz4", test_comm_lz4, false},
     {"test_comm_max_msg", test_comm_max_msg, false},
     {"test_comm_device_tensors", test_comm_device_tensors, false},
+    {"test_comm_nccl_verifies", test_comm_nccl_verifies, false},
 };
 
 #define N_IMPLS (sizeof(impls) / sizeof(impls[0]))
@@ -1491,8 +1617,9 @@ SUITE_INIT(3)
 SUITE_INIT(4)
 SUITE_INIT(5)
 SUITE_INIT(6)
+SUITE_INIT(7)
 static int (*const suite_inits[])(void) = {suite_init_0, suite_init_1, suite_init_2, suite_init_3,
-                                           suite_init_4, suite_init_5, suite_init_6};
+                                           suite_init_4, suite_init_5, suite_init_6, suite_init_7};
 _Static_assert(sizeof(suite_inits) / sizeof(suite_inits[0]) >= sizeof(impls) / sizeof(impls[0]),
                "one init per implementation");
 
@@ -1578,7 +1705,7 @@ int main(void)
 	                  : "");
 #else
 	if (!have_nccl)
-		printf("suite comm_nccl_cpu skipped: %s\n", why);
+		printf("suites comm_nccl_cpu and comm_nccl_cpu_tcp skipped: %s\n", why);
 #endif
 	tls_ok = make_tls_files();
 	if (!tls_ok)
