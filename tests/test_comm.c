@@ -136,41 +136,14 @@ static void nng_options(pt_nng_options *o, const group *g, int rank, char *url, 
 	o->listen_url = url;
 }
 
-typedef struct nccl_arg {
-	group *g;
-	int rank;
-	pt_err rv;
-	char why[256];
-} nccl_arg;
-
-static void *nccl_create_rank(void *p)
-{
-	nccl_arg *a = p;
-	pt_comm *ctl = a->g->c[a->rank];
-	pt_device dev = cur->gpu ? (pt_device){PT_DEV_CUDA, a->rank % n_gpus} : PT_CPU;
-	a->rv = pt_nccl_comm_create(&a->g->c[a->rank], ctl, dev, TIMEOUT_MS);
-	if (a->rv != PT_OK)
-		snprintf(a->why, sizeof(a->why), "%s", pt_last_error());
-	return NULL;
-}
-
 /* nccl_wrap makes every rank's control communicator (in g->c) the control
- * channel of an NCCL communicator: creation is collective, one thread each. */
+ * channel of an NCCL communicator. */
 static void nccl_wrap(group *g)
 {
-	nccl_arg a[MAX_WORLD];
-	pthread_t th[MAX_WORLD];
-	for (int r = 0; r < g->world; r++) {
-		a[r] = (nccl_arg){.g = g, .rank = r};
-		CU_ASSERT_EQUAL_FATAL(pthread_create(&th[r], NULL, nccl_create_rank, &a[r]), 0);
-	}
+	pt_device devs[MAX_WORLD];
 	for (int r = 0; r < g->world; r++)
-		pthread_join(th[r], NULL);
-	for (int r = 0; r < g->world; r++)
-		if (a[r].rv != PT_OK)
-			fprintf(stderr, "rank %d: pt_nccl_comm_create: %s\n", r, a[r].why);
-	for (int r = 0; r < g->world; r++)
-		CU_ASSERT_EQUAL_FATAL(a[r].rv, PT_OK);
+		devs[r] = cur->gpu ? (pt_device){PT_DEV_CUDA, r % n_gpus} : PT_CPU;
+	PT_CHECK_OK(pt_nccl_comm_create_group(g->c, devs, g->world, TIMEOUT_MS));
 }
 
 /* group_make builds `world` connected ranks of the current implementation. */
@@ -1488,10 +1461,7 @@ static void fake_nccl_send(pt_comm *raw, int dst, const fake_trailer *f, bool te
 static void test_comm_nccl_verifies(void)
 {
 	pt_local_group *lg;
-	pt_comm *raw, *ctl, *nc = NULL;
-	group g = {0};
-	nccl_arg a;
-	pthread_t th;
+	pt_comm *raw, *ctl, *nc = NULL, *c1 = NULL;
 	pt_msg r, m = {0};
 
 	if (cur->kind != IMPL_NCCL || cur->gpu) {
@@ -1512,19 +1482,15 @@ static void test_comm_nccl_verifies(void)
 	pt_comm_destroy(raw);
 	pt_local_group_destroy(lg);
 
-	/* A fake peer that says hello, then sends bad and good messages. */
+	/* A fake peer that says hello (queued before rank 1 starts: local sends
+	 * never block), then sends bad and good messages. */
 	PT_CHECK_OK(pt_local_group_create(&lg, 2));
-	g.world = 2;
 	PT_CHECK_OK(pt_local_comm_create(&raw, lg, 0));
-	PT_CHECK_OK(pt_local_comm_create(&g.c[1], lg, 1));
-	a = (nccl_arg){.g = &g, .rank = 1};
-	CU_ASSERT_EQUAL_FATAL(pthread_create(&th, NULL, nccl_create_rank, &a), 0);
+	PT_CHECK_OK(pt_local_comm_create(&ctl, lg, 1));
 	fake_nccl_send(raw, 1, &(fake_trailer){.what = 1}, false);
+	PT_CHECK_OK(pt_nccl_comm_create(&c1, ctl, PT_CPU, TIMEOUT_MS));
 	PT_CHECK_OK(pt_comm_recv(raw, 1, PT_CH_CONTROL, TIMEOUT_MS, &r)); /* its hello */
 	pt_msg_fini(&r);
-	pthread_join(th, NULL);
-	CU_ASSERT_EQUAL_FATAL(a.rv, PT_OK);
-	pt_comm *c1 = g.c[1];
 	const struct {
 		fake_trailer f;
 		bool tensor;

@@ -80,7 +80,7 @@ typedef struct nccl_comm {
 	atomic_bool closed;
 	pthread_mutex_t self_mu; /* guards the self FIFO */
 	self_item *self_head, *self_tail;
-	atomic_uint_fast64_t msgs_sent, msgs_recv, bytes_sent, bytes_recv, errors, timeouts;
+	pt_comm_counters n;
 } nccl_comm;
 
 static const pt_comm_ops nccl_ops;
@@ -216,7 +216,7 @@ static pt_err wait_done(nccl_comm *c, ncclComm_t comm, cudaStream_t s, long long
 			return pt_set_error(PT_ERR_CLOSED, "rank %d: NCCL %s with rank %d: closed",
 			                    c->base.rank, what, peer_rank);
 		if (pt_now_ms() > deadline) {
-			atomic_fetch_add(&c->timeouts, 1);
+			atomic_fetch_add(&c->n.timeouts, 1);
 			return pt_set_error(PT_ERR_TIMEOUT,
 			                    "rank %d: NCCL %s with rank %d not done within the "
 			                    "timeout",
@@ -526,11 +526,12 @@ out:
 	pt_tensor_fini(&packed);
 	pt_msg_fini(&out);
 	if (rv != PT_OK) {
-		atomic_fetch_add(&c->errors, 1);
+		atomic_fetch_add(&c->n.errors, 1);
 		return rv;
 	}
-	atomic_fetch_add(&c->msgs_sent, 1);
-	atomic_fetch_add(&c->bytes_sent, nbytes + m->blob_len);
+	atomic_fetch_add(&c->n.msgs_sent, 1);
+	atomic_fetch_add(&c->n.bytes_sent, nbytes + m->blob_len);
+	atomic_fetch_add(&c->n.bytes_raw_sent, nbytes + m->blob_len);
 	return PT_OK;
 }
 
@@ -590,7 +591,7 @@ static pt_err receive_payload(nccl_comm *c, peer *p, int src, const trailer *tr,
 
 static void queue_error(nccl_comm *c, int src, pt_err code)
 {
-	atomic_fetch_add(&c->errors, 1);
+	atomic_fetch_add(&c->n.errors, 1);
 	pt_mailbox_push_error(c->mb, src, code, pt_last_error());
 }
 
@@ -731,12 +732,12 @@ static pt_err nccl_recv(pt_comm *base, int src, pt_channel ch, int timeout_ms, p
 		return pt_set_error(PT_ERR_CLOSED, "rank %d's communicator is closed", base->rank);
 	rv = pt_mailbox_pop(c->mb, src, ch, timeout_ms, out);
 	if (rv == PT_OK) {
-		atomic_fetch_add(&c->msgs_recv, 1);
-		atomic_fetch_add(&c->bytes_recv,
+		atomic_fetch_add(&c->n.msgs_recv, 1);
+		atomic_fetch_add(&c->n.bytes_recv,
 		                 out->blob_len +
 		                     (out->has_tensor ? pt_tensor_nbytes(&out->tensor) : 0));
 	} else if (rv == PT_ERR_TIMEOUT) {
-		atomic_fetch_add(&c->timeouts, 1);
+		atomic_fetch_add(&c->n.timeouts, 1);
 		return pt_set_error(rv, "rank %d: no message within %d ms", base->rank, timeout_ms);
 	}
 	return rv;
@@ -750,7 +751,7 @@ static pt_err nccl_barrier(pt_comm *base, int timeout_ms)
 		return pt_set_error(PT_ERR_CLOSED, "rank %d's communicator is closed", base->rank);
 	rv = pt_comm_barrier(c->control, timeout_ms);
 	if (rv == PT_ERR_TIMEOUT)
-		atomic_fetch_add(&c->timeouts, 1);
+		atomic_fetch_add(&c->n.timeouts, 1);
 	return rv;
 }
 
@@ -797,17 +798,7 @@ static void nccl_destroy(pt_comm *base)
 
 static pt_comm_stats nccl_stats(const pt_comm *base)
 {
-	nccl_comm *c = (nccl_comm *)base;
-	pt_comm_stats s = {
-	    .msgs_sent = atomic_load(&c->msgs_sent),
-	    .msgs_recv = atomic_load(&c->msgs_recv),
-	    .bytes_sent = atomic_load(&c->bytes_sent),
-	    .bytes_recv = atomic_load(&c->bytes_recv),
-	    .errors = atomic_load(&c->errors),
-	    .timeouts = atomic_load(&c->timeouts),
-	};
-	s.bytes_raw_sent = s.bytes_sent;
-	return s;
+	return pt_comm_counters_get(&((const nccl_comm *)base)->n);
 }
 
 static const pt_comm_ops nccl_ops = {

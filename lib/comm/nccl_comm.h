@@ -59,6 +59,14 @@
  * builds without CUDA or NCCL, and for a CUDA device that is not present. */
 pt_err pt_nccl_comm_create(pt_comm **out, pt_comm *control, pt_device dev, int timeout_ms);
 
+/* pt_nccl_comm_create_group makes the NCCL communicators of n ranks of this
+ * process together (one thread each, as creation is collective): comms[i],
+ * rank i's control communicator, becomes its NCCL communicator on devs[i].
+ * Blocking (up to timeout_ms). Ranks whose creation failed keep their control
+ * communicator, so the caller destroys comms[] the same way either way; the
+ * first failure is returned, naming its rank. */
+pt_err pt_nccl_comm_create_group(pt_comm **comms, const pt_device *devs, int n, int timeout_ms);
+
 #define PT_NCCL_ID_TAG 0x4e43434cu /* "NCCL" */
 
 #endif

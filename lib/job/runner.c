@@ -35,7 +35,6 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -235,55 +234,19 @@ static pt_err models_up(runner *r)
 	return pt_trainer_create(&r->eval, r->full, NULL, s->loss, s->ignore_index);
 }
 
-typedef struct nccl_join {
-	pt_comm **comm; /* in: the local communicator; out: the NCCL one on success */
-	pt_device dev;
-	pt_err rv;
-	char why[512];
-} nccl_join;
-
-static void *nccl_join_rank(void *p)
-{
-	nccl_join *j = p;
-	pt_comm *nc;
-	j->rv = pt_nccl_comm_create(&nc, *j->comm, j->dev, -1);
-	if (j->rv == PT_OK)
-		*j->comm = nc;
-	else
-		snprintf(j->why, sizeof(j->why), "%s", pt_last_error());
-	return NULL;
-}
-
-/* nccl_up wraps every rank's local communicator in an NCCL one (creation is
- * collective: one thread per rank). Ranks that failed keep their local
- * communicator, so pipeline_down frees everything either way. */
+/* nccl_up makes every rank's local communicator the control channel of an
+ * NCCL communicator: the coordinator on the CPU, stage s on
+ * cuda:((dev + s - 1) mod devices). */
 static pt_err nccl_up(runner *r, pt_device dev)
 {
-	nccl_join j[PT_MAX_STAGES + 1];
-	pthread_t th[PT_MAX_STAGES + 1];
-	bool started[PT_MAX_STAGES + 1] = {false};
-	int n = 0, bad = -1;
+	pt_device devs[PT_MAX_STAGES + 1];
+	int n = 0;
 
 	PT_TRY(pt_backend_device_count(PT_DEV_CUDA, &n));
-	for (int i = 0; i <= r->p; i++) {
-		j[i] = (nccl_join){.comm = &r->comms[i], .rv = PT_ERR_STATE};
-		j[i].dev = i == 0 ? PT_CPU : (pt_device){PT_DEV_CUDA, (dev.index + i - 1) % n};
-		started[i] = pthread_create(&th[i], NULL, nccl_join_rank, &j[i]) == 0;
-		if (!started[i]) {
-			/* The others time out waiting for this rank's hello. */
-			snprintf(j[i].why, sizeof(j[i].why), "no thread");
-			j[i].rv = PT_ERR_NOMEM;
-		}
-	}
-	for (int i = 0; i <= r->p; i++) {
-		if (started[i])
-			pthread_join(th[i], NULL);
-		if (j[i].rv != PT_OK && bad < 0)
-			bad = i;
-	}
-	if (bad >= 0)
-		return pt_set_error(j[bad].rv, "NCCL communicator of rank %d: %s", bad, j[bad].why);
-	return PT_OK;
+	devs[0] = PT_CPU;
+	for (int i = 1; i <= r->p; i++)
+		devs[i] = (pt_device){PT_DEV_CUDA, (dev.index + i - 1) % n};
+	return pt_nccl_comm_create_group(r->comms, devs, r->p + 1, -1);
 }
 
 static pt_err pipeline_up(runner *r)
