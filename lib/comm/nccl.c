@@ -30,7 +30,9 @@
 
 enum { T_HELLO = 1, T_INIT, T_DATA };
 /* Where a message's tensor travels. */
-enum { P_NONE = 0, P_CONTROL, P_NCCL_DEVICE, P_NCCL_HOST, P_SELF, P_COUNT };
+enum { P_NONE = 0, P_CONTROL, P_NCCL_DEVICE, P_NCCL_HOST, P_SELF, P_CONTROL_DEVICE, P_COUNT };
+/* P_CONTROL_DEVICE: a device tensor carried in the control message (a host
+ * copy); a receiver with a GPU puts it back in its device memory. */
 
 /* The trailer after the caller's blob on every control message. */
 typedef struct trailer {
@@ -446,11 +448,11 @@ static pt_err nccl_send(pt_comm *base, int dst, const pt_msg *m)
 		         nbytes > 0)
 			tr.route = on_device ? P_NCCL_DEVICE : P_NCCL_HOST;
 		else
-			tr.route = P_CONTROL;
+			tr.route = on_device ? P_CONTROL_DEVICE : P_CONTROL;
 	}
 	/* What travels: a host tensor in the control message, a packed one for
 	 * NCCL, a device copy for oneself. */
-	if (tr.route == P_CONTROL) {
+	if (tr.route == P_CONTROL || tr.route == P_CONTROL_DEVICE) {
 		out.has_tensor = true;
 		if (on_device)
 			rv = host_copy(&out.tensor, t);
@@ -589,6 +591,26 @@ static pt_err receive_payload(nccl_comm *c, peer *p, int src, const trailer *tr,
 	return rv;
 }
 
+/* to_device replaces host tensor *t by a copy in this rank's device memory. */
+static pt_err to_device(nccl_comm *c, pt_tensor *t)
+{
+	pt_storage *s;
+	pt_tensor d;
+	pt_err rv;
+	PT_TRY(pt_storage_create(&s, pt_tensor_nbytes(t), c->dev));
+	rv = pt_tensor_init_on(&d, s, 0, t->dtype, t->ndim, t->shape);
+	pt_storage_release(s);
+	if (rv == PT_OK)
+		rv = pt_tensor_write(&d, pt_tensor_data(t), pt_tensor_nbytes(t));
+	if (rv != PT_OK) {
+		pt_tensor_fini(&d);
+		return rv;
+	}
+	pt_tensor_fini(t);
+	*t = d;
+	return PT_OK;
+}
+
 static void queue_error(nccl_comm *c, int src, pt_err code)
 {
 	atomic_fetch_add(&c->n.errors, 1);
@@ -651,10 +673,13 @@ static void handle(nccl_comm *c, pt_msg *m)
 			                  c->base.rank, src);
 		break;
 	case P_CONTROL:
+	case P_CONTROL_DEVICE:
 		if (!m->has_tensor || !trailer_matches(&tr, &m->tensor))
 			rv = pt_set_error(PT_ERR_FORMAT,
 			                  "rank %d: tensor from rank %d differs from its trailer",
 			                  c->base.rank, src);
+		else if (tr.route == P_CONTROL_DEVICE && c->gpu)
+			rv = to_device(c, &m->tensor);
 		break;
 	default:
 		if (m->has_tensor)

@@ -27,8 +27,10 @@
  *    and queues the whole message in this rank's mailbox (mailbox.h), so
  *    receives by channel or source never reorder NCCL's in-order matching.
  *  - Received tensors live where the sent one lived: a device tensor arrives
- *    in CUDA memory of this rank's device (lib/backend's pool), a host tensor
- *    in host memory (staged through a device buffer on the NCCL stream).
+ *    in CUDA memory of this rank's device (lib/backend's pool; also when it
+ *    took the control path, as a host copy put back on the device), or in
+ *    host memory at a rank without a GPU; a host tensor arrives in host
+ *    memory (over NCCL, staged through a device buffer on the NCCL stream).
  *    Device tensors are ordered after the device's compute stream (an event)
  *    before NCCL reads them.
  *  - Every received trailer is verified (magic, version, route, dtype, rank,
