@@ -1418,8 +1418,8 @@ static void test_comm_device_tensors(void)
 /* An NCCL trailer (lib/comm/nccl.c), written here independently: u32 magic
  * "PTNC", u8 version, what (1 hello, 2 init, 3 data), route (0 none,
  * 1 control, 2 NCCL device, 3 NCCL host, 4 self, 5 control from a device),
- * dtype; i32 ndim,
- * dev_kind, dev_index; u32 0; u64 seq; u64 nbytes; i64 shape[6]. */
+ * dtype; i32 ndim, dev_kind, dev_index; u32 0; u64 seq; u64 nbytes;
+ * i64 shape[6]. */
 typedef struct fake_trailer {
 	uint8_t what, route, dtype;
 	int32_t ndim;

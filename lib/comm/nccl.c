@@ -403,9 +403,19 @@ static pt_err device_copy(pt_tensor *dst, const pt_tensor *src)
 	return rv;
 }
 
+/* host_copy makes dst a contiguous host copy of src (host or device). */
 static pt_err host_copy(pt_tensor *dst, const pt_tensor *src)
 {
-	pt_err rv = pt_tensor_init(dst, src->dtype, src->ndim, src->shape);
+	pt_err rv;
+	if (src->storage->device.kind != PT_DEV_CPU && !pt_tensor_is_contiguous(src)) {
+		/* Device memory is read to the host only contiguous: pack it there first. */
+		pt_tensor packed;
+		PT_TRY(device_copy(&packed, src));
+		rv = host_copy(dst, &packed);
+		pt_tensor_fini(&packed);
+		return rv;
+	}
+	rv = pt_tensor_init(dst, src->dtype, src->ndim, src->shape);
 	if (rv == PT_OK)
 		rv = pt_tensor_read(src, pt_tensor_data(dst), pt_tensor_nbytes(dst));
 	if (rv != PT_OK)
