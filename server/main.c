@@ -104,10 +104,15 @@ int main(int argc, char **argv)
 	/* --device cuda:N on a machine (or build) without that GPU: say so now. */
 	{
 		pt_device dev;
-		if (pt_device_parse(cfg.device, &dev) != PT_OK ||
-		    pt_backend_check_device(dev) != PT_OK) {
+		if (pt_device_parse(cfg.device, &dev) != PT_OK) {
 			fprintf(stderr, "pipeserver: --device %s: %s\n", cfg.device,
 			        pt_last_error());
+			pt_server_config_fini(&cfg);
+			return 2;
+		}
+		/* The backend's message starts with the device: "cuda:0: no CUDA ...". */
+		if (pt_backend_check_device(dev) != PT_OK) {
+			fprintf(stderr, "pipeserver: --device %s\n", pt_last_error());
 			pt_server_config_fini(&cfg);
 			return 2;
 		}

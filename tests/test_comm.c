@@ -23,8 +23,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "backend.h"
 #include "comm.h"
 #include "fb.h"
+#include "nccl_comm.h"
 #include "pt_test.h"
 #include "sha256.h"
 
@@ -46,21 +48,40 @@ const char *__lsan_default_suppressions(void)
 
 /* ------------------------------------------------------------ factories -- */
 
-typedef enum impl_kind { IMPL_LOCAL, IMPL_NNG } impl_kind;
+typedef enum impl_kind { IMPL_LOCAL, IMPL_NNG, IMPL_NCCL } impl_kind;
 
 typedef struct impl {
 	const char *name;
 	impl_kind kind;
-	const char *scheme; /* nng: "tcp", "ipc", "inproc", "tls" */
+	const char
+	    *scheme; /* nng (and NCCL's control): "tcp", "ipc", "inproc", "tls"; NULL: local */
 	bool compress;
 	bool huge; /* run the 256 MiB case */
+	bool gpu;  /* NCCL: rank r on cuda:(r % devices); else every rank PT_CPU */
 } impl;
 
+/* test_comm runs the NCCL communicator with CPU ranks (every message on its
+ * control channel: trailers, I/O thread, sequence numbers, lost peers) where
+ * NCCL is built; test_nccl (this file with PT_TEST_NCCL_GPU) runs the same
+ * suite with ranks on CUDA devices and exits 77 without one. */
+#ifndef PT_TEST_NCCL_GPU
 static const impl impls[] = {
-    {"local", IMPL_LOCAL, NULL, false, true},   {"nng_tcp", IMPL_NNG, "tcp", false, true},
-    {"nng_ipc", IMPL_NNG, "ipc", false, false}, {"nng_inproc", IMPL_NNG, "inproc", false, false},
-    {"nng_lz4", IMPL_NNG, "tcp", true, false},  {"nng_tls", IMPL_NNG, "tls", false, false},
+    {"local", IMPL_LOCAL, NULL, false, true, false},
+    {"nng_tcp", IMPL_NNG, "tcp", false, true, false},
+    {"nng_ipc", IMPL_NNG, "ipc", false, false, false},
+    {"nng_inproc", IMPL_NNG, "inproc", false, false, false},
+    {"nng_lz4", IMPL_NNG, "tcp", true, false, false},
+    {"nng_tls", IMPL_NNG, "tls", false, false, false},
+    {"nccl_cpu", IMPL_NCCL, NULL, false, false, false},
+    {"nccl_cpu_tcp", IMPL_NCCL, "tcp", false, false, false},
 };
+#else
+static const impl impls[] = {
+    {"nccl_gpu_local", IMPL_NCCL, NULL, false, true, true},
+    {"nccl_gpu_tcp", IMPL_NCCL, "tcp", false, false, true},
+};
+#endif
+static int n_gpus; /* CUDA devices here (0 in builds without CUDA) */
 
 static const impl *cur;
 static char tls_dir[64]; /* holds cert.pem and certkey.pem when TLS is available */
@@ -115,17 +136,29 @@ static void nng_options(pt_nng_options *o, const group *g, int rank, char *url, 
 	o->listen_url = url;
 }
 
+/* nccl_wrap makes every rank's control communicator (in g->c) the control
+ * channel of an NCCL communicator. */
+static void nccl_wrap(group *g)
+{
+	pt_device devs[MAX_WORLD];
+	for (int r = 0; r < g->world; r++)
+		devs[r] = cur->gpu ? (pt_device){PT_DEV_CUDA, r % n_gpus} : PT_CPU;
+	PT_CHECK_OK(pt_nccl_comm_create_group(g->c, devs, g->world, TIMEOUT_MS));
+}
+
 /* group_make builds `world` connected ranks of the current implementation. */
 static void group_make(group *g, int world)
 {
 	memset(g, 0, sizeof(*g));
 	g->world = world;
-	if (cur->kind == IMPL_LOCAL) {
+	if (cur->kind == IMPL_LOCAL || (cur->kind == IMPL_NCCL && cur->scheme == NULL)) {
 		PT_CHECK_OK(pt_local_group_create(&g->lg, world));
 		for (int r = 0; r < world; r++)
 			PT_CHECK_OK(pt_local_comm_create(&g->c[r], g->lg, r));
 		for (int r = 0; r < world; r++)
 			g->c[r]->timeout_ms = TIMEOUT_MS;
+		if (cur->kind == IMPL_NCCL)
+			nccl_wrap(g);
 		return;
 	}
 	if (strcmp(cur->scheme, "ipc") == 0) {
@@ -144,6 +177,8 @@ static void group_make(group *g, int world)
 	}
 	for (int r = 0; r < world; r++)
 		PT_CHECK_OK(pt_nng_comm_connect(g->c[r], urls));
+	if (cur->kind == IMPL_NCCL)
+		nccl_wrap(g);
 }
 
 static void group_free(group *g)
@@ -1300,6 +1335,204 @@ static void test_comm_max_msg(void)
 	PT_CHECK_ERR(pt_nng_comm_create(&c[0], &o), PT_ERR_RANGE);
 }
 
+/* ------------------------------------------------------- NCCL-only test -- */
+
+/* device_tensor makes a device copy of host tensor h on dev. */
+static void device_tensor(pt_tensor *d, const pt_tensor *h, pt_device dev)
+{
+	pt_storage *st;
+	PT_CHECK_OK(pt_storage_create(&st, pt_tensor_nbytes(h), dev));
+	PT_CHECK_OK(pt_tensor_init_on(d, st, 0, h->dtype, h->ndim, h->shape));
+	pt_storage_release(st);
+	PT_CHECK_OK(pt_tensor_write(d, pt_tensor_data(h), pt_tensor_nbytes(h)));
+}
+
+/* on_host_equal checks that received tensor r lives on dev and equals h. */
+static void on_host_equal(const pt_tensor *r, pt_device dev, const pt_tensor *h)
+{
+	pt_tensor back;
+	CU_ASSERT_EQUAL(r->storage->device.kind, dev.kind);
+	CU_ASSERT_EQUAL(r->storage->device.index, dev.index);
+	CU_ASSERT(r->dtype == h->dtype && pt_tensor_same_shape(r, h));
+	PT_CHECK_OK(pt_tensor_init(&back, r->dtype, r->ndim, r->shape));
+	PT_CHECK_OK(pt_tensor_read(r, pt_tensor_data(&back), pt_tensor_nbytes(&back)));
+	CU_ASSERT(same_bytes(&back, h));
+	pt_tensor_fini(&back);
+}
+
+/* Device tensors arrive in device memory of the receiver's GPU (over NCCL
+ * between different GPUs, as a device copy to oneself), host tensors in host
+ * memory; strided device tensors arrive packed. */
+static void test_comm_device_tensors(void)
+{
+	group g;
+	pt_tensor h, d, v, hv;
+	pt_msg r;
+	const int64_t shape[2] = {33, 65};
+	pt_device dev0 = {PT_DEV_CUDA, 0}, dev1 = {PT_DEV_CUDA, 1 % (n_gpus ? n_gpus : 1)};
+
+	if (cur->kind != IMPL_NCCL || !cur->gpu) {
+		printf("(device tensors: GPU suites only) ");
+		return;
+	}
+	group_make(&g, 2);
+	make_tensor(&h, PT_F32, 2, shape, 77);
+	device_tensor(&d, &h, dev0);
+	PT_CHECK_OK(pt_comm_send_forward(g.c[0], 1, &d, 1, 0));
+	PT_CHECK_OK(pt_comm_send_forward(g.c[0], 0, &d, 2, 0));
+	PT_CHECK_OK(pt_comm_send_backward(g.c[0], 1, &h, 3, 0));
+	PT_CHECK_OK(pt_tensor_transpose(&v, &d, 0, 1));
+	PT_CHECK_OK(pt_tensor_transpose(&hv, &h, 0, 1));
+	PT_CHECK_OK(pt_comm_send_forward(g.c[0], 1, &v, 4, 0));
+
+	PT_CHECK_OK(pt_comm_recv_forward(g.c[1], 0, -1, &r));
+	CU_ASSERT_EQUAL(r.meta.step, 1);
+	on_host_equal(&r.tensor, dev1, &h);
+	pt_msg_fini(&r);
+	PT_CHECK_OK(pt_comm_recv_forward(g.c[0], 0, -1, &r));
+	CU_ASSERT_EQUAL(r.meta.step, 2);
+	CU_ASSERT(r.tensor.storage != d.storage); /* a copy, not a reference */
+	on_host_equal(&r.tensor, dev0, &h);
+	pt_msg_fini(&r);
+	/* The forward after the backward is received first. */
+	PT_CHECK_OK(pt_comm_recv_forward(g.c[1], 0, -1, &r));
+	CU_ASSERT_EQUAL(r.meta.step, 4);
+	CU_ASSERT(pt_tensor_is_contiguous(&r.tensor));
+	pt_tensor packed;
+	PT_CHECK_OK(pt_tensor_init(&packed, PT_F32, 2, hv.shape));
+	PT_CHECK_OK(pt_tensor_read(&hv, pt_tensor_data(&packed), pt_tensor_nbytes(&packed)));
+	on_host_equal(&r.tensor, dev1, &packed);
+	pt_tensor_fini(&packed);
+	pt_msg_fini(&r);
+	PT_CHECK_OK(pt_comm_recv_backward(g.c[1], 0, -1, &r));
+	CU_ASSERT_EQUAL(r.meta.step, 3);
+	on_host_equal(&r.tensor, PT_CPU, &h);
+	pt_msg_fini(&r);
+	pt_tensor_fini(&v);
+	pt_tensor_fini(&hv);
+	pt_tensor_fini(&d);
+	pt_tensor_fini(&h);
+	group_free(&g);
+}
+
+/* An NCCL trailer (lib/comm/nccl.c), written here independently: u32 magic
+ * "PTNC", u8 version, what (1 hello, 2 init, 3 data), route (0 none,
+ * 1 control, 2 NCCL device, 3 NCCL host, 4 self, 5 control from a device),
+ * dtype; i32 ndim, dev_kind, dev_index; u32 0; u64 seq; u64 nbytes;
+ * i64 shape[6]. */
+typedef struct fake_trailer {
+	uint8_t what, route, dtype;
+	int32_t ndim;
+	uint64_t seq, nbytes;
+	int64_t shape[6];
+	uint32_t magic;
+} fake_trailer;
+
+static void fake_nccl_send(pt_comm *raw, int dst, const fake_trailer *f, bool tensor)
+{
+	uint8_t b[88] = {0};
+	uint32_t magic = f->magic ? f->magic : 0x434e5450u;
+	int32_t zero = 0;
+	pt_msg m = {0};
+	memcpy(b, &magic, 4);
+	b[4] = 1;
+	b[5] = f->what;
+	b[6] = f->route;
+	b[7] = f->dtype;
+	memcpy(b + 8, &f->ndim, 4);
+	memcpy(b + 12, &zero, 4); /* hello: PT_DEV_CPU, index 0 */
+	memcpy(b + 24, &f->seq, 8);
+	memcpy(b + 32, &f->nbytes, 8);
+	memcpy(b + 40, f->shape, 48);
+	m.meta.kind = f->what == 3 ? PT_MSG_FORWARD : PT_MSG_COMMAND;
+	m.meta.tag = f->what == 3 ? 0 : 0x4e43434cu;
+	if (tensor) {
+		m.has_tensor = true;
+		make_f32(&m.tensor, 4, 0);
+	}
+	PT_CHECK_OK(pt_msg_set_blob(&m, b, sizeof(b)));
+	PT_CHECK_OK(pt_comm_send(raw, dst, &m));
+	pt_msg_fini(&m);
+}
+
+/* What the NCCL communicator receives is verified: a peer that is not an
+ * NCCL communicator fails creation; a bad trailer, a tensor that does not
+ * match it, a route this rank cannot take or a sequence gap is a
+ * PT_ERR_FORMAT for the receiver, and good messages still arrive after. */
+static void test_comm_nccl_verifies(void)
+{
+	pt_local_group *lg;
+	pt_comm *raw, *ctl, *nc = NULL, *c1 = NULL;
+	pt_msg r, m = {0};
+
+	if (cur->kind != IMPL_NCCL || cur->gpu) {
+		printf("(NCCL with CPU ranks only) ");
+		return;
+	}
+	/* A peer whose first message is no hello. */
+	PT_CHECK_OK(pt_local_group_create(&lg, 2));
+	PT_CHECK_OK(pt_local_comm_create(&raw, lg, 0));
+	PT_CHECK_OK(pt_local_comm_create(&ctl, lg, 1));
+	m.meta.kind = PT_MSG_COMMAND;
+	PT_CHECK_OK(pt_msg_set_blob(&m, "hello?", 6));
+	PT_CHECK_OK(pt_comm_send(raw, 1, &m));
+	pt_msg_fini(&m);
+	PT_CHECK_ERR_MSG(pt_nccl_comm_create(&nc, ctl, PT_CPU, 2000), PT_ERR_FORMAT, "rank 0");
+	CU_ASSERT_PTR_NULL(nc);
+	pt_comm_destroy(ctl); /* still ours after the failure */
+	pt_comm_destroy(raw);
+	pt_local_group_destroy(lg);
+
+	/* A fake peer that says hello (queued before rank 1 starts: local sends
+	 * never block), then sends bad and good messages. */
+	PT_CHECK_OK(pt_local_group_create(&lg, 2));
+	PT_CHECK_OK(pt_local_comm_create(&raw, lg, 0));
+	PT_CHECK_OK(pt_local_comm_create(&ctl, lg, 1));
+	fake_nccl_send(raw, 1, &(fake_trailer){.what = 1}, false);
+	PT_CHECK_OK(pt_nccl_comm_create(&c1, ctl, PT_CPU, TIMEOUT_MS));
+	PT_CHECK_OK(pt_comm_recv(raw, 1, PT_CH_CONTROL, TIMEOUT_MS, &r)); /* its hello */
+	pt_msg_fini(&r);
+	const struct {
+		fake_trailer f;
+		bool tensor;
+		const char *words;
+	} bad[] = {
+	    {{.what = 3, .magic = 0x12345678u}, false, "bad NCCL trailer"},
+	    {{.what = 9}, false, "trailer type"},
+	    {{.what = 3, .route = 1, .dtype = 200, .ndim = 1, .nbytes = 16, .shape = {4}},
+	     true,
+	     "dtype"},
+	    {{.what = 3, .route = 1, .ndim = 7}, true, "dims"},
+	    {{.what = 3, .route = 1, .ndim = 1, .nbytes = 20, .shape = {4}}, true, "bytes"},
+	    {{.what = 3, .route = 1, .ndim = 1, .nbytes = 12, .shape = {3}}, true, "differs"},
+	    {{.what = 3, .route = 0, .seq = 1}, true, "unannounced"},
+	    {{.what = 3, .route = 2, .ndim = 1, .nbytes = 16, .shape = {4}, .seq = 2},
+	     false,
+	     "without an NCCL communicator"},
+	    {{.what = 3, .route = 0, .seq = 7}, false, "sequence gap"},
+	};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		fake_nccl_send(raw, 1, &bad[i].f, bad[i].tensor);
+		PT_CHECK_ERR_MSG(pt_comm_recv(c1, 0, PT_CH_ANY, TIMEOUT_MS, &r), PT_ERR_FORMAT,
+		                 bad[i].words);
+	}
+	/* The gap message itself still arrives; then a good one with a tensor. */
+	PT_CHECK_OK(pt_comm_recv(c1, 0, PT_CH_ANY, TIMEOUT_MS, &r));
+	CU_ASSERT_EQUAL(r.meta.seq, 7);
+	pt_msg_fini(&r);
+	fake_nccl_send(
+	    raw, 1,
+	    &(fake_trailer){.what = 3, .route = 1, .ndim = 1, .nbytes = 16, .shape = {4}, .seq = 8},
+	    true);
+	PT_CHECK_OK(pt_comm_recv(c1, 0, PT_CH_FORWARD, TIMEOUT_MS, &r));
+	CU_ASSERT(r.has_tensor && r.tensor.shape[0] == 4 && r.blob == NULL && r.blob_len == 0);
+	pt_msg_fini(&r);
+	CU_ASSERT(pt_comm_get_stats(c1).errors >= 9);
+	pt_comm_destroy(c1);
+	pt_comm_destroy(raw);
+	pt_local_group_destroy(lg);
+}
+
 /* ------------------------------------------------------------- suites -- */
 
 typedef struct test_def {
@@ -1333,13 +1566,16 @@ static const test_def tests[] = {
     {"test_comm_wire_format", test_comm_wire_format, false},
     {"test_comm_lz4", test_comm_lz4, false},
     {"test_comm_max_msg", test_comm_max_msg, false},
+    {"test_comm_device_tensors", test_comm_device_tensors, false},
+    {"test_comm_nccl_verifies", test_comm_nccl_verifies, false},
 };
 
+#define N_IMPLS (sizeof(impls) / sizeof(impls[0]))
 #define SUITE_INIT(i)                                                                              \
 	static int suite_init_##i(void)                                                            \
 	{                                                                                          \
-		cur = &impls[i];                                                                   \
-		return 0;                                                                          \
+		cur = (i) < N_IMPLS ? &impls[(i) < N_IMPLS ? (i) : 0] : NULL;                      \
+		return cur ? 0 : 1;                                                                \
 	}
 SUITE_INIT(0)
 SUITE_INIT(1)
@@ -1347,9 +1583,11 @@ SUITE_INIT(2)
 SUITE_INIT(3)
 SUITE_INIT(4)
 SUITE_INIT(5)
-static int (*const suite_inits[])(void) = {suite_init_0, suite_init_1, suite_init_2,
-                                           suite_init_3, suite_init_4, suite_init_5};
-_Static_assert(sizeof(suite_inits) / sizeof(suite_inits[0]) == sizeof(impls) / sizeof(impls[0]),
+SUITE_INIT(6)
+SUITE_INIT(7)
+static int (*const suite_inits[])(void) = {suite_init_0, suite_init_1, suite_init_2, suite_init_3,
+                                           suite_init_4, suite_init_5, suite_init_6, suite_init_7};
+_Static_assert(sizeof(suite_inits) / sizeof(suite_inits[0]) >= sizeof(impls) / sizeof(impls[0]),
                "one init per implementation");
 
 /* make_tls_files writes a self-signed certificate for localhost with openssl. */
@@ -1395,10 +1633,47 @@ static bool wanted(const char *var, const char *name)
 	return want == NULL || *want == 0;
 }
 
+/* nccl_built tells whether this build has the NCCL communicator (the stub
+ * says "not supported" even for a rank without a GPU); why gets the reason. */
+static bool nccl_built(char *why, size_t cap)
+{
+	pt_local_group *lg;
+	pt_comm *ctl, *nc = NULL;
+	pt_err rv;
+	if (pt_local_group_create(&lg, 1) != PT_OK || pt_local_comm_create(&ctl, lg, 0) != PT_OK)
+		return false;
+	rv = pt_nccl_comm_create(&nc, ctl, PT_CPU, 1000);
+	snprintf(why, cap, "%s", rv == PT_OK ? "" : pt_last_error());
+	pt_comm_destroy(rv == PT_OK ? nc : ctl);
+	pt_local_group_destroy(lg);
+	return rv == PT_OK;
+}
+
 int main(void)
 {
 	unsigned failed;
+	char why[512];
+	bool have_nccl = nccl_built(why, sizeof(why));
 
+	if (pt_backend_device_count(PT_DEV_CUDA, &n_gpus) != PT_OK)
+		n_gpus = 0;
+#ifdef PT_TEST_NCCL_GPU
+	if (!have_nccl) {
+		printf("skip: %s\n", why);
+		return 77;
+	}
+	if (n_gpus < 1) {
+		printf("skip: the NCCL contract suite needs a CUDA device: %s\n", pt_last_error());
+		return 77;
+	}
+	printf("%d CUDA device(s): rank r runs on cuda:(r %% %d)%s\n", n_gpus, n_gpus,
+	       n_gpus < 2 ? "; with one device every tensor takes the control path (NCCL needs "
+	                    "two GPUs)"
+	                  : "");
+#else
+	if (!have_nccl)
+		printf("suites comm_nccl_cpu and comm_nccl_cpu_tcp skipped: %s\n", why);
+#endif
 	tls_ok = make_tls_files();
 	if (!tls_ok)
 		printf("openssl could not make a test certificate: suite comm_nng_tls skipped\n");
@@ -1408,7 +1683,8 @@ int main(void)
 		char name[64];
 		bool is_tls = impls[i].scheme && strcmp(impls[i].scheme, "tls") == 0;
 		snprintf(name, sizeof(name), "comm_%s", impls[i].name);
-		if ((is_tls && !tls_ok) || !wanted("PT_COMM_SUITES", name))
+		if ((is_tls && !tls_ok) || !wanted("PT_COMM_SUITES", name) ||
+		    (impls[i].kind == IMPL_NCCL && !have_nccl))
 			continue;
 		CU_pSuite s = CU_add_suite(name, suite_inits[i], NULL);
 		if (s == NULL)

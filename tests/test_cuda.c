@@ -10,17 +10,22 @@
  *
  * Without a CUDA device (or in a build without CUDA) the program prints
  * "skip: no CUDA device (...)" and exits 77, which meson reports as SKIP;
- * before that it checks that asking for cuda:0 fails with a clear message.
+ * before that it checks that asking for cuda:0 fails with a clear message,
+ * also from the real `pipeserver --device cuda:0` (exit code and stderr;
+ * with a GPU: that it starts). A failed check fails the program.
  * The NCCL communicator contract runs when NCCL is built and >= 2 devices
  * are present; otherwise that suite says why it skipped.
  */
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "backend.h"
-#include "nccl.h"
+#include "nccl_comm.h"
 #include "ops.h"
 #include "pt_test.h"
 #include "rng.h"
@@ -375,6 +380,97 @@ static const op_case cases[] = {
      1e-6},
 };
 
+/* Rows wider than a block (256 threads: the strided loops and the block
+ * reduction with every thread busy), more rows than a 16-bit grid, causal
+ * rows longer than a block, and a reduction that fills the 1024 partial
+ * blocks and loops. */
+enum { WIDE = 1000, LONG_T = 300, MANY = 70000 };
+static const op_case big_cases[] = {
+    {"softmax_fwd_wide", PT_OP_SOFTMAX_FWD, {F32(5, WIDE)}, {F32(5, WIDE)}, {{0}}, 1e-5},
+    {"softmax_bwd_wide",
+     PT_OP_SOFTMAX_BWD,
+     {F32(5, WIDE), F32(5, WIDE)},
+     {F32(5, WIDE)},
+     {{0}},
+     1e-5},
+    {"softmax_fwd_many_rows", PT_OP_SOFTMAX_FWD, {F32(MANY, 3)}, {F32(MANY, 3)}, {{0}}, 1e-5},
+    {"layernorm_fwd_wide",
+     PT_OP_LAYERNORM_FWD,
+     {F32(5, WIDE), F32(WIDE), F32(WIDE)},
+     {F32(5, WIDE), F32(5), F32(5)},
+     {.layernorm = {1e-5f, false}},
+     1e-4},
+    {"layernorm_bwd_wide",
+     PT_OP_LAYERNORM_BWD,
+     {F32(5, WIDE), F32(5, WIDE), F32(WIDE), F32(5), POS(5)},
+     {F32(5, WIDE), F32(WIDE), F32(WIDE)},
+     {.layernorm = {1e-5f, false}},
+     1e-4},
+    {"xent_fwd_wide",
+     PT_OP_XENT_FWD,
+     {F32(7, WIDE), TOK(WIDE, 7)},
+     {F32(7), F32(7, WIDE)},
+     {.xent = {.ignore_index = -100}},
+     1e-5},
+    {"attention_fwd_long",
+     PT_OP_ATTENTION_FWD,
+     {F32(1, LONG_T, 3 * 32)},
+     {F32(1, LONG_T, 32), F32(1, 2, LONG_T, LONG_T)},
+     {.attention = {2, false}},
+     1e-4},
+    {"attention_bwd_long",
+     PT_OP_ATTENTION_BWD,
+     {F32(1, LONG_T, 32), F32(1, LONG_T, 3 * 32), POS(1, 2, LONG_T, LONG_T)},
+     {F32(1, LONG_T, 3 * 32)},
+     {.attention = {2, false}},
+     1e-4},
+    {"squared_norm_3m",
+     PT_OP_SQNORM,
+     {F32(3000, 1000)},
+     {{.ndim = 1, .dt = PT_F64, .shape = {1}}},
+     {{0}},
+     1e-10},
+    {"scale_many_blocks", PT_OP_SCALE, {F32(MANY, 64)}, {F32(MANY, 64)}, {.scale = {3.0f}}, 1e-6},
+};
+
+static void test_cuda_large_shapes_match_cpu(void)
+{
+	for (size_t i = 0; i < sizeof(big_cases) / sizeof(big_cases[0]); i++)
+		run_case(&big_cases[i]);
+}
+
+/* More elements than an int holds: fill and scale 2^31 + 300 floats (two
+ * 8 GiB tensors) and check both ends and the middle; int indexing would
+ * wrap and write below the buffer. Skipped (saying so) when the device has
+ * no room. */
+static void test_cuda_beyond_2g_elements(void)
+{
+	const int64_t n = ((int64_t)1 << 31) + 300;
+	const int64_t at[] = {0, ((int64_t)1 << 31) - 1, (int64_t)1 << 31, n - 1};
+	pt_storage *s1 = NULL, *s2 = NULL;
+	pt_tensor x, y;
+	if (pt_storage_create(&s1, (size_t)n * 4, GPU) != PT_OK ||
+	    pt_storage_create(&s2, (size_t)n * 4, GPU) != PT_OK) {
+		printf("(skipped: no room for 2 x 8 GiB on cuda:0: %s) ", pt_last_error());
+		pt_storage_release(s1);
+		return;
+	}
+	PT_CHECK_OK(pt_tensor_init_on(&x, s1, 0, PT_F32, 1, &n));
+	PT_CHECK_OK(pt_tensor_init_on(&y, s2, 0, PT_F32, 1, &n));
+	pt_storage_release(s1);
+	pt_storage_release(s2);
+	PT_CHECK_OK(pt_fill(&x, 1.5));
+	PT_CHECK_OK(pt_scale(&y, &x, -2.0f));
+	for (size_t k = 0; k < sizeof(at) / sizeof(at[0]); k++) {
+		double vx = 0, vy = 0;
+		PT_CHECK_OK(pt_tensor_item(&x, at[k], &vx));
+		PT_CHECK_OK(pt_tensor_item(&y, at[k], &vy));
+		CU_ASSERT(vx == 1.5 && vy == -3.0);
+	}
+	pt_tensor_fini(&x);
+	pt_tensor_fini(&y);
+}
+
 static void test_cuda_every_op_matches_cpu(void)
 {
 	bool seen[PT_OP_COUNT] = {false};
@@ -433,6 +529,8 @@ static void test_cuda_mixed_devices_refused(void)
 
 static const pt_test_case cuda_tests[] = {
     {"test_cuda_every_op_matches_cpu", test_cuda_every_op_matches_cpu},
+    {"test_cuda_large_shapes_match_cpu", test_cuda_large_shapes_match_cpu},
+    {"test_cuda_beyond_2g_elements", test_cuda_beyond_2g_elements},
     {"test_cuda_strided_copy_matches_cpu", test_cuda_strided_copy_matches_cpu},
     {"test_cuda_bad_token_is_range_error", test_cuda_bad_token_is_range_error},
     {"test_cuda_mixed_devices_refused", test_cuda_mixed_devices_refused},
@@ -476,10 +574,68 @@ static const pt_test_case nccl_tests[] = {
     {NULL, NULL},
 };
 
+/* pipeserver_device runs the real `pipeserver --device cuda:0`. Without a
+ * device (or CUDA in the build) it must exit non-zero at start-up with
+ * "--device cuda:0: <reason>" on stderr; with one it must start (print its
+ * listening line) and stop on SIGTERM. Returns 0 when it behaved, 1 if not,
+ * 77 when the binary is not built. */
+static int pipeserver_device(bool have_gpu)
+{
+	char bin[4096], dir[256], out[4096] = {0};
+	int fds[2], st = 0;
+	size_t len = 0;
+	ssize_t k;
+	pid_t pid;
+	bool ok;
+
+	if (!pt_test_binary("../server/pipeserver", bin, sizeof(bin))) {
+		printf("pipeserver not built: --device check skipped\n");
+		return 77;
+	}
+	if (!pt_test_tmpdir("pt-cuda-server", dir, sizeof(dir)) || pipe(fds) != 0)
+		return 1;
+	if ((pid = fork()) == 0) {
+		dup2(fds[1], 1);
+		dup2(fds[1], 2);
+		close(fds[0]);
+		close(fds[1]);
+		execl(bin, bin, "--device", "cuda:0", "--listen", "tcp://127.0.0.1:0", "--data-dir",
+		      dir, (char *)NULL);
+		_exit(127);
+	}
+	close(fds[1]);
+	/* Without a GPU it exits and the pipe ends; with one, stop after its first line. */
+	while (len < sizeof(out) - 1 && (k = read(fds[0], out + len, sizeof(out) - 1 - len)) > 0) {
+		len += (size_t)k;
+		out[len] = 0;
+		if (have_gpu && strchr(out, '\n') != NULL)
+			break;
+	}
+	if (have_gpu)
+		kill(pid, SIGTERM);
+	close(fds[0]);
+	waitpid(pid, &st, 0);
+	if (have_gpu) {
+		ok = strstr(out, "pipeserver listening on") != NULL;
+		printf("pipeserver --device cuda:0 %s: %s", ok ? "started" : "did not start", out);
+	} else {
+		ok = WIFEXITED(st) && WEXITSTATUS(st) != 0 &&
+		     strstr(out, "--device cuda:0: ") != NULL &&
+		     (strstr(out, "no CUDA device") != NULL ||
+		      strstr(out, "no CUDA support") != NULL);
+		printf("pipeserver --device cuda:0 without a GPU: exit %d, said: %s",
+		       WIFEXITED(st) ? WEXITSTATUS(st) : -1, out);
+	}
+	return pt_test_tmpdir_done(dir, ok ? 0 : 1);
+}
+
 int main(void)
 {
 	int n = 0;
 	pt_err rv = pt_backend_device_count(PT_DEV_CUDA, &n);
+	int server_rc = pipeserver_device(rv == PT_OK && n >= 1);
+	if (server_rc == 1)
+		return 1;
 	if (rv != PT_OK || n < 1) {
 		char why[512];
 		snprintf(why, sizeof(why), "%s", pt_last_error());

@@ -64,7 +64,7 @@ pt_err pt_comm_send(pt_comm *c, int dst, pt_msg *m)
 	if (m->has_tensor) {
 		if (m->tensor.storage == NULL)
 			return pt_set_error(PT_ERR_INVALID, "message tensor has no storage");
-		if (m->tensor.storage->device.kind != PT_DEV_CPU)
+		if (m->tensor.storage->device.kind != PT_DEV_CPU && !c->ops->device_tensors)
 			return pt_set_error(PT_ERR_UNSUPPORTED,
 			                    "send of a device tensor (copy it to the CPU first)");
 		PT_TRY(pt_tensor_sync(&m->tensor));

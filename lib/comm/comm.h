@@ -95,6 +95,9 @@ typedef struct pt_comm_stats {
 
 typedef struct pt_comm_ops {
 	const char *name;
+	/* device_tensors: send accepts tensors in device memory (NCCL); the
+	 * others take CPU tensors only. */
+	bool device_tensors;
 	/* send: deliver m to dst. On success the communicator has taken what it
 	 * needs; m still belongs to the caller either way (pt_msg_fini it). A
 	 * local send shares the tensor's storage (a reference), so the sender
@@ -134,7 +137,8 @@ static inline int pt_comm_world(const pt_comm *c)
 /* Dispatch helpers (check rank ranges, fill meta.source/channel); the ops are
  * called only through them, so implementations may trust their arguments.
  * Sending to oneself is defined: the message lands in one's own mailbox.
- * A tensor to send must be a CPU tensor; pt_comm_send syncs it first (a
+ * A tensor to send must be a CPU tensor unless the communicator takes
+ * device tensors (ops->device_tensors: NCCL); pt_comm_send syncs it first (a
  * deferred op writing it is flushed). nng sends non-contiguous tensors packed;
  * receivers always get contiguous tensors. */
 pt_err pt_comm_send(pt_comm *c, int dst, pt_msg *m);

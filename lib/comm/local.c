@@ -35,7 +35,7 @@ typedef struct local_comm {
 	pthread_mutex_t send_mu; /* orders seq assignment with the push */
 	uint64_t *next_seq;      /* [dst] */
 	atomic_bool closed;
-	atomic_uint_fast64_t msgs_sent, msgs_recv, bytes_sent, bytes_recv, errors, timeouts;
+	pt_comm_counters n;
 } local_comm;
 
 static const pt_comm_ops local_ops;
@@ -182,14 +182,15 @@ static pt_err local_send(pt_comm *base, int dst, const pt_msg *m)
 	pthread_mutex_unlock(&c->send_mu);
 	if (rv != PT_OK) {
 		pt_msg_fini(&copy);
-		atomic_fetch_add(&c->errors, 1);
+		atomic_fetch_add(&c->n.errors, 1);
 		if (rv == PT_ERR_CLOSED)
 			return pt_set_error(rv, "rank %d: destination rank %d is closed",
 			                    base->rank, dst);
 		return rv;
 	}
-	atomic_fetch_add(&c->msgs_sent, 1);
-	atomic_fetch_add(&c->bytes_sent, bytes);
+	atomic_fetch_add(&c->n.msgs_sent, 1);
+	atomic_fetch_add(&c->n.bytes_sent, bytes);
+	atomic_fetch_add(&c->n.bytes_raw_sent, bytes);
 	return PT_OK;
 }
 
@@ -202,12 +203,12 @@ static pt_err local_recv(pt_comm *base, int src, pt_channel ch, int timeout_ms, 
 		return pt_set_error(PT_ERR_CLOSED, "rank %d's communicator is closed", base->rank);
 	rv = pt_mailbox_pop(c->g->boxes[base->rank], src, ch, timeout_ms, out);
 	if (rv == PT_OK) {
-		atomic_fetch_add(&c->msgs_recv, 1);
-		atomic_fetch_add(&c->bytes_recv,
+		atomic_fetch_add(&c->n.msgs_recv, 1);
+		atomic_fetch_add(&c->n.bytes_recv,
 		                 out->blob_len +
 		                     (out->has_tensor ? pt_tensor_nbytes(&out->tensor) : 0));
 	} else if (rv == PT_ERR_TIMEOUT) {
-		atomic_fetch_add(&c->timeouts, 1);
+		atomic_fetch_add(&c->n.timeouts, 1);
 	}
 	return rv;
 }
@@ -262,7 +263,7 @@ static pt_err local_barrier(pt_comm *base, int timeout_ms)
 		g->arrived--;
 	pthread_mutex_unlock(&g->mu);
 	if (rv == PT_ERR_TIMEOUT) {
-		atomic_fetch_add(&c->timeouts, 1);
+		atomic_fetch_add(&c->n.timeouts, 1);
 		return pt_set_error(rv, "rank %d: barrier not complete within %d ms", base->rank,
 		                    timeout_ms);
 	}
@@ -303,17 +304,7 @@ static void local_destroy(pt_comm *base)
 
 static pt_comm_stats local_stats(const pt_comm *base)
 {
-	local_comm *c = (local_comm *)base;
-	pt_comm_stats s = {
-	    .msgs_sent = atomic_load(&c->msgs_sent),
-	    .msgs_recv = atomic_load(&c->msgs_recv),
-	    .bytes_sent = atomic_load(&c->bytes_sent),
-	    .bytes_recv = atomic_load(&c->bytes_recv),
-	    .errors = atomic_load(&c->errors),
-	    .timeouts = atomic_load(&c->timeouts),
-	};
-	s.bytes_raw_sent = s.bytes_sent;
-	return s;
+	return pt_comm_counters_get(&((const local_comm *)base)->n);
 }
 
 static const pt_comm_ops local_ops = {

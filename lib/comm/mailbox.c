@@ -378,3 +378,17 @@ size_t pt_mailbox_pending(pt_mailbox *mb)
 	pthread_mutex_unlock(&mb->mu);
 	return n;
 }
+
+pt_comm_stats pt_comm_counters_get(const pt_comm_counters *k)
+{
+	pt_comm_stats s = {
+	    .msgs_sent = atomic_load(&k->msgs_sent),
+	    .msgs_recv = atomic_load(&k->msgs_recv),
+	    .bytes_sent = atomic_load(&k->bytes_sent),
+	    .bytes_recv = atomic_load(&k->bytes_recv),
+	    .bytes_raw_sent = atomic_load(&k->bytes_raw_sent),
+	    .errors = atomic_load(&k->errors),
+	    .timeouts = atomic_load(&k->timeouts),
+	};
+	return s;
+}

@@ -20,6 +20,7 @@
 #ifndef PT_MAILBOX_H
 #define PT_MAILBOX_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 
@@ -71,6 +72,17 @@ size_t pt_mailbox_pending(pt_mailbox *mb);
 /* pt_mailbox_drain frees every queued message and error now (memory back
  * early, e.g. when the owner is destroyed before the mailbox). */
 void pt_mailbox_drain(pt_mailbox *mb);
+
+/* pt_comm_counters are the counters of pt_comm_stats, kept by every
+ * communicator (atomic: any thread adds). Communicators that never compress
+ * add the same to bytes_sent and bytes_raw_sent. */
+typedef struct pt_comm_counters {
+	atomic_uint_fast64_t msgs_sent, msgs_recv, bytes_sent, bytes_recv, bytes_raw_sent, errors,
+	    timeouts;
+} pt_comm_counters;
+
+/* pt_comm_counters_get returns a snapshot of k. */
+pt_comm_stats pt_comm_counters_get(const pt_comm_counters *k);
 
 /* pt_now_ms returns the CLOCK_MONOTONIC time in milliseconds (the clock of
  * every communicator timeout). */

@@ -199,8 +199,7 @@ typedef struct nng_comm {
 	pthread_mutex_t self_mu; /* seq of messages to oneself */
 	uint64_t self_seq;
 
-	atomic_uint_fast64_t msgs_sent, msgs_recv, bytes_sent, bytes_recv, bytes_raw_sent, errors,
-	    timeouts;
+	pt_comm_counters n;
 } nng_comm;
 
 static const pt_comm_ops nng_ops;
@@ -607,9 +606,9 @@ static pt_err self_send(nng_comm *c, const pt_msg *m)
 		pt_msg_fini(&copy);
 		return rv;
 	}
-	atomic_fetch_add(&c->msgs_sent, 1);
-	atomic_fetch_add(&c->bytes_sent, raw + m->blob_len);
-	atomic_fetch_add(&c->bytes_raw_sent, raw + m->blob_len);
+	atomic_fetch_add(&c->n.msgs_sent, 1);
+	atomic_fetch_add(&c->n.bytes_sent, raw + m->blob_len);
+	atomic_fetch_add(&c->n.bytes_raw_sent, raw + m->blob_len);
 	return PT_OK;
 }
 
@@ -638,8 +637,8 @@ static pt_err send_locked(nng_comm *c, nng_peer *peer, out_msg *o, uint32_t inde
 	}
 	peer->next_seq += peer->skip + 1;
 	peer->skip = 0;
-	atomic_fetch_add(&c->bytes_sent, len);
-	atomic_fetch_add(&c->bytes_raw_sent, raw_bytes);
+	atomic_fetch_add(&c->n.bytes_sent, len);
+	atomic_fetch_add(&c->n.bytes_raw_sent, raw_bytes);
 	return PT_OK;
 }
 
@@ -660,7 +659,7 @@ static pt_err nng_comm_send(pt_comm *base, int dst, const pt_msg *m)
 		return pt_set_error(PT_ERR_STATE, "rank %d: send before pt_nng_comm_connect",
 		                    base->rank);
 	if (peer_lost(c, dst)) {
-		atomic_fetch_add(&c->errors, 1);
+		atomic_fetch_add(&c->n.errors, 1);
 		return pt_set_error(PT_ERR_CLOSED, "rank %d: peer rank %d is gone", base->rank,
 		                    dst);
 	}
@@ -686,10 +685,10 @@ static pt_err nng_comm_send(pt_comm *base, int dst, const pt_msg *m)
 done:
 	out_fini(&o);
 	if (rv != PT_OK) {
-		atomic_fetch_add(&c->errors, 1);
+		atomic_fetch_add(&c->n.errors, 1);
 		return rv;
 	}
-	atomic_fetch_add(&c->msgs_sent, 1);
+	atomic_fetch_add(&c->n.msgs_sent, 1);
 	return PT_OK;
 }
 
@@ -718,7 +717,7 @@ static pt_err nng_comm_recv(pt_comm *base, int src, pt_channel ch, int timeout_m
 		return pt_set_error(PT_ERR_CLOSED, "rank %d's communicator is closed", base->rank);
 	rv = pt_mailbox_pop(c->mb, src, ch, timeout_ms, out);
 	if (rv == PT_ERR_TIMEOUT)
-		atomic_fetch_add(&c->timeouts, 1);
+		atomic_fetch_add(&c->n.timeouts, 1);
 	return rv;
 }
 
@@ -929,7 +928,7 @@ static void deliver_error(nng_comm *c, int source, pt_err err)
 	char text[512];
 
 	snprintf(text, sizeof(text), "%s", pt_last_error());
-	atomic_fetch_add(&c->errors, 1);
+	atomic_fetch_add(&c->n.errors, 1);
 	pt_warn("rank %d: %s", c->base.rank, text);
 	pt_mailbox_push_error(c->mb, source, err, text);
 }
@@ -1054,7 +1053,7 @@ static void io_handle(nng_comm *c, nng_msg *msg)
 	pt_msg m;
 	pt_err rv = PT_OK;
 
-	atomic_fetch_add(&c->bytes_recv, len);
+	atomic_fetch_add(&c->n.bytes_recv, len);
 	if (((uintptr_t)body & 3) != 0) { /* never seen with nng 1.5; stay correct */
 		if ((copy = alloc_payload(len)) == NULL) {
 			deliver_error(c, pipe_rank,
@@ -1139,7 +1138,7 @@ static void io_handle(nng_comm *c, nng_msg *msg)
 	if (pt_mailbox_push(c->mb, &m) != PT_OK)
 		pt_msg_fini(&m); /* closed: nobody will receive it */
 	else
-		atomic_fetch_add(&c->msgs_recv, 1);
+		atomic_fetch_add(&c->n.msgs_recv, 1);
 done:
 	free(copy);
 	if (msg)
@@ -1256,7 +1255,7 @@ static pt_err bar_wait_locked(nng_comm *c, uint64_t gen, const struct timespec *
 			                    "rank %d: barrier abandoned, rank %d is gone",
 			                    c->base.rank, lost);
 		if (pthread_cond_timedwait(&c->bar_cv, &c->bar_mu, deadline) != 0) {
-			atomic_fetch_add(&c->timeouts, 1);
+			atomic_fetch_add(&c->n.timeouts, 1);
 			return pt_set_error(PT_ERR_TIMEOUT,
 			                    "rank %d: barrier %llu not complete within %d ms",
 			                    c->base.rank, (unsigned long long)gen, timeout_ms);
@@ -1370,17 +1369,7 @@ static void nng_comm_destroy(pt_comm *base)
 
 static pt_comm_stats nng_comm_stats(const pt_comm *base)
 {
-	const nng_comm *c = (const nng_comm *)base;
-	pt_comm_stats s = {
-	    .msgs_sent = atomic_load(&c->msgs_sent),
-	    .msgs_recv = atomic_load(&c->msgs_recv),
-	    .bytes_sent = atomic_load(&c->bytes_sent),
-	    .bytes_recv = atomic_load(&c->bytes_recv),
-	    .bytes_raw_sent = atomic_load(&c->bytes_raw_sent),
-	    .errors = atomic_load(&c->errors),
-	    .timeouts = atomic_load(&c->timeouts),
-	};
-	return s;
+	return pt_comm_counters_get(&((const nng_comm *)base)->n);
 }
 
 static const pt_comm_ops nng_ops = {

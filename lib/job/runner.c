@@ -20,8 +20,16 @@
  * flat f32 tensor per stage, "stage<s>.state" (s = 0..p-1: parameters then
  * optimizer state, as pt_coordinator_get_state gives it), with metadata
  * format, schema_version, job, step, optimizer_steps (per stage, comma
- * separated), stages and boundaries. Limits: only the CPU device; a lost
- * worker ends the run with an error (no re-placement yet).
+ * separated), stages and boundaries.
+ *
+ * Device cuda:N (in-process stages only): the stages' communicators become
+ * NCCL communicators (nccl_comm.h) over the local ones, stage s on
+ * cuda:((N + s - 1) mod devices) and the coordinator on the CPU, so tensors
+ * between stages on different GPUs travel over NCCL. Limits: the stages
+ * still compute on the CPU (lib/pipeline has no device placement yet), so
+ * what NCCL carries are host tensors staged through device memory; jobs on
+ * placement.workers with a CUDA device are refused; a lost worker ends the
+ * run with an error (no re-placement yet).
  */
 #include <dirent.h>
 #include <errno.h>
@@ -34,10 +42,12 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "backend.h"
 #include "batch.h"
 #include "checkpoint.h"
 #include "fileio.h"
 #include "job.h"
+#include "nccl_comm.h"
 #include "runtime.h"
 #include "safetensors.h"
 #include "tokens.h"
@@ -224,6 +234,21 @@ static pt_err models_up(runner *r)
 	return pt_trainer_create(&r->eval, r->full, NULL, s->loss, s->ignore_index);
 }
 
+/* nccl_up makes every rank's local communicator the control channel of an
+ * NCCL communicator: the coordinator on the CPU, stage s on
+ * cuda:((dev + s - 1) mod devices). */
+static pt_err nccl_up(runner *r, pt_device dev)
+{
+	pt_device devs[PT_MAX_STAGES + 1];
+	int n = 0;
+
+	PT_TRY(pt_backend_device_count(PT_DEV_CUDA, &n));
+	devs[0] = PT_CPU;
+	for (int i = 1; i <= r->p; i++)
+		devs[i] = (pt_device){PT_DEV_CUDA, (dev.index + i - 1) % n};
+	return pt_nccl_comm_create_group(r->comms, devs, r->p + 1, -1);
+}
+
 static pt_err pipeline_up(runner *r)
 {
 	const pt_job_spec *s = r->s;
@@ -237,7 +262,15 @@ static pt_err pipeline_up(runner *r)
 	                         .output = pt_model_output_shape(r->full)};
 
 	pt_stage_config configs[PT_MAX_STAGES];
+	pt_device dev = PT_CPU;
 
+	if (s->device != NULL)
+		PT_TRY(pt_device_parse(s->device, &dev));
+	if (dev.kind == PT_DEV_CUDA && s->n_workers > 0)
+		return pt_set_error(PT_ERR_UNSUPPORTED,
+		                    "device %s with placement.workers: not supported yet (the "
+		                    "workers' communicators are nng)",
+		                    s->device);
 	if (s->n_workers > 0) {
 		pt_job_workers_options wo = {.urls = (const char *const *)s->workers,
 		                             .n = s->n_workers,
@@ -250,6 +283,8 @@ static pt_err pipeline_up(runner *r)
 		PT_TRY(pt_local_group_create(&r->g, r->p + 1));
 		for (int i = 0; i <= r->p; i++)
 			PT_TRY(pt_local_comm_create(&r->comms[i], r->g, i));
+		if (dev.kind == PT_DEV_CUDA)
+			PT_TRY(nccl_up(r, dev));
 	}
 	for (int st = 1; st <= r->p; st++) {
 		pt_stage_config c = {.layers = s->layers,

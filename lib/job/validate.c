@@ -10,6 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "backend.h"
 #include "batch.h"
 #include "job.h"
 #include "job_internal.h"
@@ -250,7 +251,8 @@ static pt_err validate_tokens(const pt_job_spec *s, const char *root)
 	return rv;
 }
 
-/* validate_device accepts "cpu" and "cuda:N"; CUDA is refused in this build. */
+/* validate_device accepts "cpu", and "cuda:N" when that device is here
+ * (lib/backend says why not: no such device, or a build without CUDA). */
 static pt_err validate_device(const char *dev)
 {
 	const char *p;
@@ -268,8 +270,12 @@ static pt_err validate_device(const char *dev)
 		return pt_set_error(PT_ERR_INVALID,
 		                    "device: \"%s\" (expected \"cuda:N\" with N a device number)",
 		                    dev);
-	return pt_set_error(PT_ERR_UNSUPPORTED, "device: %s is not available (built without CUDA)",
-	                    dev);
+	if (pt_backend_check_device((pt_device){PT_DEV_CUDA, (int)n}) != PT_OK) {
+		char why[400];
+		snprintf(why, sizeof(why), "%s", pt_last_error());
+		return pt_set_error(PT_ERR_UNSUPPORTED, "device: %s", why);
+	}
+	return PT_OK;
 }
 
 pt_err pt_job_spec_validate(const pt_job_spec *s, const char *files_root)

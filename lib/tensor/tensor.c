@@ -447,8 +447,16 @@ pt_err pt_tensor_item(const pt_tensor *t, int64_t index, double *out)
 		off += (rem % t->shape[d]) * t->strides[d];
 		rem /= t->shape[d];
 	}
-	*out = element_as_double(t->dtype, (const char *)t->storage->data +
-	                                       off * (int64_t)pt_dtype_size(t->dtype));
+	const char *p = (const char *)t->storage->data + off * (int64_t)pt_dtype_size(t->dtype);
+	if (t->storage->device.kind != PT_DEV_CPU) {
+		/* Device memory is not host-readable: fetch the one element. */
+		char buf[8];
+		PT_TRY(
+		    pt_backend_copy(buf, PT_CPU, p, t->storage->device, pt_dtype_size(t->dtype)));
+		*out = element_as_double(t->dtype, buf);
+		return PT_OK;
+	}
+	*out = element_as_double(t->dtype, p);
 	return PT_OK;
 }
 
@@ -563,6 +571,9 @@ pt_err pt_tensor_convert(pt_tensor *dst, const pt_tensor *src)
 		return pt_set_error(PT_ERR_SHAPE, "convert between different shapes");
 	if (!pt_tensor_is_contiguous(dst) || !pt_tensor_is_contiguous(src))
 		return pt_set_error(PT_ERR_INVALID, "convert needs contiguous tensors");
+	if (dst->storage->device.kind != PT_DEV_CPU || src->storage->device.kind != PT_DEV_CPU)
+		return pt_set_error(PT_ERR_UNSUPPORTED,
+		                    "convert of a device tensor (a host loop; copy it to the CPU)");
 	PT_TRY(pt_tensor_sync(src));
 	/* A host write: queued ops writing dst must run first, or they would win. */
 	if (pt_tensor_state(dst) == PT_PENDING)

@@ -286,9 +286,12 @@ extern "C" int ptc_check_index(int dev, const int64_t *idx, int64_t n, int64_t l
 		goto out;
 	k_check_index<<<ptc_blocks(n, THREADS), THREADS, 0, s>>>(idx, n, limit, use_ignore, ignore,
 	                                                         first);
-	if (cudaGetLastError() != cudaSuccess) {
-		rc = ptc_fail("index check kernel", "launch failed");
-		goto out;
+	{
+		cudaError_t e = cudaGetLastError();
+		if (e != cudaSuccess) {
+			rc = ptc_cuda_fail("index check kernel", e);
+			goto out;
+		}
 	}
 	if ((rc = ptc_memcpy(dev, &host, first, sizeof(host), PTC_D2H)) != 0)
 		goto out;

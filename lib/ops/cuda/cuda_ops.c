@@ -40,10 +40,28 @@ static int64_t nrows(const pt_tensor *t)
 
 static pt_err cuda_fill(const pt_op_call *c, void *ws)
 {
-	static const int kinds[PT_DTYPE_COUNT] = {
-	    [PT_F32] = PTC_F32, [PT_F64] = PTC_F64, [PT_I32] = PTC_I32, [PT_I64] = PTC_I64};
 	pt_tensor *o = c->out[0];
-	return check(c, ptc_fill(DEV, pt_tensor_data(o), NUM(o), kinds[o->dtype], c->p.fill.value));
+	int kind;
+	/* An explicit map: a table defaulting to 0 (= PTC_F32) would write 4-byte
+	 * floats over a 2-byte tensor if meta ever let another dtype through. */
+	switch (o->dtype) {
+	case PT_F32:
+		kind = PTC_F32;
+		break;
+	case PT_F64:
+		kind = PTC_F64;
+		break;
+	case PT_I32:
+		kind = PTC_I32;
+		break;
+	case PT_I64:
+		kind = PTC_I64;
+		break;
+	default:
+		return pt_set_error(PT_ERR_DTYPE, "fill on cuda:%d: %s", DEV,
+		                    pt_dtype_name(o->dtype));
+	}
+	return check(c, ptc_fill(DEV, pt_tensor_data(o), NUM(o), kind, c->p.fill.value));
 }
 
 static pt_err cuda_copy(const pt_op_call *c, void *ws)

@@ -59,17 +59,27 @@ static int init_device(int dev, ptc_device_state *d)
 	cudaMemPool_t pool;
 	uint64_t keep = UINT64_MAX;
 	cublasStatus_t bs;
+	cudaError_t e;
 	PTC_CUDA(cudaStreamCreateWithFlags(&d->stream, cudaStreamNonBlocking));
-	PTC_CUDA(cudaDeviceGetDefaultMemPool(&pool, dev));
-	PTC_CUDA(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
+	if ((e = cudaDeviceGetDefaultMemPool(&pool, dev)) != cudaSuccess ||
+	    (e = cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep)) !=
+	        cudaSuccess) {
+		cudaStreamDestroy(d->stream);
+		return ptc_cuda_fail("default memory pool", e);
+	}
 	if ((bs = cublasCreate(&d->blas)) != CUBLAS_STATUS_SUCCESS) {
 		cudaStreamDestroy(d->stream);
 		return ptc_blas_fail("cublasCreate", bs);
 	}
-	/* FP32 everywhere: results are compared with the CPU reference. */
-	cublasSetMathMode(d->blas, CUBLAS_DEFAULT_MATH);
-	cublasSetStream(d->blas, d->stream);
-	d->ready = true;
+	/* FP32 everywhere (no TF32): results are compared with the CPU reference. */
+	if ((bs = cublasSetMathMode(d->blas, CUBLAS_DEFAULT_MATH)) != CUBLAS_STATUS_SUCCESS ||
+	    (bs = cublasSetStream(d->blas, d->stream)) != CUBLAS_STATUS_SUCCESS) {
+		cublasDestroy(d->blas);
+		cudaStreamDestroy(d->stream);
+		return ptc_blas_fail("cuBLAS set-up", bs);
+	}
+	/* Published last, with release order: state_of reads it without the lock. */
+	__atomic_store_n(&d->ready, true, __ATOMIC_RELEASE);
 	return 0;
 }
 
