@@ -331,6 +331,82 @@ static int free_port(void)
 	return port;
 }
 
+/* sample returns the value of the sample line that starts with `series `
+ * (name and labels exactly), or -1 when there is none. */
+static double sample(const char *text, const char *series)
+{
+	size_t n = strlen(series);
+
+	for (const char *p = text; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL)
+		if (strncmp(p, series, n) == 0 && p[n] == ' ')
+			return strtod(p + n + 1, NULL);
+	return -1;
+}
+
+/* count_prefix counts lines that start with prefix. */
+static int count_prefix(const char *text, const char *prefix)
+{
+	int n = 0;
+
+	for (const char *p = text; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL)
+		n += strncmp(p, prefix, strlen(prefix)) == 0;
+	return n;
+}
+
+/* check_comm_series checks the communicator series of the running 4-stage job
+ * (in-process stages: the coordinator and every stage report): one row per
+ * rank (and direction), the exact label sets, and counts that a job past step
+ * 3 must have. */
+static void check_comm_series(const char *body)
+{
+	static const char *const ranks[] = {"coordinator", "0", "1", "2", "3"};
+	static const char *const dirs[] = {"sent", "received"};
+	char series[256];
+
+	CU_ASSERT_PTR_NOT_NULL(strstr(body, "# TYPE pipetrain_comm_messages_total counter\n"));
+	CU_ASSERT_PTR_NOT_NULL(strstr(body, "# TYPE pipetrain_comm_compression_ratio gauge\n"));
+	CU_ASSERT_EQUAL(count_prefix(body, "pipetrain_comm_messages_total{"), 10);
+	CU_ASSERT_EQUAL(count_prefix(body, "pipetrain_comm_bytes_total{"), 10);
+	CU_ASSERT_EQUAL(count_prefix(body, "pipetrain_comm_errors_total{"), 5);
+	CU_ASSERT_EQUAL(count_prefix(body, "pipetrain_comm_timeouts_total{"), 5);
+	CU_ASSERT_EQUAL(count_prefix(body, "pipetrain_comm_reconnects_total{"), 5);
+	CU_ASSERT_EQUAL(count_prefix(body, "pipetrain_comm_compression_ratio{"), 5);
+	for (size_t r = 0; r < 5; r++) {
+		for (size_t d = 0; d < 2; d++) {
+			snprintf(series, sizeof(series),
+			         "pipetrain_comm_messages_total{job_id=\"%llu\",stage=\"%s\","
+			         "direction=\"%s\"}",
+			         (unsigned long long)job_id, ranks[r], dirs[d]);
+			/* 3 steps x 4 microbatches, forward and backward, at least. */
+			if (!(sample(body, series) >= 12))
+				fprintf(stderr, "%s: %g\n", series, sample(body, series));
+			CU_ASSERT(sample(body, series) >= 12);
+			snprintf(series, sizeof(series),
+			         "pipetrain_comm_bytes_total{job_id=\"%llu\",stage=\"%s\","
+			         "direction=\"%s\"}",
+			         (unsigned long long)job_id, ranks[r], dirs[d]);
+			CU_ASSERT(sample(body, series) > 0);
+		}
+		snprintf(series, sizeof(series),
+		         "pipetrain_comm_errors_total{job_id=\"%llu\",stage=\"%s\"}",
+		         (unsigned long long)job_id, ranks[r]);
+		CU_ASSERT_EQUAL(sample(body, series), 0);
+		snprintf(series, sizeof(series),
+		         "pipetrain_comm_timeouts_total{job_id=\"%llu\",stage=\"%s\"}",
+		         (unsigned long long)job_id, ranks[r]);
+		CU_ASSERT_EQUAL(sample(body, series), 0);
+		snprintf(series, sizeof(series),
+		         "pipetrain_comm_reconnects_total{job_id=\"%llu\",stage=\"%s\"}",
+		         (unsigned long long)job_id, ranks[r]);
+		CU_ASSERT_EQUAL(sample(body, series), 0);
+		/* In-process stages share tensors: nothing is compressed. */
+		snprintf(series, sizeof(series),
+		         "pipetrain_comm_compression_ratio{job_id=\"%llu\",stage=\"%s\"}",
+		         (unsigned long long)job_id, ranks[r]);
+		CU_ASSERT_EQUAL(sample(body, series), 1);
+	}
+}
+
 /* ----------------------------------------------------------- the tests -- */
 
 static void test_http_metrics(void)
@@ -354,6 +430,7 @@ static void test_http_metrics(void)
 	CU_ASSERT_PTR_NOT_NULL(strstr(body, "pipetrain_stage_busy_seconds_total{job_id="));
 	CU_ASSERT_PTR_NOT_NULL(strstr(body, ",stage=\"3\"}"));
 	CU_ASSERT_EQUAL(check_exposition(body), 0);
+	check_comm_series(body);
 
 	snprintf(path, sizeof(path), "%s/metrics.txt", tmpdir);
 	if ((f = fopen(path, "w")) != NULL) {
