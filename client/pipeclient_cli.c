@@ -40,7 +40,8 @@ static const char usage_text[] =
     "  submit FILE [--follow]          submit a job file (JSON text or FlatBuffers binary\n"
     "                                  of a JobSpec, whatever its name); print the job id;\n"
     "                                  --follow: then watch it until it ends\n"
-    "  status JOB                      state, progress and latest metrics of a job\n"
+    "  status JOB                      state, progress and latest metrics of a job, the\n"
+    "                                  bubble fraction and per-stage busy time and traffic\n"
     "  list                            every job the server knows\n"
     "  cancel JOB                      stop a job\n"
     "  watch JOB                       loss lines until the job ends (a progress bar with\n"
@@ -497,20 +498,79 @@ static int cmd_submit(cli *a, const char *file)
 	return a->follow ? follow(a, id) : EXIT_OK;
 }
 
+static void json_stages(FILE *f, const pipeclient_stage *st, size_t n)
+{
+	fputs("[", f);
+	for (size_t i = 0; i < n; i++) {
+		fprintf(f, "%s{\"stage\":%d,\"busy_seconds\":", i ? "," : "", st[i].stage);
+		json_num(f, st[i].busy_seconds);
+		fprintf(f,
+		        ",\"has_comm\":%s,\"messages_sent\":%" PRIu64
+		        ",\"messages_received\":%" PRIu64 ",\"bytes_sent\":%" PRIu64
+		        ",\"bytes_received\":%" PRIu64 ",\"bytes_raw_sent\":%" PRIu64
+		        ",\"errors\":%" PRIu64 ",\"timeouts\":%" PRIu64 ",\"reconnects\":%" PRIu64
+		        "}",
+		        st[i].has_comm ? "true" : "false", st[i].messages_sent,
+		        st[i].messages_received, st[i].bytes_sent, st[i].bytes_received,
+		        st[i].bytes_raw_sent, st[i].errors, st[i].timeouts, st[i].reconnects);
+	}
+	fputs("]", f);
+}
+
+/* print_stages writes the bubble of the last step and a line per rank:
+ * "  stage 2: busy 1.234567 s; 480 messages sent (1.5 MiB), 480 received (0.9 MiB)". */
+static void print_stages(const pipeclient_job *j, const pipeclient_stage *st, size_t n)
+{
+	if (j->has_last && isfinite(j->last.bubble))
+		printf("  bubble fraction %.3f (idle share of stage time in step %" PRId64 ")\n",
+		       j->last.bubble, j->last.step);
+	for (size_t i = 0; i < n; i++) {
+		if (st[i].stage < 0)
+			printf("  coordinator:");
+		else
+			printf("  stage %d: busy %.6f s", st[i].stage, st[i].busy_seconds);
+		if (!st[i].has_comm) {
+			printf("%s\n",
+			       st[i].stage < 0 ? " no counters" : "; counters on its worker");
+			continue;
+		}
+		printf("%s %" PRIu64 " messages sent (%.1f MiB), %" PRIu64 " received (%.1f MiB)",
+		       st[i].stage < 0 ? "" : ";", st[i].messages_sent,
+		       st[i].bytes_sent / 1048576.0, st[i].messages_received,
+		       st[i].bytes_received / 1048576.0);
+		if (st[i].bytes_sent > 0 && st[i].bytes_raw_sent != st[i].bytes_sent)
+			printf(", lz4 %.2fx", (double)st[i].bytes_raw_sent / st[i].bytes_sent);
+		if (st[i].errors || st[i].timeouts || st[i].reconnects)
+			printf(", %" PRIu64 " errors, %" PRIu64 " timeouts, %" PRIu64 " reconnects",
+			       st[i].errors, st[i].timeouts, st[i].reconnects);
+		printf("\n");
+	}
+}
+
 static int cmd_status(cli *a, uint64_t id)
 {
 	pipeclient_job j;
+	pipeclient_stage *st = NULL;
+	size_t n = 0;
 	pipeclient_err e;
 
 	if ((e = pipeclient_get(a->c, id, &j)) != PIPECLIENT_OK)
 		return report(a, e);
+	if ((e = pipeclient_stages(a->c, id, &st, &n)) != PIPECLIENT_OK) {
+		pipeclient_job_fini(&j);
+		return report(a, e);
+	}
 	if (a->json) {
 		fputc('{', stdout);
 		json_job_fields(stdout, &j);
+		fputs(",\"stages\":", stdout);
+		json_stages(stdout, st, n);
 		fputs("}\n", stdout);
 	} else {
 		print_job_text(&j);
+		print_stages(&j, st, n);
 	}
+	free(st);
 	pipeclient_job_fini(&j);
 	return EXIT_OK;
 }
