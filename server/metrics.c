@@ -11,10 +11,10 @@
 
 #include <inttypes.h>
 #include <math.h>
-#include <stddef.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -226,8 +226,6 @@ static bool is_live(const pt_metrics *m, const pt_api_job_info *j, double now)
 
 /* ------------------------------------------------------------- render -- */
 
-typedef pt_api_job_info live_job;
-
 static void family(pt_metrics_buf *b, const char *name, const char *type, const char *help)
 {
 	pt_metrics_buf_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
@@ -309,7 +307,7 @@ static void comm_labels(pt_metrics_buf *b, const char *name, uint64_t job,
 
 /* render_comm appends the communicator series of ranks that reported them
  * (a stage on a worker process keeps its counters there). */
-static pt_err render_comm(pt_metrics_buf *b, const live_job *live, size_t n_live)
+static pt_err render_comm(pt_metrics_buf *b, const pt_api_job_info *live, size_t n_live)
 {
 	pt_api_stage_stats st;
 
@@ -359,7 +357,7 @@ pt_err pt_metrics_render(pt_metrics *m, pt_metrics_buf *b)
 #undef CN
 	};
 	pt_api_response r;
-	live_job *live = NULL;
+	pt_api_job_info *live = NULL;
 	size_t n_live = 0;
 	int by_state[PT_JOB_STATE_COUNT] = {0};
 	double now = now_unix();
