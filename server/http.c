@@ -313,6 +313,8 @@ static const struct {
 static void *loop_main(void *arg)
 {
 	pt_http *h = arg;
+	/* A name for top -H and for http_bench, which charges its CPU time. */
+	pthread_setname_np(pthread_self(), "pt-http");
 	event_base_dispatch(h->base);
 	return NULL;
 }
