@@ -2,18 +2,33 @@
  *
  * Spawns the real pipeserver (build/server/pipeserver) with --http on
  * loopback and trains examples/digits.json (4 stages):
- *   bench metrics_scrape_ms  median time of one /metrics scrape while the job
- *                            trains (20 scrapes)
- *   bench scrape_slowdown    throughput lost, in percent, when /metrics is
- *                            scraped every second: jobs of the same length
- *                            run alternately without and with scraping
- *                            (ROUNDS each); best of each is compared. Noise of
- *                            a percent or so is normal on a small machine.
+ *   bench metrics_scrape_ms  median time of one /metrics scrape while a job
+ *                            trains (20 scrapes, 50 ms apart)
+ *   bench scrape_slowdown    throughput lost, as a fraction (0.01 = 1 %), when
+ *                            a scraper fetches /metrics every second. One long
+ *                            job trains; after WARMUP_S it runs PAIRS pairs of
+ *                            WINDOW_S-second windows, one plain and one with
+ *                            the scraper on, the order alternating from pair
+ *                            to pair (AB BA AB ...) so a drift of the machine
+ *                            favours neither arm. A window's throughput is the
+ *                            steps between the job's latest points at its
+ *                            start and end over their server-clock time; the
+ *                            figure is the median of the pairs'
+ *                            1 - scraped / plain.
+ *   bench scrape_cpu_share   CPU time of the server's HTTP thread (named
+ *                            pt-http) over the CPU time of the rest of the
+ *                            server, in the scraped windows: what scraping
+ *                            takes from training when training is CPU-bound.
+ * On a quiet machine the two agree within noise. Where other processes
+ * share the 2 cores, single windows swing by tens of percent and the
+ * slowdown's median only bounds the cost roughly ("#" lines give every pair
+ * and the quartiles); the CPU share does not depend on them.
  */
 #include "api/api.h"
 #include "job/job.h"
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <limits.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -27,9 +42,12 @@
 
 #include <nng/nng.h>
 #include <nng/protocol/reqrep0/req.h>
+#include <pthread.h>
+#include <stdatomic.h>
 
-#define ROUNDS 3
-#define STEPS  1500
+#define PAIRS    12
+#define WINDOW_S 5 /* seconds per arm of a pair */
+#define WARMUP_S 3 /* training before the first window */
 
 static nng_socket api;
 static pt_fb_builder fbb;
@@ -97,7 +115,7 @@ static int rpc(pt_api_request *q, pt_api_response *r, nng_msg **m)
 /* scrape fetches /metrics once; returns seconds, or -1. */
 static double scrape(void)
 {
-	static char buf[1 << 16];
+	char buf[1 << 16];
 	static const char req[] = "GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n";
 	struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)http_port)};
 	double t0 = now_s();
@@ -117,62 +135,211 @@ static double scrape(void)
 	return ok ? now_s() - t0 : -1;
 }
 
-/* run_job trains STEPS steps; scraping every second when asked. Returns
- * steps per second of the job's running time (server clock), or -1. */
-static double run_job(const pt_job_spec *spec, bool scraping, double *scrape_ms)
-{
-	pt_api_request q;
-	pt_api_response r;
-	pt_api_job_info ji;
-	nng_msg *m = NULL;
-	uint64_t job;
-	double next = now_s() + 1, tput = -1;
-	double times[64];
-	int n_times = 0;
-
-	pt_api_request_init(&q, PT_API_SUBMIT_JOB);
-	q.spec = spec;
-	if (rpc(&q, &r, &m) != 0 || r.code != PT_API_OK)
-		return -1;
-	job = r.job;
-	nng_msg_free(m);
-	for (;;) {
-		usleep(20000);
-		if (scraping && now_s() >= next) {
-			double t = scrape();
-			if (t >= 0 && n_times < 64)
-				times[n_times++] = t;
-			next += 1;
-		}
-		pt_api_request_init(&q, PT_API_GET_JOB);
-		q.job = job;
-		m = NULL;
-		if (rpc(&q, &r, &m) != 0 || pt_api_response_job(&r, 0, &ji) != PT_OK) {
-			if (m)
-				nng_msg_free(m);
-			return -1;
-		}
-		if (pt_api_job_state_final(ji.state)) {
-			if (ji.state == PT_JOB_SUCCEEDED && ji.finished_unix > ji.started_unix)
-				tput = (double)ji.step / (ji.finished_unix - ji.started_unix);
-			nng_msg_free(m);
-			break;
-		}
-		nng_msg_free(m);
-	}
-	if (scrape_ms && n_times) {
-		double s = 0;
-		for (int i = 0; i < n_times; i++)
-			s += times[i];
-		*scrape_ms = s / n_times * 1e3;
-	}
-	return tput;
-}
-
 static int cmp_d(const void *a, const void *b)
 {
 	double x = *(const double *)a, y = *(const double *)b;
 	return (x > y) - (x < y);
+}
+
+/* The scraper thread: one /metrics scrape a second while `on` is set. */
+typedef struct scraper {
+	pthread_t thread;
+	atomic_bool on, quit;
+	int n;
+} scraper;
+
+static void *scraper_main(void *arg)
+{
+	scraper *sc = arg;
+	double next = now_s() + 1;
+
+	while (!atomic_load(&sc->quit)) {
+		usleep(10000);
+		if (!atomic_load(&sc->on)) {
+			next = now_s(); /* the first scrape as soon as it is on */
+			continue;
+		}
+		if (now_s() >= next) {
+			if (scrape() >= 0)
+				sc->n++;
+			next += 1;
+		}
+	}
+	return NULL;
+}
+
+/* get_job fetches job's info into *ji (with the reply in *m, to free). */
+static int get_job(uint64_t job, pt_api_job_info *ji, nng_msg **m)
+{
+	pt_api_request q;
+	pt_api_response r;
+
+	pt_api_request_init(&q, PT_API_GET_JOB);
+	q.job = job;
+	*m = NULL;
+	if (rpc(&q, &r, m) != 0 || r.code != PT_API_OK || pt_api_response_job(&r, 0, ji) != PT_OK)
+		return -1;
+	return 0;
+}
+
+/* last_point reads the job's latest (step, server time); -1 on error. */
+static int last_point(uint64_t job, int64_t *step, double *t, bool *ended)
+{
+	pt_api_job_info ji;
+	nng_msg *m = NULL;
+	int rv = get_job(job, &ji, &m);
+
+	if (rv == 0) {
+		*step = ji.has_last ? ji.last.step : 0;
+		*t = ji.has_last ? ji.last.time_unix : 0;
+		*ended = pt_api_job_state_final(ji.state);
+	}
+	if (m)
+		nng_msg_free(m);
+	return rv;
+}
+
+/* cpu_s returns the CPU seconds all threads of process pid have run
+ * (/proc/PID/task/TID/schedstat, nanoseconds) and in *http those of its
+ * thread named pt-http; -1 on error. */
+static double cpu_s(pid_t pid, double *http)
+{
+	char path[64];
+	DIR *d;
+	struct dirent *e;
+	double sum = 0;
+
+	*http = 0;
+	snprintf(path, sizeof(path), "/proc/%d/task", (int)pid);
+	if ((d = opendir(path)) == NULL)
+		return -1;
+	while ((e = readdir(d)) != NULL) {
+		char p2[400], name[32] = "";
+		unsigned long long ns;
+		FILE *f;
+		if (e->d_name[0] == '.')
+			continue;
+		snprintf(p2, sizeof(p2), "%s/%s/comm", path, e->d_name);
+		if ((f = fopen(p2, "r")) != NULL) {
+			if (fgets(name, sizeof(name), f) == NULL)
+				name[0] = '\0';
+			fclose(f);
+		}
+		snprintf(p2, sizeof(p2), "%s/%s/schedstat", path, e->d_name);
+		if ((f = fopen(p2, "r")) == NULL)
+			continue; /* a thread that just ended */
+		if (fscanf(f, "%llu", &ns) == 1) {
+			sum += (double)ns * 1e-9;
+			if (strcmp(name, "pt-http\n") == 0)
+				*http = (double)ns * 1e-9;
+		}
+		fclose(f);
+	}
+	closedir(d);
+	return sum;
+}
+
+/* One window: steps per second of wall time (the job's points' server
+ * clock), and the CPU seconds the server spent in all and in its HTTP
+ * thread. */
+typedef struct rate {
+	double wall, cpu, http;
+} rate;
+
+/* window trains for WINDOW_S seconds, scraped by sc when scraping, and
+ * measures the steps between the job's latest points at its start and end;
+ * false on error. */
+static bool window(pid_t pid, uint64_t job, scraper *sc, bool scraping, rate *out)
+{
+	int64_t s0, s1;
+	double t0, t1, c0, c1, h0, h1, start = now_s();
+	bool ended;
+
+	if (last_point(job, &s0, &t0, &ended) != 0 || ended || (c0 = cpu_s(pid, &h0)) < 0)
+		return false;
+	atomic_store(&sc->on, scraping);
+	while (now_s() - start < WINDOW_S)
+		usleep(20000);
+	atomic_store(&sc->on, false);
+	if (last_point(job, &s1, &t1, &ended) != 0 || ended || (c1 = cpu_s(pid, &h1)) < 0 ||
+	    s1 <= s0 || t1 <= t0)
+		return false;
+	out->wall = (double)(s1 - s0) / (t1 - t0);
+	out->cpu = c1 - c0;
+	out->http = h1 - h0;
+	return true;
+}
+
+/* median of n values (sorts v). */
+static double median(double *v, int n)
+{
+	qsort(v, (size_t)n, sizeof(v[0]), cmp_d);
+	return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+/* submit queues spec with `steps` steps; returns the job id, 0 on error. */
+static uint64_t submit(const pt_job_spec *spec, int64_t steps)
+{
+	pt_api_request q;
+	pt_api_response r;
+	pt_job_spec s2 = *spec;
+	nng_msg *m = NULL;
+	uint64_t job = 0;
+
+	s2.steps = steps;
+	pt_api_request_init(&q, PT_API_SUBMIT_JOB);
+	q.spec = &s2;
+	if (rpc(&q, &r, &m) == 0 && r.code == PT_API_OK)
+		job = r.job;
+	if (m)
+		nng_msg_free(m);
+	return job;
+}
+
+/* cancel_and_wait cancels job and waits (up to 30 s) until it has stopped. */
+static void cancel_and_wait(uint64_t job)
+{
+	pt_api_request q;
+	pt_api_response r;
+	nng_msg *m = NULL;
+	int64_t step;
+	double t;
+	bool ended = false;
+
+	pt_api_request_init(&q, PT_API_CANCEL_JOB);
+	q.job = job;
+	rpc(&q, &r, &m);
+	if (m)
+		nng_msg_free(m);
+	for (int i = 0; i < 600 && !ended; i++) {
+		usleep(50000);
+		if (last_point(job, &step, &t, &ended) != 0)
+			break;
+	}
+}
+
+/* scrape_ms times 20 scrapes of /metrics, 50 ms apart, while job trains
+ * (from its 50th step on); *ms_median gets the median in milliseconds. */
+static int scrape_ms(uint64_t job, double *ms_median)
+{
+	double ms[20], t;
+	int64_t step = 0;
+	bool ended = false;
+
+	for (int i = 0; i < 400 && step < 50; i++) {
+		usleep(50000);
+		if (last_point(job, &step, &t, &ended) != 0 || ended)
+			return -1;
+	}
+	if (step < 50)
+		return -1;
+	for (int i = 0; i < 20; i++) {
+		usleep(50000);
+		if ((ms[i] = scrape() * 1e3) < 0)
+			return -1;
+	}
+	*ms_median = median(ms, 20);
+	return 0;
 }
 
 int main(void)
@@ -181,10 +348,13 @@ int main(void)
 	                                         cmd[300];
 	ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
 	pt_job_spec spec = {0};
+	scraper sc = {0};
+	bool sc_started = false;
 	void *buf;
 	size_t len;
 	pid_t pid;
-	double best_plain = 0, best_scraped = 0, ms[20];
+	double ms, slow[PAIRS], sorted[PAIRS], http_cpu = 0, train_cpu = 0;
+	uint64_t job = 0;
 	int st = 1;
 
 	if (n <= 0 || mkdtemp(dir) == NULL)
@@ -208,44 +378,51 @@ int main(void)
 		goto out;
 	}
 	free(buf);
-	spec.steps = STEPS;
 	spec.eval_every = 0;
 	spec.checkpoint_every = 0;
 
-	/* One scrape's cost while a job trains (the first job of the plain runs). */
-	{
-		pt_api_request q;
-		pt_api_response r;
-		nng_msg *m = NULL;
-		pt_job_spec s2 = spec;
-		s2.steps = 400;
-		pt_api_request_init(&q, PT_API_SUBMIT_JOB);
-		q.spec = &s2;
-		if (rpc(&q, &r, &m) != 0 || r.code != PT_API_OK)
+	if ((job = submit(&spec, 1000000)) == 0) /* cancelled at the end */
+		goto out;
+	if (scrape_ms(job, &ms) != 0)
+		goto out;
+	printf("bench metrics_scrape_ms %.3f\n", ms);
+	fflush(stdout);
+
+	if (pthread_create(&sc.thread, NULL, scraper_main, &sc) != 0)
+		goto out;
+	sc_started = true;
+	sleep(WARMUP_S);
+	for (int i = 0; i < PAIRS; i++) {
+		bool scraped_first = i % 2 == 1, ok;
+		rate a, b;
+		if (scraped_first)
+			ok = window(pid, job, &sc, true, &b) && window(pid, job, &sc, false, &a);
+		else
+			ok = window(pid, job, &sc, false, &a) && window(pid, job, &sc, true, &b);
+		if (!ok)
 			goto out;
-		nng_msg_free(m);
-		usleep(300000);
-		for (int i = 0; i < 20; i++)
-			ms[i] = scrape() * 1e3;
-		qsort(ms, 20, sizeof(ms[0]), cmp_d);
-		printf("bench metrics_scrape_ms %.3f\n", ms[10]);
+		slow[i] = sorted[i] = 1 - b.wall / a.wall;
+		http_cpu += b.http;
+		train_cpu += b.cpu - b.http;
+		printf("# pair %2d (%s first): %.1f steps/s plain, %.1f scraped: %+.4f\n", i + 1,
+		       scraped_first ? "scraped" : "plain", a.wall, b.wall, slow[i]);
 		fflush(stdout);
-		sleep(3); /* let it finish */
 	}
-	for (int i = 0; i < ROUNDS; i++) {
-		double a = run_job(&spec, false, NULL), b = run_job(&spec, true, NULL);
-		if (a < 0 || b < 0)
-			goto out;
-		if (a > best_plain)
-			best_plain = a;
-		if (b > best_scraped)
-			best_scraped = b;
-	}
-	printf("# steps/s without scraping %.1f, scraped every second %.1f\n", best_plain,
-	       best_scraped);
-	printf("bench scrape_slowdown %.2f\n", (1 - best_scraped / best_plain) * 100);
+	qsort(sorted, PAIRS, sizeof(sorted[0]), cmp_d);
+	printf("# %d scrapes, %.3f ms of HTTP-thread CPU each; pairs' quartiles %+.4f %+.4f "
+	       "(spread from other processes on the machine)\n",
+	       sc.n, sc.n ? http_cpu / sc.n * 1e3 : 0.0, sorted[PAIRS / 4],
+	       sorted[PAIRS - 1 - PAIRS / 4]);
+	printf("bench scrape_slowdown %.4f\n", median(slow, PAIRS));
+	printf("bench scrape_cpu_share %.5f\n", train_cpu > 0 ? http_cpu / train_cpu : 0.0);
 	st = 0;
 out:
+	if (sc_started) {
+		atomic_store(&sc.quit, true);
+		pthread_join(sc.thread, NULL);
+	}
+	if (job)
+		cancel_and_wait(job);
 	pt_job_spec_fini(&spec);
 	nng_close(api);
 	pt_fb_builder_fini(&fbb);

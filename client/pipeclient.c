@@ -704,9 +704,27 @@ pipeclient_err pipeclient_submit_json(pipeclient *c, const char *text, size_t le
 	return e;
 }
 
-pipeclient_err pipeclient_get(pipeclient *c, uint64_t job, pipeclient_job *out)
+/* get_job sends GetJob for job; on success *k holds the reply (call_fini
+ * it) and *info the job, a view into it. */
+static pipeclient_err get_job(pipeclient *c, uint64_t job, call *k, pt_api_job_info *info)
 {
 	pt_api_request r;
+	pipeclient_err e;
+
+	pt_api_request_init(&r, PT_API_GET_JOB);
+	r.job = job;
+	if ((e = request(c, &r, 0, k)) != PIPECLIENT_OK)
+		return e;
+	if (k->resp.n_jobs != 1 || pt_api_response_job(&k->resp, 0, info) != PT_OK) {
+		e = fail(c, PIPECLIENT_ERR_PROTOCOL, "GetJob: reply holds %zu jobs",
+		         k->resp.n_jobs);
+		call_fini(k);
+	}
+	return e;
+}
+
+pipeclient_err pipeclient_get(pipeclient *c, uint64_t job, pipeclient_job *out)
+{
 	pt_api_job_info info;
 	pipeclient_err e;
 	call k;
@@ -715,17 +733,54 @@ pipeclient_err pipeclient_get(pipeclient *c, uint64_t job, pipeclient_job *out)
 		memset(out, 0, sizeof(*out));
 	if (c == NULL || out == NULL)
 		return fail(c, PIPECLIENT_ERR_INVALID, "pipeclient_get: NULL argument");
-	pt_api_request_init(&r, PT_API_GET_JOB);
-	r.job = job;
-	if ((e = request(c, &r, 0, &k)) != PIPECLIENT_OK)
+	if ((e = get_job(c, job, &k, &info)) != PIPECLIENT_OK)
 		return e;
-	if (k.resp.n_jobs != 1 || pt_api_response_job(&k.resp, 0, &info) != PT_OK) {
-		e = fail(c, PIPECLIENT_ERR_PROTOCOL, "GetJob: reply holds %zu jobs", k.resp.n_jobs);
-	} else {
-		e = copy_job(c, out, &info);
-	}
+	e = copy_job(c, out, &info);
 	call_fini(&k);
 	return e == PIPECLIENT_OK ? ok() : e;
+}
+
+pipeclient_err pipeclient_stages(pipeclient *c, uint64_t job, pipeclient_stage **out, size_t *n)
+{
+	pt_api_job_info info;
+	pt_api_stage_stats st;
+	pipeclient_stage *arr = NULL;
+	pipeclient_err e;
+	call k;
+
+	if (c == NULL || out == NULL || n == NULL)
+		return fail(c, PIPECLIENT_ERR_INVALID, "pipeclient_stages: NULL argument");
+	*out = NULL;
+	*n = 0;
+	if ((e = get_job(c, job, &k, &info)) != PIPECLIENT_OK)
+		return e;
+	if (info.n_stages > 0 && (arr = calloc(info.n_stages, sizeof(*arr))) == NULL)
+		e = fail(c, PIPECLIENT_ERR_NOMEM, "out of memory");
+	for (size_t i = 0; e == PIPECLIENT_OK && i < info.n_stages; i++) {
+		if (pt_api_job_stage(&info, i, &st) != PT_OK) {
+			e = fail(c, PIPECLIENT_ERR_PROTOCOL, "GetJob: stage entry %zu", i);
+			break;
+		}
+		arr[i] = (pipeclient_stage){.stage = st.stage,
+		                            .busy_seconds = st.busy_seconds,
+		                            .has_comm = st.has_comm,
+		                            .messages_sent = st.messages_sent,
+		                            .messages_received = st.messages_received,
+		                            .bytes_sent = st.bytes_sent,
+		                            .bytes_received = st.bytes_received,
+		                            .bytes_raw_sent = st.bytes_raw_sent,
+		                            .errors = st.errors,
+		                            .timeouts = st.timeouts,
+		                            .reconnects = st.reconnects};
+	}
+	call_fini(&k);
+	if (e != PIPECLIENT_OK) {
+		free(arr);
+		return e;
+	}
+	*out = arr;
+	*n = arr ? info.n_stages : 0;
+	return ok();
 }
 
 pipeclient_err pipeclient_list(pipeclient *c, pipeclient_job **jobs, size_t *n)

@@ -212,6 +212,29 @@ pipeclient_err pipeclient_submit_spec(pipeclient *c, const void *spec, size_t le
  * success the caller owns *out (pipeclient_job_fini); on error *out is zeroed. */
 pipeclient_err pipeclient_get(pipeclient *c, uint64_t job, pipeclient_job *out);
 
+/* One pipeline rank's totals in a job: stage -1 is the coordinator, 0..p-1
+ * the stages. busy_seconds sums the stage's compute time over the job's
+ * steps. The communicator counters cover the job's current run (they start
+ * again at 0 when a job resumes); has_comm is false, and they are 0, for a
+ * stage served by a `pipeserver --worker` (its counters stay there), for a
+ * job that has not run since the server restarted, and for every entry from
+ * a server too old to send them. */
+typedef struct pipeclient_stage {
+	int stage;
+	double busy_seconds;
+	bool has_comm;
+	uint64_t messages_sent, messages_received;
+	uint64_t bytes_sent, bytes_received; /* on the wire, after compression */
+	uint64_t bytes_raw_sent;             /* before compression */
+	uint64_t errors, timeouts, reconnects;
+} pipeclient_stage;
+
+/* pipeclient_stages returns job's per-rank totals as a new array (*out, *n;
+ * free() it), the coordinator first, then the stages in order; empty (n 0,
+ * *out NULL) before the job's first step or from a server that predates
+ * them. A separate call, so pipeclient_job keeps its size (ABI). */
+pipeclient_err pipeclient_stages(pipeclient *c, uint64_t job, pipeclient_stage **out, size_t *n);
+
 /* pipeclient_list returns every job the server knows, oldest first, as a new
  * array (*jobs, *n; free with pipeclient_jobs_free; spec is NULL in each). */
 pipeclient_err pipeclient_list(pipeclient *c, pipeclient_job **jobs, size_t *n);

@@ -4,7 +4,8 @@
  * Output is text for people, or with --json one JSON object per line for
  * scripts (streams: a "type" member tells the lines apart). On a terminal,
  * watch and checkpoint draw a progress bar (steps or bytes, rate, ETA) on the
- * last line; elsewhere they print plain lines only. Exit codes are distinct
+ * last line, watch with the newest losses as a sparkline beside it;
+ * elsewhere they print plain lines only. Exit codes are distinct
  * per failure class (see EXIT_*), so scripts need not parse messages.
  */
 #include <errno.h>
@@ -21,6 +22,7 @@
 #include <unistd.h>
 
 #include "pipeclient.h"
+#include "sparkline.h"
 
 enum {
 	EXIT_OK = 0,
@@ -38,7 +40,8 @@ static const char usage_text[] =
     "  submit FILE [--follow]          submit a job file (JSON text or FlatBuffers binary\n"
     "                                  of a JobSpec, whatever its name); print the job id;\n"
     "                                  --follow: then watch it until it ends\n"
-    "  status JOB                      state, progress and latest metrics of a job\n"
+    "  status JOB                      state, progress and latest metrics of a job, the\n"
+    "                                  bubble fraction and per-stage busy time and traffic\n"
     "  list                            every job the server knows\n"
     "  cancel JOB                      stop a job\n"
     "  watch JOB                       loss lines until the job ends (a progress bar with\n"
@@ -275,16 +278,21 @@ static double now_s(void)
 	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-/* draw_bar writes "\r[#####.....] left  right\e[K" to fit the terminal. */
-static void draw_bar(double frac, const char *left, const char *right)
+/* default_bar is the bar's width beside text of up to 60 columns. It depends
+ * on the terminal only, not on the text beside it, so it does not jump when
+ * the rate appears. */
+static int default_bar(void)
 {
-	/* The bar's width depends on the terminal only, not on the text beside
-	 * it, so it does not jump when the rate appears. */
 	int bar = term_width() - 64;
+
+	return bar > 40 ? 40 : bar;
+}
+
+/* draw_bar writes "\r[#####.....] left  right\e[K"; no bar when bar < 10. */
+static void draw_bar(int bar, double frac, const char *left, const char *right)
+{
 	int fill;
 
-	if (bar > 40)
-		bar = 40;
 	if (!(frac >= 0))
 		frac = 0;
 	if (frac > 1)
@@ -308,6 +316,11 @@ static void clear_bar(void)
 
 /* ------------------------------------------------------------------ watch -- */
 
+#define SPARK_COLS 24 /* widest loss sparkline beside the bar */
+#define STATS_COLS 40 /* room kept for "loss ...  ... steps/s  ETA ..." */
+#define SPARK_MIN  8  /* narrower than this: no sparkline */
+#define BAR_MIN    10 /* narrower than this: no bar */
+
 typedef struct watcher {
 	const cli *a;
 	int64_t steps; /* total, for the bar and the line cadence */
@@ -316,7 +329,39 @@ typedef struct watcher {
 	double t0;
 	double drawn; /* when the bar was last drawn */
 	bool bar_shown;
+	double loss[SPARK_COLS]; /* losses of the newest multiples of every, oldest first */
+	size_t n_loss;
 } watcher;
+
+/* keep_loss appends loss to w's window of the newest SPARK_COLS. */
+static void keep_loss(watcher *w, double loss)
+{
+	if (w->n_loss == SPARK_COLS) {
+		memmove(w->loss, w->loss + 1, sizeof(w->loss[0]) * (SPARK_COLS - 1));
+		w->n_loss--;
+	}
+	w->loss[w->n_loss++] = loss;
+}
+
+/* layout splits the columns beside "step N/STEPS" and the stats between the
+ * bar and the sparkline (each 0 when it does not fit); fixed per terminal
+ * width and job, so nothing jumps while the text beside them changes. */
+static void layout(int64_t steps, int *bar, int *spark)
+{
+	char left[64];
+	int room;
+
+	snprintf(left, sizeof(left), "step %" PRId64 "/%" PRId64, steps, steps);
+	room = term_width() - (int)strlen(left) - 2 - STATS_COLS - 2;
+	*spark = room / 3 < SPARK_MIN ? SPARK_MIN : room / 3 > SPARK_COLS ? SPARK_COLS : room / 3;
+	if (room - *spark - 1 < SPARK_MIN)
+		*spark = 0; /* not even a narrow one fits */
+	*bar = room - (*spark ? *spark + 1 : 0) - 3;
+	if (*bar > 40)
+		*bar = 40;
+	if (*bar < BAR_MIN)
+		*bar = 0;
+}
 
 static void print_metric_line(const pipeclient_metric *m, int64_t steps)
 {
@@ -346,6 +391,8 @@ static bool on_metric(void *ctx, uint64_t job, const pipeclient_metric *m)
 		w->first_step = m->step;
 		w->t0 = m->time_unix > 0 ? m->time_unix : now_s();
 	}
+	if (m->step % w->every == 0)
+		keep_loss(w, m->loss); /* one column per loss line's step */
 	if (line) {
 		if (w->bar_shown)
 			clear_bar();
@@ -358,17 +405,22 @@ static bool on_metric(void *ctx, uint64_t job, const pipeclient_metric *m)
 		double t = m->time_unix > 0 ? m->time_unix : now_s();
 		int64_t done = m->step - w->first_step;
 		double rate = t - w->t0 > 0.05 && done > 0 ? done / (t - w->t0) : NAN;
-		char left[64], right[96], eta[32];
+		char left[64], stats[96], eta[32];
+		char spark[SPARK_COLS * SPARKLINE_GLYPH_BYTES + 1], right[sizeof(spark) + 100];
+		int bar, cols;
 
 		format_duration(isfinite(rate) ? (w->steps - m->step) / rate : NAN, eta,
 		                sizeof(eta));
 		snprintf(left, sizeof(left), "step %" PRId64 "/%" PRId64, m->step, w->steps);
 		if (isfinite(rate))
-			snprintf(right, sizeof(right), "loss %.4f  %.1f steps/s  ETA %s", m->loss,
+			snprintf(stats, sizeof(stats), "loss %.4f  %.1f steps/s  ETA %s", m->loss,
 			         rate, eta);
 		else
-			snprintf(right, sizeof(right), "loss %.4f  ETA %s", m->loss, eta);
-		draw_bar(w->steps > 0 ? (double)m->step / w->steps : 0, left, right);
+			snprintf(stats, sizeof(stats), "loss %.4f  ETA %s", m->loss, eta);
+		layout(w->steps, &bar, &cols);
+		sparkline_render(spark, sizeof(spark), w->loss, w->n_loss, cols);
+		snprintf(right, sizeof(right), "%s%s%s", spark, spark[0] ? " " : "", stats);
+		draw_bar(bar, w->steps > 0 ? (double)m->step / w->steps : 0, left, right);
 		w->bar_shown = true;
 		w->drawn = now_s();
 	} else if (line) {
@@ -446,20 +498,80 @@ static int cmd_submit(cli *a, const char *file)
 	return a->follow ? follow(a, id) : EXIT_OK;
 }
 
+static void json_stages(FILE *f, const pipeclient_stage *st, size_t n)
+{
+	fputs("[", f);
+	for (size_t i = 0; i < n; i++) {
+		fprintf(f, "%s{\"stage\":%d,\"busy_seconds\":", i ? "," : "", st[i].stage);
+		json_num(f, st[i].busy_seconds);
+		fprintf(f,
+		        ",\"has_comm\":%s,\"messages_sent\":%" PRIu64
+		        ",\"messages_received\":%" PRIu64 ",\"bytes_sent\":%" PRIu64
+		        ",\"bytes_received\":%" PRIu64 ",\"bytes_raw_sent\":%" PRIu64
+		        ",\"errors\":%" PRIu64 ",\"timeouts\":%" PRIu64 ",\"reconnects\":%" PRIu64
+		        "}",
+		        st[i].has_comm ? "true" : "false", st[i].messages_sent,
+		        st[i].messages_received, st[i].bytes_sent, st[i].bytes_received,
+		        st[i].bytes_raw_sent, st[i].errors, st[i].timeouts, st[i].reconnects);
+	}
+	fputs("]", f);
+}
+
+/* print_stages writes the bubble of the last step and a line per rank:
+ * "  stage 2: busy 1.234567 s; 480 messages sent (1.5 MiB), 480 received (0.9 MiB)". */
+static void print_stages(const pipeclient_job *j, const pipeclient_stage *st, size_t n)
+{
+	if (j->has_last && isfinite(j->last.bubble))
+		printf("  bubble fraction %.3f (idle share of stage time in step %" PRId64 ")\n",
+		       j->last.bubble, j->last.step);
+	for (size_t i = 0; i < n; i++) {
+		if (st[i].stage < 0)
+			printf("  coordinator:");
+		else
+			printf("  stage %d: busy %.6f s", st[i].stage, st[i].busy_seconds);
+		if (!st[i].has_comm) {
+			printf("%s no traffic counters (a worker's stage, or not run since the "
+			       "server restarted)\n",
+			       st[i].stage < 0 ? "" : ";");
+			continue;
+		}
+		printf("%s %" PRIu64 " messages sent (%.1f MiB), %" PRIu64 " received (%.1f MiB)",
+		       st[i].stage < 0 ? "" : ";", st[i].messages_sent,
+		       st[i].bytes_sent / 1048576.0, st[i].messages_received,
+		       st[i].bytes_received / 1048576.0);
+		if (st[i].bytes_sent > 0 && st[i].bytes_raw_sent != st[i].bytes_sent)
+			printf(", lz4 %.2fx", (double)st[i].bytes_raw_sent / st[i].bytes_sent);
+		if (st[i].errors || st[i].timeouts || st[i].reconnects)
+			printf(", %" PRIu64 " errors, %" PRIu64 " timeouts, %" PRIu64 " reconnects",
+			       st[i].errors, st[i].timeouts, st[i].reconnects);
+		printf("\n");
+	}
+}
+
 static int cmd_status(cli *a, uint64_t id)
 {
 	pipeclient_job j;
+	pipeclient_stage *st = NULL;
+	size_t n = 0;
 	pipeclient_err e;
 
 	if ((e = pipeclient_get(a->c, id, &j)) != PIPECLIENT_OK)
 		return report(a, e);
+	if ((e = pipeclient_stages(a->c, id, &st, &n)) != PIPECLIENT_OK) {
+		pipeclient_job_fini(&j);
+		return report(a, e);
+	}
 	if (a->json) {
 		fputc('{', stdout);
 		json_job_fields(stdout, &j);
+		fputs(",\"stages\":", stdout);
+		json_stages(stdout, st, n);
 		fputs("}\n", stdout);
 	} else {
 		print_job_text(&j);
+		print_stages(&j, st, n);
 	}
+	free(st);
 	pipeclient_job_fini(&j);
 	return EXIT_OK;
 }
@@ -545,7 +657,7 @@ static bool on_progress(void *ctx, uint64_t done, uint64_t total)
 	format_duration(rate > 0 ? (total - done) / rate : NAN, eta, sizeof(eta));
 	snprintf(left, sizeof(left), "%.1f/%.1f MiB", done / 1048576.0, total / 1048576.0);
 	snprintf(right, sizeof(right), "%.1f MiB/s  ETA %s", rate / 1048576.0, eta);
-	draw_bar(total ? (double)done / total : 1, left, right);
+	draw_bar(default_bar(), total ? (double)done / total : 1, left, right);
 	d->shown = true;
 	return true;
 }

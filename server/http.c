@@ -16,6 +16,7 @@
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -93,12 +94,18 @@ static bool admit(pt_http *h, struct evhttp_request *req, bool needs_token)
 		return false;
 	}
 	if (needs_token && h->need_token) {
+		/* RFC 6750: no credentials get a bare challenge, a wrong token
+		 * error="invalid_token"; the scheme name is case-insensitive. */
 		const char *a =
 		    evhttp_find_header(evhttp_request_get_input_headers(req), "Authorization");
-		if (a == NULL || strncmp(a, "Bearer ", 7) != 0 || !ct_equal(a + 7, h->token)) {
-			evhttp_add_header(evhttp_request_get_output_headers(req),
-			                  "WWW-Authenticate", "Bearer");
-			reply_text(req, 401, "Unauthorized", "missing or wrong bearer token\n");
+		bool bearer = a != NULL && strncasecmp(a, "Bearer ", 7) == 0;
+		if (!bearer || !ct_equal(a + 7, h->token)) {
+			evhttp_add_header(
+			    evhttp_request_get_output_headers(req), "WWW-Authenticate",
+			    bearer ? "Bearer realm=\"pipetrain\", error=\"invalid_token\""
+			           : "Bearer realm=\"pipetrain\"");
+			reply_text(req, 401, "Unauthorized",
+			           bearer ? "wrong bearer token\n" : "bearer token required\n");
 			return false;
 		}
 	}
@@ -306,6 +313,8 @@ static const struct {
 static void *loop_main(void *arg)
 {
 	pt_http *h = arg;
+	/* A name for top -H and for http_bench, which charges its CPU time. */
+	pthread_setname_np(pthread_self(), "pt-http");
 	event_base_dispatch(h->base);
 	return NULL;
 }

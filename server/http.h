@@ -12,8 +12,12 @@
  *   /api/jobs/<id>/metrics?after=N  points with step > N as JSON
  * Every other path is 404; URLs never reach the file system. Requests are
  * bounded (header and body size, read/write timeout). When the address is not
- * loopback and a token is configured, every endpoint but /healthz and
- * /readyz needs `Authorization: Bearer <token>` (probes carry no secrets).
+ * loopback (a token is then required to start), every path but /healthz and
+ * /readyz needs `Authorization: Bearer <token>` (the API's token): 401 with
+ * `WWW-Authenticate: Bearer realm="pipetrain"` (plus error="invalid_token"
+ * for a wrong one) otherwise, before any routing. The probes stay open:
+ * orchestrators' HTTP probes send no credentials and the bodies hold no
+ * secrets.
  * Handlers run on the HTTP thread and take the job manager's lock only
  * briefly, so a slow client never holds up the API or training.
  */

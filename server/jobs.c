@@ -54,6 +54,11 @@ typedef struct job {
 
 	pt_api_metric_point *points; /* steps strictly increasing */
 	size_t n_points, cap_points;
+	/* Per-rank totals for JobInfo.stages: [0] the coordinator, [1 + k]
+	 * stage k. Busy seconds sum the points above; the communicator counters
+	 * are the latest the runner reported (its current run). */
+	pt_api_stage_stats stages[PT_API_MAX_STAGE_STATS];
+	size_t n_stages;
 	ckpt *ckpts; /* by step */
 	size_t n_ckpts;
 
@@ -340,12 +345,33 @@ static pt_err journal_metric(job *jb, const pt_api_metric_point *p)
 
 /* ------------------------------------------------------ in-memory state -- */
 
+/* add_busy adds sign * p's per-stage busy seconds to jb's stage totals. */
+static void add_busy(job *jb, const pt_api_metric_point *p, double sign)
+{
+	size_t n = 1 + (size_t)p->n_stages;
+
+	for (size_t i = jb->n_stages; i < n; i++) {
+		memset(&jb->stages[i], 0, sizeof(jb->stages[i]));
+		jb->stages[i].stage = (int32_t)i - 1;
+	}
+	if (n > jb->n_stages)
+		jb->n_stages = n;
+	for (int k = 0; k < p->n_stages; k++)
+		jb->stages[1 + k].busy_seconds += sign * p->stage_busy[k];
+}
+
+/* drop_last_point forgets jb's newest point and its busy seconds. */
+static void drop_last_point(job *jb)
+{
+	add_busy(jb, &jb->points[--jb->n_points], -1.0);
+}
+
 /* add_point appends p; a step at or below the last one (a resumed run redoing
  * steps after its checkpoint) first drops the points it replaces. */
 static pt_err add_point(job *jb, const pt_api_metric_point *p)
 {
 	while (jb->n_points > 0 && jb->points[jb->n_points - 1].step >= p->step)
-		jb->n_points--;
+		drop_last_point(jb);
 	if (jb->n_points == jb->cap_points) {
 		size_t cap = jb->cap_points ? 2 * jb->cap_points : 64;
 		pt_api_metric_point *q = realloc(jb->points, cap * sizeof(*q));
@@ -355,6 +381,7 @@ static pt_err add_point(job *jb, const pt_api_metric_point *p)
 		jb->cap_points = cap;
 	}
 	jb->points[jb->n_points++] = *p;
+	add_busy(jb, p, 1.0);
 	return PT_OK;
 }
 
@@ -561,6 +588,26 @@ static void metric_from_job(const pt_job_metric *m, pt_api_metric_point *p)
 	p->time_unix = m->time_unix;
 }
 
+/* comm_from_job stores the runner's communicator counters (lock held). */
+static void comm_from_job(job *jb, const pt_job_metric *m)
+{
+	for (size_t i = 0; i < jb->n_stages; i++) {
+		pt_api_stage_stats *d = &jb->stages[i];
+		pt_comm_stats c = {0};
+		d->has_comm = (int)i < m->n_comm;
+		if (d->has_comm)
+			c = m->comm[i];
+		d->messages_sent = c.msgs_sent;
+		d->messages_received = c.msgs_recv;
+		d->bytes_sent = c.bytes_sent;
+		d->bytes_received = c.bytes_recv;
+		d->bytes_raw_sent = c.bytes_raw_sent;
+		d->errors = c.errors;
+		d->timeouts = c.timeouts;
+		d->reconnects = c.reconnects;
+	}
+}
+
 static void hook_metric(void *ctx, const pt_job_metric *m)
 {
 	job *jb = ctx;
@@ -570,6 +617,7 @@ static void hook_metric(void *ctx, const pt_job_metric *m)
 	metric_from_job(m, &p);
 	pthread_mutex_lock(&mgr->mu);
 	add_point(jb, &p);
+	comm_from_job(jb, m);
 	jb->step = p.step;
 	if (jb->state == PT_JOB_STARTING)
 		apply_state(jb, PT_JOB_RUNNING, p.step, now_unix(), NULL);
@@ -919,7 +967,7 @@ static pt_err recover(pt_jobs *m)
 			{
 				int64_t keep = jb->n_ckpts ? jb->ckpts[jb->n_ckpts - 1].step : 0;
 				while (jb->n_points > 0 && jb->points[jb->n_points - 1].step > keep)
-					jb->n_points--;
+					drop_last_point(jb);
 				jb->step = keep;
 			}
 			apply_state(jb, PT_JOB_QUEUED, jb->step, t, msg);
@@ -1180,6 +1228,8 @@ static void fill_info(const job *jb, pt_api_job_info *ji, bool with_spec)
 		ji->last = jb->points[jb->n_points - 1];
 	}
 	ji->spec = with_spec ? &jb->spec : NULL;
+	ji->stages = jb->stages;
+	ji->n_stages = jb->n_stages;
 }
 
 pt_err pt_jobs_reply_get(pt_jobs *m, uint64_t req_id, uint64_t id, pt_fb_builder *b,

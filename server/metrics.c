@@ -1,10 +1,11 @@
 /* metrics.c - Prometheus text and dashboard JSON from the job manager's
  * replies (see metrics.h).
  *
- * The manager's ListJobs and WatchMetrics reply builders give a consistent
- * snapshot under its lock; we parse those buffers back. Per-stage busy
- * seconds are counters, so each live job keeps a cursor and running sums that
- * advance by the points added since the last scrape.
+ * The manager's ListJobs, GetJob and WatchMetrics reply builders give a
+ * consistent snapshot under its lock; we parse those buffers back, so a
+ * scrape holds the manager's lock only while it copies one ListJobs reply and
+ * formats text under our own lock. Per-stage totals (busy seconds, the
+ * communicators' counters) come with each JobInfo (its `stages`).
  */
 #include "metrics.h"
 
@@ -13,6 +14,7 @@
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,8 +22,7 @@
 
 #include "fb.h"
 
-#define N_BUCKETS   14
-#define WATCH_BATCH 1000
+#define N_BUCKETS 14
 
 static const double bucket_le[N_BUCKETS] = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
                                             0.1,    0.25,  0.5,    1,     2.5,  5,     10};
@@ -31,22 +32,12 @@ static atomic_uint_fast64_t req_count[PT_API_KIND_COUNT][PT_API_CODE_COUNT];
 static atomic_uint_fast64_t req_bucket[N_BUCKETS + 1]; /* last: over 10 s */
 static atomic_uint_fast64_t req_sum_ns;
 
-typedef struct jstate {
-	uint64_t id;
-	int64_t cursor; /* last step summed */
-	int n_stages;
-	double busy[PT_API_MAX_STAGES]; /* seconds, summed over points */
-	bool live;
-} jstate;
-
 struct pt_metrics {
 	pt_metrics_config cfg;
 	char *version, *device;
 	double started; /* monotonic seconds */
 	pthread_mutex_t mu;
-	pt_fb_builder lb, wb; /* list and watch replies */
-	jstate *js;
-	size_t n_js, cap_js;
+	pt_fb_builder lb, wb; /* list (or get) and watch replies */
 };
 
 static double now_mono(void)
@@ -192,7 +183,6 @@ void pt_metrics_destroy(pt_metrics *m)
 	pt_fb_builder_fini(&m->lb);
 	pt_fb_builder_fini(&m->wb);
 	pthread_mutex_destroy(&m->mu);
-	free(m->js);
 	free(m->version);
 	free(m->device);
 	free(m);
@@ -227,46 +217,6 @@ static pt_err watch(pt_metrics *m, uint64_t job, int64_t cursor, int max_points,
 	return pt_api_parse_response(data, size, r);
 }
 
-static jstate *state_of(pt_metrics *m, uint64_t id)
-{
-	for (size_t i = 0; i < m->n_js; i++)
-		if (m->js[i].id == id)
-			return &m->js[i];
-	if (m->n_js == m->cap_js) {
-		size_t cap = m->cap_js ? m->cap_js * 2 : 16;
-		jstate *p = realloc(m->js, cap * sizeof(*p));
-		if (p == NULL)
-			return NULL;
-		m->js = p;
-		m->cap_js = cap;
-	}
-	memset(&m->js[m->n_js], 0, sizeof(jstate));
-	m->js[m->n_js].id = id;
-	m->js[m->n_js].cursor = -1;
-	return &m->js[m->n_js++];
-}
-
-/* advance sums the busy seconds of points added since the last call. */
-static pt_err advance(pt_metrics *m, jstate *s)
-{
-	pt_api_response r;
-	pt_api_metric_point p;
-
-	for (;;) {
-		PT_TRY(watch(m, s->id, s->cursor, WATCH_BATCH, &r));
-		for (size_t i = 0; i < r.n_points; i++) {
-			PT_TRY(pt_api_response_point(&r, i, &p));
-			for (int k = 0; k < p.n_stages && k < PT_API_MAX_STAGES; k++)
-				s->busy[k] += p.stage_busy[k];
-			if (p.n_stages > s->n_stages)
-				s->n_stages = p.n_stages;
-		}
-		s->cursor = r.cursor;
-		if (r.n_points < WATCH_BATCH)
-			return PT_OK;
-	}
-}
-
 /* is_live tells whether a job still has per-job series. */
 static bool is_live(const pt_metrics *m, const pt_api_job_info *j, double now)
 {
@@ -274,22 +224,7 @@ static bool is_live(const pt_metrics *m, const pt_api_job_info *j, double now)
 	       now - j->finished_unix <= m->cfg.grace_s;
 }
 
-/* drop_dead forgets sums of jobs not marked live in this pass. */
-static void drop_dead(pt_metrics *m)
-{
-	size_t o = 0;
-	for (size_t i = 0; i < m->n_js; i++)
-		if (m->js[i].live)
-			m->js[o++] = m->js[i];
-	m->n_js = o;
-}
-
 /* ------------------------------------------------------------- render -- */
-
-typedef struct live_job {
-	pt_api_job_info info;
-	jstate *s;
-} live_job;
 
 static void family(pt_metrics_buf *b, const char *name, const char *type, const char *help)
 {
@@ -335,6 +270,80 @@ static const struct {
      f_bubble},
 };
 
+/* Communicator counters per job and rank; a family's rows follow its first
+ * entry (the one with help). */
+static const struct {
+	const char *name, *help, *direction; /* direction: label value, or NULL */
+	size_t field;                        /* offsetof a uint64_t in pt_api_stage_stats */
+} comm_counters[] = {
+    {"pipetrain_comm_messages_total", "Messages a pipeline rank's communicator sent or received.",
+     "sent", offsetof(pt_api_stage_stats, messages_sent)},
+    {"pipetrain_comm_messages_total", NULL, "received",
+     offsetof(pt_api_stage_stats, messages_received)},
+    {"pipetrain_comm_bytes_total",
+     "Bytes a pipeline rank's communicator sent or received on the wire (after compression).",
+     "sent", offsetof(pt_api_stage_stats, bytes_sent)},
+    {"pipetrain_comm_bytes_total", NULL, "received", offsetof(pt_api_stage_stats, bytes_received)},
+    {"pipetrain_comm_errors_total", "Failed sends and malformed arrivals.", NULL,
+     offsetof(pt_api_stage_stats, errors)},
+    {"pipetrain_comm_timeouts_total", "Receives and barriers that timed out.", NULL,
+     offsetof(pt_api_stage_stats, timeouts)},
+    {"pipetrain_comm_reconnects_total", "Connections to a peer made again after one dropped.", NULL,
+     offsetof(pt_api_stage_stats, reconnects)},
+};
+
+/* comm_labels appends the labels of one rank: the coordinator is stage
+ * "coordinator", stages their 0-based index. */
+static void comm_labels(pt_metrics_buf *b, const char *name, uint64_t job,
+                        const pt_api_stage_stats *st)
+{
+	if (st->stage < 0)
+		pt_metrics_buf_printf(b, "%s{job_id=\"%" PRIu64 "\",stage=\"coordinator\"", name,
+		                      job);
+	else
+		pt_metrics_buf_printf(b, "%s{job_id=\"%" PRIu64 "\",stage=\"%d\"", name, job,
+		                      st->stage);
+}
+
+/* render_comm appends the communicator series of ranks that reported them
+ * (a stage on a worker process keeps its counters there). */
+static pt_err render_comm(pt_metrics_buf *b, const pt_api_job_info *live, size_t n_live)
+{
+	pt_api_stage_stats st;
+
+	for (size_t c = 0; c < sizeof(comm_counters) / sizeof(comm_counters[0]); c++) {
+		if (comm_counters[c].help)
+			family(b, comm_counters[c].name, "counter", comm_counters[c].help);
+		for (size_t i = 0; i < n_live; i++)
+			for (size_t k = 0; k < live[i].n_stages; k++) {
+				uint64_t v;
+				PT_TRY(pt_api_job_stage(&live[i], k, &st));
+				if (!st.has_comm)
+					continue;
+				memcpy(&v, (const char *)&st + comm_counters[c].field, sizeof(v));
+				comm_labels(b, comm_counters[c].name, live[i].id, &st);
+				if (comm_counters[c].direction)
+					pt_metrics_buf_printf(b, ",direction=\"%s\"",
+					                      comm_counters[c].direction);
+				pt_metrics_buf_printf(b, "} %" PRIu64 "\n", v);
+			}
+	}
+	family(b, "pipetrain_comm_compression_ratio", "gauge",
+	       "Bytes sent before compression over bytes sent on the wire (1: none or nothing "
+	       "sent).");
+	for (size_t i = 0; i < n_live; i++)
+		for (size_t k = 0; k < live[i].n_stages; k++) {
+			PT_TRY(pt_api_job_stage(&live[i], k, &st));
+			if (!st.has_comm)
+				continue;
+			comm_labels(b, "pipetrain_comm_compression_ratio", live[i].id, &st);
+			pt_metrics_buf_printf(
+			    b, "} %.6g\n",
+			    st.bytes_sent ? (double)st.bytes_raw_sent / st.bytes_sent : 1.0);
+		}
+	return PT_OK;
+}
+
 pt_err pt_metrics_render(pt_metrics *m, pt_metrics_buf *b)
 {
 	static const char *const kind_names[] = {
@@ -348,7 +357,7 @@ pt_err pt_metrics_render(pt_metrics *m, pt_metrics_buf *b)
 #undef CN
 	};
 	pt_api_response r;
-	live_job *live = NULL;
+	pt_api_job_info *live = NULL;
 	size_t n_live = 0;
 	int by_state[PT_JOB_STATE_COUNT] = {0};
 	double now = now_unix();
@@ -362,25 +371,14 @@ pt_err pt_metrics_render(pt_metrics *m, pt_metrics_buf *b)
 		rv = pt_set_error(PT_ERR_NOMEM, "metrics");
 		goto out;
 	}
-	for (size_t i = 0; i < m->n_js; i++)
-		m->js[i].live = false;
 	for (size_t i = 0; i < r.n_jobs; i++) {
 		pt_api_job_info j;
 		if ((rv = pt_api_response_job(&r, i, &j)) != PT_OK)
 			goto out;
 		if ((unsigned)j.state < PT_JOB_STATE_COUNT)
 			by_state[j.state]++;
-		if (!is_live(m, &j, now))
-			continue;
-		live[n_live].info = j;
-		if ((live[n_live].s = state_of(m, j.id)) == NULL) {
-			rv = pt_set_error(PT_ERR_NOMEM, "metrics");
-			goto out;
-		}
-		live[n_live].s->live = true;
-		if ((rv = advance(m, live[n_live].s)) != PT_OK)
-			goto out;
-		n_live++;
+		if (is_live(m, &j, now))
+			live[n_live++] = j;
 	}
 
 	family(b, "pipetrain_build_info", "gauge", "Version and default device; always 1.");
@@ -432,32 +430,39 @@ pt_err pt_metrics_render(pt_metrics *m, pt_metrics_buf *b)
 	family(b, "pipetrain_job_step", "gauge", "Last completed training step.");
 	for (size_t i = 0; i < n_live; i++)
 		pt_metrics_buf_printf(b, "pipetrain_job_step{job_id=\"%" PRIu64 "\"} %" PRId64 "\n",
-		                      live[i].info.id, live[i].info.step);
+		                      live[i].id, live[i].step);
 	family(b, "pipetrain_job_steps", "gauge", "Training steps the job asked for.");
 	for (size_t i = 0; i < n_live; i++)
 		pt_metrics_buf_printf(b,
 		                      "pipetrain_job_steps{job_id=\"%" PRIu64 "\"} %" PRId64 "\n",
-		                      live[i].info.id, live[i].info.steps);
+		                      live[i].id, live[i].steps);
 	for (size_t g = 0; g < sizeof(job_gauges) / sizeof(job_gauges[0]); g++) {
 		family(b, job_gauges[g].name, "gauge", job_gauges[g].help);
 		for (size_t i = 0; i < n_live; i++) {
-			if (!live[i].info.has_last)
+			if (!live[i].has_last)
 				continue;
 			pt_metrics_buf_printf(b, "%s{job_id=\"%" PRIu64 "\"} ", job_gauges[g].name,
-			                      live[i].info.id);
-			prom_num(b, job_gauges[g].get(&live[i].info.last));
+			                      live[i].id);
+			prom_num(b, job_gauges[g].get(&live[i].last));
 			pt_metrics_buf_printf(b, "\n");
 		}
 	}
 	family(b, "pipetrain_stage_busy_seconds_total", "counter",
 	       "Seconds each pipeline stage spent computing.");
 	for (size_t i = 0; i < n_live; i++)
-		for (int k = 0; k < live[i].s->n_stages; k++)
-			pt_metrics_buf_printf(b,
-			                      "pipetrain_stage_busy_seconds_total{job_id=\"%" PRIu64
-			                      "\",stage=\"%d\"} %.9f\n",
-			                      live[i].info.id, k, live[i].s->busy[k]);
-	drop_dead(m);
+		for (size_t k = 0; k < live[i].n_stages; k++) {
+			pt_api_stage_stats st;
+			if ((rv = pt_api_job_stage(&live[i], k, &st)) != PT_OK)
+				goto out;
+			if (st.stage >= 0)
+				pt_metrics_buf_printf(
+				    b,
+				    "pipetrain_stage_busy_seconds_total{job_id=\"%" PRIu64
+				    "\",stage=\"%d\"} %.9f\n",
+				    live[i].id, st.stage, st.busy_seconds);
+		}
+	if ((rv = render_comm(b, live, n_live)) != PT_OK)
+		goto out;
 	if (b->failed)
 		rv = pt_set_error(PT_ERR_NOMEM, "metrics text");
 out:
@@ -544,26 +549,26 @@ pt_err pt_metrics_points_json(pt_metrics *m, uint64_t job, int64_t after, int ma
 {
 	pt_api_response r;
 	pt_api_metric_point p;
-	jstate *s;
-	size_t before;
+	pt_api_job_info j;
+	pt_api_stage_stats st;
+	const uint8_t *data;
+	size_t size;
+	int shown = 0;
 	pt_err rv;
 
 	pthread_mutex_lock(&m->mu);
-	before = m->n_js;
-	/* Per-stage busy sums first: advance reuses the watch builder. */
-	if ((s = state_of(m, job)) == NULL) {
-		rv = pt_set_error(PT_ERR_NOMEM, "metrics");
+	/* Per-stage busy totals from GetJob (in m->lb; the points use m->wb). */
+	if ((rv = pt_jobs_reply_get(m->cfg.jobs, 0, job, &m->lb, &data, &size)) != PT_OK ||
+	    (rv = pt_api_parse_response(data, size, &r)) != PT_OK ||
+	    (rv = pt_api_response_job(&r, 0, &j)) != PT_OK)
 		goto out;
-	}
-	s->live = true;
-	if ((rv = advance(m, s)) != PT_OK) {
-		if (m->n_js > before)
-			m->n_js--; /* forget the entry just added for an unknown job */
-		goto out;
-	}
 	pt_metrics_buf_printf(b, "{\"job\":%" PRIu64 ",\"stage_busy_seconds\":[", job);
-	for (int k = 0; k < s->n_stages; k++)
-		pt_metrics_buf_printf(b, "%s%.6f", k ? "," : "", s->busy[k]);
+	for (size_t k = 0; k < j.n_stages; k++) {
+		if ((rv = pt_api_job_stage(&j, k, &st)) != PT_OK)
+			goto out;
+		if (st.stage >= 0)
+			pt_metrics_buf_printf(b, "%s%.6f", shown++ ? "," : "", st.busy_seconds);
+	}
 	pt_metrics_buf_printf(b, "],\"checkpoint\":");
 	json_checkpoint(m, job, b);
 	if ((rv = watch(m, job, after, max_points, &r)) != PT_OK)

@@ -6,10 +6,12 @@
  * Series: server (requests by kind and result, request latency histogram,
  * queue length, jobs by state, uptime, build info), jobs (step, loss,
  * learning rate, gradient norm, samples and tokens per second, bubble
- * fraction) and stages (busy seconds). Jobs are labelled job_id, not job:
- * Prometheus sets its own `job` label on every scraped series. A job that
- * ended more than grace_s ago leaves the per-job series. Communicator
- * figures are not exported yet (the job runner does not report them).
+ * fraction), stages (busy seconds) and communicators (messages and bytes
+ * by direction, errors, timeouts, reconnects, compression ratio; labelled
+ * stage="coordinator" for rank 0, and absent for stages on worker processes,
+ * whose counters stay there). Jobs are labelled job_id, not job: Prometheus
+ * sets its own `job` label on every scraped series. A job that ended more
+ * than grace_s ago leaves the per-job series.
  */
 #ifndef PT_SERVER_METRICS_H
 #define PT_SERVER_METRICS_H

@@ -208,11 +208,27 @@ static void test_api_submit_raw(void)
 	pt_fb_builder_fini(&b);
 }
 
+static void check_stage(const pt_api_stage_stats *a, const pt_api_stage_stats *b)
+{
+	CU_ASSERT_EQUAL(a->stage, b->stage);
+	CU_ASSERT_EQUAL(a->busy_seconds, b->busy_seconds);
+	CU_ASSERT_EQUAL(a->has_comm, b->has_comm);
+	CU_ASSERT_EQUAL(a->messages_sent, b->messages_sent);
+	CU_ASSERT_EQUAL(a->messages_received, b->messages_received);
+	CU_ASSERT_EQUAL(a->bytes_sent, b->bytes_sent);
+	CU_ASSERT_EQUAL(a->bytes_received, b->bytes_received);
+	CU_ASSERT_EQUAL(a->bytes_raw_sent, b->bytes_raw_sent);
+	CU_ASSERT_EQUAL(a->errors, b->errors);
+	CU_ASSERT_EQUAL(a->timeouts, b->timeouts);
+	CU_ASSERT_EQUAL(a->reconnects, b->reconnects);
+}
+
 static void test_api_response_round_trip(void)
 {
 	pt_fb_builder b;
 	pt_api_response r, o;
 	pt_api_job_info jobs[3], ji;
+	pt_api_stage_stats stages[3];
 	pt_api_metric_point pts[5], pt;
 	pt_api_checkpoint_info ck[2], ci;
 	pt_job_spec spec, back;
@@ -241,6 +257,21 @@ static void test_api_response_round_trip(void)
 		jobs[i].has_last = i > 0;
 		fill_point(&jobs[i].last, 100 * i);
 	}
+	/* Job 11 has per-rank totals: the coordinator, then two stages. */
+	for (int k = 0; k < 3; k++)
+		stages[k] = (pt_api_stage_stats){.stage = k - 1,
+		                                 .busy_seconds = k ? 1.25 * k : 0,
+		                                 .has_comm = k < 2,
+		                                 .messages_sent = k < 2 ? 10u + (uint64_t)k : 0,
+		                                 .messages_received = k < 2 ? 20 : 0,
+		                                 .bytes_sent = k < 2 ? 1000 : 0,
+		                                 .bytes_received = k < 2 ? 2000 : 0,
+		                                 .bytes_raw_sent = k < 2 ? 1500 : 0,
+		                                 .errors = k == 1 ? 1 : 0,
+		                                 .timeouts = k == 1 ? 2 : 0,
+		                                 .reconnects = k == 1 ? UINT64_C(1) << 40 : 0};
+	jobs[1].stages = stages;
+	jobs[1].n_stages = 3;
 	jobs[0].spec = &spec;
 	pt_api_response_init(&r, 6, PT_API_OK, PT_API_GET_JOB);
 	r.jobs = jobs;
@@ -277,6 +308,16 @@ static void test_api_response_round_trip(void)
 		CU_ASSERT_PTR_NULL(ji.spec_table);
 		if (jobs[i].has_last)
 			check_point(&ji.last, &jobs[i].last);
+		CU_ASSERT_EQUAL(ji.n_stages, jobs[i].n_stages);
+		for (size_t k = 0; k < ji.n_stages && k < 3; k++) {
+			pt_api_stage_stats st;
+			PT_CHECK_OK(pt_api_job_stage(&ji, k, &st));
+			check_stage(&st, &stages[k]);
+		}
+		if (ji.n_stages) {
+			pt_api_stage_stats st;
+			PT_CHECK_ERR(pt_api_job_stage(&ji, ji.n_stages, &st), PT_ERR_RANGE);
+		}
 		if (jobs[i].message) {
 			CU_ASSERT_STRING_EQUAL(ji.message, jobs[i].message);
 		} else {

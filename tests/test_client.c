@@ -614,6 +614,85 @@ static void test_client_lib_submit_watch(void)
 	pipeclient_close(c);
 }
 
+/* sum_busy adds up every point's per-stage busy seconds, in step order. */
+static bool sum_busy(void *ctx, uint64_t job, const pipeclient_metric *m)
+{
+	double *busy = ctx;
+	(void)job;
+	for (int k = 0; k < m->n_stages && k < 4; k++)
+		busy[k] += m->stage_busy[k];
+	return true;
+}
+
+/* check_status_stages checks `pipeclient status` of the finished 4-stage job
+ * id: the bubble fraction line and one line per stage with its busy seconds
+ * (the sum over the job's points, as pipeclient_stages reports it), then
+ * the coordinator's line; with --json the same figures in "stages". */
+static void check_status_stages(pipeclient *c, uint64_t id)
+{
+	pipeclient_stage *st = NULL;
+	pipeclient_job j;
+	double busy[4] = {0}, bubble = -1;
+	char *out, buf[64], want[128];
+	const char *p;
+	size_t n = 0;
+	pt_json v;
+
+	CHECK_LIB(pipeclient_watch(c, id, -1, 100, sum_busy, busy, NULL));
+	CHECK_LIB(pipeclient_stages(c, id, &st, &n));
+	CU_ASSERT_EQUAL_FATAL(n, 5);
+	for (size_t i = 0; i < n; i++) {
+		CU_ASSERT_EQUAL(st[i].stage, (int)i - 1);
+		CU_ASSERT(st[i].has_comm); /* in-process stages: every rank reports */
+		CU_ASSERT(st[i].messages_sent > 0 && st[i].messages_received > 0);
+		CU_ASSERT(st[i].bytes_sent > 0 && st[i].bytes_received > 0);
+		CU_ASSERT_EQUAL(st[i].bytes_raw_sent, st[i].bytes_sent); /* shared, not copied */
+		CU_ASSERT_EQUAL(st[i].errors, 0);
+		CU_ASSERT_EQUAL(st[i].reconnects, 0);
+		if (i > 0) {
+			CU_ASSERT(busy[i - 1] > 0);
+			CU_ASSERT_EQUAL(st[i].busy_seconds, busy[i - 1]); /* same sum, same order */
+		}
+	}
+	CU_ASSERT_EQUAL(st[0].busy_seconds, 0);
+
+	snprintf(buf, sizeof(buf), "%" PRIu64, id);
+	CU_ASSERT_EQUAL(run_cli(&out, "--server", srv.url, "status", buf, NULL), CLI_OK);
+	p = strstr(out, "\n  bubble fraction ");
+	CU_ASSERT_FATAL(p != NULL && sscanf(p, "\n  bubble fraction %lf (", &bubble) == 1);
+	CHECK_LIB(pipeclient_get(c, id, &j));
+	snprintf(want, sizeof(want),
+	         "\n  bubble fraction %.3f (idle share of stage time in step %d)\n", j.last.bubble,
+	         STEPS);
+	CU_ASSERT_PTR_NOT_NULL(strstr(out, want));
+	pipeclient_job_fini(&j);
+	CU_ASSERT(bubble >= 0 && bubble <= 1);
+	for (int k = 0; k < 4; k++) {
+		snprintf(want, sizeof(want),
+		         "\n  stage %d: busy %.6f s; %" PRIu64 " messages sent (", k,
+		         st[k + 1].busy_seconds, st[k + 1].messages_sent);
+		CU_ASSERT_PTR_NOT_NULL(strstr(out, want));
+	}
+	CU_ASSERT_PTR_NULL(strstr(out, "\n  stage 4:"));
+	snprintf(want, sizeof(want), "\n  coordinator: %" PRIu64 " messages sent (",
+	         st[0].messages_sent);
+	CU_ASSERT_PTR_NOT_NULL(strstr(out, want));
+	free(out);
+
+	CU_ASSERT_EQUAL(run_cli(&out, "--server", srv.url, "--json", "status", buf, NULL), CLI_OK);
+	CU_ASSERT_FATAL(parse_line(out, 0, &v));
+	CU_ASSERT_EQUAL_FATAL(pt_json_get(&v, "stages") ? pt_json_get(&v, "stages")->len : 0, 5);
+	for (size_t i = 0; i < 5; i++) {
+		const pt_json *e = pt_json_at(pt_json_get(&v, "stages"), i);
+		CU_ASSERT_EQUAL(jint(e, "stage"), (int64_t)i - 1);
+		CU_ASSERT_EQUAL(jnum(e, "busy_seconds"), st[i].busy_seconds);
+		CU_ASSERT_EQUAL(jint(e, "messages_sent"), (int64_t)st[i].messages_sent);
+	}
+	pt_json_fini(&v);
+	free(out);
+	free(st);
+}
+
 static void test_client_get_list(void)
 {
 	pipeclient *c = connect_lib();
@@ -662,6 +741,7 @@ static void test_client_get_list(void)
 	CU_ASSERT_PTR_NOT_NULL(strstr(out, "Succeeded"));
 	CU_ASSERT_PTR_NOT_NULL(strstr(out, "accuracy"));
 	free(out);
+	check_status_stages(c, id);
 
 	CU_ASSERT_EQUAL(run_cli(&out, "--server", srv.url, "--json", "list", NULL), CLI_OK);
 	CU_ASSERT_FATAL(parse_line(out, 0, &v));

@@ -41,6 +41,8 @@ typedef struct server {
 	int http_port;
 	char data_dir[512];
 	char log[600];
+	const char *http_addr;  /* NULL: 127.0.0.1:0 */
+	const char *token_file; /* NULL: no token */
 } server;
 
 static server srv;
@@ -69,13 +71,25 @@ static bool server_start(server *s)
 	int out[2];
 	char line[512];
 	FILE *f;
-	const char *argv[] = {server_bin,     "--listen",    "tcp://127.0.0.1:0",
-	                      "--data-dir",   s->data_dir,   "--files-root",
-	                      PT_SOURCE_ROOT, "--threads",   "2",
-	                      "--http",       "127.0.0.1:0", "--log-format",
-	                      "json",         NULL};
+	const char *argv[] = {server_bin,
+	                      "--listen",
+	                      "tcp://127.0.0.1:0",
+	                      "--data-dir",
+	                      s->data_dir,
+	                      "--files-root",
+	                      PT_SOURCE_ROOT,
+	                      "--threads",
+	                      "2",
+	                      "--http",
+	                      s->http_addr ? s->http_addr : "127.0.0.1:0",
+	                      "--log-format",
+	                      "json",
+	                      s->token_file ? "--auth-token-file" : NULL,
+	                      s->token_file,
+	                      NULL};
 
-	snprintf(s->log, sizeof(s->log), "%s/server.log", tmpdir);
+	if (s->log[0] == '\0')
+		snprintf(s->log, sizeof(s->log), "%s/server.log", tmpdir);
 	if (pipe(out) != 0)
 		return false;
 	if ((s->pid = fork()) == 0) {
@@ -93,7 +107,7 @@ static bool server_start(server *s)
 		return false;
 	while (fgets(line, sizeof(line), f) != NULL) {
 		sscanf(line, "pipeserver listening on %255s", s->url);
-		if (sscanf(line, "pipeserver http on http://127.0.0.1:%d", &s->http_port) == 1)
+		if (sscanf(line, "pipeserver http on http://%*[^:]:%d", &s->http_port) == 1)
 			break;
 	}
 	fclose(f);
@@ -209,9 +223,10 @@ static int http_connect(int port)
 }
 
 /* http_raw sends req as is and reads the whole reply (the server closes
- * HTTP/1.0 connections) into a malloc'ed string; returns the status code,
- * 0 when the server closed without a status line, -1 on socket errors. */
-static int http_raw(int port, const char *req, size_t len, char **body_out)
+ * HTTP/1.0 connections) into a malloc'ed string, the body only unless
+ * with_headers; returns the status code, 0 when the server closed without a
+ * status line, -1 on socket errors. */
+static int http_exchange(int port, const char *req, size_t len, char **body_out, bool with_headers)
 {
 	int fd = http_connect(port), status = 0;
 	size_t n = 0, cap = 1 << 16;
@@ -247,7 +262,7 @@ static int http_raw(int port, const char *req, size_t len, char **body_out)
 	if (sscanf(buf, "HTTP/1.%*d %d", &status) != 1)
 		status = 0;
 	if (body_out) {
-		char *b = strstr(buf, "\r\n\r\n");
+		char *b = with_headers ? NULL : strstr(buf, "\r\n\r\n");
 		if (b)
 			memmove(buf, b + 4, strlen(b + 4) + 1);
 		*body_out = buf;
@@ -255,6 +270,11 @@ static int http_raw(int port, const char *req, size_t len, char **body_out)
 		free(buf);
 	}
 	return status;
+}
+
+static int http_raw(int port, const char *req, size_t len, char **body_out)
+{
+	return http_exchange(port, req, len, body_out, false);
 }
 
 static int http_get(const char *path, char **body)
@@ -331,6 +351,83 @@ static int free_port(void)
 	return port;
 }
 
+/* sample returns the value of the sample line that starts with `series `
+ * (name and labels exactly), or -1 when there is none. */
+static double sample(const char *text, const char *series)
+{
+	size_t n = strlen(series);
+
+	for (const char *p = text; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL)
+		if (strncmp(p, series, n) == 0 && p[n] == ' ')
+			return strtod(p + n + 1, NULL);
+	return -1;
+}
+
+/* count_prefix counts lines that start with prefix. */
+static int count_prefix(const char *text, const char *prefix)
+{
+	int n = 0;
+
+	for (const char *p = text; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL)
+		n += strncmp(p, prefix, strlen(prefix)) == 0;
+	return n;
+}
+
+/* check_comm_series checks the communicator series of the running 4-stage job
+ * (in-process stages: the coordinator and every stage report): one row per
+ * rank (and direction), the exact label sets, and counts that a job past step
+ * 3 must have. */
+static void check_comm_series(const char *body)
+{
+	static const char *const ranks[] = {"coordinator", "0", "1", "2", "3"};
+	static const char *const dirs[] = {"sent", "received"};
+	static const char *const zero[] = {"errors", "timeouts", "reconnects"};
+	char series[256];
+
+	CU_ASSERT_PTR_NOT_NULL(strstr(body, "# TYPE pipetrain_comm_messages_total counter\n"));
+	CU_ASSERT_PTR_NOT_NULL(strstr(body, "# TYPE pipetrain_comm_compression_ratio gauge\n"));
+	CU_ASSERT_EQUAL(count_prefix(body, "pipetrain_comm_messages_total{"), 10);
+	CU_ASSERT_EQUAL(count_prefix(body, "pipetrain_comm_bytes_total{"), 10);
+	CU_ASSERT_EQUAL(count_prefix(body, "pipetrain_comm_errors_total{"), 5);
+	CU_ASSERT_EQUAL(count_prefix(body, "pipetrain_comm_timeouts_total{"), 5);
+	CU_ASSERT_EQUAL(count_prefix(body, "pipetrain_comm_reconnects_total{"), 5);
+	CU_ASSERT_EQUAL(count_prefix(body, "pipetrain_comm_compression_ratio{"), 5);
+	for (size_t r = 0; r < 5; r++) {
+		for (size_t d = 0; d < 2; d++) {
+			snprintf(series, sizeof(series),
+			         "pipetrain_comm_messages_total{job_id=\"%llu\",stage=\"%s\","
+			         "direction=\"%s\"}",
+			         (unsigned long long)job_id, ranks[r], dirs[d]);
+			/* 3 steps x 4 microbatches, forward and backward, at least. */
+			if (!(sample(body, series) >= 12))
+				fprintf(stderr, "%s: %g\n", series, sample(body, series));
+			CU_ASSERT(sample(body, series) >= 12);
+			snprintf(series, sizeof(series),
+			         "pipetrain_comm_bytes_total{job_id=\"%llu\",stage=\"%s\","
+			         "direction=\"%s\"}",
+			         (unsigned long long)job_id, ranks[r], dirs[d]);
+			CU_ASSERT(sample(body, series) > 0);
+		}
+		for (size_t c = 0; c < 3; c++) {
+			snprintf(series, sizeof(series),
+			         "pipetrain_comm_%s_total{job_id=\"%llu\",stage=\"%s\"}", zero[c],
+			         (unsigned long long)job_id, ranks[r]);
+			/* The coordinator waits for the stages in 100 ms slices: a
+			 * step slower than that (a sanitizer build) times one out. */
+			if (r == 0 && strcmp(zero[c], "timeouts") == 0) {
+				CU_ASSERT(sample(body, series) >= 0);
+			} else {
+				CU_ASSERT_EQUAL(sample(body, series), 0);
+			}
+		}
+		/* In-process stages share tensors: nothing is compressed. */
+		snprintf(series, sizeof(series),
+		         "pipetrain_comm_compression_ratio{job_id=\"%llu\",stage=\"%s\"}",
+		         (unsigned long long)job_id, ranks[r]);
+		CU_ASSERT_EQUAL(sample(body, series), 1);
+	}
+}
+
 /* ----------------------------------------------------------- the tests -- */
 
 static void test_http_metrics(void)
@@ -354,6 +451,7 @@ static void test_http_metrics(void)
 	CU_ASSERT_PTR_NOT_NULL(strstr(body, "pipetrain_stage_busy_seconds_total{job_id="));
 	CU_ASSERT_PTR_NOT_NULL(strstr(body, ",stage=\"3\"}"));
 	CU_ASSERT_EQUAL(check_exposition(body), 0);
+	check_comm_series(body);
 
 	snprintf(path, sizeof(path), "%s/metrics.txt", tmpdir);
 	if ((f = fopen(path, "w")) != NULL) {
@@ -659,10 +757,104 @@ static void test_http_json_logs(void)
 	CU_ASSERT(with_job > 0);
 }
 
+/* http_auth sends METHOD path with the Authorization header auth (NULL:
+ * none) to port; *all gets the whole reply, headers included. */
+static int http_auth(int port, const char *method, const char *path, const char *auth, char **all)
+{
+	char req[1024];
+	int n =
+	    snprintf(req, sizeof(req), "%s %s HTTP/1.0\r\nHost: localhost\r\n%s%s%s\r\n", method,
+	             path, auth ? "Authorization: " : "", auth ? auth : "", auth ? "\r\n" : "");
+	return http_exchange(port, req, (size_t)n, all, true);
+}
+
+/* A second server with a token and --http on every address (0.0.0.0,
+ * reached through 127.0.0.1): every path but the probes needs the token. */
+static void test_http_token(void)
+{
+	static const char *const guarded[] = {
+	    "/metrics", "/", "/index.html", "/api/jobs", "/api/jobs/1/metrics", "/no-such-path"};
+	static const char bare[] = "WWW-Authenticate: Bearer realm=\"pipetrain\"\r\n";
+	static const char invalid[] =
+	    "WWW-Authenticate: Bearer realm=\"pipetrain\", error=\"invalid_token\"\r\n";
+	server t = {.http_addr = "0.0.0.0:0"};
+	char token_path[600], *all = NULL;
+	int st;
+
+	snprintf(token_path, sizeof(token_path), "%s/token", tmpdir);
+	pt_test_write_file(token_path, "tok-123\n", 8);
+	t.token_file = token_path;
+	snprintf(t.data_dir, sizeof(t.data_dir), "%s/data-token", tmpdir);
+	snprintf(t.log, sizeof(t.log), "%s/server-token.log", tmpdir);
+	CU_ASSERT_FATAL(server_start(&t));
+
+	for (size_t i = 0; i < sizeof(guarded) / sizeof(guarded[0]); i++) {
+		st = http_auth(t.http_port, "GET", guarded[i], NULL, &all);
+		CU_ASSERT_EQUAL(st, 401);
+		CU_ASSERT_PTR_NOT_NULL(all && strstr(all, bare));
+		CU_ASSERT_PTR_NULL(all && strstr(all, "pipetrain_")); /* nothing leaks */
+		free(all);
+		st = http_auth(t.http_port, "GET", guarded[i], "Bearer tok-12", &all);
+		CU_ASSERT_EQUAL(st, 401);
+		CU_ASSERT_PTR_NOT_NULL(all && strstr(all, invalid));
+		free(all);
+		CU_ASSERT_EQUAL(http_auth(t.http_port, "GET", guarded[i], "Bearer tok-1234", NULL),
+		                401);
+		CU_ASSERT_EQUAL(
+		    http_auth(t.http_port, "GET", guarded[i], "Basic dG9rLTEyMw==", NULL), 401);
+		CU_ASSERT_EQUAL(http_auth(t.http_port, "HEAD", guarded[i], NULL, NULL), 401);
+	}
+	/* The right token: the request reaches its handler. */
+	st = http_auth(t.http_port, "GET", "/metrics", "Bearer tok-123", &all);
+	CU_ASSERT_EQUAL(st, 200);
+	CU_ASSERT_PTR_NOT_NULL(all && strstr(all, "\npipetrain_build_info{"));
+	free(all);
+	st = http_auth(t.http_port, "GET", "/api/jobs", "bearer tok-123", &all);
+	CU_ASSERT_EQUAL(st, 200);
+	CU_ASSERT_PTR_NOT_NULL(all && strstr(all, "\r\n\r\n[]\n"));
+	free(all);
+	CU_ASSERT_EQUAL(http_auth(t.http_port, "GET", "/", "Bearer tok-123", NULL), 200);
+	CU_ASSERT_EQUAL(http_auth(t.http_port, "HEAD", "/metrics", "Bearer tok-123", NULL), 200);
+	CU_ASSERT_EQUAL(
+	    http_auth(t.http_port, "GET", "/api/jobs/1/metrics", "Bearer tok-123", NULL), 404);
+	CU_ASSERT_EQUAL(http_auth(t.http_port, "GET", "/no-such-path", "Bearer tok-123", NULL),
+	                404);
+	/* A wrong method is 405 before the token is looked at. */
+	CU_ASSERT_EQUAL(http_auth(t.http_port, "POST", "/metrics", NULL, NULL), 405);
+	/* Probes stay open, as Kubernetes' httpGet probes send no token. */
+	st = http_auth(t.http_port, "GET", "/healthz", NULL, &all);
+	CU_ASSERT_EQUAL(st, 200);
+	CU_ASSERT_PTR_NOT_NULL(all && strstr(all, "{\"status\":\"ok\"}"));
+	free(all);
+	st = http_auth(t.http_port, "GET", "/readyz", NULL, &all);
+	CU_ASSERT_EQUAL(st, 200);
+	CU_ASSERT_PTR_NOT_NULL(all && strstr(all, "\"ready\":true"));
+	free(all);
+	CU_ASSERT_EQUAL(http_auth(t.http_port, "GET", "/healthz", "Bearer wrong", NULL), 200);
+	CU_ASSERT_EQUAL(server_stop(&t), 0);
+
+	/* Without a token a non-loopback --http is refused at startup. */
+	{
+		server u = {.http_addr = "0.0.0.0:0"};
+		snprintf(u.data_dir, sizeof(u.data_dir), "%s/data-notoken", tmpdir);
+		snprintf(u.log, sizeof(u.log), "%s/server-notoken.log", tmpdir);
+		CU_ASSERT_FALSE(server_start(&u));
+		if (u.pid > 0) {
+			int status = 0;
+			CU_ASSERT_EQUAL(waitpid(u.pid, &status, 0), u.pid);
+			CU_ASSERT(WIFEXITED(status) && WEXITSTATUS(status) != 0);
+		}
+	}
+}
+
 static const pt_test_case http_tests[] = {
-    {"test_http_metrics", test_http_metrics},     {"test_http_dashboard", test_http_dashboard},
-    {"test_http_hostile", test_http_hostile},     {"test_http_probes", test_http_probes},
-    {"test_http_json_logs", test_http_json_logs}, {NULL, NULL},
+    {"test_http_metrics", test_http_metrics},
+    {"test_http_dashboard", test_http_dashboard},
+    {"test_http_hostile", test_http_hostile},
+    {"test_http_probes", test_http_probes},
+    {"test_http_json_logs", test_http_json_logs},
+    {"test_http_token", test_http_token},
+    {NULL, NULL},
 };
 
 static int suite_init(void)

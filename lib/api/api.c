@@ -44,7 +44,21 @@ enum {
 	JI_STARTED,
 	JI_FINISHED,
 	JI_LAST,
-	JI_SPEC
+	JI_SPEC,
+	JI_STAGES
+};
+enum {
+	SS_STAGE,
+	SS_BUSY,
+	SS_HAS_COMM,
+	SS_MSGS_SENT,
+	SS_MSGS_RECV,
+	SS_BYTES_SENT,
+	SS_BYTES_RECV,
+	SS_BYTES_RAW_SENT,
+	SS_ERRORS,
+	SS_TIMEOUTS,
+	SS_RECONNECTS
 };
 enum { SUBMITR_JOB };
 enum { GETR_JOB };
@@ -117,6 +131,21 @@ static const pt_fb_field_desc point_fields[] = {
 };
 static const pt_fb_table_desc point_desc = PT_FB_TABLE_DESC("MetricPoint", point_fields);
 
+static const pt_fb_field_desc stagestats_fields[] = {
+    SC(SS_STAGE, "stage", 4),
+    SC(SS_BUSY, "busy_seconds", 8),
+    SC(SS_HAS_COMM, "has_comm", 1),
+    SC(SS_MSGS_SENT, "messages_sent", 8),
+    SC(SS_MSGS_RECV, "messages_received", 8),
+    SC(SS_BYTES_SENT, "bytes_sent", 8),
+    SC(SS_BYTES_RECV, "bytes_received", 8),
+    SC(SS_BYTES_RAW_SENT, "bytes_raw_sent", 8),
+    SC(SS_ERRORS, "errors", 8),
+    SC(SS_TIMEOUTS, "timeouts", 8),
+    SC(SS_RECONNECTS, "reconnects", 8),
+};
+static const pt_fb_table_desc stagestats_desc = PT_FB_TABLE_DESC("StageStats", stagestats_fields);
+
 static const pt_fb_field_desc jobinfo_fields[] = {
     SC(JI_ID, "id", 8),
     PT_FB_FIELD_STRING(JI_NAME, "name", false),
@@ -129,6 +158,7 @@ static const pt_fb_field_desc jobinfo_fields[] = {
     SC(JI_FINISHED, "finished_unix", 8),
     PT_FB_FIELD_TABLE(JI_LAST, "last", &point_desc, false),
     PT_FB_FIELD_TABLE(JI_SPEC, "spec", &pt_fb_job_spec_desc, false),
+    PT_FB_FIELD_VECTOR_TABLE(JI_STAGES, "stages", &stagestats_desc, false),
 };
 static const pt_fb_table_desc jobinfo_desc = PT_FB_TABLE_DESC("JobInfo", jobinfo_fields);
 
@@ -501,31 +531,6 @@ static pt_err build_point(pt_fb_builder *b, const pt_api_metric_point *p, pt_fb_
 	return pt_fb_end_table(b, out);
 }
 
-static pt_err build_job_info(pt_fb_builder *b, const pt_api_job_info *j, pt_fb_ref *out)
-{
-	pt_fb_ref name = 0, msg = 0, last = 0, spec = 0;
-
-	str_ref(b, j->name, &name);
-	str_ref(b, j->message, &msg);
-	if (j->has_last)
-		PT_TRY(build_point(b, &j->last, &last));
-	if (j->spec)
-		PT_TRY(pt_job_spec_build(b, j->spec, &spec));
-	pt_fb_start_table(b);
-	pt_fb_add_u64(b, JI_ID, j->id, 0);
-	pt_fb_add_offset(b, JI_NAME, name);
-	pt_fb_add_u8(b, JI_STATE, (uint8_t)j->state, 0);
-	pt_fb_add_offset(b, JI_MESSAGE, msg);
-	pt_fb_add_i64(b, JI_STEP, j->step, 0);
-	pt_fb_add_i64(b, JI_STEPS, j->steps, 0);
-	pt_fb_add_f64(b, JI_SUBMITTED, j->submitted_unix, 0);
-	pt_fb_add_f64(b, JI_STARTED, j->started_unix, 0);
-	pt_fb_add_f64(b, JI_FINISHED, j->finished_unix, 0);
-	pt_fb_add_offset(b, JI_LAST, last);
-	pt_fb_add_offset(b, JI_SPEC, spec);
-	return pt_fb_end_table(b, out);
-}
-
 /* build_table_vector builds n items with fn into a vector of tables. */
 static pt_err build_table_vector(pt_fb_builder *b, const void *items, size_t n, size_t item_size,
                                  pt_err (*fn)(pt_fb_builder *, const void *, pt_fb_ref *),
@@ -547,6 +552,56 @@ static pt_err build_table_vector(pt_fb_builder *b, const void *items, size_t n, 
 		rv = pt_fb_create_ref_vector(b, refs, n, out);
 	free(refs);
 	return rv;
+}
+
+static pt_err build_stage_stats(pt_fb_builder *b, const void *item, pt_fb_ref *out)
+{
+	const pt_api_stage_stats *s = item;
+
+	pt_fb_start_table(b);
+	pt_fb_add_i32(b, SS_STAGE, s->stage, 0);
+	pt_fb_add_f64(b, SS_BUSY, s->busy_seconds, 0);
+	pt_fb_add_bool(b, SS_HAS_COMM, s->has_comm, false);
+	pt_fb_add_u64(b, SS_MSGS_SENT, s->messages_sent, 0);
+	pt_fb_add_u64(b, SS_MSGS_RECV, s->messages_received, 0);
+	pt_fb_add_u64(b, SS_BYTES_SENT, s->bytes_sent, 0);
+	pt_fb_add_u64(b, SS_BYTES_RECV, s->bytes_received, 0);
+	pt_fb_add_u64(b, SS_BYTES_RAW_SENT, s->bytes_raw_sent, 0);
+	pt_fb_add_u64(b, SS_ERRORS, s->errors, 0);
+	pt_fb_add_u64(b, SS_TIMEOUTS, s->timeouts, 0);
+	pt_fb_add_u64(b, SS_RECONNECTS, s->reconnects, 0);
+	return pt_fb_end_table(b, out);
+}
+
+static pt_err build_job_info(pt_fb_builder *b, const pt_api_job_info *j, pt_fb_ref *out)
+{
+	pt_fb_ref name = 0, msg = 0, last = 0, spec = 0, stages = 0;
+
+	if (j->n_stages > PT_API_MAX_STAGE_STATS)
+		return pt_set_error(PT_ERR_INVALID, "JobInfo: %zu stage entries", j->n_stages);
+	if (j->n_stages > 0)
+		PT_TRY(build_table_vector(b, j->stages, j->n_stages, sizeof(*j->stages),
+		                          build_stage_stats, &stages));
+	str_ref(b, j->name, &name);
+	str_ref(b, j->message, &msg);
+	if (j->has_last)
+		PT_TRY(build_point(b, &j->last, &last));
+	if (j->spec)
+		PT_TRY(pt_job_spec_build(b, j->spec, &spec));
+	pt_fb_start_table(b);
+	pt_fb_add_u64(b, JI_ID, j->id, 0);
+	pt_fb_add_offset(b, JI_NAME, name);
+	pt_fb_add_u8(b, JI_STATE, (uint8_t)j->state, 0);
+	pt_fb_add_offset(b, JI_MESSAGE, msg);
+	pt_fb_add_i64(b, JI_STEP, j->step, 0);
+	pt_fb_add_i64(b, JI_STEPS, j->steps, 0);
+	pt_fb_add_f64(b, JI_SUBMITTED, j->submitted_unix, 0);
+	pt_fb_add_f64(b, JI_STARTED, j->started_unix, 0);
+	pt_fb_add_f64(b, JI_FINISHED, j->finished_unix, 0);
+	pt_fb_add_offset(b, JI_LAST, last);
+	pt_fb_add_offset(b, JI_SPEC, spec);
+	pt_fb_add_offset(b, JI_STAGES, stages);
+	return pt_fb_end_table(b, out);
 }
 
 static pt_err build_job_fn(pt_fb_builder *b, const void *item, pt_fb_ref *out)
@@ -783,6 +838,7 @@ static void read_point(const uint8_t *t, pt_api_metric_point *p)
 pt_err pt_api_response_job(const pt_api_response *r, size_t i, pt_api_job_info *out)
 {
 	const uint8_t *t, *last;
+	uint32_t n;
 
 	if (r == NULL || out == NULL || (r->n_jobs && r->vec_ == NULL))
 		return pt_set_error(PT_ERR_INVALID, "pt_api_response_job: not a parsed view");
@@ -804,6 +860,32 @@ pt_err pt_api_response_job(const pt_api_response *r, size_t i, pt_api_job_info *
 		read_point(last, &out->last);
 	}
 	out->spec_table = pt_fb_get_table(t, JI_SPEC);
+	out->stages_vec_ = pt_fb_get_vector(t, JI_STAGES, &n);
+	out->n_stages = out->stages_vec_ ? n : 0;
+	return PT_OK;
+}
+
+pt_err pt_api_job_stage(const pt_api_job_info *j, size_t i, pt_api_stage_stats *out)
+{
+	const uint8_t *t;
+
+	if (j == NULL || out == NULL || (j->n_stages && j->stages_vec_ == NULL))
+		return pt_set_error(PT_ERR_INVALID, "pt_api_job_stage: not a parsed view");
+	if (i >= j->n_stages)
+		return pt_set_error(PT_ERR_RANGE, "stage entry %zu of %zu", i, j->n_stages);
+	t = pt_fb_vec_table(j->stages_vec_, (uint32_t)i);
+	memset(out, 0, sizeof(*out));
+	out->stage = pt_fb_get_i32(t, SS_STAGE, 0);
+	out->busy_seconds = pt_fb_get_f64(t, SS_BUSY, 0);
+	out->has_comm = pt_fb_get_bool(t, SS_HAS_COMM, false);
+	out->messages_sent = pt_fb_get_u64(t, SS_MSGS_SENT, 0);
+	out->messages_received = pt_fb_get_u64(t, SS_MSGS_RECV, 0);
+	out->bytes_sent = pt_fb_get_u64(t, SS_BYTES_SENT, 0);
+	out->bytes_received = pt_fb_get_u64(t, SS_BYTES_RECV, 0);
+	out->bytes_raw_sent = pt_fb_get_u64(t, SS_BYTES_RAW_SENT, 0);
+	out->errors = pt_fb_get_u64(t, SS_ERRORS, 0);
+	out->timeouts = pt_fb_get_u64(t, SS_TIMEOUTS, 0);
+	out->reconnects = pt_fb_get_u64(t, SS_RECONNECTS, 0);
 	return PT_OK;
 }
 

@@ -44,6 +44,8 @@
 #define PT_API_MAX_CHUNK (4u << 20)
 /* Most per-stage busy figures one metric point carries. */
 #define PT_API_MAX_STAGES 64
+/* Most StageStats entries one JobInfo carries (the coordinator + the stages). */
+#define PT_API_MAX_STAGE_STATS (PT_API_MAX_STAGES + 1)
 /* Verification depth limit used by the parsers (tables nested, root = 1). */
 #define PT_API_MAX_DEPTH 32
 
@@ -197,6 +199,21 @@ typedef struct pt_api_metric_point {
 	double time_unix;
 } pt_api_metric_point;
 
+/* pt_api_stage_stats is one StageStats: a pipeline rank's totals. busy_seconds
+ * sums the job's metric points; the communicator counters (pt_comm_stats)
+ * cover the job's current run and are 0 with has_comm false for a stage
+ * served by a worker process and for a job that has not run since the
+ * server restarted (counters are not journaled). */
+typedef struct pt_api_stage_stats {
+	int32_t stage; /* 0-based stage; -1: the coordinator */
+	double busy_seconds;
+	bool has_comm;
+	uint64_t messages_sent, messages_received;
+	uint64_t bytes_sent, bytes_received; /* on the wire, after compression */
+	uint64_t bytes_raw_sent;             /* before compression */
+	uint64_t errors, timeouts, reconnects;
+} pt_api_stage_stats;
+
 /* pt_api_job_info is one JobInfo. */
 typedef struct pt_api_job_info {
 	uint64_t id;
@@ -212,6 +229,12 @@ typedef struct pt_api_job_info {
 	 * verified JobSpec table in the buffer, or NULL. */
 	const pt_job_spec *spec;
 	const uint8_t *spec_table;
+	/* Per-rank totals: the coordinator (stage -1), then the stages. Building:
+	 * stages[0..n_stages). Parsed: stages is NULL; read with
+	 * pt_api_job_stage. */
+	const pt_api_stage_stats *stages;
+	size_t n_stages;
+	const uint8_t *stages_vec_; /* parsed views only: private */
 } pt_api_job_info;
 
 /* pt_api_checkpoint_info is one CheckpointInfo. */
@@ -302,6 +325,11 @@ pt_err pt_api_parse_response(const void *buf, size_t size, pt_api_response *out)
  * ListJobsReply into *out (a view into the same buffer). PT_ERR_RANGE when i
  * is out of range; PT_ERR_INVALID when r was not parsed. */
 pt_err pt_api_response_job(const pt_api_response *r, size_t i, pt_api_job_info *out);
+
+/* pt_api_job_stage reads stage entry i (< j->n_stages) of a parsed job info
+ * into *out. PT_ERR_RANGE when i is out of range; PT_ERR_INVALID when j was
+ * not parsed. */
+pt_err pt_api_job_stage(const pt_api_job_info *j, size_t i, pt_api_stage_stats *out);
 
 /* pt_api_response_point reads metric point i (< r->n_points) of a parsed
  * WatchMetricsReply. stage_busy entries beyond PT_API_MAX_STAGES are dropped. */

@@ -88,9 +88,12 @@ typedef struct pt_comm pt_comm;
  * compression, so bytes_sent < bytes_raw_sent shows lz4 at work. The local
  * communicator copies nothing and counts the logical bytes (tensor + blob).
  * errors: failed sends and malformed arrivals; timeouts: receives and barriers
- * that timed out. */
+ * that timed out (a receive with timeout 0 is a poll: finding nothing is not
+ * a timeout); reconnects: connections to a peer made again after the
+ * first one (nng; a dropped connection still marks the peer lost). */
 typedef struct pt_comm_stats {
 	uint64_t msgs_sent, msgs_recv, bytes_sent, bytes_recv, bytes_raw_sent, errors, timeouts;
+	uint64_t reconnects;
 } pt_comm_stats;
 
 typedef struct pt_comm_ops {

@@ -389,6 +389,7 @@ pt_comm_stats pt_comm_counters_get(const pt_comm_counters *k)
 	    .bytes_raw_sent = atomic_load(&k->bytes_raw_sent),
 	    .errors = atomic_load(&k->errors),
 	    .timeouts = atomic_load(&k->timeouts),
+	    .reconnects = atomic_load(&k->reconnects),
 	};
 	return s;
 }

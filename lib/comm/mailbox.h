@@ -78,7 +78,7 @@ void pt_mailbox_drain(pt_mailbox *mb);
  * add the same to bytes_sent and bytes_raw_sent. */
 typedef struct pt_comm_counters {
 	atomic_uint_fast64_t msgs_sent, msgs_recv, bytes_sent, bytes_recv, bytes_raw_sent, errors,
-	    timeouts;
+	    timeouts, reconnects;
 } pt_comm_counters;
 
 /* pt_comm_counters_get returns a snapshot of k. */

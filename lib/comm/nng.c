@@ -128,7 +128,8 @@ typedef struct nng_peer {
 	nng_tls_config *tls;
 	pthread_mutex_t mu; /* orders seq assignment with nng_sendmsg */
 	uint64_t next_seq;
-	uint64_t skip; /* test hook: added to the next seq */
+	uint64_t skip;        /* test hook: added to the next seq */
+	atomic_uint connects; /* pipes the dialer made */
 } nng_peer;
 
 /* A fragmented tensor being received from one source. */
@@ -388,6 +389,8 @@ static void push_pipe_cb(nng_pipe p, nng_pipe_ev ev, void *arg)
 	nng_peer *peer = arg;
 
 	(void)p;
+	if (ev == NNG_PIPE_EV_ADD_POST && atomic_fetch_add(&peer->connects, 1) > 0)
+		atomic_fetch_add(&peer->c->n.reconnects, 1);
 	if (ev == NNG_PIPE_EV_REM_POST && !atomic_load(&peer->c->stopping))
 		mark_lost_pending(peer->c, peer->rank);
 }
@@ -716,8 +719,8 @@ static pt_err nng_comm_recv(pt_comm *base, int src, pt_channel ch, int timeout_m
 	if (atomic_load(&c->closed))
 		return pt_set_error(PT_ERR_CLOSED, "rank %d's communicator is closed", base->rank);
 	rv = pt_mailbox_pop(c->mb, src, ch, timeout_ms, out);
-	if (rv == PT_ERR_TIMEOUT)
-		atomic_fetch_add(&c->n.timeouts, 1);
+	if (rv == PT_ERR_TIMEOUT && timeout_ms != 0)
+		atomic_fetch_add(&c->n.timeouts, 1); /* an empty poll is not a timeout */
 	return rv;
 }
 
@@ -1545,6 +1548,7 @@ static pt_err dial_peer(nng_comm *c, nng_peer *p, const char *url)
 	    (rv = nng_socket_set_ms(p->push, NNG_OPT_RECONNMINT, RECONNECT_MIN_MS)) != 0 ||
 	    (rv = nng_socket_set_ms(p->push, NNG_OPT_RECONNMAXT, RECONNECT_MAX_MS)) != 0 ||
 	    (rv = nng_pipe_notify(p->push, NNG_PIPE_EV_REM_POST, push_pipe_cb, p)) != 0 ||
+	    (rv = nng_pipe_notify(p->push, NNG_PIPE_EV_ADD_POST, push_pipe_cb, p)) != 0 ||
 	    (rv = nng_dialer_create(&p->dialer, p->push, url)) != 0)
 		return nng_fail(rv, "%s: %s", what);
 	if (is_tls(url)) {

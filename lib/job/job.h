@@ -117,6 +117,12 @@ typedef struct pt_job_metric {
 	double stage_busy[PT_MAX_STAGES];
 	double eval_loss, eval_accuracy; /* NaN when not evaluated at this step */
 	double time_unix;
+	/* Communicator counters since the run started, per rank: comm[0] the
+	 * coordinator, comm[1..n_stages] the stages. n_comm ranks are filled:
+	 * n_stages + 1, or 1 when the stages run on workers (their counters
+	 * stay in those processes). */
+	int n_comm;
+	pt_comm_stats comm[PT_MAX_STAGES + 1];
 } pt_job_metric;
 
 typedef struct pt_job_hooks {

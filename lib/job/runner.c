@@ -583,6 +583,8 @@ static pt_err train(runner *r, int64_t start, int64_t *done)
 		m.n_stages = r->p;
 		for (int st = 0; st < r->p; st++)
 			m.stage_busy[st] = res.stage_busy[st];
+		for (int i = 0; i <= r->p && r->comms[i] != NULL; i++)
+			m.comm[m.n_comm++] = pt_comm_get_stats(r->comms[i]);
 		eval_due = r->have_eval &&
 		           ((s->eval_every > 0 && step % s->eval_every == 0) || step == s->steps);
 		ck_due = r->ckdir != NULL &&
