@@ -432,8 +432,23 @@ static pt_err meta_sqnorm(const pt_op_call *c)
 	return PT_OK;
 }
 
+/* The optional run-time scalars (input 1) of adamw and sgd. */
+static pt_err meta_optim_scalars(const pt_op_call *c)
+{
+	const pt_tensor *s = c->in[1];
+	if (s == NULL)
+		return PT_OK;
+	if (s->dtype != PT_F64 || pt_tensor_numel(s) != PT_OPTIM_SCALARS ||
+	    !pt_tensor_is_contiguous(s) || s->storage->device.kind != PT_DEV_CPU)
+		return pt_set_error(PT_ERR_SHAPE,
+		                    "%s: scalars must be %d contiguous f64 on the CPU",
+		                    pt_op_name(c->op), PT_OPTIM_SCALARS);
+	return PT_OK;
+}
+
 static pt_err meta_adamw(const pt_op_call *c)
 {
+	PT_TRY(meta_optim_scalars(c));
 	PT_TRY(need_f32(c, c->in[0], "grad"));
 	PT_TRY(need_f32(c, c->out[0], "param"));
 	PT_TRY(need_f32(c, c->out[1], "m"));
@@ -441,13 +456,14 @@ static pt_err meta_adamw(const pt_op_call *c)
 	for (int i = 0; i < 3; i++)
 		if (pt_tensor_numel(c->out[i]) != pt_tensor_numel(c->in[0]))
 			return pt_set_error(PT_ERR_SHAPE, "adamw_update: buffers differ in size");
-	if (c->p.adamw.step < 1)
+	if (c->in[1] == NULL && c->p.adamw.step < 1)
 		return pt_set_error(PT_ERR_RANGE, "adamw_update: step must be >= 1");
 	return PT_OK;
 }
 
 static pt_err meta_sgd(const pt_op_call *c)
 {
+	PT_TRY(meta_optim_scalars(c));
 	PT_TRY(need_f32(c, c->in[0], "grad"));
 	PT_TRY(need_f32(c, c->out[0], "param"));
 	if (pt_tensor_numel(c->out[0]) != pt_tensor_numel(c->in[0]))
@@ -513,6 +529,8 @@ PLAN_CPU(mse_bwd, mse_backward)
 PLAN_CPU(sqnorm, squared_norm)
 PLAN_CPU(adamw, adamw)
 PLAN_CPU(sgd, sgd)
+/* Run-time scalars (input 1) live on the CPU: device_of refuses them next to
+ * device buffers, so only CPU kernels read them. */
 
 static pt_err plan_attn_bwd(pt_op_call *c)
 {
@@ -833,6 +851,39 @@ pt_err pt_adamw_update(pt_tensor *param, pt_tensor *m, pt_tensor *v, const pt_te
 	c.p.adamw.weight_decay = weight_decay;
 	c.p.adamw.grad_scale = grad_scale;
 	c.p.adamw.step = step;
+	return pt_dispatch(&c);
+}
+
+pt_err pt_adamw_update_scalars(pt_tensor *param, pt_tensor *m, pt_tensor *v, const pt_tensor *grad,
+                               const pt_tensor *scalars, float beta1, float beta2, float eps,
+                               float weight_decay)
+{
+	CALL(ADAMW);
+	c.out[0] = param;
+	c.out[1] = m;
+	c.out[2] = v;
+	c.in[0] = grad;
+	c.in[1] = scalars;
+	c.p.adamw.beta1 = beta1;
+	c.p.adamw.beta2 = beta2;
+	c.p.adamw.eps = eps;
+	c.p.adamw.weight_decay = weight_decay;
+	return pt_dispatch(&c);
+}
+
+pt_err pt_sgd_update_scalars(pt_tensor *param, pt_tensor *buf, const pt_tensor *grad,
+                             const pt_tensor *scalars, float momentum, float dampening,
+                             float weight_decay, bool nesterov)
+{
+	CALL(SGD);
+	c.out[0] = param;
+	c.out[1] = momentum != 0.0f ? buf : NULL;
+	c.in[0] = grad;
+	c.in[1] = scalars;
+	c.p.sgd.momentum = momentum;
+	c.p.sgd.dampening = dampening;
+	c.p.sgd.weight_decay = weight_decay;
+	c.p.sgd.nesterov = nesterov;
 	return pt_dispatch(&c);
 }
 
