@@ -1,10 +1,22 @@
-/* train.c - the in-process training step and evaluation. */
+/* train.c - the in-process training step and evaluation.
+ *
+ * With graphs on, a step runs three named graphs of the trainer's own graph
+ * manager: Phase_Forward and Phase_Backward once per microbatch (the
+ * microbatch is first copied into the trainer's fixed input buffers, so
+ * every microbatch is the same computation on the same buffers) and
+ * Phase_OptimizerStep once per step (its lr, grad scale and step count come
+ * from the optimizer's run-time scalars, written before the graph runs).
+ * The loss, its gradient, the gradient norms and zeroing the gradients stay
+ * eager: they read values on the host or depend on them (the number of
+ * counted targets scales the loss gradient).
+ */
 #include "train.h"
 
 #include <math.h>
 #include <stdlib.h>
 
 #include "dispatch.h"
+#include "graph.h"
 
 struct pt_trainer {
 	pt_model *model;
@@ -16,6 +28,12 @@ struct pt_trainer {
 	float *host_pred;
 	int64_t *host_tg;
 	double *sqnorms; /* per parameter tensor */
+	/* graphs (NULL: eager) */
+	pt_graph_manager *graphs;
+	pt_tensor xs, ys;      /* the microbatch, copied in (fixed buffers) */
+	const pt_tensor *pred; /* the model's output (a fixed buffer) */
+	uint64_t step, mb;     /* of the forward being captured */
+	pt_graph_run last[3];  /* how each phase ran last */
 };
 
 pt_err pt_trainer_create(pt_trainer **out, pt_model *model, pt_optimizer *opt,
@@ -56,6 +74,9 @@ void pt_trainer_destroy(pt_trainer *t)
 {
 	if (t == NULL)
 		return;
+	pt_graph_manager_destroy(t->graphs);
+	pt_tensor_fini(&t->xs);
+	pt_tensor_fini(&t->ys);
 	pt_loss_destroy(t->loss);
 	pt_tensor_fini(&t->dpred);
 	free(t->host_pred);
@@ -67,6 +88,22 @@ void pt_trainer_destroy(pt_trainer *t)
 void pt_trainer_set_deferred(pt_trainer *t, bool deferred)
 {
 	t->deferred = deferred;
+}
+
+pt_err pt_trainer_set_graphs(pt_trainer *t, bool on, int warmup)
+{
+	pt_graph_manager_destroy(t->graphs);
+	t->graphs = NULL;
+	t->pred = NULL;
+	if (on)
+		PT_TRY(pt_graph_manager_create(&t->graphs, warmup, 0));
+	return PT_OK;
+}
+
+pt_graph_run pt_trainer_graph_run(const pt_trainer *t, pt_graph_phase phase)
+{
+	int i = phase == PT_PHASE_FORWARD ? 0 : phase == PT_PHASE_BACKWARD ? 1 : 2;
+	return t->last[i];
 }
 
 static pt_err split(const pt_tensor *full, int64_t B, int k, int n, pt_tensor *out)
@@ -113,6 +150,78 @@ static pt_err step_body(pt_trainer *t, const pt_tensor *x, const pt_tensor *y, i
 	return PT_OK;
 }
 
+static pt_err forward_fn(void *arg, pt_stream *stream)
+{
+	pt_trainer *t = arg;
+	return pt_model_forward(t->model, 0, &t->xs, &t->pred, true, t->step, t->mb);
+}
+
+static pt_err backward_fn(void *arg, pt_stream *stream)
+{
+	pt_trainer *t = arg;
+	return pt_model_backward(t->model, 0, &t->dpred, NULL);
+}
+
+static pt_err update_fn(void *arg, pt_stream *stream)
+{
+	pt_trainer *t = arg;
+	return pt_optimizer_update(t->opt);
+}
+
+/* Copies view v into the fixed buffer *fixed (made on first use). */
+static pt_err stage_in(pt_tensor *fixed, const pt_tensor *v)
+{
+	if (fixed->storage == NULL)
+		PT_TRY(pt_tensor_init(fixed, v->dtype, v->ndim, v->shape));
+	if (fixed->dtype != v->dtype || pt_tensor_numel(fixed) != pt_tensor_numel(v))
+		return pt_set_error(PT_ERR_SHAPE, "graphs: microbatch shape changed between steps");
+	return pt_tensor_read(v, pt_tensor_data(fixed), pt_tensor_nbytes(fixed));
+}
+
+/* The step of step_body with forward, backward and the update as graphs. */
+static pt_err graph_step(pt_trainer *t, const pt_tensor *x, const pt_tensor *y, int mbs,
+                         uint64_t step, pt_step_result *res)
+{
+	int64_t B = pt_model_batch(t->model);
+	double loss_sum = 0.0;
+	float scale = 1.0f / (float)mbs;
+	pt_err rv = PT_OK;
+
+	PT_TRY(pt_model_zero_grad(t->model));
+	for (int k = 0; k < mbs && rv == PT_OK; k++) {
+		pt_tensor xk = {0}, yk = {0};
+		double l;
+		t->step = step;
+		t->mb = (uint64_t)k;
+		if ((rv = split(x, B, k, mbs, &xk)) == PT_OK &&
+		    (rv = split(y, B, k, mbs, &yk)) == PT_OK &&
+		    (rv = stage_in(&t->xs, &xk)) == PT_OK &&
+		    (rv = stage_in(&t->ys, &yk)) == PT_OK &&
+		    (rv = pt_graph_manager_execute_phase(t->graphs, PT_PHASE_FORWARD, forward_fn, t,
+		                                         NULL, &t->last[0])) == PT_OK &&
+		    (rv = pt_loss_compute_loss(t->loss, t->pred, &t->ys, &l, NULL)) == PT_OK &&
+		    (rv = pt_loss_compute_gradient(t->loss, t->pred, &t->ys, scale, &t->dpred)) ==
+		        PT_OK &&
+		    (rv = pt_graph_manager_execute_phase(t->graphs, PT_PHASE_BACKWARD, backward_fn,
+		                                         t, NULL, &t->last[1])) == PT_OK)
+			loss_sum += l;
+		pt_tensor_fini(&xk);
+		pt_tensor_fini(&yk);
+	}
+	if (rv != PT_OK)
+		return rv;
+	PT_TRY(pt_model_grad_sqnorms(t->model, t->sqnorms));
+	res->grad_norm = sqrt(pt_sum_sqnorms(t->sqnorms, pt_model_num_tensors(t->model)));
+	res->loss = loss_sum / mbs;
+	res->lr = pt_optimizer_next_lr(t->opt);
+	PT_TRY(
+	    pt_optimizer_prepare(t->opt, pt_clip_scale(res->grad_norm, pt_optimizer_clip(t->opt))));
+	PT_TRY(pt_graph_manager_execute_phase(t->graphs, PT_PHASE_OPTIMIZER_STEP, update_fn, t,
+	                                      NULL, &t->last[2]));
+	pt_optimizer_advance(t->opt);
+	return PT_OK;
+}
+
 pt_err pt_trainer_step(pt_trainer *t, const pt_tensor *x, const pt_tensor *y, int microbatches,
                        uint64_t step, pt_step_result *res)
 {
@@ -122,6 +231,8 @@ pt_err pt_trainer_step(pt_trainer *t, const pt_tensor *x, const pt_tensor *y, in
 	if (microbatches <= 0)
 		return pt_set_error(PT_ERR_INVALID, "microbatches must be > 0, got %d",
 		                    microbatches);
+	if (t->graphs != NULL)
+		return graph_step(t, x, y, microbatches, step, res);
 	if (t->deferred)
 		pt_deferred_begin(d);
 	rv = step_body(t, x, y, microbatches, step, res);
