@@ -20,6 +20,9 @@ typedef struct rig {
 	pt_coordinator *coord;
 } rig;
 
+/* Stage options rig_up applies to every stage. */
+static bool rig_graphs, rig_sync_sends;
+
 static void rig_up(rig *r, int p, int m, pt_pipe_mode mode, bool recompute, const int *bounds)
 {
 	pt_stage_config sc[PT_MAX_STAGES];
@@ -28,6 +31,10 @@ static void rig_up(rig *r, int p, int m, pt_pipe_mode mode, bool recompute, cons
 	r->p = p;
 	r->m = m;
 	fx_stage_configs(sc, p, m, mode, recompute, bounds);
+	for (int s = 0; s < p; s++) {
+		sc[s].use_graphs = rig_graphs;
+		sc[s].sync_sends = rig_sync_sends;
+	}
 	PT_CHECK_OK(pt_local_group_create(&r->g, p + 1));
 	for (int i = 0; i <= p; i++)
 		PT_CHECK_OK(pt_local_comm_create(&r->comms[i], r->g, i));
@@ -120,6 +127,7 @@ typedef struct run {
 	float *params; /* after the last step */
 	size_t nbytes;
 	int peak_live[PT_MAX_STAGES];
+	int graphs[PT_MAX_STAGES]; /* captured graphs per stage */
 } run;
 
 static void run_pipeline(int p, int m, pt_pipe_mode mode, bool recompute, int steps, run *out)
@@ -141,6 +149,7 @@ static void run_pipeline(int p, int m, pt_pipe_mode mode, bool recompute, int st
 		pt_stage_stats ss;
 		PT_CHECK_OK(pt_coordinator_stage_stats(r.coord, s, &ss));
 		out->peak_live[s - 1] = ss.peak_live;
+		out->graphs[s - 1] = pt_stage_graphs_captured(r.stages[s]);
 	}
 	rig_down(&r);
 	fx_data_down(&d);
@@ -157,6 +166,8 @@ static bool same_run(const run *a, const run *b, int steps)
 	       memcmp(a->norm, b->norm, sizeof(double) * (size_t)steps) == 0;
 }
 
+static bool trainer_graphs; /* run_trainer: with the trainer's graphs */
+
 /* The in-process trainer on the same batches: the reference. */
 static void run_trainer(int m, int steps, run *out)
 {
@@ -171,6 +182,7 @@ static void run_trainer(int m, int steps, run *out)
 	PT_CHECK_OK(pt_model_create(&mdl, fx_digits_mlp, FX_N_LAYERS, 0, FX_N_LAYERS, &cfg));
 	PT_CHECK_OK(pt_optimizer_create(&o, &oc, pt_model_params(mdl), pt_model_grads(mdl)));
 	PT_CHECK_OK(pt_trainer_create(&t, mdl, o, PT_LOSS_CROSS_ENTROPY, -1));
+	PT_CHECK_OK(pt_trainer_set_graphs(t, trainer_graphs, -1));
 	fx_data_up(&d, m);
 	for (int st = 0; st < steps; st++) {
 		pt_step_result res;
@@ -234,6 +246,45 @@ static void test_pipeline_recompute_is_bitwise_equal(void)
 	CU_ASSERT(same_run(&plain, &re, STEPS));
 	free(plain.params);
 	free(re.params);
+}
+
+/* Graphs (use_graphs) and synchronous sends change nothing: AdamW with
+ * clipping, so the optimizer graph reads a new step and grad scale each
+ * step. In sync mode every slot runs once a step, so after 3 warm-ups and a
+ * capture each stage replays all 2 m + 1 of its graphs. */
+static void test_pipeline_graphs_and_sync_sends_are_bitwise(void)
+{
+	enum { STEPS = 12, M = 4 };
+	static const int stages[] = {1, 2, 4};
+	run ref, r;
+	run_trainer(M, STEPS, &ref);
+	trainer_graphs = true;
+	run_trainer(M, STEPS, &r);
+	trainer_graphs = false;
+	CU_ASSERT(same_run(&ref, &r, STEPS));
+	free(r.params);
+	rig_graphs = true;
+	for (int k = 0; k < 3; k++) {
+		run_pipeline(stages[k], M, PT_MODE_SYNC, false, STEPS, &r);
+		CU_ASSERT(same_run(&ref, &r, STEPS));
+		for (int s = 0; s < stages[k]; s++)
+			CU_ASSERT_EQUAL(r.graphs[s], 2 * M + 1);
+		free(r.params);
+	}
+	run_pipeline(2, M, PT_MODE_SEMI_ASYNC, false, STEPS, &r);
+	CU_ASSERT(same_run(&ref, &r, STEPS));
+	CU_ASSERT(r.graphs[0] > 0 && r.graphs[1] > 0);
+	free(r.params);
+	run_pipeline(2, M, PT_MODE_SYNC, true, STEPS, &r);
+	CU_ASSERT(same_run(&ref, &r, STEPS));
+	free(r.params);
+	rig_graphs = false;
+	rig_sync_sends = true;
+	run_pipeline(2, M, PT_MODE_SEMI_ASYNC, false, STEPS, &r);
+	rig_sync_sends = false;
+	CU_ASSERT(same_run(&ref, &r, STEPS));
+	free(r.params);
+	free(ref.params);
 }
 
 /* Held-out accuracy of parameters gathered from the stages. */
@@ -456,6 +507,8 @@ static const pt_test_case tests[] = {
     {"test_pipeline_semi_async_equals_sync_with_fewer_activations",
      test_pipeline_semi_async_equals_sync_with_fewer_activations},
     {"test_pipeline_recompute_is_bitwise_equal", test_pipeline_recompute_is_bitwise_equal},
+    {"test_pipeline_graphs_and_sync_sends_are_bitwise",
+     test_pipeline_graphs_and_sync_sends_are_bitwise},
     {"test_pipeline_async_trains_digits_with_staleness",
      test_pipeline_async_trains_digits_with_staleness},
     {"test_pipeline_op_error_ends_step_and_recovers",
