@@ -262,6 +262,17 @@ pt_err pt_op_tape_replay(const pt_op_tape *t, void *workspace);
 pt_err pt_dispatcher_capture_begin(pt_dispatcher *d, pt_op_tape *t);
 pt_op_tape *pt_dispatcher_capture_end(pt_dispatcher *d);
 
+/* Benchmarks: while a thread has a kernel timer, every kernel it runs (eager,
+ * in a flush or in a tape replay) adds its wall time (CLOCK_MONOTONIC
+ * seconds, two clock reads around the call) and one call to the timer, so
+ * dispatch overhead = step time - kernel time from the same run.
+ * pt_dispatch_time_kernels sets the calling thread's timer (NULL: none). */
+typedef struct pt_kernel_timer {
+	double seconds;
+	uint64_t calls;
+} pt_kernel_timer;
+void pt_dispatch_time_kernels(pt_kernel_timer *t);
+
 /* Test hook: when set, the kernel of calls to `op` fails with PT_ERR_BACKEND
  * at impl time (once armed, every such call fails until cleared). */
 void pt_dispatcher_inject_failure(pt_dispatcher *d, pt_op op, bool armed);
