@@ -287,6 +287,33 @@ static void test_pipeline_graphs_and_sync_sends_are_bitwise(void)
 	free(ref.params);
 }
 
+/* A send that fails on a stage's send stream (here: the next stage's
+ * communicator is closed) ends the step with an error naming the stage, what
+ * it sent, the step and the microbatch. */
+static void test_pipeline_failed_async_send_is_reported(void)
+{
+	rig r;
+	fx_data d;
+	pt_pipe_step_result res;
+	rig_up(&r, 2, 2, PT_MODE_SYNC, false, NULL);
+	fx_data_up(&d, 2);
+	fx_data_next(&d, 0);
+	pt_comm_close(r.comms[2]); /* stage 2 leaves its loop */
+	PT_CHECK_OK(pt_stage_join(r.stages[2]));
+	PT_CHECK_ERR_MSG(pt_coordinator_step(r.coord, &d.x, &d.y, 0, &res), PT_ERR_CLOSED,
+	                 "stage 1: sending activation of step 0 microbatch 0 to rank 2");
+	pt_coordinator_stop(r.coord); /* stage 2 cannot answer */
+	pt_comm_close(r.comms[1]);
+	PT_CHECK_OK(pt_stage_join(r.stages[1]));
+	for (int s = 1; s <= 2; s++)
+		pt_stage_destroy(r.stages[s]);
+	pt_coordinator_destroy(r.coord);
+	for (int i = 0; i <= 2; i++)
+		pt_comm_destroy(r.comms[i]);
+	pt_local_group_destroy(r.g);
+	fx_data_down(&d);
+}
+
 /* Held-out accuracy of parameters gathered from the stages. */
 static double accuracy_of(const float *params, size_t nbytes)
 {
@@ -514,6 +541,7 @@ static const pt_test_case tests[] = {
     {"test_pipeline_op_error_ends_step_and_recovers",
      test_pipeline_op_error_ends_step_and_recovers},
     {"test_pipeline_corrupt_message_is_reported", test_pipeline_corrupt_message_is_reported},
+    {"test_pipeline_failed_async_send_is_reported", test_pipeline_failed_async_send_is_reported},
     {"test_pipeline_bad_batch_is_refused", test_pipeline_bad_batch_is_refused},
     {NULL, NULL},
 };

@@ -86,6 +86,7 @@ struct pt_stage {
 typedef struct tx_item {
 	pt_stage *s;
 	int dst;
+	bool ran; /* false: cancelled by the stream's destroy */
 	pt_msg m;
 } tx_item;
 
@@ -250,6 +251,7 @@ static const char *kind_name(pt_msg_kind k)
 static pt_err tx_run(void *arg)
 {
 	tx_item *it = arg;
+	it->ran = true;
 	return pt_comm_send(it->s->comm, it->dst, &it->m);
 }
 
@@ -259,7 +261,7 @@ static void tx_done(void *arg, pt_err rv)
 {
 	tx_item *it = arg;
 	const pt_msg_meta *mt = &it->m.meta;
-	if (rv != PT_OK && rv != PT_ERR_CLOSED && mt->kind != PT_MSG_ERROR) {
+	if (rv != PT_OK && it->ran && mt->kind != PT_MSG_ERROR) {
 		pt_msg e;
 		pt_set_error(rv, "sending %s of step %ld microbatch %d to rank %d: %s",
 		             kind_name(mt->kind), (long)mt->step, mt->microbatch, it->dst,
