@@ -497,7 +497,16 @@ static void test_pipeline_control_matches_schema(void)
 		return;
 	}
 	fx_stage_configs(sc, 2, 4, PT_MODE_SEMI_ASYNC, false, NULL);
+	sc[1].use_graphs = true;
+	sc[1].sync_sends = true;
 	PT_CHECK_OK(pt_wire_configure_encode(&m, &sc[1]));
+	{
+		pt_stage_config back;
+		pt_layer_spec *layers = NULL;
+		PT_CHECK_OK(pt_wire_configure_decode(&m, &back, &layers));
+		CU_ASSERT(back.use_graphs && back.sync_sends);
+		free(layers);
+	}
 	CU_ASSERT_PTR_NOT_NULL_FATAL(mkdtemp(dir));
 	snprintf(path, sizeof(path), "%s/control.bin", dir);
 	pt_test_write_file(path, m.blob, m.blob_len);
@@ -516,6 +525,8 @@ static void test_pipeline_control_matches_schema(void)
 	CU_ASSERT_PTR_NOT_NULL(strstr(json, "\"kind\": \"ReLU\""));
 	CU_ASSERT_PTR_NOT_NULL(strstr(json, "\"mode\": 1"));
 	CU_ASSERT_PTR_NOT_NULL(strstr(json, "\"first\": "));
+	CU_ASSERT_PTR_NOT_NULL(strstr(json, "\"use_graphs\": true"));
+	CU_ASSERT_PTR_NOT_NULL(strstr(json, "\"sync_sends\": true"));
 	unlink(path);
 	snprintf(path, sizeof(path), "%s/control.bin", dir);
 	unlink(path);
