@@ -76,7 +76,6 @@ void pt_trainer_destroy(pt_trainer *t)
 		return;
 	pt_graph_manager_destroy(t->graphs);
 	pt_tensor_fini(&t->xs);
-	pt_tensor_fini(&t->ys);
 	pt_loss_destroy(t->loss);
 	pt_tensor_fini(&t->dpred);
 	free(t->host_pred);
@@ -116,40 +115,6 @@ static pt_err split(const pt_tensor *full, int64_t B, int k, int n, pt_tensor *o
 	return pt_tensor_narrow(out, full, 0, (int64_t)k * B, B);
 }
 
-static pt_err step_body(pt_trainer *t, const pt_tensor *x, const pt_tensor *y, int mbs,
-                        uint64_t step, pt_step_result *res)
-{
-	int64_t B = pt_model_batch(t->model);
-	double loss_sum = 0.0, sq;
-	float scale = 1.0f / (float)mbs;
-	pt_err rv = PT_OK;
-
-	PT_TRY(pt_model_zero_grad(t->model));
-	for (int k = 0; k < mbs && rv == PT_OK; k++) {
-		pt_tensor xk = {0}, yk = {0};
-		const pt_tensor *pred;
-		double l;
-		if ((rv = split(x, B, k, mbs, &xk)) == PT_OK &&
-		    (rv = split(y, B, k, mbs, &yk)) == PT_OK &&
-		    (rv = pt_model_forward(t->model, 0, &xk, &pred, true, step, (uint64_t)k)) ==
-		        PT_OK &&
-		    (rv = pt_loss_compute_loss(t->loss, pred, &yk, &l, NULL)) == PT_OK &&
-		    (rv = pt_loss_compute_gradient(t->loss, pred, &yk, scale, &t->dpred)) ==
-		        PT_OK &&
-		    (rv = pt_model_backward(t->model, 0, &t->dpred, NULL)) == PT_OK)
-			loss_sum += l;
-		pt_tensor_fini(&xk);
-		pt_tensor_fini(&yk);
-	}
-	if (rv != PT_OK)
-		return rv;
-	PT_TRY(pt_model_grad_sqnorms(t->model, t->sqnorms));
-	sq = pt_sum_sqnorms(t->sqnorms, pt_model_num_tensors(t->model));
-	res->grad_norm = sqrt(sq);
-	res->loss = loss_sum / mbs;
-	return PT_OK;
-}
-
 static pt_err forward_fn(void *arg, pt_stream *stream)
 {
 	pt_trainer *t = arg;
@@ -178,12 +143,35 @@ static pt_err stage_in(pt_tensor *fixed, const pt_tensor *v)
 	return pt_tensor_read(v, pt_tensor_data(fixed), pt_tensor_nbytes(fixed));
 }
 
-/* The step of step_body with forward, backward and the update as graphs. */
-static pt_err graph_step(pt_trainer *t, const pt_tensor *x, const pt_tensor *y, int mbs,
-                         uint64_t step, pt_step_result *res)
+/* Forward, loss, loss gradient and backward of microbatch (xk, yk); with
+ * graphs, forward and backward are the phase graphs on the fixed input. */
+static pt_err microbatch(pt_trainer *t, const pt_tensor *xk, const pt_tensor *yk, uint64_t step,
+                         int k, float scale, double *l)
+{
+	const pt_tensor *pred;
+	if (t->graphs == NULL) {
+		PT_TRY(pt_model_forward(t->model, 0, xk, &pred, true, step, (uint64_t)k));
+	} else {
+		t->step = step;
+		t->mb = (uint64_t)k;
+		PT_TRY(stage_in(&t->xs, xk));
+		PT_TRY(pt_graph_manager_execute_phase(t->graphs, PT_PHASE_FORWARD, forward_fn, t,
+		                                      NULL, &t->last[0]));
+		pred = t->pred;
+	}
+	PT_TRY(pt_loss_compute_loss(t->loss, pred, yk, l, NULL));
+	PT_TRY(pt_loss_compute_gradient(t->loss, pred, yk, scale, &t->dpred));
+	if (t->graphs == NULL)
+		return pt_model_backward(t->model, 0, &t->dpred, NULL);
+	return pt_graph_manager_execute_phase(t->graphs, PT_PHASE_BACKWARD, backward_fn, t, NULL,
+	                                      &t->last[1]);
+}
+
+static pt_err step_body(pt_trainer *t, const pt_tensor *x, const pt_tensor *y, int mbs,
+                        uint64_t step, pt_step_result *res)
 {
 	int64_t B = pt_model_batch(t->model);
-	double loss_sum = 0.0;
+	double loss_sum = 0.0, sq;
 	float scale = 1.0f / (float)mbs;
 	pt_err rv = PT_OK;
 
@@ -191,19 +179,9 @@ static pt_err graph_step(pt_trainer *t, const pt_tensor *x, const pt_tensor *y, 
 	for (int k = 0; k < mbs && rv == PT_OK; k++) {
 		pt_tensor xk = {0}, yk = {0};
 		double l;
-		t->step = step;
-		t->mb = (uint64_t)k;
 		if ((rv = split(x, B, k, mbs, &xk)) == PT_OK &&
 		    (rv = split(y, B, k, mbs, &yk)) == PT_OK &&
-		    (rv = stage_in(&t->xs, &xk)) == PT_OK &&
-		    (rv = stage_in(&t->ys, &yk)) == PT_OK &&
-		    (rv = pt_graph_manager_execute_phase(t->graphs, PT_PHASE_FORWARD, forward_fn, t,
-		                                         NULL, &t->last[0])) == PT_OK &&
-		    (rv = pt_loss_compute_loss(t->loss, t->pred, &t->ys, &l, NULL)) == PT_OK &&
-		    (rv = pt_loss_compute_gradient(t->loss, t->pred, &t->ys, scale, &t->dpred)) ==
-		        PT_OK &&
-		    (rv = pt_graph_manager_execute_phase(t->graphs, PT_PHASE_BACKWARD, backward_fn,
-		                                         t, NULL, &t->last[1])) == PT_OK)
+		    (rv = microbatch(t, &xk, &yk, step, k, scale, &l)) == PT_OK)
 			loss_sum += l;
 		pt_tensor_fini(&xk);
 		pt_tensor_fini(&yk);
@@ -211,8 +189,15 @@ static pt_err graph_step(pt_trainer *t, const pt_tensor *x, const pt_tensor *y, 
 	if (rv != PT_OK)
 		return rv;
 	PT_TRY(pt_model_grad_sqnorms(t->model, t->sqnorms));
-	res->grad_norm = sqrt(pt_sum_sqnorms(t->sqnorms, pt_model_num_tensors(t->model)));
+	sq = pt_sum_sqnorms(t->sqnorms, pt_model_num_tensors(t->model));
+	res->grad_norm = sqrt(sq);
 	res->loss = loss_sum / mbs;
+	return PT_OK;
+}
+
+/* The update of a graph step: scalars on the host, the update replayed. */
+static pt_err graph_update(pt_trainer *t, pt_step_result *res)
+{
 	res->lr = pt_optimizer_next_lr(t->opt);
 	PT_TRY(
 	    pt_optimizer_prepare(t->opt, pt_clip_scale(res->grad_norm, pt_optimizer_clip(t->opt))));
@@ -231,8 +216,10 @@ pt_err pt_trainer_step(pt_trainer *t, const pt_tensor *x, const pt_tensor *y, in
 	if (microbatches <= 0)
 		return pt_set_error(PT_ERR_INVALID, "microbatches must be > 0, got %d",
 		                    microbatches);
-	if (t->graphs != NULL)
-		return graph_step(t, x, y, microbatches, step, res);
+	if (t->graphs != NULL) {
+		PT_TRY(step_body(t, x, y, microbatches, step, res));
+		return graph_update(t, res);
+	}
 	if (t->deferred)
 		pt_deferred_begin(d);
 	rv = step_body(t, x, y, microbatches, step, res);

@@ -835,72 +835,87 @@ pt_err pt_squared_norm(pt_tensor *out, const pt_tensor *x)
 	return pt_dispatch(&c);
 }
 
-pt_err pt_adamw_update(pt_tensor *param, pt_tensor *m, pt_tensor *v, const pt_tensor *grad,
-                       float lr, float beta1, float beta2, float eps, float weight_decay,
-                       float grad_scale, int64_t step)
+/* The optimizer ops' calls: scalars (may be NULL) replace the params' lr,
+ * grad scale, step and first_step at run time. */
+static pt_err adamw_call(pt_tensor *param, pt_tensor *m, pt_tensor *v, const pt_tensor *grad,
+                         const pt_tensor *scalars, const pt_op_params *p)
 {
 	CALL(ADAMW);
 	c.out[0] = param;
 	c.out[1] = m;
 	c.out[2] = v;
 	c.in[0] = grad;
-	c.p.adamw.lr = lr;
-	c.p.adamw.beta1 = beta1;
-	c.p.adamw.beta2 = beta2;
-	c.p.adamw.eps = eps;
-	c.p.adamw.weight_decay = weight_decay;
-	c.p.adamw.grad_scale = grad_scale;
-	c.p.adamw.step = step;
+	c.in[1] = scalars;
+	c.p = *p;
 	return pt_dispatch(&c);
+}
+
+static pt_err sgd_call(pt_tensor *param, pt_tensor *buf, const pt_tensor *grad,
+                       const pt_tensor *scalars, const pt_op_params *p)
+{
+	CALL(SGD);
+	c.out[0] = param;
+	c.out[1] = p->sgd.momentum != 0.0f ? buf : NULL;
+	c.in[0] = grad;
+	c.in[1] = scalars;
+	c.p = *p;
+	return pt_dispatch(&c);
+}
+
+pt_err pt_adamw_update(pt_tensor *param, pt_tensor *m, pt_tensor *v, const pt_tensor *grad,
+                       float lr, float beta1, float beta2, float eps, float weight_decay,
+                       float grad_scale, int64_t step)
+{
+	pt_op_params p;
+	memset(&p, 0, sizeof(p)); /* graphs compare params bytewise */
+	p.adamw.lr = lr;
+	p.adamw.beta1 = beta1;
+	p.adamw.beta2 = beta2;
+	p.adamw.eps = eps;
+	p.adamw.weight_decay = weight_decay;
+	p.adamw.grad_scale = grad_scale;
+	p.adamw.step = step;
+	return adamw_call(param, m, v, grad, NULL, &p);
 }
 
 pt_err pt_adamw_update_scalars(pt_tensor *param, pt_tensor *m, pt_tensor *v, const pt_tensor *grad,
                                const pt_tensor *scalars, float beta1, float beta2, float eps,
                                float weight_decay)
 {
-	CALL(ADAMW);
-	c.out[0] = param;
-	c.out[1] = m;
-	c.out[2] = v;
-	c.in[0] = grad;
-	c.in[1] = scalars;
-	c.p.adamw.beta1 = beta1;
-	c.p.adamw.beta2 = beta2;
-	c.p.adamw.eps = eps;
-	c.p.adamw.weight_decay = weight_decay;
-	return pt_dispatch(&c);
+	pt_op_params p;
+	memset(&p, 0, sizeof(p));
+	p.adamw.beta1 = beta1;
+	p.adamw.beta2 = beta2;
+	p.adamw.eps = eps;
+	p.adamw.weight_decay = weight_decay;
+	return adamw_call(param, m, v, grad, scalars, &p);
 }
 
 pt_err pt_sgd_update_scalars(pt_tensor *param, pt_tensor *buf, const pt_tensor *grad,
                              const pt_tensor *scalars, float momentum, float dampening,
                              float weight_decay, bool nesterov)
 {
-	CALL(SGD);
-	c.out[0] = param;
-	c.out[1] = momentum != 0.0f ? buf : NULL;
-	c.in[0] = grad;
-	c.in[1] = scalars;
-	c.p.sgd.momentum = momentum;
-	c.p.sgd.dampening = dampening;
-	c.p.sgd.weight_decay = weight_decay;
-	c.p.sgd.nesterov = nesterov;
-	return pt_dispatch(&c);
+	pt_op_params p;
+	memset(&p, 0, sizeof(p));
+	p.sgd.momentum = momentum;
+	p.sgd.dampening = dampening;
+	p.sgd.weight_decay = weight_decay;
+	p.sgd.nesterov = nesterov;
+	return sgd_call(param, buf, grad, scalars, &p);
 }
 
 pt_err pt_sgd_update(pt_tensor *param, pt_tensor *buf, const pt_tensor *grad, float lr,
                      float momentum, float dampening, float weight_decay, float grad_scale,
                      bool nesterov, bool first_step)
 {
-	CALL(SGD);
-	c.out[0] = param;
-	c.out[1] = momentum != 0.0f ? buf : NULL;
-	c.in[0] = grad;
-	c.p.sgd.lr = lr;
-	c.p.sgd.momentum = momentum;
-	c.p.sgd.dampening = dampening;
-	c.p.sgd.weight_decay = weight_decay;
-	c.p.sgd.grad_scale = grad_scale;
-	c.p.sgd.nesterov = nesterov;
-	c.p.sgd.first_step = first_step;
-	return pt_dispatch(&c);
+	pt_op_params p;
+	memset(&p, 0, sizeof(p));
+	p.sgd.lr = lr;
+	p.sgd.momentum = momentum;
+	p.sgd.dampening = dampening;
+	p.sgd.weight_decay = weight_decay;
+	p.sgd.grad_scale = grad_scale;
+	p.sgd.nesterov = nesterov;
+	p.sgd.first_step = first_step;
+	return sgd_call(param, buf, grad, NULL, &p);
 }
