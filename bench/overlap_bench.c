@@ -1,5 +1,5 @@
 /* overlap_bench.c - does a stage compute while its activations are on the
- * wire? A 2-stage CPU pipeline over nng, sync mode (GPipe), m = 16.
+ * wire? A 2-stage CPU pipeline over nng, sync mode (GPipe), m = 24.
  *
  * The link: stage 2 runs in another process in its own network namespace,
  * reached over a veth pair whose both ends are shaped by `tc tbf` (RATE), so
@@ -17,7 +17,8 @@
  * not CPU contention.
  *
  *   transfer X   step time with the delay off (the wire alone sets it)
- *   compute  C   the busiest stage's busy time per step (its timeline)
+ *   compute  C   the busiest stage's busy time per step (its timeline), of
+ *                the run the ratio is about
  *   overlap_ratio       step time with async sends / max(C, X)  (ideal 1)
  *   overlap_ratio_sync  step time with sync_sends / (C + X)     (ideal 1)
  * plus the raw step times in ms and overlap_sync_over_max = sync / max(C, X).
@@ -43,14 +44,26 @@
 #include "rng.h"
 #include "runtime.h"
 
-#define RATE     "100mbit"
+#ifndef RATE
+#define RATE "100mbit"
+#endif
+#ifndef DELAY_MS
 #define DELAY_MS 21
-#define M        16
-#define B        16
-#define WIDTH    4096
-#define STEPS    3
-#define HOST_A   "10.213.0.1"
-#define HOST_B   "10.213.0.2"
+#endif
+#ifndef M
+#define M 24
+#endif
+#ifndef B
+#define B 16
+#endif
+#ifndef WIDTH
+#define WIDTH 4096
+#endif
+#ifndef STEPS
+#define STEPS 5
+#endif
+#define HOST_A "10.213.0.1"
+#define HOST_B "10.213.0.2"
 
 static char ns[32], veth_a[16], veth_b[16];
 static bool ns_made;
@@ -278,9 +291,11 @@ int main(int argc, char **argv)
 	C = async.compute;
 	printf("bench overlap_transfer_ms %.1f\n", X * 1e3);
 	printf("bench overlap_compute_ms %.1f\n", C * 1e3);
+	printf("bench overlap_sync_compute_ms %.1f\n", sync.compute * 1e3);
 	printf("bench overlap_async_step_ms %.1f\n", async.step * 1e3);
 	printf("bench overlap_sync_step_ms %.1f\n", sync.step * 1e3);
 	printf("bench overlap_ratio %.3f\n", async.step / (X > C ? X : C));
+	C = sync.compute; /* each ratio with its own run's compute */
 	printf("bench overlap_ratio_sync %.3f\n", sync.step / (X + C));
 	printf("bench overlap_sync_over_max %.3f\n", sync.step / (X > C ? X : C));
 	return 0;
