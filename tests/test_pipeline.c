@@ -20,8 +20,10 @@ typedef struct rig {
 	pt_coordinator *coord;
 } rig;
 
-/* Stage options rig_up applies to every stage. */
+/* Stage options rig_up applies to every stage; rig_optim (when set) replaces
+ * fx_optim() in the stages, the coordinator and run_trainer. */
 static bool rig_graphs, rig_sync_sends;
+static const pt_optim_config *rig_optim;
 
 static void rig_up(rig *r, int p, int m, pt_pipe_mode mode, bool recompute, const int *bounds)
 {
@@ -34,7 +36,11 @@ static void rig_up(rig *r, int p, int m, pt_pipe_mode mode, bool recompute, cons
 	for (int s = 0; s < p; s++) {
 		sc[s].use_graphs = rig_graphs;
 		sc[s].sync_sends = rig_sync_sends;
+		if (rig_optim)
+			sc[s].optim = *rig_optim;
 	}
+	if (rig_optim)
+		pc.optim = *rig_optim;
 	PT_CHECK_OK(pt_local_group_create(&r->g, p + 1));
 	for (int i = 0; i <= p; i++)
 		PT_CHECK_OK(pt_local_comm_create(&r->comms[i], r->g, i));
@@ -172,7 +178,7 @@ static bool trainer_graphs; /* run_trainer: with the trainer's graphs */
 static void run_trainer(int m, int steps, run *out)
 {
 	pt_model_config cfg = {.batch = FX_MB, .input = fx_digits_in, .n_slots = 1, .seed = 42};
-	pt_optim_config oc = fx_optim();
+	pt_optim_config oc = rig_optim ? *rig_optim : fx_optim();
 	pt_model *mdl;
 	pt_optimizer *o;
 	pt_trainer *t;
@@ -285,6 +291,33 @@ static void test_pipeline_graphs_and_sync_sends_are_bitwise(void)
 	CU_ASSERT(same_run(&ref, &r, STEPS));
 	free(r.params);
 	free(ref.params);
+}
+
+/* The same with SGD (momentum, a warm-up cosine schedule, clipping): the
+ * optimizer graph reads lr, grad scale and first_step at run time. */
+static void test_pipeline_graphs_sgd_is_bitwise(void)
+{
+	enum { STEPS = 12, M = 4 };
+	pt_optim_config oc = pt_optim_defaults(PT_OPTIM_SGD, 0.05f);
+	run ref, r;
+	oc.momentum = 0.9f;
+	oc.clip_norm = 0.2f;
+	oc.schedule = (pt_schedule){PT_SCHED_WARMUP_COSINE, 3, STEPS, 0.0f};
+	rig_optim = &oc;
+	run_trainer(M, STEPS, &ref);
+	trainer_graphs = true;
+	run_trainer(M, STEPS, &r);
+	trainer_graphs = false;
+	CU_ASSERT(same_run(&ref, &r, STEPS));
+	free(r.params);
+	rig_graphs = true;
+	run_pipeline(2, M, PT_MODE_SYNC, false, STEPS, &r);
+	rig_graphs = false;
+	CU_ASSERT(same_run(&ref, &r, STEPS));
+	CU_ASSERT(r.graphs[0] == 2 * M + 1 && r.graphs[1] == 2 * M + 1);
+	free(r.params);
+	free(ref.params);
+	rig_optim = NULL;
 }
 
 /* A send that fails on a stage's send stream (here: the next stage's
@@ -547,6 +580,7 @@ static const pt_test_case tests[] = {
     {"test_pipeline_recompute_is_bitwise_equal", test_pipeline_recompute_is_bitwise_equal},
     {"test_pipeline_graphs_and_sync_sends_are_bitwise",
      test_pipeline_graphs_and_sync_sends_are_bitwise},
+    {"test_pipeline_graphs_sgd_is_bitwise", test_pipeline_graphs_sgd_is_bitwise},
     {"test_pipeline_async_trains_digits_with_staleness",
      test_pipeline_async_trains_digits_with_staleness},
     {"test_pipeline_op_error_ends_step_and_recovers",
