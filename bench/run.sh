@@ -25,6 +25,12 @@ fi
 
 [ -x "$build/bench/exec_bench" ] && "$build/bench/exec_bench" # graph replay vs eager dispatch
 
+# Compute/transfer overlap of stages over a shaped veth link (root only;
+# otherwise it says "skipped" on stderr and prints nothing).
+if [ -x "$build/bench/overlap_bench" ]; then
+	"$build/bench/overlap_bench"
+fi
+
 # pipeserver's HTTP endpoint: /metrics scrape time and the cost of scraping.
 if [ -x "$build/bench/http_bench" ]; then
 	"$build/bench/http_bench"

@@ -477,6 +477,69 @@ static void test_comm_concurrent(void)
 	group_free(&g);
 }
 
+/* Two threads send through one communicator at once (a stage's send streams
+ * do), mixing tensors of several fragments (nng: > 8 MiB) with small ones:
+ * every tensor arrives whole and each thread's messages in its order. */
+#define FRAG_SENDERS 2
+#define FRAG_PER     6
+#define FRAG_BIG     ((int64_t)(9 << 20) / 4) /* floats: two nng fragments */
+
+static void *frag_sender(void *p)
+{
+	thread_arg *a = p;
+	for (int i = 0; i < FRAG_PER; i++) {
+		pt_tensor t;
+		int64_t n = i % 2 ? 16 : FRAG_BIG;
+		float *d;
+		T_OK(&a->res, pt_tensor_init(&t, PT_F32, 1, &n));
+		if (a->res.failures)
+			return NULL;
+		d = pt_tensor_f32(&t);
+		for (int64_t k = 0; k < n; k++)
+			d[k] = (float)(a->index * 1000 + i) + (float)(k % 7);
+		T_OK(&a->res, pt_comm_send_forward(a->g->c[1], 0, &t, a->index, i));
+		pt_tensor_fini(&t);
+	}
+	return NULL;
+}
+
+static void test_comm_concurrent_fragments(void)
+{
+	group g;
+	thread_arg a[FRAG_SENDERS] = {{0}};
+	pthread_t th[FRAG_SENDERS];
+	int next[FRAG_SENDERS] = {0}, bad = 0;
+	group_make(&g, 2);
+	for (int i = 0; i < FRAG_SENDERS; i++) {
+		a[i] = (thread_arg){.g = &g, .rank = 1, .index = i};
+		pthread_create(&th[i], NULL, frag_sender, &a[i]);
+	}
+	for (int r = 0; r < FRAG_SENDERS * FRAG_PER; r++) {
+		pt_msg m;
+		int who, i;
+		PT_CHECK_OK(pt_comm_recv_forward(g.c[0], 1, -1, &m));
+		who = (int)m.meta.step;
+		i = m.meta.microbatch;
+		if (who < 0 || who >= FRAG_SENDERS || i != next[who]++) {
+			bad++;
+		} else {
+			const float *d = pt_tensor_f32(&m.tensor);
+			int64_t n = pt_tensor_numel(&m.tensor);
+			bad += n != (i % 2 ? 16 : FRAG_BIG);
+			for (int64_t k = 0; k < n; k += 4099)
+				bad += d[k] != (float)(who * 1000 + i) + (float)(k % 7);
+			bad += d[n - 1] != (float)(who * 1000 + i) + (float)((n - 1) % 7);
+		}
+		pt_msg_fini(&m);
+	}
+	for (int i = 0; i < FRAG_SENDERS; i++) {
+		pthread_join(th[i], NULL);
+		check_result(&a[i].res, "sender");
+	}
+	CU_ASSERT_EQUAL(bad, 0);
+	group_free(&g);
+}
+
 /* Barrier: ranks arrive staggered; nobody leaves before everyone arrived. */
 typedef struct barrier_state {
 	atomic_int arrived;
@@ -1546,6 +1609,7 @@ static const test_def tests[] = {
     {"test_comm_send_recv", test_comm_send_recv, true},
     {"test_comm_sequential_1000", test_comm_sequential_1000, false},
     {"test_comm_concurrent", test_comm_concurrent, false},
+    {"test_comm_concurrent_fragments", test_comm_concurrent_fragments, false},
     {"test_comm_barrier", test_comm_barrier, true},
     {"test_comm_barrier_timeout", test_comm_barrier_timeout, false},
     {"test_comm_close", test_comm_close, true},

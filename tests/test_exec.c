@@ -783,21 +783,11 @@ static void test_exec_graph_concurrent_threads(void)
 
 /* ---- a training step with graphs equals the eager step bitwise ---- */
 
-typedef struct train_ctx {
-	pt_trainer *t;
-	pt_tensor *x, *y;
-	int mbs;
-	uint64_t step;
-	pt_step_result res;
-} train_ctx;
-
-static pt_err train_fn(void *arg, pt_stream *stream)
-{
-	train_ctx *c = arg;
-	return pt_trainer_step(c->t, c->x, c->y, c->mbs, c->step, &c->res);
-}
-
-static void train_graph_vs_eager(pt_optim_kind kind, bool deferred, pt_graph_run expect_last)
+/* Trains two copies of a model on the same batches, one eagerly and one with
+ * the trainer's graphs, and compares losses, norms, weights and gradients
+ * bitwise. The schedule and clipping make lr and the grad scale change every
+ * step: the optimizer graph must read them at run time. */
+static void train_graph_vs_eager(pt_optim_kind kind, bool schedule)
 {
 	static const pt_layer_spec layers[] = {
 	    {.kind = PT_LAYER_LINEAR, .in_features = 64, .out_features = 64, .bias = true},
@@ -811,38 +801,44 @@ static void train_graph_vs_eager(pt_optim_kind kind, bool deferred, pt_graph_run
 	pt_optimizer *o[2];
 	pt_trainer *t[2];
 	pt_tensor x, y;
-	pt_graph_manager *gm;
-	pt_graph_run how = PT_GRAPH_RAN_WARMUP;
 	pt_rng r;
 	const int steps = 8, mbs = 2;
 	float hx[16 * 64];
 	int64_t hy[16];
 	if (kind == PT_OPTIM_SGD)
 		oc.momentum = 0.9f;
+	if (schedule) {
+		oc.schedule = (pt_schedule){PT_SCHED_WARMUP_COSINE, 3, steps, 1e-4f};
+		oc.clip_norm = 0.5f;
+	}
 	for (int k = 0; k < 2; k++) {
 		PT_CHECK_OK(pt_model_create(&m[k], layers, 5, 0, 5, &cfg));
 		PT_CHECK_OK(
 		    pt_optimizer_create(&o[k], &oc, pt_model_params(m[k]), pt_model_grads(m[k])));
 		PT_CHECK_OK(pt_trainer_create(&t[k], m[k], o[k], PT_LOSS_CROSS_ENTROPY, -1));
-		pt_trainer_set_deferred(t[k], deferred);
 	}
+	PT_CHECK_OK(pt_trainer_set_graphs(t[1], true, -1));
 	PT_CHECK_OK(pt_tensor_init(&x, PT_F32, 2, (int64_t[]){16, 64}));
 	PT_CHECK_OK(pt_tensor_init(&y, PT_I64, 1, (int64_t[]){16}));
-	PT_CHECK_OK(pt_graph_manager_create(&gm, -1, 0));
 	pt_rng_init(&r, 5, 0);
 	for (int s = 0; s < steps; s++) {
-		train_ctx c = {.t = t[1], .x = &x, .y = &y, .mbs = mbs, .step = (uint64_t)s};
-		pt_step_result er;
+		pt_step_result er, gr;
 		pt_rng_normal(&r, hx, 16 * 64, 0.0f, 1.0f);
 		for (int i = 0; i < 16; i++)
 			hy[i] = pt_rng_u32(&r) % 10;
 		PT_CHECK_OK(pt_tensor_write(&x, hx, sizeof(hx)));
 		PT_CHECK_OK(pt_tensor_write(&y, hy, sizeof(hy)));
 		PT_CHECK_OK(pt_trainer_step(t[0], &x, &y, mbs, (uint64_t)s, &er));
-		PT_CHECK_OK(pt_graph_manager_execute_phase(gm, PT_PHASE_FULL_TRAINING_STEP,
-		                                           train_fn, &c, NULL, &how));
+		PT_CHECK_OK(pt_trainer_step(t[1], &x, &y, mbs, (uint64_t)s, &gr));
+		CU_ASSERT_EQUAL(memcmp(&er.loss, &gr.loss, sizeof(double)), 0);
+		CU_ASSERT_EQUAL(memcmp(&er.grad_norm, &gr.grad_norm, sizeof(double)), 0);
+		CU_ASSERT_EQUAL(er.lr, gr.lr);
 	}
-	CU_ASSERT_EQUAL(how, expect_last);
+	/* 3 warm-ups and a capture per name: forward and backward run twice a
+	 * step, the optimizer once, so all three replay by the last step. */
+	CU_ASSERT_EQUAL(pt_trainer_graph_run(t[1], PT_PHASE_FORWARD), PT_GRAPH_RAN_REPLAY);
+	CU_ASSERT_EQUAL(pt_trainer_graph_run(t[1], PT_PHASE_BACKWARD), PT_GRAPH_RAN_REPLAY);
+	CU_ASSERT_EQUAL(pt_trainer_graph_run(t[1], PT_PHASE_OPTIMIZER_STEP), PT_GRAPH_RAN_REPLAY);
 	{
 		size_t nb = pt_tensor_nbytes(pt_model_params(m[0]));
 		CU_ASSERT_EQUAL(memcmp(pt_tensor_data(pt_model_params(m[0])),
@@ -852,7 +848,6 @@ static void train_graph_vs_eager(pt_optim_kind kind, bool deferred, pt_graph_run
 		                       pt_tensor_data(pt_model_grads(m[1])), nb),
 		                0);
 	}
-	pt_graph_manager_destroy(gm);
 	for (int k = 0; k < 2; k++) {
 		pt_trainer_destroy(t[k]);
 		pt_optimizer_destroy(o[k]);
@@ -864,13 +859,63 @@ static void train_graph_vs_eager(pt_optim_kind kind, bool deferred, pt_graph_run
 
 static void test_exec_graph_training_step_bitwise(void)
 {
-	/* SGD with momentum and a constant lr: every step's kernels and params
-	 * are the same from step 2 on, so the step is captured and replayed. */
-	train_graph_vs_eager(PT_OPTIM_SGD, false, PT_GRAPH_RAN_REPLAY);
-	train_graph_vs_eager(PT_OPTIM_SGD, true, PT_GRAPH_RAN_REPLAY);
-	/* AdamW's step count is an op param: validation refuses the capture and
-	 * the step runs eagerly, still bitwise equal. */
-	train_graph_vs_eager(PT_OPTIM_ADAMW, true, PT_GRAPH_RAN_FALLBACK);
+	train_graph_vs_eager(PT_OPTIM_SGD, false);
+	train_graph_vs_eager(PT_OPTIM_SGD, true);
+	/* AdamW's step count and bias corrections come from the optimizer's
+	 * run-time scalars, so its update replays too. */
+	train_graph_vs_eager(PT_OPTIM_ADAMW, false);
+	train_graph_vs_eager(PT_OPTIM_ADAMW, true);
+}
+
+/* A step captured whole replays only its kernels: host code inside it (the
+ * optimizer writing the step's scalars) does not run again. The optimizer's
+ * update alone, with the scalars written before each replay, follows the
+ * eager AdamW bitwise over changing steps and grad scales. */
+typedef struct opt_ctx {
+	pt_optimizer *o;
+} opt_ctx;
+
+static pt_err opt_fn(void *arg, pt_stream *stream)
+{
+	return pt_optimizer_update(((opt_ctx *)arg)->o);
+}
+
+static void test_exec_graph_adamw_update_replays(void)
+{
+	pt_optim_config oc = pt_optim_defaults(PT_OPTIM_ADAMW, 1e-2f);
+	pt_tensor p[2], g;
+	pt_optimizer *o[2];
+	pt_graph_manager *gm;
+	pt_graph_run how = PT_GRAPH_RAN_WARMUP;
+	float hg[256];
+	pt_rng r;
+	oc.schedule = (pt_schedule){PT_SCHED_WARMUP_COSINE, 2, 10, 0.0f};
+	PT_CHECK_OK(pt_tensor_init(&g, PT_F32, 1, (int64_t[]){256}));
+	for (int k = 0; k < 2; k++) {
+		PT_CHECK_OK(pt_tensor_init(&p[k], PT_F32, 1, (int64_t[]){256}));
+		PT_CHECK_OK(pt_fill(&p[k], 0.5));
+		PT_CHECK_OK(pt_optimizer_create(&o[k], &oc, &p[k], &g));
+	}
+	PT_CHECK_OK(pt_graph_manager_create(&gm, 2, 0));
+	pt_rng_init(&r, 9, 0);
+	for (int s = 0; s < 10; s++) {
+		opt_ctx c = {o[1]};
+		float scale = 1.0f / (float)(s + 1);
+		pt_rng_normal(&r, hg, 256, 0.0f, 1.0f);
+		PT_CHECK_OK(pt_tensor_write(&g, hg, sizeof(hg)));
+		PT_CHECK_OK(pt_optimizer_step(o[0], scale));
+		PT_CHECK_OK(pt_optimizer_prepare(o[1], scale));
+		PT_CHECK_OK(pt_graph_manager_execute(gm, "adamw", opt_fn, &c, NULL, &how));
+		pt_optimizer_advance(o[1]);
+		CU_ASSERT_EQUAL(memcmp(pt_tensor_data(&p[0]), pt_tensor_data(&p[1]), 1024), 0);
+	}
+	CU_ASSERT_EQUAL(how, PT_GRAPH_RAN_REPLAY);
+	pt_graph_manager_destroy(gm);
+	for (int k = 0; k < 2; k++) {
+		pt_optimizer_destroy(o[k]);
+		pt_tensor_fini(&p[k]);
+	}
+	pt_tensor_fini(&g);
 }
 
 int main(void)
@@ -900,6 +945,7 @@ int main(void)
 	    {"test_exec_graph_fallback_and_errors", test_exec_graph_fallback_and_errors},
 	    {"test_exec_graph_concurrent_threads", test_exec_graph_concurrent_threads},
 	    {"test_exec_graph_training_step_bitwise", test_exec_graph_training_step_bitwise},
+	    {"test_exec_graph_adamw_update_replays", test_exec_graph_adamw_update_replays},
 	    {NULL, NULL}};
 	static const pt_test_suite suites[] = {
 	    {"streams", streams}, {"executor", executor}, {"graphs", graphs}, {NULL, NULL}};

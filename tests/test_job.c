@@ -303,7 +303,8 @@ static void test_job_spec_roundtrip_all_fields(void)
 	    "\"warmup_steps\": 3, \"total_steps\": 99, \"min_lr\": 0.125, \"beta1\": 0.5}, "
 	    "\"batch_size\": 12, \"microbatches\": 3, \"steps\": 77, \"mode\": \"Async\", "
 	    "\"placement\": {\"stages\": 3, \"boundaries\": [1, 3], \"workers\": [\"tcp://a:1\", "
-	    "\"tcp://b:2\", \"tcp://c:3\"], \"threads_per_stage\": 2, \"worker_timeout_ms\": 2500}, \"checkpoint\": "
+	    "\"tcp://b:2\", \"tcp://c:3\"], \"threads_per_stage\": 2, \"worker_timeout_ms\": "
+	    "2500}, \"checkpoint\": "
 	    "{\"every_steps\": 5, \"keep\": 9, \"resume\": false}, \"device\": \"cuda:1\", "
 	    "\"seed\": 9223372036854775807, \"eval_every\": 4, \"compress\": true, \"recompute\": "
 	    "1, \"weight_stashing\": false, \"use_graphs\": true, \"max_restarts\": 2");
@@ -855,6 +856,8 @@ static void on_checkpoint(void *ctx, int64_t step, const char *path)
 		r->ckpt_steps[r->n_ckpt++] = step;
 }
 
+static bool example_graphs; /* run_example: the spec's use_graphs */
+
 /* run_example trains examples/NAME.json with a few fields changed. */
 static pt_err run_example(const char *name, int64_t steps, int64_t every, int keep,
                           int64_t eval_every, const char *ckdir, const char *resume_from,
@@ -874,6 +877,7 @@ static pt_err run_example(const char *name, int64_t steps, int64_t every, int ke
 	s.checkpoint_every = every;
 	s.checkpoint_keep = keep;
 	s.eval_every = eval_every;
+	s.use_graphs = example_graphs;
 	build_decode(&s, &t); /* the changed spec travels as a binary, as to a server */
 	rv = pt_job_run(&t, &o, &hooks, last);
 	pt_job_spec_fini(&s);
@@ -1043,6 +1047,36 @@ static void test_job_run_cancel_then_resume_is_bitwise(void)
 	}
 }
 
+/* use_graphs: the stages capture and replay their forward, backward and
+ * optimizer graphs; losses, norms, evaluations and every stage's state equal
+ * the eager run's bitwise. */
+static void test_job_run_use_graphs_is_bitwise(void)
+{
+	enum { N = 12 };
+	static recorder eager, graphs;
+	int64_t last;
+	memset(&eager, 0, sizeof(eager));
+	memset(&graphs, 0, sizeof(graphs));
+	PT_CHECK_OK(run_example("digits", N, N, 1, 6, tmp_path("eager"), NULL, &eager, &last));
+	example_graphs = true;
+	PT_CHECK_OK(run_example("digits", N, N, 1, 6, tmp_path("graphs"), NULL, &graphs, &last));
+	example_graphs = false;
+	CU_ASSERT_EQUAL(last, N);
+	CU_ASSERT_EQUAL_FATAL(graphs.n, N);
+	for (int i = 0; i < N; i++) {
+		const pt_job_metric *a = &eager.m[i], *b = &graphs.m[i];
+		CU_ASSERT_EQUAL(memcmp(&a->loss, &b->loss, sizeof(double)), 0);
+		CU_ASSERT_EQUAL(memcmp(&a->grad_norm, &b->grad_norm, sizeof(double)), 0);
+		CU_ASSERT_EQUAL(isnan(a->eval_loss), isnan(b->eval_loss));
+		if (!isnan(a->eval_loss))
+			CU_ASSERT_EQUAL(memcmp(&a->eval_loss, &b->eval_loss, sizeof(double)), 0);
+	}
+	CU_ASSERT(same_tensors(tmp_path("eager/step-12.safetensors"),
+	                       tmp_path("graphs/step-12.safetensors")));
+	CU_ASSERT(same_tensors(tmp_path("eager/step-12.safetensors.state"),
+	                       tmp_path("graphs/step-12.safetensors.state")));
+}
+
 static bool always(void *ctx)
 {
 	return true;
@@ -1184,6 +1218,7 @@ static const pt_test_case file_tests[] = {
 static const pt_test_case run_tests[] = {
     {"test_job_run_digits_trains_and_checkpoints", test_job_run_digits_trains_and_checkpoints},
     {"test_job_run_cancel_then_resume_is_bitwise", test_job_run_cancel_then_resume_is_bitwise},
+    {"test_job_run_use_graphs_is_bitwise", test_job_run_use_graphs_is_bitwise},
     {"test_job_run_edges", test_job_run_edges},
     {"test_job_run_gpt_loss_decreases", test_job_run_gpt_loss_decreases},
     {"test_job_run_examples_as_shipped", test_job_run_examples_as_shipped},

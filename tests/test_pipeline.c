@@ -20,6 +20,11 @@ typedef struct rig {
 	pt_coordinator *coord;
 } rig;
 
+/* Stage options rig_up applies to every stage; rig_optim (when set) replaces
+ * fx_optim() in the stages, the coordinator and run_trainer. */
+static bool rig_graphs, rig_sync_sends;
+static const pt_optim_config *rig_optim;
+
 static void rig_up(rig *r, int p, int m, pt_pipe_mode mode, bool recompute, const int *bounds)
 {
 	pt_stage_config sc[PT_MAX_STAGES];
@@ -28,6 +33,14 @@ static void rig_up(rig *r, int p, int m, pt_pipe_mode mode, bool recompute, cons
 	r->p = p;
 	r->m = m;
 	fx_stage_configs(sc, p, m, mode, recompute, bounds);
+	for (int s = 0; s < p; s++) {
+		sc[s].use_graphs = rig_graphs;
+		sc[s].sync_sends = rig_sync_sends;
+		if (rig_optim)
+			sc[s].optim = *rig_optim;
+	}
+	if (rig_optim)
+		pc.optim = *rig_optim;
 	PT_CHECK_OK(pt_local_group_create(&r->g, p + 1));
 	for (int i = 0; i <= p; i++)
 		PT_CHECK_OK(pt_local_comm_create(&r->comms[i], r->g, i));
@@ -120,6 +133,7 @@ typedef struct run {
 	float *params; /* after the last step */
 	size_t nbytes;
 	int peak_live[PT_MAX_STAGES];
+	int graphs[PT_MAX_STAGES]; /* captured graphs per stage */
 } run;
 
 static void run_pipeline(int p, int m, pt_pipe_mode mode, bool recompute, int steps, run *out)
@@ -141,6 +155,7 @@ static void run_pipeline(int p, int m, pt_pipe_mode mode, bool recompute, int st
 		pt_stage_stats ss;
 		PT_CHECK_OK(pt_coordinator_stage_stats(r.coord, s, &ss));
 		out->peak_live[s - 1] = ss.peak_live;
+		out->graphs[s - 1] = pt_stage_graphs_captured(r.stages[s]);
 	}
 	rig_down(&r);
 	fx_data_down(&d);
@@ -157,11 +172,13 @@ static bool same_run(const run *a, const run *b, int steps)
 	       memcmp(a->norm, b->norm, sizeof(double) * (size_t)steps) == 0;
 }
 
+static bool trainer_graphs; /* run_trainer: with the trainer's graphs */
+
 /* The in-process trainer on the same batches: the reference. */
 static void run_trainer(int m, int steps, run *out)
 {
 	pt_model_config cfg = {.batch = FX_MB, .input = fx_digits_in, .n_slots = 1, .seed = 42};
-	pt_optim_config oc = fx_optim();
+	pt_optim_config oc = rig_optim ? *rig_optim : fx_optim();
 	pt_model *mdl;
 	pt_optimizer *o;
 	pt_trainer *t;
@@ -171,6 +188,7 @@ static void run_trainer(int m, int steps, run *out)
 	PT_CHECK_OK(pt_model_create(&mdl, fx_digits_mlp, FX_N_LAYERS, 0, FX_N_LAYERS, &cfg));
 	PT_CHECK_OK(pt_optimizer_create(&o, &oc, pt_model_params(mdl), pt_model_grads(mdl)));
 	PT_CHECK_OK(pt_trainer_create(&t, mdl, o, PT_LOSS_CROSS_ENTROPY, -1));
+	PT_CHECK_OK(pt_trainer_set_graphs(t, trainer_graphs, -1));
 	fx_data_up(&d, m);
 	for (int st = 0; st < steps; st++) {
 		pt_step_result res;
@@ -234,6 +252,99 @@ static void test_pipeline_recompute_is_bitwise_equal(void)
 	CU_ASSERT(same_run(&plain, &re, STEPS));
 	free(plain.params);
 	free(re.params);
+}
+
+/* Graphs (use_graphs) and synchronous sends change nothing: AdamW with
+ * clipping, so the optimizer graph reads a new step and grad scale each
+ * step. In sync mode every slot runs once a step, so after 3 warm-ups and a
+ * capture each stage replays all 2 m + 1 of its graphs. */
+static void test_pipeline_graphs_and_sync_sends_are_bitwise(void)
+{
+	enum { STEPS = 12, M = 4 };
+	static const int stages[] = {1, 2, 4};
+	run ref, r;
+	run_trainer(M, STEPS, &ref);
+	trainer_graphs = true;
+	run_trainer(M, STEPS, &r);
+	trainer_graphs = false;
+	CU_ASSERT(same_run(&ref, &r, STEPS));
+	free(r.params);
+	rig_graphs = true;
+	for (int k = 0; k < 3; k++) {
+		run_pipeline(stages[k], M, PT_MODE_SYNC, false, STEPS, &r);
+		CU_ASSERT(same_run(&ref, &r, STEPS));
+		for (int s = 0; s < stages[k]; s++)
+			CU_ASSERT_EQUAL(r.graphs[s], 2 * M + 1);
+		free(r.params);
+	}
+	run_pipeline(2, M, PT_MODE_SEMI_ASYNC, false, STEPS, &r);
+	CU_ASSERT(same_run(&ref, &r, STEPS));
+	CU_ASSERT(r.graphs[0] > 0 && r.graphs[1] > 0);
+	free(r.params);
+	run_pipeline(2, M, PT_MODE_SYNC, true, STEPS, &r);
+	CU_ASSERT(same_run(&ref, &r, STEPS));
+	free(r.params);
+	rig_graphs = false;
+	rig_sync_sends = true;
+	run_pipeline(2, M, PT_MODE_SEMI_ASYNC, false, STEPS, &r);
+	rig_sync_sends = false;
+	CU_ASSERT(same_run(&ref, &r, STEPS));
+	free(r.params);
+	free(ref.params);
+}
+
+/* The same with SGD (momentum, a warm-up cosine schedule, clipping): the
+ * optimizer graph reads lr, grad scale and first_step at run time. */
+static void test_pipeline_graphs_sgd_is_bitwise(void)
+{
+	enum { STEPS = 12, M = 4 };
+	pt_optim_config oc = pt_optim_defaults(PT_OPTIM_SGD, 0.05f);
+	run ref, r;
+	oc.momentum = 0.9f;
+	oc.clip_norm = 0.2f;
+	oc.schedule = (pt_schedule){PT_SCHED_WARMUP_COSINE, 3, STEPS, 0.0f};
+	rig_optim = &oc;
+	run_trainer(M, STEPS, &ref);
+	trainer_graphs = true;
+	run_trainer(M, STEPS, &r);
+	trainer_graphs = false;
+	CU_ASSERT(same_run(&ref, &r, STEPS));
+	free(r.params);
+	rig_graphs = true;
+	run_pipeline(2, M, PT_MODE_SYNC, false, STEPS, &r);
+	rig_graphs = false;
+	CU_ASSERT(same_run(&ref, &r, STEPS));
+	CU_ASSERT(r.graphs[0] == 2 * M + 1 && r.graphs[1] == 2 * M + 1);
+	free(r.params);
+	free(ref.params);
+	rig_optim = NULL;
+}
+
+/* A send that fails on a stage's send stream (here: the next stage's
+ * communicator is closed) ends the step with an error naming the stage, what
+ * it sent, the step and the microbatch. */
+static void test_pipeline_failed_async_send_is_reported(void)
+{
+	rig r;
+	fx_data d;
+	pt_pipe_step_result res;
+	rig_up(&r, 2, 2, PT_MODE_SYNC, false, NULL);
+	fx_data_up(&d, 2);
+	fx_data_next(&d, 0);
+	pt_comm_close(r.comms[2]); /* stage 2 leaves its loop */
+	PT_CHECK_OK(pt_stage_join(r.stages[2]));
+	PT_CHECK_ERR_MSG(pt_coordinator_step(r.coord, &d.x, &d.y, 0, &res), PT_ERR_CLOSED,
+	                 "stage 1: sending activation of step 0 microbatch 0 to rank 2");
+	pt_coordinator_stop(r.coord); /* stage 2 cannot answer */
+	pt_comm_close(r.comms[1]);
+	PT_CHECK_OK(pt_stage_join(r.stages[1]));
+	for (int s = 1; s <= 2; s++)
+		pt_stage_destroy(r.stages[s]);
+	pt_coordinator_destroy(r.coord);
+	for (int i = 0; i <= 2; i++)
+		pt_comm_destroy(r.comms[i]);
+	pt_local_group_destroy(r.g);
+	fx_data_down(&d);
 }
 
 /* Held-out accuracy of parameters gathered from the stages. */
@@ -419,7 +530,16 @@ static void test_pipeline_control_matches_schema(void)
 		return;
 	}
 	fx_stage_configs(sc, 2, 4, PT_MODE_SEMI_ASYNC, false, NULL);
+	sc[1].use_graphs = true;
+	sc[1].sync_sends = true;
 	PT_CHECK_OK(pt_wire_configure_encode(&m, &sc[1]));
+	{
+		pt_stage_config back;
+		pt_layer_spec *layers = NULL;
+		PT_CHECK_OK(pt_wire_configure_decode(&m, &back, &layers));
+		CU_ASSERT(back.use_graphs && back.sync_sends);
+		free(layers);
+	}
 	CU_ASSERT_PTR_NOT_NULL_FATAL(mkdtemp(dir));
 	snprintf(path, sizeof(path), "%s/control.bin", dir);
 	pt_test_write_file(path, m.blob, m.blob_len);
@@ -438,6 +558,8 @@ static void test_pipeline_control_matches_schema(void)
 	CU_ASSERT_PTR_NOT_NULL(strstr(json, "\"kind\": \"ReLU\""));
 	CU_ASSERT_PTR_NOT_NULL(strstr(json, "\"mode\": 1"));
 	CU_ASSERT_PTR_NOT_NULL(strstr(json, "\"first\": "));
+	CU_ASSERT_PTR_NOT_NULL(strstr(json, "\"use_graphs\": true"));
+	CU_ASSERT_PTR_NOT_NULL(strstr(json, "\"sync_sends\": true"));
 	unlink(path);
 	snprintf(path, sizeof(path), "%s/control.bin", dir);
 	unlink(path);
@@ -456,11 +578,15 @@ static const pt_test_case tests[] = {
     {"test_pipeline_semi_async_equals_sync_with_fewer_activations",
      test_pipeline_semi_async_equals_sync_with_fewer_activations},
     {"test_pipeline_recompute_is_bitwise_equal", test_pipeline_recompute_is_bitwise_equal},
+    {"test_pipeline_graphs_and_sync_sends_are_bitwise",
+     test_pipeline_graphs_and_sync_sends_are_bitwise},
+    {"test_pipeline_graphs_sgd_is_bitwise", test_pipeline_graphs_sgd_is_bitwise},
     {"test_pipeline_async_trains_digits_with_staleness",
      test_pipeline_async_trains_digits_with_staleness},
     {"test_pipeline_op_error_ends_step_and_recovers",
      test_pipeline_op_error_ends_step_and_recovers},
     {"test_pipeline_corrupt_message_is_reported", test_pipeline_corrupt_message_is_reported},
+    {"test_pipeline_failed_async_send_is_reported", test_pipeline_failed_async_send_is_reported},
     {"test_pipeline_bad_batch_is_refused", test_pipeline_bad_batch_is_refused},
     {NULL, NULL},
 };

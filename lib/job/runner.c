@@ -299,7 +299,8 @@ static pt_err pipeline_up(runner *r)
 		                     .seed = s->seed,
 		                     .weight_stashing = s->weight_stashing,
 		                     .recompute = s->recompute,
-		                     .threads = r->tps};
+		                     .threads = r->tps,
+		                     .use_graphs = s->use_graphs};
 		configs[st - 1] = c;
 		if (s->n_workers > 0)
 			continue;

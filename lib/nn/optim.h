@@ -61,9 +61,25 @@ float pt_clip_scale(double global_norm, float max_norm);
  * step counter. The learning rate comes from the schedule. */
 pt_err pt_optimizer_step(pt_optimizer *o, float grad_scale);
 
+/* pt_optimizer_step is these three; a graph captures only the middle one.
+ * pt_optimizer_prepare (host) writes the next step's learning rate, grad
+ * scale and step count into a small f64 tensor the update kernel reads at
+ * run time; pt_optimizer_update dispatches the update op (its op params are
+ * the same every step, so a captured update replays bitwise);
+ * pt_optimizer_advance (host) counts the step. Call them in this order, once
+ * each per step. */
+pt_err pt_optimizer_prepare(pt_optimizer *o, float grad_scale);
+pt_err pt_optimizer_update(pt_optimizer *o);
+void pt_optimizer_advance(pt_optimizer *o);
+
 /* pt_optimizer_step_clipped clips by the configured clip_norm given the
  * global gradient norm, steps, and reports the learning rate used. */
 pt_err pt_optimizer_step_clipped(pt_optimizer *o, double global_norm, float *lr);
+
+/* pt_optimizer_next_lr is the learning rate of the next step; pt_optimizer_clip
+ * the configured clip_norm. */
+float pt_optimizer_next_lr(const pt_optimizer *o);
+float pt_optimizer_clip(const pt_optimizer *o);
 
 /* pt_optimizer_steps returns the number of steps taken. */
 int64_t pt_optimizer_steps(const pt_optimizer *o);

@@ -1,10 +1,22 @@
-/* train.c - the in-process training step and evaluation. */
+/* train.c - the in-process training step and evaluation.
+ *
+ * With graphs on, a step runs three named graphs of the trainer's own graph
+ * manager: Phase_Forward and Phase_Backward once per microbatch (the
+ * microbatch is first copied into the trainer's fixed input buffers, so
+ * every microbatch is the same computation on the same buffers) and
+ * Phase_OptimizerStep once per step (its lr, grad scale and step count come
+ * from the optimizer's run-time scalars, written before the graph runs).
+ * The loss, its gradient, the gradient norms and zeroing the gradients stay
+ * eager: they read values on the host or depend on them (the number of
+ * counted targets scales the loss gradient).
+ */
 #include "train.h"
 
 #include <math.h>
 #include <stdlib.h>
 
 #include "dispatch.h"
+#include "graph.h"
 
 struct pt_trainer {
 	pt_model *model;
@@ -16,6 +28,12 @@ struct pt_trainer {
 	float *host_pred;
 	int64_t *host_tg;
 	double *sqnorms; /* per parameter tensor */
+	/* graphs (NULL: eager) */
+	pt_graph_manager *graphs;
+	pt_tensor xs, ys;      /* the microbatch, copied in (fixed buffers) */
+	const pt_tensor *pred; /* the model's output (a fixed buffer) */
+	uint64_t step, mb;     /* of the forward being captured */
+	pt_graph_run last[3];  /* how each phase ran last */
 };
 
 pt_err pt_trainer_create(pt_trainer **out, pt_model *model, pt_optimizer *opt,
@@ -56,6 +74,8 @@ void pt_trainer_destroy(pt_trainer *t)
 {
 	if (t == NULL)
 		return;
+	pt_graph_manager_destroy(t->graphs);
+	pt_tensor_fini(&t->xs);
 	pt_loss_destroy(t->loss);
 	pt_tensor_fini(&t->dpred);
 	free(t->host_pred);
@@ -69,6 +89,22 @@ void pt_trainer_set_deferred(pt_trainer *t, bool deferred)
 	t->deferred = deferred;
 }
 
+pt_err pt_trainer_set_graphs(pt_trainer *t, bool on, int warmup)
+{
+	pt_graph_manager_destroy(t->graphs);
+	t->graphs = NULL;
+	t->pred = NULL;
+	if (on)
+		PT_TRY(pt_graph_manager_create(&t->graphs, warmup, 0));
+	return PT_OK;
+}
+
+pt_graph_run pt_trainer_graph_run(const pt_trainer *t, pt_graph_phase phase)
+{
+	int i = phase == PT_PHASE_FORWARD ? 0 : phase == PT_PHASE_BACKWARD ? 1 : 2;
+	return t->last[i];
+}
+
 static pt_err split(const pt_tensor *full, int64_t B, int k, int n, pt_tensor *out)
 {
 	if (full->shape[0] != B * n)
@@ -77,6 +113,58 @@ static pt_err split(const pt_tensor *full, int64_t B, int k, int n, pt_tensor *o
 		    "a batch of %ld samples does not split into %d microbatches of %ld",
 		    (long)full->shape[0], n, (long)B);
 	return pt_tensor_narrow(out, full, 0, (int64_t)k * B, B);
+}
+
+static pt_err forward_fn(void *arg, pt_stream *stream)
+{
+	pt_trainer *t = arg;
+	return pt_model_forward(t->model, 0, &t->xs, &t->pred, true, t->step, t->mb);
+}
+
+static pt_err backward_fn(void *arg, pt_stream *stream)
+{
+	pt_trainer *t = arg;
+	return pt_model_backward(t->model, 0, &t->dpred, NULL);
+}
+
+static pt_err update_fn(void *arg, pt_stream *stream)
+{
+	pt_trainer *t = arg;
+	return pt_optimizer_update(t->opt);
+}
+
+/* Copies view v into the fixed buffer *fixed (made on first use). */
+static pt_err stage_in(pt_tensor *fixed, const pt_tensor *v)
+{
+	if (fixed->storage == NULL)
+		PT_TRY(pt_tensor_init(fixed, v->dtype, v->ndim, v->shape));
+	if (fixed->dtype != v->dtype || pt_tensor_numel(fixed) != pt_tensor_numel(v))
+		return pt_set_error(PT_ERR_SHAPE, "graphs: microbatch shape changed between steps");
+	return pt_tensor_read(v, pt_tensor_data(fixed), pt_tensor_nbytes(fixed));
+}
+
+/* Forward, loss, loss gradient and backward of microbatch (xk, yk); with
+ * graphs, forward and backward are the phase graphs on the fixed input. */
+static pt_err microbatch(pt_trainer *t, const pt_tensor *xk, const pt_tensor *yk, uint64_t step,
+                         int k, float scale, double *l)
+{
+	const pt_tensor *pred;
+	if (t->graphs == NULL) {
+		PT_TRY(pt_model_forward(t->model, 0, xk, &pred, true, step, (uint64_t)k));
+	} else {
+		t->step = step;
+		t->mb = (uint64_t)k;
+		PT_TRY(stage_in(&t->xs, xk));
+		PT_TRY(pt_graph_manager_execute_phase(t->graphs, PT_PHASE_FORWARD, forward_fn, t,
+		                                      NULL, &t->last[0]));
+		pred = t->pred;
+	}
+	PT_TRY(pt_loss_compute_loss(t->loss, pred, yk, l, NULL));
+	PT_TRY(pt_loss_compute_gradient(t->loss, pred, yk, scale, &t->dpred));
+	if (t->graphs == NULL)
+		return pt_model_backward(t->model, 0, &t->dpred, NULL);
+	return pt_graph_manager_execute_phase(t->graphs, PT_PHASE_BACKWARD, backward_fn, t, NULL,
+	                                      &t->last[1]);
 }
 
 static pt_err step_body(pt_trainer *t, const pt_tensor *x, const pt_tensor *y, int mbs,
@@ -90,16 +178,10 @@ static pt_err step_body(pt_trainer *t, const pt_tensor *x, const pt_tensor *y, i
 	PT_TRY(pt_model_zero_grad(t->model));
 	for (int k = 0; k < mbs && rv == PT_OK; k++) {
 		pt_tensor xk = {0}, yk = {0};
-		const pt_tensor *pred;
 		double l;
 		if ((rv = split(x, B, k, mbs, &xk)) == PT_OK &&
 		    (rv = split(y, B, k, mbs, &yk)) == PT_OK &&
-		    (rv = pt_model_forward(t->model, 0, &xk, &pred, true, step, (uint64_t)k)) ==
-		        PT_OK &&
-		    (rv = pt_loss_compute_loss(t->loss, pred, &yk, &l, NULL)) == PT_OK &&
-		    (rv = pt_loss_compute_gradient(t->loss, pred, &yk, scale, &t->dpred)) ==
-		        PT_OK &&
-		    (rv = pt_model_backward(t->model, 0, &t->dpred, NULL)) == PT_OK)
+		    (rv = microbatch(t, &xk, &yk, step, k, scale, &l)) == PT_OK)
 			loss_sum += l;
 		pt_tensor_fini(&xk);
 		pt_tensor_fini(&yk);
@@ -113,6 +195,18 @@ static pt_err step_body(pt_trainer *t, const pt_tensor *x, const pt_tensor *y, i
 	return PT_OK;
 }
 
+/* The update of a graph step: scalars on the host, the update replayed. */
+static pt_err graph_update(pt_trainer *t, pt_step_result *res)
+{
+	res->lr = pt_optimizer_next_lr(t->opt);
+	PT_TRY(
+	    pt_optimizer_prepare(t->opt, pt_clip_scale(res->grad_norm, pt_optimizer_clip(t->opt))));
+	PT_TRY(pt_graph_manager_execute_phase(t->graphs, PT_PHASE_OPTIMIZER_STEP, update_fn, t,
+	                                      NULL, &t->last[2]));
+	pt_optimizer_advance(t->opt);
+	return PT_OK;
+}
+
 pt_err pt_trainer_step(pt_trainer *t, const pt_tensor *x, const pt_tensor *y, int microbatches,
                        uint64_t step, pt_step_result *res)
 {
@@ -122,6 +216,10 @@ pt_err pt_trainer_step(pt_trainer *t, const pt_tensor *x, const pt_tensor *y, in
 	if (microbatches <= 0)
 		return pt_set_error(PT_ERR_INVALID, "microbatches must be > 0, got %d",
 		                    microbatches);
+	if (t->graphs != NULL) {
+		PT_TRY(step_body(t, x, y, microbatches, step, res));
+		return graph_update(t, res);
+	}
 	if (t->deferred)
 		pt_deferred_begin(d);
 	rv = step_body(t, x, y, microbatches, step, res);

@@ -7,6 +7,7 @@
 #ifndef PT_TRAIN_H
 #define PT_TRAIN_H
 
+#include "graph.h"
 #include "loss.h"
 #include "model.h"
 #include "optim.h"
@@ -27,6 +28,18 @@ void pt_trainer_destroy(pt_trainer *t);
 
 /* pt_trainer_set_deferred runs each step in the dispatcher's deferred mode. */
 void pt_trainer_set_deferred(pt_trainer *t, bool deferred);
+
+/* pt_trainer_set_graphs turns graphs on (or off): each step then runs its
+ * forward and backward per microbatch and its optimizer update as captured
+ * graphs after `warmup` eager runs (< 0: PT_GRAPH_WARMUP_DEFAULT; see
+ * train.c), with the same results bitwise. Deferred mode is not used while
+ * graphs are on. A phase that cannot be captured (dropout's per-step seeds)
+ * keeps running eagerly. */
+pt_err pt_trainer_set_graphs(pt_trainer *t, bool on, int warmup);
+
+/* pt_trainer_graph_run says how a phase (forward, backward, optimizer step)
+ * ran in the last step: warm-up, capture, replay or fallback. */
+pt_graph_run pt_trainer_graph_run(const pt_trainer *t, pt_graph_phase phase);
 
 /* pt_trainer_step trains on one batch: x (microbatches * B, ...) and targets
  * y, split into `microbatches` views of the model's batch size B; step is the

@@ -10,6 +10,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "log.h"
 
@@ -224,12 +225,42 @@ static void tape_append(pt_op_tape *t, const pt_op_call *c)
 	t->calls[t->n++] = q;
 }
 
+/* The calling thread's kernel timer (pt_dispatch_time_kernels), or NULL. */
+static _Thread_local pt_kernel_timer *kernel_timer;
+
+void pt_dispatch_time_kernels(pt_kernel_timer *t)
+{
+	kernel_timer = t;
+}
+
+static double mono_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Runs one planned kernel, timed when the thread has a kernel timer. */
+static pt_err run_kernel(const pt_op_call *c, void *workspace)
+{
+	pt_kernel_timer *kt = kernel_timer;
+	double t0;
+	pt_err rv;
+	if (kt == NULL)
+		return c->kernel(c, workspace);
+	t0 = mono_s();
+	rv = c->kernel(c, workspace);
+	kt->seconds += mono_s() - t0;
+	kt->calls++;
+	return rv;
+}
+
 static pt_err run_planned(pt_dispatcher *d, const pt_op_call *c)
 {
 	pt_err rv;
 	if (d->inject[c->op])
 		return pt_set_error(PT_ERR_BACKEND, "%s: injected failure", pt_op_name(c->op));
-	rv = c->kernel(c, d->workspace);
+	rv = run_kernel(c, d->workspace);
 	if (rv == PT_OK && d->capture != NULL)
 		tape_append(d->capture, c);
 	return rv;
@@ -365,7 +396,7 @@ pt_err pt_op_tape_replay(const pt_op_tape *t, void *workspace)
 {
 	for (size_t i = 0; i < t->n; i++) {
 		queued_call *q = t->calls[i];
-		pt_err rv = q->call.kernel(&q->call, workspace);
+		pt_err rv = run_kernel(&q->call, workspace);
 		if (rv != PT_OK) {
 			char detail[512];
 			snprintf(detail, sizeof(detail), "%s", pt_last_error());

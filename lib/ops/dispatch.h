@@ -47,8 +47,8 @@
 	X(MSE_FWD, "mse_forward", 2, 1, mse_fwd)                                                   \
 	X(MSE_BWD, "mse_backward", 2, 1, mse_bwd)                                                  \
 	X(SQNORM, "squared_norm", 1, 1, sqnorm)                                                    \
-	X(ADAMW, "adamw_update", 1, 3, adamw)                                                      \
-	X(SGD, "sgd_update", 1, 2, sgd)
+	X(ADAMW, "adamw_update", 2, 3, adamw)                                                      \
+	X(SGD, "sgd_update", 2, 2, sgd)
 
 typedef enum pt_op {
 #define PT_OP_ENUM(id, name, nin, nout, fn) PT_OP_##id,
@@ -59,6 +59,18 @@ typedef enum pt_op {
 
 #define PT_OP_MAX_IN  5
 #define PT_OP_MAX_OUT 3
+
+/* The run-time scalars of an optimizer op: an f64 tensor of PT_OPTIM_SCALARS
+ * values given as the op's input 1. The kernel reads them when it runs, so a
+ * captured graph replays each step with the values the host wrote before
+ * the replay (the op params stay the same from step to step). */
+enum {
+	PT_OPTIM_S_LR,         /* learning rate (a float, stored exactly) */
+	PT_OPTIM_S_GRAD_SCALE, /* g = grad * grad_scale (a float, stored exactly) */
+	PT_OPTIM_S_STEP,       /* 1-based step, for AdamW's bias corrections */
+	PT_OPTIM_S_FIRST,      /* SGD: 1 on the first step (momentum buffer = g) */
+	PT_OPTIM_SCALARS
+};
 
 typedef enum pt_act { PT_ACT_RELU, PT_ACT_GELU, PT_ACT_TANH, PT_ACT_SIGMOID } pt_act;
 
@@ -106,6 +118,8 @@ typedef union pt_op_params {
 	struct {
 		float scale;
 	} mse;
+	/* adamw and sgd: lr, grad_scale, step and first_step are read from
+	 * input 1 (PT_OPTIM_SCALARS f64) instead when it is given. */
 	struct {
 		float lr, beta1, beta2, eps, weight_decay, grad_scale;
 		int64_t step; /* 1-based, for bias correction */
@@ -247,6 +261,17 @@ pt_err pt_op_tape_replay(const pt_op_tape *t, void *workspace);
  * already attached); pt_dispatcher_capture_end detaches and returns it. */
 pt_err pt_dispatcher_capture_begin(pt_dispatcher *d, pt_op_tape *t);
 pt_op_tape *pt_dispatcher_capture_end(pt_dispatcher *d);
+
+/* Benchmarks: while a thread has a kernel timer, every kernel it runs (eager,
+ * in a flush or in a tape replay) adds its wall time (CLOCK_MONOTONIC
+ * seconds, two clock reads around the call) and one call to the timer, so
+ * dispatch overhead = step time - kernel time from the same run.
+ * pt_dispatch_time_kernels sets the calling thread's timer (NULL: none). */
+typedef struct pt_kernel_timer {
+	double seconds;
+	uint64_t calls;
+} pt_kernel_timer;
+void pt_dispatch_time_kernels(pt_kernel_timer *t);
 
 /* Test hook: when set, the kernel of calls to `op` fails with PT_ERR_BACKEND
  * at impl time (once armed, every such call fails until cleared). */

@@ -432,8 +432,23 @@ static pt_err meta_sqnorm(const pt_op_call *c)
 	return PT_OK;
 }
 
+/* The optional run-time scalars (input 1) of adamw and sgd. */
+static pt_err meta_optim_scalars(const pt_op_call *c)
+{
+	const pt_tensor *s = c->in[1];
+	if (s == NULL)
+		return PT_OK;
+	if (s->dtype != PT_F64 || pt_tensor_numel(s) != PT_OPTIM_SCALARS ||
+	    !pt_tensor_is_contiguous(s) || s->storage->device.kind != PT_DEV_CPU)
+		return pt_set_error(PT_ERR_SHAPE,
+		                    "%s: scalars must be %d contiguous f64 on the CPU",
+		                    pt_op_name(c->op), PT_OPTIM_SCALARS);
+	return PT_OK;
+}
+
 static pt_err meta_adamw(const pt_op_call *c)
 {
+	PT_TRY(meta_optim_scalars(c));
 	PT_TRY(need_f32(c, c->in[0], "grad"));
 	PT_TRY(need_f32(c, c->out[0], "param"));
 	PT_TRY(need_f32(c, c->out[1], "m"));
@@ -441,13 +456,14 @@ static pt_err meta_adamw(const pt_op_call *c)
 	for (int i = 0; i < 3; i++)
 		if (pt_tensor_numel(c->out[i]) != pt_tensor_numel(c->in[0]))
 			return pt_set_error(PT_ERR_SHAPE, "adamw_update: buffers differ in size");
-	if (c->p.adamw.step < 1)
+	if (c->in[1] == NULL && c->p.adamw.step < 1)
 		return pt_set_error(PT_ERR_RANGE, "adamw_update: step must be >= 1");
 	return PT_OK;
 }
 
 static pt_err meta_sgd(const pt_op_call *c)
 {
+	PT_TRY(meta_optim_scalars(c));
 	PT_TRY(need_f32(c, c->in[0], "grad"));
 	PT_TRY(need_f32(c, c->out[0], "param"));
 	if (pt_tensor_numel(c->out[0]) != pt_tensor_numel(c->in[0]))
@@ -513,6 +529,8 @@ PLAN_CPU(mse_bwd, mse_backward)
 PLAN_CPU(sqnorm, squared_norm)
 PLAN_CPU(adamw, adamw)
 PLAN_CPU(sgd, sgd)
+/* Run-time scalars (input 1) live on the CPU: device_of refuses them next to
+ * device buffers, so only CPU kernels read them. */
 
 static pt_err plan_attn_bwd(pt_op_call *c)
 {
@@ -817,39 +835,87 @@ pt_err pt_squared_norm(pt_tensor *out, const pt_tensor *x)
 	return pt_dispatch(&c);
 }
 
-pt_err pt_adamw_update(pt_tensor *param, pt_tensor *m, pt_tensor *v, const pt_tensor *grad,
-                       float lr, float beta1, float beta2, float eps, float weight_decay,
-                       float grad_scale, int64_t step)
+/* The optimizer ops' calls: scalars (may be NULL) replace the params' lr,
+ * grad scale, step and first_step at run time. */
+static pt_err adamw_call(pt_tensor *param, pt_tensor *m, pt_tensor *v, const pt_tensor *grad,
+                         const pt_tensor *scalars, const pt_op_params *p)
 {
 	CALL(ADAMW);
 	c.out[0] = param;
 	c.out[1] = m;
 	c.out[2] = v;
 	c.in[0] = grad;
-	c.p.adamw.lr = lr;
-	c.p.adamw.beta1 = beta1;
-	c.p.adamw.beta2 = beta2;
-	c.p.adamw.eps = eps;
-	c.p.adamw.weight_decay = weight_decay;
-	c.p.adamw.grad_scale = grad_scale;
-	c.p.adamw.step = step;
+	c.in[1] = scalars;
+	c.p = *p;
 	return pt_dispatch(&c);
+}
+
+static pt_err sgd_call(pt_tensor *param, pt_tensor *buf, const pt_tensor *grad,
+                       const pt_tensor *scalars, const pt_op_params *p)
+{
+	CALL(SGD);
+	c.out[0] = param;
+	c.out[1] = p->sgd.momentum != 0.0f ? buf : NULL;
+	c.in[0] = grad;
+	c.in[1] = scalars;
+	c.p = *p;
+	return pt_dispatch(&c);
+}
+
+pt_err pt_adamw_update(pt_tensor *param, pt_tensor *m, pt_tensor *v, const pt_tensor *grad,
+                       float lr, float beta1, float beta2, float eps, float weight_decay,
+                       float grad_scale, int64_t step)
+{
+	pt_op_params p;
+	memset(&p, 0, sizeof(p)); /* graphs compare params bytewise */
+	p.adamw.lr = lr;
+	p.adamw.beta1 = beta1;
+	p.adamw.beta2 = beta2;
+	p.adamw.eps = eps;
+	p.adamw.weight_decay = weight_decay;
+	p.adamw.grad_scale = grad_scale;
+	p.adamw.step = step;
+	return adamw_call(param, m, v, grad, NULL, &p);
+}
+
+pt_err pt_adamw_update_scalars(pt_tensor *param, pt_tensor *m, pt_tensor *v, const pt_tensor *grad,
+                               const pt_tensor *scalars, float beta1, float beta2, float eps,
+                               float weight_decay)
+{
+	pt_op_params p;
+	memset(&p, 0, sizeof(p));
+	p.adamw.beta1 = beta1;
+	p.adamw.beta2 = beta2;
+	p.adamw.eps = eps;
+	p.adamw.weight_decay = weight_decay;
+	return adamw_call(param, m, v, grad, scalars, &p);
+}
+
+pt_err pt_sgd_update_scalars(pt_tensor *param, pt_tensor *buf, const pt_tensor *grad,
+                             const pt_tensor *scalars, float momentum, float dampening,
+                             float weight_decay, bool nesterov)
+{
+	pt_op_params p;
+	memset(&p, 0, sizeof(p));
+	p.sgd.momentum = momentum;
+	p.sgd.dampening = dampening;
+	p.sgd.weight_decay = weight_decay;
+	p.sgd.nesterov = nesterov;
+	return sgd_call(param, buf, grad, scalars, &p);
 }
 
 pt_err pt_sgd_update(pt_tensor *param, pt_tensor *buf, const pt_tensor *grad, float lr,
                      float momentum, float dampening, float weight_decay, float grad_scale,
                      bool nesterov, bool first_step)
 {
-	CALL(SGD);
-	c.out[0] = param;
-	c.out[1] = momentum != 0.0f ? buf : NULL;
-	c.in[0] = grad;
-	c.p.sgd.lr = lr;
-	c.p.sgd.momentum = momentum;
-	c.p.sgd.dampening = dampening;
-	c.p.sgd.weight_decay = weight_decay;
-	c.p.sgd.grad_scale = grad_scale;
-	c.p.sgd.nesterov = nesterov;
-	c.p.sgd.first_step = first_step;
-	return pt_dispatch(&c);
+	pt_op_params p;
+	memset(&p, 0, sizeof(p));
+	p.sgd.lr = lr;
+	p.sgd.momentum = momentum;
+	p.sgd.dampening = dampening;
+	p.sgd.weight_decay = weight_decay;
+	p.sgd.grad_scale = grad_scale;
+	p.sgd.nesterov = nesterov;
+	p.sgd.first_step = first_step;
+	return sgd_call(param, buf, grad, NULL, &p);
 }

@@ -102,10 +102,23 @@ pt_err pt_adamw_update(pt_tensor *param, pt_tensor *m, pt_tensor *v, const pt_te
                        float lr, float beta1, float beta2, float eps, float weight_decay,
                        float grad_scale, int64_t step);
 
+/* pt_adamw_update_scalars is pt_adamw_update with lr, grad_scale and step
+ * read at run time from scalars (PT_OPTIM_SCALARS f64 on the CPU, see
+ * dispatch.h), so a captured step replays with new values; same results. */
+pt_err pt_adamw_update_scalars(pt_tensor *param, pt_tensor *m, pt_tensor *v, const pt_tensor *grad,
+                               const pt_tensor *scalars, float beta1, float beta2, float eps,
+                               float weight_decay);
+
 /* SGD with momentum/dampening/Nesterov/weight decay (PyTorch semantics);
  * buf may be NULL when momentum == 0. first_step initialises buf = g. */
 pt_err pt_sgd_update(pt_tensor *param, pt_tensor *buf, const pt_tensor *grad, float lr,
                      float momentum, float dampening, float weight_decay, float grad_scale,
                      bool nesterov, bool first_step);
+
+/* pt_sgd_update_scalars is pt_sgd_update with lr, grad_scale and first_step
+ * read at run time from scalars (as for pt_adamw_update_scalars). */
+pt_err pt_sgd_update_scalars(pt_tensor *param, pt_tensor *buf, const pt_tensor *grad,
+                             const pt_tensor *scalars, float momentum, float dampening,
+                             float weight_decay, bool nesterov);
 
 #endif

@@ -34,7 +34,9 @@ enum {
 	C_SEED,
 	C_STASH,
 	C_RECOMPUTE,
-	C_THREADS
+	C_THREADS,
+	C_USE_GRAPHS,
+	C_SYNC_SENDS
 };
 
 static const pt_fb_field_desc layer_fields[] = {
@@ -78,6 +80,8 @@ static const pt_fb_field_desc stage_config_fields[] = {
     PT_FB_FIELD_SCALAR(C_STASH, "weight_stashing", 1),
     PT_FB_FIELD_SCALAR(C_RECOMPUTE, "recompute", 1),
     PT_FB_FIELD_SCALAR(C_THREADS, "threads", 4),
+    PT_FB_FIELD_SCALAR(C_USE_GRAPHS, "use_graphs", 1),
+    PT_FB_FIELD_SCALAR(C_SYNC_SENDS, "sync_sends", 1),
 };
 const pt_fb_table_desc pt_fb_stage_config_desc =
     PT_FB_TABLE_DESC("StageConfig", stage_config_fields);
@@ -234,6 +238,8 @@ pt_err pt_fb_build_stage_config(pt_fb_builder *b, const pt_stage_config *c, pt_f
 	pt_fb_add_u8(b, C_MODE, (uint8_t)c->mode, 0);
 	pt_fb_add_bool(b, C_STASH, c->weight_stashing, true);
 	pt_fb_add_bool(b, C_RECOMPUTE, c->recompute, false);
+	pt_fb_add_bool(b, C_USE_GRAPHS, c->use_graphs, false);
+	pt_fb_add_bool(b, C_SYNC_SENDS, c->sync_sends, false);
 	return pt_fb_end_table(b, out);
 }
 
@@ -260,6 +266,8 @@ pt_err pt_fb_read_stage_config(const uint8_t *t, pt_stage_config *c, pt_layer_sp
 	c->weight_stashing = pt_fb_get_bool(t, C_STASH, true);
 	c->recompute = pt_fb_get_bool(t, C_RECOMPUTE, false);
 	c->threads = pt_fb_get_i32(t, C_THREADS, 0);
+	c->use_graphs = pt_fb_get_bool(t, C_USE_GRAPHS, false);
+	c->sync_sends = pt_fb_get_bool(t, C_SYNC_SENDS, false);
 	if ((rv = pt_fb_read_sample_shape(pt_fb_get_table(t, C_INPUT), &c->input)) != PT_OK ||
 	    (rv = pt_fb_read_optimizer(pt_fb_get_table(t, C_OPTIMIZER), &c->optim)) != PT_OK)
 		goto fail;

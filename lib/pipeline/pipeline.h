@@ -63,6 +63,8 @@ typedef struct pt_stage_config {
 	bool weight_stashing; /* async: backward uses the forward's weights */
 	bool recompute;       /* keep only the stage input; recompute forward in backward */
 	int threads;          /* CPU threads for this stage's kernels (0: 1) */
+	bool use_graphs;      /* forward, backward and optimizer step through graphs */
+	bool sync_sends;      /* send on the stage thread: no compute/transfer overlap */
 } pt_stage_config;
 
 /* One recorded task of a stage. */
@@ -111,6 +113,10 @@ void pt_stage_set_task_delay(pt_stage *s, int delay_ms);
 
 /* The delay given to stages built by pt_stage_host_run in this process. */
 void pt_stage_host_set_task_delay(int delay_ms);
+
+/* pt_stage_graphs_captured returns how many of s's graphs are captured and
+ * replay (0 without use_graphs). Thread-safe. */
+int pt_stage_graphs_captured(pt_stage *s);
 
 /* Test hook: the next forward of microbatch `mb` (any step) fails as if an
  * op had failed. -1 disarms. */

@@ -5,12 +5,37 @@
  * in-flight microbatches finish before new ones start (1F1B). Every data
  * message carries the coordinator's generation in meta.tag; a RESET moves
  * the stage to a new generation and messages of older ones are dropped.
+ *
+ * Sends: everything the stage sends (activations, gradients, outputs, DONE,
+ * replies, errors) goes through one send stream per destination rank (a
+ * pt_stream: a FIFO run by its own thread), so the loop computes microbatch
+ * k+1 while microbatch k's activation is on the wire. Per destination the
+ * order is the loop's order, exactly as with synchronous sends, so a REPLY
+ * never overtakes data sent before it to the same rank; across ranks the
+ * protocol needs no order (the coordinator's DONE comes from stage 1, which
+ * only sends it after the gradients of every later stage reached it). A
+ * queued message holds a reference to its tensor, which is never written
+ * again until the receiver has answered (forward outputs are reused only
+ * after that microbatch's gradient came back; backward and recompute
+ * outputs are sent as copies). A send that fails on a send stream is
+ * reported to the coordinator naming stage, step and microbatch. The loop
+ * drains the streams before it returns. cfg.sync_sends sends on the loop's
+ * thread instead.
+ *
+ * Graphs (cfg.use_graphs): forward and backward of each activation slot and
+ * the optimizer update (with zeroing the gradients) run through the graph
+ * manager under the names "forward.<slot>", "backward.<slot>" and
+ * "optimizer": warm-up, capture, replay (graph.h). Inputs are copied into
+ * fixed per-slot buffers first, so a slot is the same computation on the
+ * same buffers every time; the optimizer's lr, grad scale and step come from
+ * its run-time scalars. A forward armed to fail (test hook) runs eagerly.
  */
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include "dispatch.h"
+#include "graph.h"
 #include "log.h"
 #include "ops.h"
 #include "runtime.h"
@@ -23,6 +48,11 @@ typedef struct slot {
 	int64_t version; /* optimizer updates applied when the forward ran (async) */
 	pt_tensor x;     /* the stage input (kept for backward / recomputation) */
 	pt_tensor stash; /* async weight stashing: parameters used by the forward */
+	pt_tensor gx;    /* graphs: fixed input buffer the input is copied into */
+	pt_tensor gdy;   /* graphs: fixed buffer for the output gradient */
+	/* What this slot's forward and backward produced (model buffers, the
+	 * same on every replay; set by the eager runs). */
+	const pt_tensor *y, *dx;
 } slot;
 
 struct pt_stage {
@@ -45,7 +75,20 @@ struct pt_stage {
 	pthread_t thread;
 	bool started;
 	pt_err result;
+	pt_stream **tx; /* [world]: send stream per destination, NULL: send inline */
+	pt_graph_manager *graphs;
+	/* the graph functions' arguments */
+	int g_slot;
+	const pt_tensor *g_dy;
 };
+
+/* One queued send: the message (owning its tensor reference) and its stage. */
+typedef struct tx_item {
+	pt_stage *s;
+	int dst;
+	bool ran; /* false: cancelled by the stream's destroy */
+	pt_msg m;
+} tx_item;
 
 pt_err pt_stage_create(pt_stage **out, const pt_stage_config *cfg, pt_comm *comm)
 {
@@ -90,6 +133,24 @@ pt_err pt_stage_create(pt_stage **out, const pt_stage_config *cfg, pt_comm *comm
 			    PT_OK)
 				goto fail;
 	}
+	if (!cfg->sync_sends) {
+		int dsts[3] = {0, s->rank - 1, s->rank + 1};
+		if ((s->tx = calloc((size_t)pt_comm_world(comm), sizeof(*s->tx))) == NULL) {
+			rv = pt_set_error(PT_ERR_NOMEM, "stage send streams");
+			goto fail;
+		}
+		for (int k = 0; k < 3; k++) {
+			char name[32];
+			int d = dsts[k];
+			if (d < 0 || d >= pt_comm_world(comm) || s->tx[d] != NULL)
+				continue;
+			snprintf(name, sizeof(name), "stage%d.tx%d", s->rank, d);
+			if ((rv = pt_stream_create(&s->tx[d], name)) != PT_OK)
+				goto fail;
+		}
+	}
+	if (cfg->use_graphs && (rv = pt_graph_manager_create(&s->graphs, -1, 0)) != PT_OK)
+		goto fail;
 	*out = s;
 	return PT_OK;
 fail:
@@ -102,9 +163,16 @@ void pt_stage_destroy(pt_stage *s)
 {
 	if (s == NULL)
 		return;
+	/* Cancels what was not sent (the loop drains the streams when it ends). */
+	for (int d = 0; s->tx && d < pt_comm_world(s->comm); d++)
+		pt_stream_destroy(s->tx[d]);
+	free(s->tx);
+	pt_graph_manager_destroy(s->graphs);
 	for (int i = 0; s->slots && i < s->n_slots; i++) {
 		pt_tensor_fini(&s->slots[i].x);
 		pt_tensor_fini(&s->slots[i].stash);
+		pt_tensor_fini(&s->slots[i].gx);
+		pt_tensor_fini(&s->slots[i].gdy);
 	}
 	pt_tensor_fini(&s->current);
 	pt_optimizer_destroy(s->opt);
@@ -113,6 +181,11 @@ void pt_stage_destroy(pt_stage *s)
 	free(s->sqnorms);
 	free(s->tasks);
 	free(s);
+}
+
+int pt_stage_graphs_captured(pt_stage *s)
+{
+	return s->graphs ? pt_graph_manager_count(s->graphs) : 0;
 }
 
 void pt_stage_fail_forward_at(pt_stage *s, int mb)
@@ -155,30 +228,110 @@ static void record(pt_stage *s, pt_task_kind kind, int64_t step, int32_t mb, dou
 	s->tasks[s->n_tasks++] = (pt_task_record){(uint8_t)kind, mb, step, t0, t1};
 }
 
+/* The ERROR message of a failed task or send, from a stage thread or a send
+ * stream's thread: the detail is the calling thread's last error. */
+static pt_err error_msg(const pt_stage *s, uint32_t tag, int64_t step, int32_t mb, pt_err code,
+                        pt_msg *m)
+{
+	char msg[1024];
+	*m = (pt_msg){.meta = {.kind = PT_MSG_ERROR, .step = step, .microbatch = mb, .tag = tag}};
+	snprintf(msg, sizeof(msg), "stage %d: %s", s->rank, pt_last_error());
+	pt_warn("stage %d step %ld microbatch %d: %s", s->rank, (long)step, mb, msg);
+	return pt_wire_error_encode(m, s->rank, step, mb, code, msg);
+}
+
+static const char *kind_name(pt_msg_kind k)
+{
+	static const char *const names[PT_MSG_KIND_COUNT] = {"activation", "gradient", "output",
+	                                                     "done",       "command",  "reply",
+	                                                     "error",      "barrier",  "end"};
+	return (unsigned)k < PT_MSG_KIND_COUNT ? names[k] : "message";
+}
+
+static pt_err tx_run(void *arg)
+{
+	tx_item *it = arg;
+	it->ran = true;
+	return pt_comm_send(it->s->comm, it->dst, &it->m);
+}
+
+/* After a queued send: a failure goes to the coordinator directly (the
+ * destination may be the coordinator itself; then it is only logged). */
+static void tx_done(void *arg, pt_err rv)
+{
+	tx_item *it = arg;
+	const pt_msg_meta *mt = &it->m.meta;
+	if (rv != PT_OK && it->ran && mt->kind != PT_MSG_ERROR) {
+		pt_msg e;
+		pt_set_error(rv, "sending %s of step %ld microbatch %d to rank %d: %s",
+		             kind_name(mt->kind), (long)mt->step, mt->microbatch, it->dst,
+		             pt_last_error());
+		if (error_msg(it->s, mt->tag, mt->step, mt->microbatch, rv, &e) == PT_OK)
+			pt_comm_send(it->s->comm, 0, &e);
+		pt_msg_fini(&e);
+	} else if (rv != PT_OK) {
+		pt_debug("stage %d: send to rank %d not done: %s", it->s->rank, it->dst,
+		         pt_last_error());
+	}
+	pt_msg_fini(&it->m);
+	free(it);
+}
+
+/* post sends *m to dst, on dst's send stream when there is one (returns once
+ * it is queued) or inline. It takes *m over either way (zeroed). */
+static pt_err post(pt_stage *s, int dst, pt_msg *m)
+{
+	pt_stream *st = s->tx && dst >= 0 && dst < pt_comm_world(s->comm) ? s->tx[dst] : NULL;
+	tx_item *it;
+	pt_err rv;
+	if (st == NULL) {
+		rv = pt_comm_send(s->comm, dst, m);
+		pt_msg_fini(m);
+		return rv;
+	}
+	/* Deferred ops writing the tensor run here, on the stage's own dispatcher. */
+	if (m->has_tensor && (rv = pt_tensor_sync(&m->tensor)) != PT_OK) {
+		pt_msg_fini(m);
+		return rv;
+	}
+	if ((it = malloc(sizeof(*it))) == NULL) {
+		pt_msg_fini(m);
+		return pt_set_error(PT_ERR_NOMEM, "queued send");
+	}
+	*it = (tx_item){.s = s, .dst = dst, .m = *m};
+	memset(m, 0, sizeof(*m));
+	if ((rv = pt_stream_enqueue(st, tx_run, tx_done, it)) != PT_OK) {
+		pt_msg_fini(&it->m);
+		free(it);
+	}
+	return rv;
+}
+
+/* drain waits until every queued send has gone (or failed). */
+static void drain(pt_stage *s)
+{
+	for (int d = 0; s->tx && d < pt_comm_world(s->comm); d++)
+		if (s->tx[d] != NULL)
+			pt_stream_sync(s->tx[d], -1);
+}
+
 static pt_err send_to(pt_stage *s, int dst, pt_msg_kind kind, int64_t step, int32_t mb,
                       const pt_tensor *t)
 {
 	pt_msg m = {.meta = {.kind = kind, .step = step, .microbatch = mb, .tag = s->generation}};
-	pt_err rv;
 	if (t != NULL) {
 		m.has_tensor = true;
 		pt_tensor_view(&m.tensor, t);
 	}
-	rv = pt_comm_send(s->comm, dst, &m);
-	pt_msg_fini(&m);
-	return rv;
+	return post(s, dst, &m);
 }
 
 /* Reports a failed task to the coordinator; the stage carries on. */
 static void report(pt_stage *s, int64_t step, int32_t mb, pt_err code)
 {
-	pt_msg m = {
-	    .meta = {.kind = PT_MSG_ERROR, .step = step, .microbatch = mb, .tag = s->generation}};
-	char msg[1024];
-	snprintf(msg, sizeof(msg), "stage %d: %s", s->rank, pt_last_error());
-	pt_warn("stage %d step %ld microbatch %d: %s", s->rank, (long)step, mb, msg);
-	if (pt_wire_error_encode(&m, s->rank, step, mb, code, msg) == PT_OK)
-		pt_comm_send(s->comm, 0, &m);
+	pt_msg m;
+	if (error_msg(s, s->generation, step, mb, code, &m) == PT_OK)
+		post(s, 0, &m);
 	pt_msg_fini(&m);
 }
 
@@ -215,20 +368,80 @@ static pt_err send_copy(pt_stage *s, int dst, pt_msg_kind kind, int64_t step, in
 	return rv;
 }
 
+static pt_err forward_eager(pt_stage *s, int i, const pt_tensor **y)
+{
+	slot *sl = &s->slots[i];
+	return pt_model_forward(s->model, s->cfg.recompute ? 0 : i, &sl->x, y, true,
+	                        (uint64_t)sl->step, (uint64_t)sl->mb);
+}
+
+static pt_err forward_fn(void *arg, pt_stream *stream)
+{
+	pt_stage *s = arg;
+	return forward_eager(s, s->g_slot, &s->slots[s->g_slot].y);
+}
+
+static pt_err backward_fn(void *arg, pt_stream *stream)
+{
+	pt_stage *s = arg;
+	int i = s->g_slot;
+	const pt_tensor *y;
+	s->slots[i].dx = NULL;
+	if (s->cfg.recompute)
+		PT_TRY(forward_eager(s, i, &y));
+	return pt_model_backward(s->model, s->cfg.recompute ? 0 : i, s->g_dy, &s->slots[i].dx);
+}
+
+static pt_err update_fn(void *arg, pt_stream *stream)
+{
+	pt_stage *s = arg;
+	PT_TRY(pt_optimizer_update(s->opt));
+	return pt_model_zero_grad(s->model);
+}
+
+/* Runs fn under "<what>.<slot>" (slot < 0: "<what>") through the graph
+ * manager, or eagerly without graphs. */
+static pt_err run_phase(pt_stage *s, const char *what, int i, pt_graph_fn fn)
+{
+	char name[48];
+	if (s->graphs == NULL)
+		return fn(s, NULL);
+	if (i >= 0)
+		snprintf(name, sizeof(name), "%s.%d", what, i);
+	else
+		snprintf(name, sizeof(name), "%s", what);
+	return pt_graph_manager_execute(s->graphs, name, fn, s, NULL, NULL);
+}
+
+/* Copies t into the fixed buffer *fixed (made on first use): graphs read
+ * their inputs from the same addresses every time. */
+static pt_err fix_input(pt_tensor *fixed, const pt_tensor *t)
+{
+	if (fixed->storage == NULL)
+		PT_TRY(pt_tensor_init(fixed, t->dtype, t->ndim, t->shape));
+	if (fixed->dtype != t->dtype || pt_tensor_numel(fixed) != pt_tensor_numel(t))
+		return pt_set_error(PT_ERR_SHAPE, "input of %ld elements, the graph's has %ld",
+		                    (long)pt_tensor_numel(t), (long)pt_tensor_numel(fixed));
+	return pt_tensor_read(t, pt_tensor_data(fixed), pt_tensor_nbytes(fixed));
+}
+
 static pt_err run_forward(pt_stage *s, int i, const pt_tensor **y)
 {
 	slot *sl = &s->slots[i];
 	pt_err rv;
 	bool inject = s->fail_mb >= 0 && s->fail_mb == sl->mb;
-	if (inject)
-		pt_dispatcher_inject_failure(pt_dispatcher_current(), PT_OP_LINEAR_FWD, true);
-	rv = pt_model_forward(s->model, s->cfg.recompute ? 0 : i, &sl->x, y, true,
-	                      (uint64_t)sl->step, (uint64_t)sl->mb);
 	if (inject) {
+		/* eager: a replay would not go through the dispatcher's hook */
+		pt_dispatcher_inject_failure(pt_dispatcher_current(), PT_OP_LINEAR_FWD, true);
+		rv = forward_eager(s, i, y);
 		pt_dispatcher_inject_failure(pt_dispatcher_current(), PT_OP_LINEAR_FWD, false);
 		s->fail_mb = -1;
+		return rv;
 	}
-	return rv;
+	s->g_slot = i;
+	PT_TRY(run_phase(s, "forward", i, forward_fn));
+	*y = sl->y;
+	return PT_OK;
 }
 
 static void on_forward(pt_stage *s, pt_msg *m)
@@ -256,9 +469,15 @@ static void on_forward(pt_stage *s, pt_msg *m)
 	sl->mb = mb;
 	sl->step = step;
 	sl->version = s->updates;
-	pt_tensor_view(&sl->x, &m->tensor);
 	if (++s->stats.live > s->stats.peak_live)
 		s->stats.peak_live = s->stats.live;
+	if (s->graphs == NULL) {
+		pt_tensor_view(&sl->x, &m->tensor);
+	} else {
+		if ((rv = fix_input(&sl->gx, &m->tensor)) != PT_OK)
+			goto fail;
+		pt_tensor_view(&sl->x, &sl->gx);
+	}
 	if (sl->stash.storage && (rv = pt_copy(&sl->stash, pt_model_params(s->model))) != PT_OK)
 		goto fail;
 	if ((rv = run_forward(s, i, &y)) != PT_OK)
@@ -280,13 +499,21 @@ fail:
 	report(s, step, mb, rv);
 }
 
+/* The optimizer update, then zeroed gradients (one graph with graphs on). */
+static pt_err optimizer_step(pt_stage *s, float grad_scale)
+{
+	PT_TRY(pt_optimizer_prepare(s->opt, grad_scale));
+	PT_TRY(run_phase(s, "optimizer", -1, update_fn));
+	pt_optimizer_advance(s->opt);
+	return PT_OK;
+}
+
 /* Async update after one microbatch's backward; staleness counts the
  * updates applied between its forward and now. */
 static pt_err async_update(pt_stage *s, int64_t version)
 {
 	int64_t stale = s->updates - version;
-	PT_TRY(pt_optimizer_step(s->opt, 1.0f));
-	PT_TRY(pt_model_zero_grad(s->model));
+	PT_TRY(optimizer_step(s, 1.0f));
 	s->stats.staleness_sum += stale;
 	if (stale > s->stats.staleness_max)
 		s->stats.staleness_max = (int32_t)stale;
@@ -300,7 +527,7 @@ static void on_backward(pt_stage *s, pt_msg *m)
 	int64_t step = m->meta.step;
 	int32_t mb = m->meta.microbatch;
 	double t0 = pt_now();
-	const pt_tensor *dx = NULL, *y;
+	const pt_tensor *dx = NULL;
 	bool stashed = false;
 	int i = find_slot(s, true, step, mb);
 	pt_err rv = PT_OK;
@@ -319,10 +546,16 @@ static void on_backward(pt_stage *s, pt_msg *m)
 			goto out;
 		stashed = true;
 	}
-	if (s->cfg.recompute && (rv = run_forward(s, i, &y)) != PT_OK)
+	s->g_slot = i;
+	s->g_dy = &m->tensor;
+	if (s->graphs != NULL) {
+		if ((rv = fix_input(&sl->gdy, &m->tensor)) != PT_OK)
+			goto out;
+		s->g_dy = &sl->gdy;
+	}
+	if ((rv = run_phase(s, "backward", i, backward_fn)) != PT_OK)
 		goto out;
-	if ((rv = pt_model_backward(s->model, s->cfg.recompute ? 0 : i, &m->tensor, &dx)) != PT_OK)
-		goto out;
+	dx = sl->dx;
 	if (stashed && (rv = pt_copy(pt_model_params(s->model), &s->current)) != PT_OK)
 		goto out;
 	stashed = false;
@@ -408,7 +641,7 @@ static pt_err reply(pt_stage *s, pt_reply *r, const pt_tensor *t)
 		pt_tensor_view(&m.tensor, t);
 	}
 	if (rv == PT_OK)
-		rv = pt_comm_send(s->comm, 0, &m);
+		return post(s, 0, &m);
 	pt_msg_fini(&m);
 	return rv;
 }
@@ -429,8 +662,7 @@ static bool on_command(pt_stage *s, pt_msg *m)
 	r.cmd = c.cmd;
 	switch (c.cmd) {
 	case PT_CMD_STEP:
-		if ((rv = pt_optimizer_step(s->opt, c.grad_scale)) == PT_OK &&
-		    (rv = pt_model_zero_grad(s->model)) == PT_OK) {
+		if ((rv = optimizer_step(s, c.grad_scale)) == PT_OK) {
 			s->updates++;
 			s->stats.updates++;
 			record(s, PT_TASK_STEP, c.step, -1, t0);
@@ -494,9 +726,19 @@ static pt_err next_message(pt_stage *s, pt_msg *m)
 	return pt_comm_recv(s->comm, PT_ANY_RANK, PT_CH_ANY, -1, m);
 }
 
+static pt_err loop(pt_stage *s);
+
 pt_err pt_stage_run(pt_stage *s)
 {
+	pt_err rv;
 	pt_set_num_threads(s->cfg.threads > 0 ? s->cfg.threads : 1);
+	rv = loop(s);
+	drain(s);
+	return rv;
+}
+
+static pt_err loop(pt_stage *s)
+{
 	for (;;) {
 		pt_msg m = {0};
 		bool stop = false;

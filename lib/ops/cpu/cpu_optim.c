@@ -68,9 +68,12 @@ pt_err cpu_adamw(const pt_op_call *c, void *ws)
 	float *p = pt_tensor_f32(c->out[0]), *m = pt_tensor_f32(c->out[1]);
 	float *v = pt_tensor_f32(c->out[2]);
 	int64_t n = pt_tensor_numel(c->in[0]);
-	float lr = c->p.adamw.lr, b1 = c->p.adamw.beta1, b2 = c->p.adamw.beta2;
-	float eps = c->p.adamw.eps, wd = c->p.adamw.weight_decay, gs = c->p.adamw.grad_scale;
-	double t = (double)c->p.adamw.step;
+	const double *rt = c->in[1] ? (const double *)pt_tensor_data(c->in[1]) : NULL;
+	float lr = rt ? (float)rt[PT_OPTIM_S_LR] : c->p.adamw.lr;
+	float gs = rt ? (float)rt[PT_OPTIM_S_GRAD_SCALE] : c->p.adamw.grad_scale;
+	double t = rt ? rt[PT_OPTIM_S_STEP] : (double)c->p.adamw.step;
+	float b1 = c->p.adamw.beta1, b2 = c->p.adamw.beta2;
+	float eps = c->p.adamw.eps, wd = c->p.adamw.weight_decay;
 	float bc1 = (float)(1.0 - pow((double)b1, t));
 	float bc2_sqrt = (float)sqrt(1.0 - pow((double)b2, t));
 	float step_size = lr / bc1;
@@ -92,9 +95,13 @@ pt_err cpu_sgd(const pt_op_call *c, void *ws)
 	float *p = pt_tensor_f32(c->out[0]);
 	float *buf = c->out[1] ? pt_tensor_f32(c->out[1]) : NULL;
 	int64_t n = pt_tensor_numel(c->in[0]);
-	float lr = c->p.sgd.lr, mu = c->p.sgd.momentum, damp = c->p.sgd.dampening;
-	float wd = c->p.sgd.weight_decay, gs = c->p.sgd.grad_scale;
-	bool nesterov = c->p.sgd.nesterov, first = c->p.sgd.first_step;
+	const double *rt = c->in[1] ? (const double *)pt_tensor_data(c->in[1]) : NULL;
+	float lr = rt ? (float)rt[PT_OPTIM_S_LR] : c->p.sgd.lr;
+	float gs = rt ? (float)rt[PT_OPTIM_S_GRAD_SCALE] : c->p.sgd.grad_scale;
+	bool first = rt ? rt[PT_OPTIM_S_FIRST] != 0.0 : c->p.sgd.first_step;
+	float mu = c->p.sgd.momentum, damp = c->p.sgd.dampening;
+	float wd = c->p.sgd.weight_decay;
+	bool nesterov = c->p.sgd.nesterov;
 
 #pragma omp parallel for simd schedule(static) if (n >= PT_CPU_PAR_MIN)
 	for (int64_t i = 0; i < n; i++) {
