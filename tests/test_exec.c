@@ -27,11 +27,25 @@ typedef struct log_item {
 	atomic_int *n;
 	int value;
 	int sleep_ms;
+	atomic_int *started; /* counts items that began (may be NULL) */
+	int rendezvous;      /* wait until this many items began (5 s at most) */
 } log_item;
+
+/* wait_count polls until *a >= n or 5 s pass; returns whether it got there. */
+static bool wait_count(atomic_int *a, int n)
+{
+	for (int i = 0; i < 5000 && atomic_load(a) < n; i++)
+		usleep(1000);
+	return atomic_load(a) >= n;
+}
 
 static pt_err log_fn(void *arg)
 {
 	log_item *it = arg;
+	if (it->started)
+		atomic_fetch_add(it->started, 1);
+	if (it->rendezvous && !wait_count(it->started, it->rendezvous))
+		return pt_set_error(PT_ERR_TIMEOUT, "item %d ran alone", it->value);
 	if (it->sleep_ms)
 		usleep((useconds_t)it->sleep_ms * 1000);
 	it->log[atomic_fetch_add(it->n, 1)] = it->value;
@@ -84,7 +98,7 @@ static void test_exec_stream_runs_in_order(void)
 	log_item items[200];
 	PT_CHECK_OK(pt_stream_create(&s, "ordered"));
 	for (int i = 0; i < 200; i++) {
-		items[i] = (log_item){log, &n, i, 0};
+		items[i] = (log_item){log, &n, i, 0, NULL, 0};
 		PT_CHECK_OK(pt_stream_enqueue(s, log_fn, NULL, &items[i]));
 	}
 	PT_CHECK_OK(pt_stream_sync(s, 5000));
@@ -101,7 +115,7 @@ static void test_exec_events_order_streams(void)
 	pt_event *e;
 	int log[4];
 	atomic_int n = 0;
-	log_item slow = {log, &n, 1, 60}, after = {log, &n, 2, 0};
+	log_item slow = {log, &n, 1, 60, NULL, 0}, after = {log, &n, 2, 0, NULL, 0};
 	PT_CHECK_OK(pt_stream_create(&a, "a"));
 	PT_CHECK_OK(pt_stream_create(&b, "b"));
 	PT_CHECK_OK(pt_event_create(&e));
@@ -127,7 +141,7 @@ static void test_exec_stream_sync_timeout(void)
 	pt_stream *s;
 	int log[1];
 	atomic_int n = 0;
-	log_item slow = {log, &n, 1, 150};
+	log_item slow = {log, &n, 1, 150, NULL, 0};
 	PT_CHECK_OK(pt_stream_create(&s, "slow"));
 	PT_CHECK_OK(pt_stream_enqueue(s, log_fn, NULL, &slow));
 	PT_CHECK_ERR_MSG(pt_stream_sync(s, 10), PT_ERR_TIMEOUT, "slow");
@@ -141,16 +155,15 @@ static void test_exec_streams_run_concurrently(void)
 {
 	pt_stream_manager *m;
 	int log[2];
-	atomic_int n = 0;
-	log_item it[2] = {{log, &n, 0, 100}, {log, &n, 1, 100}};
-	double t0;
+	atomic_int n = 0, started = 0;
+	/* Each item waits until both have begun: only concurrent streams finish. */
+	log_item it[2] = {{log, &n, 0, 0, &started, 2}, {log, &n, 1, 0, &started, 2}};
 	PT_CHECK_OK(pt_stream_manager_create(&m, "c", 2));
-	t0 = now_ms();
 	for (int i = 0; i < 2; i++)
 		PT_CHECK_OK(
 		    pt_stream_enqueue(pt_stream_manager_next(m, NULL), log_fn, NULL, &it[i]));
-	PT_CHECK_OK(pt_stream_manager_sync_all(m, 5000));
-	CU_ASSERT(now_ms() - t0 < 180.0);
+	PT_CHECK_OK(pt_stream_manager_sync_all(m, 10000));
+	CU_ASSERT_EQUAL(atomic_load(&n), 2); /* neither timed out waiting for the other */
 	pt_stream_manager_destroy(m);
 }
 
@@ -164,7 +177,7 @@ static void test_exec_many_streams_and_single(void)
 		log_item it[64];
 		PT_CHECK_OK(pt_stream_manager_create(&m, "many", counts[c]));
 		for (int i = 0; i < 64; i++) {
-			it[i] = (log_item){log, &n, i, 0};
+			it[i] = (log_item){log, &n, i, 0, NULL, 0};
 			PT_CHECK_OK(
 			    pt_stream_enqueue(pt_stream_manager_for(m, i), log_fn, NULL, &it[i]));
 		}
@@ -181,14 +194,14 @@ static void test_exec_stream_destroy_cancels_pending(void)
 {
 	pt_stream *s;
 	int log[16];
-	atomic_int n = 0;
+	atomic_int n = 0, started = 0;
 	log_item it[16];
 	PT_CHECK_OK(pt_stream_create(&s, "doomed"));
 	for (int i = 0; i < 16; i++) {
-		it[i] = (log_item){log, &n, i, i == 0 ? 50 : 0};
+		it[i] = (log_item){log, &n, i, i == 0 ? 300 : 0, &started, 0};
 		PT_CHECK_OK(pt_stream_enqueue(s, log_fn, count_done, &it[i]));
 	}
-	usleep(10000); /* the first item is running */
+	CU_ASSERT_FATAL(wait_count(&started, 1)); /* the first item is running */
 	pt_stream_destroy(s);
 	CU_ASSERT_EQUAL(atomic_load(&n), 1); /* it finished; the rest were cancelled */
 	CU_ASSERT_EQUAL(it[0].value, 0);
@@ -201,13 +214,14 @@ static void test_exec_stream_destroy_cancels_pending(void)
 typedef struct toy {
 	int fail_mb;
 	int sleep_ms;
-	atomic_int running, max_running;
+	atomic_int running, max_running, started;
 } toy;
 
 static pt_err toy_apply(toy *t, int mb, const pt_tensor *x, pt_tensor *y, float k)
 {
 	int r = atomic_fetch_add(&t->running, 1) + 1;
 	pt_err rv;
+	atomic_fetch_add(&t->started, 1);
 	if (r > atomic_load(&t->max_running))
 		atomic_store(&t->max_running, r);
 	if (t->sleep_ms)
@@ -335,7 +349,7 @@ static void test_exec_send_receive_chain(void)
 /* Communication of one microbatch overlaps compute of another. */
 static void test_exec_comm_overlaps_compute(void)
 {
-	toy t = {.fail_mb = -1, .sleep_ms = 60};
+	toy t = {.fail_mb = -1, .sleep_ms = 300};
 	pt_exec_compute c = {toy_fwd, toy_bwd, &t};
 	pt_local_group *g;
 	pt_comm *k0, *k1;
@@ -344,21 +358,18 @@ static void test_exec_comm_overlaps_compute(void)
 	pt_tensor x;
 	pt_msg m = {0};
 	pt_executor_config cfg = {.timeout_ms = 5000};
-	double t0;
 	vec(&x, 2, 1.0f);
 	PT_CHECK_OK(pt_local_group_create(&g, 2));
 	PT_CHECK_OK(pt_local_comm_create(&k0, g, 0));
 	PT_CHECK_OK(pt_local_comm_create(&k1, g, 1));
 	PT_CHECK_OK(pt_executor_create(&ex, &c, k1, &cfg));
-	t0 = now_ms();
 	PT_CHECK_OK(pt_executor_forward(ex, 0, &x, NULL, &f));
 	PT_CHECK_OK(pt_executor_recv_forward(ex, 1, 0, &r));
-	usleep(20000);
+	CU_ASSERT_FATAL(wait_count(&t.started, 1)); /* the forward is running */
 	PT_CHECK_OK(pt_comm_send_forward(k0, 1, &x, 0, 1));
 	PT_CHECK_OK(pt_async_op_wait(r, 5000));
 	CU_ASSERT_FALSE(pt_async_op_done(f)); /* the receive finished during the forward */
 	PT_CHECK_OK(pt_async_op_wait(f, 5000));
-	CU_ASSERT(now_ms() - t0 < 200.0);
 	pt_executor_destroy(ex);
 	pt_async_op_release(f);
 	pt_async_op_release(r);
@@ -434,7 +445,7 @@ static void test_exec_receive_timeout(void)
 
 static void test_exec_destroy_with_pending(void)
 {
-	toy t = {.fail_mb = -1, .sleep_ms = 40};
+	toy t = {.fail_mb = -1, .sleep_ms = 300};
 	pt_exec_compute c = {toy_fwd, toy_bwd, &t};
 	pt_local_group *g;
 	pt_comm *k0;
@@ -449,10 +460,10 @@ static void test_exec_destroy_with_pending(void)
 	PT_CHECK_OK(pt_executor_recv_forward(ex, 0, 1, &r)); /* never satisfied */
 	for (int i = 0; i < 6; i++)
 		PT_CHECK_OK(pt_executor_forward(ex, i, &x, NULL, &f[i]));
-	usleep(10000);
+	CU_ASSERT_FATAL(wait_count(&t.started, 1)); /* f[0] is running */
 	t0 = now_ms();
 	pt_executor_destroy(ex);
-	CU_ASSERT(now_ms() - t0 < 1000.0);
+	CU_ASSERT(now_ms() - t0 < 2000.0); /* f[0]'s 300 ms, not the receive's minute */
 	PT_CHECK_ERR(pt_async_op_wait(r, 1000), PT_ERR_CLOSED);
 	PT_CHECK_OK(pt_async_op_wait(f[0], 1000)); /* it was running: drained */
 	PT_CHECK_ERR(pt_async_op_wait(f[5], 1000), PT_ERR_CLOSED);
