@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "fileio.h"
+#include "log.h"
 
 typedef enum opt_type { OPT_STRING, OPT_INT, OPT_LIST, OPT_BOOL } opt_type;
 
@@ -56,10 +57,9 @@ static pt_err valid_device(const char *v)
 
 static pt_err valid_level(const char *v)
 {
-	static const char *const levels[] = {"debug", "info", "warn", "error", "off"};
-	for (size_t i = 0; i < 5; i++)
-		if (strcmp(v, levels[i]) == 0)
-			return PT_OK;
+	pt_log_level level;
+	if (pt_log_level_parse(v, &level) == PT_OK)
+		return PT_OK;
 	return pt_set_error(PT_ERR_INVALID, "'%s' is not debug, info, warn, error or off", v);
 }
 

@@ -45,19 +45,6 @@ static int is_local(const char *url)
 	return 0;
 }
 
-static pt_log_level level_of(const char *s)
-{
-	if (strcmp(s, "debug") == 0)
-		return PT_LOG_DEBUG;
-	if (strcmp(s, "warn") == 0)
-		return PT_LOG_WARN;
-	if (strcmp(s, "error") == 0)
-		return PT_LOG_ERROR;
-	if (strcmp(s, "off") == 0)
-		return PT_LOG_OFF;
-	return PT_LOG_INFO;
-}
-
 int main(int argc, char **argv)
 {
 	pt_server_config cfg;
@@ -68,6 +55,7 @@ int main(int argc, char **argv)
 	pt_metrics *metrics = NULL;
 	pt_http *http = NULL;
 	pt_log_format log_format = PT_LOG_FORMAT_TEXT;
+	pt_log_level log_level = PT_LOG_INFO;
 	sigset_t set;
 	int sig = 0, status = 1;
 
@@ -88,7 +76,8 @@ int main(int argc, char **argv)
 		pt_server_config_fini(&cfg);
 		return 0;
 	}
-	pt_log_set_level(level_of(cfg.log_level));
+	pt_log_level_parse(cfg.log_level, &log_level); /* validated by config */
+	pt_log_set_level(log_level);
 	pt_log_format_parse(cfg.log_format, &log_format); /* validated by config */
 	pt_log_set_format(log_format);
 	for (int i = 0; i < cfg.n_listen; i++)
