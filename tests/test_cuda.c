@@ -21,8 +21,9 @@
  * copied); the 2-stage digits pipeline (AdamW, clipping) with both stages on
  * cuda:0 gives the CPU pipeline's losses within 1e-4 relative at each of 20
  * steps (kernels reduce in another order, so not bitwise), over local
- * communicators and, when NCCL is built, over NCCL communicators placed as
- * the job runner places them; its training state comes back as host data
+ * communicators (CPU tensors only: activations and gradients cross as host
+ * copies) and, when NCCL is built, over NCCL communicators placed as the
+ * job runner places them (device tensors); its training state comes back as host data
  * that loads into a fresh GPU pipeline and into a CPU one. Without a device
  * the program checks that a model on cuda:0 is refused with a clear error.
  */

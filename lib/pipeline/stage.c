@@ -34,9 +34,11 @@
  * weight stashes live in that device's memory and every op runs there. An
  * input or gradient that arrives elsewhere (the coordinator's host tensors,
  * or a host copy off the control path) is copied to the device first; what
- * goes to other stages stays on the device (the NCCL communicator moves it);
- * what goes to the coordinator - outputs, parameters, state, squared norms -
- * is copied to the host here, so rank 0 only ever sees host data. Copies
+ * goes to other stages stays on the device when the communicator carries
+ * device tensors (NCCL moves it), else it is sent as a host copy (the local
+ * and nng communicators take CPU tensors only); what goes to the coordinator
+ * - outputs, parameters, state, squared norms - is copied to the host here,
+ * so rank 0 only ever sees host data. Copies
  * across devices go through pt_tensor_transfer (the backend registry). Graphs
  * are CPU-only: lib/exec's graph manager captures the dispatcher's CPU
  * kernel tape and has no CUDA graph path (no cudaGraph capture exists in
@@ -373,19 +375,18 @@ static pt_err copy_state(pt_tensor *dst, const pt_tensor *src)
 }
 
 /* send_to sends t (may be NULL) to dst; the coordinator (rank 0, on the
- * CPU) gets host data, other stages the tensor where it lives. */
+ * CPU) gets host data, other stages the tensor where it lives when the
+ * communicator carries device tensors (NCCL), else a host copy (local, nng:
+ * the receiving stage puts it back on its device). */
 static pt_err send_to(pt_stage *s, int dst, pt_msg_kind kind, int64_t step, int32_t mb,
                       const pt_tensor *t)
 {
 	pt_msg m = {.meta = {.kind = kind, .step = step, .microbatch = mb, .tag = s->generation}};
-	pt_err rv;
 	if (t != NULL) {
-		if (dst == 0)
-			rv = to_host(&m.tensor, t);
+		if (dst == 0 || !s->comm->ops->device_tensors)
+			PT_TRY(to_host(&m.tensor, t));
 		else
-			rv = (pt_tensor_view(&m.tensor, t), PT_OK);
-		if (rv != PT_OK)
-			return rv;
+			pt_tensor_view(&m.tensor, t);
 		m.has_tensor = true;
 	}
 	return post(s, dst, &m);
