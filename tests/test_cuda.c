@@ -15,6 +15,17 @@
  * with a GPU: that it starts). A failed check fails the program.
  * The NCCL communicator contract runs when NCCL is built and >= 2 devices
  * are present; otherwise that suite says why it skipped.
+ *
+ * Models and stages on the device (suite cuda_pipeline): a model on cuda:0
+ * starts from the CPU model's weights bitwise (they are drawn on the host and
+ * copied); the 2-stage digits pipeline (AdamW, clipping) with both stages on
+ * cuda:0 gives the CPU pipeline's losses within 1e-4 relative at each of 20
+ * steps (kernels reduce in another order, so not bitwise), over local
+ * communicators (CPU tensors only: activations and gradients cross as host
+ * copies) and, when NCCL is built, over NCCL communicators placed as the
+ * job runner places them (device tensors); its training state comes back as host data
+ * that loads into a fresh GPU pipeline and into a CPU one. Without a device
+ * the program checks that a model on cuda:0 is refused with a clear error.
  */
 #include <math.h>
 #include <signal.h>
@@ -27,10 +38,13 @@
 #include "backend.h"
 #include "nccl_comm.h"
 #include "ops.h"
+#include "pipe_fixture.h"
 #include "pt_test.h"
 #include "rng.h"
 
 #define GPU ((pt_device){PT_DEV_CUDA, 0})
+
+static int n_devices; /* CUDA devices here (set by main before the suites) */
 
 typedef struct tspec {
 	int ndim; /* -1: absent (NULL operand) */
@@ -558,8 +572,6 @@ static void nccl_contract(void)
 	pt_local_group_destroy(g);
 }
 
-static int n_devices;
-
 static void test_cuda_nccl_contract(void)
 {
 	if (n_devices < 2) {
@@ -573,6 +585,250 @@ static const pt_test_case nccl_tests[] = {
     {"test_cuda_nccl_contract", test_cuda_nccl_contract},
     {NULL, NULL},
 };
+
+/* ---- models and pipeline stages on the device ---- */
+
+/* The whole model built on the CPU and on cuda:0 from one seed: the device
+ * parameters read back equal the CPU ones bitwise, the gradients are zero. */
+static void check_initial_weights(const pt_layer_spec *layers, int n, pt_act_shape in)
+{
+	pt_model_config cfg = {.batch = 2, .input = in, .n_slots = 2, .seed = 42};
+	pt_model *cpu = NULL, *gpu = NULL;
+	PT_CHECK_OK(pt_model_create(&cpu, layers, n, 0, n, &cfg));
+	cfg.device = GPU;
+	PT_CHECK_OK(pt_model_create(&gpu, layers, n, 0, n, &cfg));
+	if (cpu == NULL || gpu == NULL)
+		goto out;
+	const pt_tensor *hp = pt_model_params(cpu), *dp = pt_model_params(gpu);
+	size_t nb = pt_tensor_nbytes(hp);
+	float *back = malloc(nb), *grads = malloc(nb);
+	CU_ASSERT_FATAL(back != NULL && grads != NULL);
+	CU_ASSERT(pt_tensor_device(dp).kind == PT_DEV_CUDA &&
+	          pt_tensor_device(pt_model_grads(gpu)).kind == PT_DEV_CUDA);
+	CU_ASSERT_EQUAL(pt_tensor_nbytes(dp), nb);
+	PT_CHECK_OK(pt_tensor_read(dp, back, nb));
+	PT_CHECK_OK(pt_tensor_read(pt_model_grads(gpu), grads, nb));
+	CU_ASSERT_EQUAL(memcmp(back, pt_tensor_data(hp), nb), 0);
+	for (size_t i = 0; i < nb / sizeof(float); i++)
+		if (grads[i] != 0.0f) {
+			CU_FAIL("a device gradient does not start at zero");
+			break;
+		}
+	free(back);
+	free(grads);
+out:
+	pt_model_destroy(cpu);
+	pt_model_destroy(gpu);
+}
+
+static void test_cuda_model_initial_weights_equal_cpu(void)
+{
+	const pt_layer_spec lm[] = {pt_embedding(50, 32, 8), pt_block(32, 4), pt_layernorm(32),
+	                            pt_linear(32, 50)};
+	check_initial_weights(fx_digits_mlp, FX_N_LAYERS, fx_digits_in);
+	check_initial_weights(lm, 4, (pt_act_shape){PT_I64, 8, 0});
+}
+
+#define DEV_STEPS    20
+#define DEV_MB       4    /* microbatches per step */
+#define DEV_LOSS_TOL 1e-4 /* relative, per step */
+
+/* A 2-stage sync digits pipeline: the coordinator on the CPU, the stages on
+ * devs[1], devs[2] (PT_CPU: the reference). nccl: the stages' local
+ * communicators become NCCL communicators on those devices, as the job
+ * runner makes them. */
+typedef struct dev_rig {
+	pt_local_group *g;
+	pt_comm *comms[3];
+	pt_stage *stages[3];
+	pt_coordinator *coord;
+} dev_rig;
+
+static void dev_rig_down(dev_rig *r)
+{
+	if (r->coord != NULL)
+		PT_CHECK_OK(pt_coordinator_stop(r->coord));
+	for (int s = 1; s <= 2; s++) {
+		if (r->stages[s] != NULL)
+			PT_CHECK_OK(pt_stage_join(r->stages[s]));
+		pt_stage_destroy(r->stages[s]);
+	}
+	pt_coordinator_destroy(r->coord);
+	for (int i = 0; i <= 2; i++)
+		pt_comm_destroy(r->comms[i]);
+	pt_local_group_destroy(r->g);
+	memset(r, 0, sizeof(*r));
+}
+
+/* Returns the NCCL creation's error (the rig is then down), else PT_OK. */
+static pt_err dev_rig_up(dev_rig *r, const pt_device *devs, bool nccl)
+{
+	pt_stage_config sc[2];
+	pt_pipeline_config pc = fx_pipeline_config(2, DEV_MB, PT_MODE_SYNC);
+	memset(r, 0, sizeof(*r));
+	fx_stage_configs(sc, 2, DEV_MB, PT_MODE_SYNC, false, NULL);
+	PT_CHECK_OK(pt_local_group_create(&r->g, 3));
+	for (int i = 0; i <= 2; i++)
+		PT_CHECK_OK(pt_local_comm_create(&r->comms[i], r->g, i));
+	if (nccl) {
+		pt_err rv = pt_nccl_comm_create_group(r->comms, devs, 3, 10000);
+		if (rv != PT_OK) {
+			dev_rig_down(r);
+			return rv;
+		}
+	}
+	for (int s = 1; s <= 2; s++) {
+		sc[s - 1].device = devs[s];
+		PT_CHECK_OK(pt_stage_create(&r->stages[s], &sc[s - 1], r->comms[s]));
+		PT_CHECK_OK(pt_stage_start(r->stages[s]));
+	}
+	PT_CHECK_OK(pt_coordinator_create(&r->coord, &pc, r->comms[0]));
+	return PT_OK;
+}
+
+/* Trains DEV_STEPS steps from the same data; loss[i] per step. */
+static void dev_rig_train(dev_rig *r, double *loss)
+{
+	fx_data d;
+	fx_data_up(&d, DEV_MB);
+	for (int st = 0; st < DEV_STEPS; st++) {
+		pt_pipe_step_result res;
+		fx_data_next(&d, st);
+		PT_CHECK_OK(pt_coordinator_step(r->coord, &d.x, &d.y, st, &res));
+		loss[st] = res.loss;
+	}
+	fx_data_down(&d);
+}
+
+static bool losses_close(const char *what, const double *cpu, const double *gpu)
+{
+	bool ok = true;
+	for (int i = 0; i < DEV_STEPS; i++) {
+		double rel = fabs(gpu[i] - cpu[i]) / fmax(fabs(cpu[i]), 1e-12);
+		if (!(rel <= DEV_LOSS_TOL)) {
+			printf("\n    %s step %d: cpu loss %.9g, gpu %.9g (rel %.3g)", what, i,
+			       cpu[i], gpu[i], rel);
+			ok = false;
+		}
+	}
+	return ok;
+}
+
+static void cpu_reference(double *loss)
+{
+	const pt_device cpu[3] = {PT_CPU, PT_CPU, PT_CPU};
+	dev_rig r;
+	PT_CHECK_OK(dev_rig_up(&r, cpu, false));
+	dev_rig_train(&r, loss);
+	dev_rig_down(&r);
+}
+
+/* state[s - 1] must be host data of params + 2 AdamW moments, with the
+ * parameters (pt_coordinator_params) as its first slice. */
+static void check_host_state(dev_rig *r, int s, const pt_tensor *state, int64_t steps)
+{
+	pt_tensor params;
+	CU_ASSERT_EQUAL(steps, DEV_STEPS);
+	CU_ASSERT_EQUAL(pt_tensor_device(state).kind, PT_DEV_CPU);
+	PT_CHECK_OK(pt_coordinator_params(r->coord, s, &params));
+	CU_ASSERT_EQUAL(pt_tensor_device(&params).kind, PT_DEV_CPU);
+	CU_ASSERT_EQUAL(pt_tensor_numel(state), 3 * pt_tensor_numel(&params));
+	CU_ASSERT_EQUAL(
+	    memcmp(pt_tensor_data(state), pt_tensor_data(&params), pt_tensor_nbytes(&params)), 0);
+	for (int64_t i = 0; i < pt_tensor_numel(state); i++)
+		if (!isfinite(pt_tensor_f32(state)[i])) {
+			CU_FAIL("non-finite training state");
+			break;
+		}
+	pt_tensor_fini(&params);
+}
+
+/* Loads state[] into a fresh rig on devs and reads it back: the same bytes. */
+static void check_state_loads(const pt_device *devs, pt_tensor *state)
+{
+	dev_rig r;
+	PT_CHECK_OK(dev_rig_up(&r, devs, false));
+	for (int s = 1; s <= 2; s++) {
+		pt_tensor back;
+		int64_t steps = 0;
+		PT_CHECK_OK(pt_coordinator_set_state(r.coord, s, &state[s - 1], DEV_STEPS));
+		PT_CHECK_OK(pt_coordinator_get_state(r.coord, s, &back, &steps));
+		CU_ASSERT_EQUAL(steps, DEV_STEPS);
+		CU_ASSERT(pt_tensor_nbytes(&back) == pt_tensor_nbytes(&state[s - 1]) &&
+		          memcmp(pt_tensor_data(&back), pt_tensor_data(&state[s - 1]),
+		                 pt_tensor_nbytes(&back)) == 0);
+		pt_tensor_fini(&back);
+	}
+	dev_rig_down(&r);
+}
+
+static void test_cuda_pipeline_digits_matches_cpu(void)
+{
+	const pt_device gpu[3] = {PT_CPU, GPU, GPU}, cpu[3] = {PT_CPU, PT_CPU, PT_CPU};
+	double ref[DEV_STEPS], got[DEV_STEPS];
+	pt_tensor state[2];
+	dev_rig r;
+
+	cpu_reference(ref);
+	PT_CHECK_OK(dev_rig_up(&r, gpu, false));
+	dev_rig_train(&r, got);
+	CU_ASSERT_TRUE(losses_close("local", ref, got));
+	/* The checkpoint's state is host data, and it loads back. */
+	for (int s = 1; s <= 2; s++) {
+		int64_t steps = 0;
+		PT_CHECK_OK(pt_coordinator_get_state(r.coord, s, &state[s - 1], &steps));
+		check_host_state(&r, s, &state[s - 1], steps);
+	}
+	dev_rig_down(&r);
+	check_state_loads(gpu, state);
+	check_state_loads(cpu, state);
+	pt_tensor_fini(&state[0]);
+	pt_tensor_fini(&state[1]);
+}
+
+/* The same over NCCL communicators placed as the job runner places them:
+ * stage s on cuda:((s - 1) mod devices); with one GPU both share cuda:0 and
+ * their tensors take the control path. */
+static void test_cuda_pipeline_digits_over_nccl(void)
+{
+	const pt_device gpu[3] = {PT_CPU, GPU, {PT_DEV_CUDA, 1 % n_devices}};
+	double ref[DEV_STEPS], got[DEV_STEPS];
+	dev_rig r;
+	pt_err rv = dev_rig_up(&r, gpu, true);
+	if (rv == PT_ERR_UNSUPPORTED) {
+		printf("skip: %s\n", pt_last_error());
+		return;
+	}
+	PT_CHECK_OK(rv);
+	if (rv != PT_OK)
+		return;
+	dev_rig_train(&r, got);
+	dev_rig_down(&r);
+	cpu_reference(ref);
+	CU_ASSERT_TRUE(losses_close("nccl", ref, got));
+}
+
+static const pt_test_case pipeline_tests[] = {
+    {"test_cuda_model_initial_weights_equal_cpu", test_cuda_model_initial_weights_equal_cpu},
+    {"test_cuda_pipeline_digits_matches_cpu", test_cuda_pipeline_digits_matches_cpu},
+    {"test_cuda_pipeline_digits_over_nccl", test_cuda_pipeline_digits_over_nccl},
+    {NULL, NULL},
+};
+
+/* Without a device, a model on cuda:0 is refused at creation, saying why. */
+static bool device_model_refused(void)
+{
+	pt_model_config cfg = {.batch = 2, .input = fx_digits_in, .n_slots = 1, .device = GPU};
+	pt_model *m = NULL;
+	pt_err rv = pt_model_create(&m, fx_digits_mlp, FX_N_LAYERS, 0, FX_N_LAYERS, &cfg);
+	pt_model_destroy(m);
+	if (rv == PT_OK || strstr(pt_last_error(), "cuda:0") == NULL) {
+		fprintf(stderr, "a model on cuda:0 without a device: %s\n",
+		        rv == PT_OK ? "accepted" : pt_last_error());
+		return false;
+	}
+	return true;
+}
 
 /* pipeserver_device runs the real `pipeserver --device cuda:0`. Without a
  * device (or CUDA in the build) it must exit non-zero at start-up with
@@ -647,6 +903,8 @@ int main(void)
 			pt_storage_release(s);
 			return 1;
 		}
+		if (!device_model_refused())
+			return 1;
 		if (strstr(why, "cudaGetDeviceCount") != NULL)
 			printf("skip: %s\n", why);
 		else
@@ -656,6 +914,7 @@ int main(void)
 	const pt_test_suite suites[] = {
 	    {"cuda_ops", cuda_tests},
 	    {"cuda_nccl", nccl_tests},
+	    {"cuda_pipeline", pipeline_tests},
 	    {NULL, NULL},
 	};
 	n_devices = n;

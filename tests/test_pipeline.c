@@ -532,13 +532,26 @@ static void test_pipeline_control_matches_schema(void)
 	fx_stage_configs(sc, 2, 4, PT_MODE_SEMI_ASYNC, false, NULL);
 	sc[1].use_graphs = true;
 	sc[1].sync_sends = true;
+	sc[1].device = (pt_device){PT_DEV_CUDA, 1};
 	PT_CHECK_OK(pt_wire_configure_encode(&m, &sc[1]));
 	{
 		pt_stage_config back;
 		pt_layer_spec *layers = NULL;
 		PT_CHECK_OK(pt_wire_configure_decode(&m, &back, &layers));
 		CU_ASSERT(back.use_graphs && back.sync_sends);
+		CU_ASSERT(back.device.kind == PT_DEV_CUDA && back.device.index == 1);
 		free(layers);
+	}
+	{
+		/* A CPU stage's config carries no device and reads back as the CPU. */
+		pt_msg c = {0};
+		pt_stage_config back;
+		pt_layer_spec *layers = NULL;
+		PT_CHECK_OK(pt_wire_configure_encode(&c, &sc[0]));
+		PT_CHECK_OK(pt_wire_configure_decode(&c, &back, &layers));
+		CU_ASSERT(back.device.kind == PT_DEV_CPU);
+		free(layers);
+		pt_msg_fini(&c);
 	}
 	CU_ASSERT_PTR_NOT_NULL_FATAL(mkdtemp(dir));
 	snprintf(path, sizeof(path), "%s/control.bin", dir);
@@ -560,6 +573,7 @@ static void test_pipeline_control_matches_schema(void)
 	CU_ASSERT_PTR_NOT_NULL(strstr(json, "\"first\": "));
 	CU_ASSERT_PTR_NOT_NULL(strstr(json, "\"use_graphs\": true"));
 	CU_ASSERT_PTR_NOT_NULL(strstr(json, "\"sync_sends\": true"));
+	CU_ASSERT_PTR_NOT_NULL(strstr(json, "\"device\": \"cuda:1\""));
 	unlink(path);
 	snprintf(path, sizeof(path), "%s/control.bin", dir);
 	unlink(path);

@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "backend.h"
 #include "ops.h"
 #include "pt_test.h"
 #include "rng.h"
@@ -545,9 +546,36 @@ static const pt_test_case refcount_tests[] = {
     {"test_tensor_refcount_view_and_slice", test_tensor_refcount_view_and_slice},
     {NULL, NULL},
 };
+/* pt_tensor_transfer on the host: a strided source is packed in order, sizes
+ * and dtypes must agree, a device that is not there is refused. */
+static void test_tensor_transfer_host(void)
+{
+	pt_tensor t, tv, dst, bad;
+	const float want[6] = {0, 3, 1, 4, 2, 5};
+
+	iota_f32(&t, 2, (int64_t[]){2, 3});
+	PT_CHECK_OK(pt_tensor_transpose(&tv, &t, 0, 1));
+	PT_CHECK_OK(pt_tensor_init_dev(&dst, PT_CPU, PT_F32, 2, (int64_t[]){3, 2}));
+	CU_ASSERT_EQUAL(pt_tensor_device(&dst).kind, PT_DEV_CPU);
+	PT_CHECK_OK(pt_tensor_transfer(&dst, &tv));
+	CU_ASSERT_EQUAL(memcmp(pt_tensor_data(&dst), want, sizeof(want)), 0);
+	PT_CHECK_OK(pt_tensor_init(&bad, PT_F32, 1, (int64_t[]){5}));
+	PT_CHECK_ERR(pt_tensor_transfer(&bad, &t), PT_ERR_SHAPE);
+	pt_tensor_fini(&bad);
+	if (!pt_backend_available(PT_DEV_CUDA))
+		PT_CHECK_ERR(pt_tensor_init_dev(&bad, (pt_device){PT_DEV_CUDA, 0}, PT_F32, 1,
+		                                (int64_t[]){5}),
+		             PT_ERR_UNSUPPORTED);
+	pt_tensor_fini(&bad);
+	pt_tensor_fini(&dst);
+	pt_tensor_fini(&tv);
+	pt_tensor_fini(&t);
+}
+
 static const pt_test_case view_tests[] = {
     {"test_tensor_views_shapes_and_errors", test_tensor_views_shapes_and_errors},
     {"test_tensor_read_transposed_order", test_tensor_read_transposed_order},
+    {"test_tensor_transfer_host", test_tensor_transfer_host},
     {NULL, NULL},
 };
 static const pt_test_case convert_tests[] = {

@@ -24,10 +24,18 @@
  *
  * Device cuda:N (in-process stages only): the stages' communicators become
  * NCCL communicators (nccl_comm.h) over the local ones, stage s on
- * cuda:((N + s - 1) mod devices) and the coordinator on the CPU, so tensors
- * between stages on different GPUs travel over NCCL. Limits: the stages
- * still compute on the CPU (lib/pipeline has no device placement yet), so
- * what NCCL carries are host tensors staged through device memory; jobs on
+ * cuda:((N + s - 1) mod devices) and the coordinator on the CPU, and each
+ * stage computes on that same device (pt_stage_config.device): its weights,
+ * gradients, activations and optimizer state are device memory, activations
+ * and gradients between stages on different GPUs travel over NCCL as device
+ * tensors, stages sharing a GPU pass them on the control path (a host copy
+ * put back on the device). The coordinator stays on the CPU: it sends host
+ * batches and loss gradients (each stage copies them to its device) and gets
+ * host outputs, norms, parameters and state, so the loss, metrics,
+ * evaluation (the runner's full model is a CPU model) and checkpoints are
+ * host code as before. use_graphs is ignored on device stages (eager; see
+ * stage.c). None of this has run on a GPU yet: it is compiled, linked and
+ * its tests (test_cuda) skip without a device. Limits: jobs on
  * placement.workers with a CUDA device are refused; a lost worker ends the
  * run with an error (no re-placement yet).
  */
@@ -236,10 +244,9 @@ static pt_err models_up(runner *r)
 
 /* nccl_up makes every rank's local communicator the control channel of an
  * NCCL communicator: the coordinator on the CPU, stage s on
- * cuda:((dev + s - 1) mod devices). */
-static pt_err nccl_up(runner *r, pt_device dev)
+ * devs[s] = cuda:((dev + s - 1) mod devices), where that stage then computes. */
+static pt_err nccl_up(runner *r, pt_device dev, pt_device *devs)
 {
-	pt_device devs[PT_MAX_STAGES + 1];
 	int n = 0;
 
 	PT_TRY(pt_backend_device_count(PT_DEV_CUDA, &n));
@@ -262,7 +269,7 @@ static pt_err pipeline_up(runner *r)
 	                         .output = pt_model_output_shape(r->full)};
 
 	pt_stage_config configs[PT_MAX_STAGES];
-	pt_device dev = PT_CPU;
+	pt_device dev = PT_CPU, devs[PT_MAX_STAGES + 1] = {{PT_DEV_CPU, 0}};
 
 	if (s->device != NULL)
 		PT_TRY(pt_device_parse(s->device, &dev));
@@ -284,7 +291,7 @@ static pt_err pipeline_up(runner *r)
 		for (int i = 0; i <= r->p; i++)
 			PT_TRY(pt_local_comm_create(&r->comms[i], r->g, i));
 		if (dev.kind == PT_DEV_CUDA)
-			PT_TRY(nccl_up(r, dev));
+			PT_TRY(nccl_up(r, dev, devs));
 	}
 	for (int st = 1; st <= r->p; st++) {
 		pt_stage_config c = {.layers = s->layers,
@@ -300,7 +307,8 @@ static pt_err pipeline_up(runner *r)
 		                     .weight_stashing = s->weight_stashing,
 		                     .recompute = s->recompute,
 		                     .threads = r->tps,
-		                     .use_graphs = s->use_graphs};
+		                     .use_graphs = s->use_graphs,
+		                     .device = devs[st]};
 		configs[st - 1] = c;
 		if (s->n_workers > 0)
 			continue;

@@ -1,11 +1,14 @@
 /* model.c - building a model or stage: shape check, arenas, slots, forward,
- * backward, state_dict names. */
+ * backward, state_dict names. Arenas live on cfg.device; the initial weights
+ * are drawn on the host (the layers' init writes host memory) and copied. */
 #include "model.h"
 
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "backend.h"
 
 typedef struct slot {
 	pt_storage *arena;
@@ -93,6 +96,7 @@ static pt_err alloc_params(pt_model *m)
 	m->tensor_k = calloc((size_t)m->n_tensors + 1, sizeof(int));
 	if (!m->names || !m->tensor_layer || !m->tensor_k)
 		return pt_set_error(PT_ERR_NOMEM, "parameter tables");
+	/* On the host first: init draws the weights there; place_params moves them. */
 	PT_TRY(pt_storage_create(&m->param_arena, (size_t)(total ? total : 1) * 4, PT_CPU));
 	PT_TRY(pt_storage_create(&m->grad_arena, (size_t)(total ? total : 1) * 4, PT_CPU));
 	PT_TRY(pt_tensor_init_on(&m->params, m->param_arena, 0, PT_F32, 1, (int64_t[]){total}));
@@ -119,6 +123,48 @@ static pt_err alloc_params(pt_model *m)
 	return PT_OK;
 }
 
+/* repoint moves t (a view over from) to the same bytes of to. */
+static void repoint(pt_tensor *t, pt_storage *from, pt_storage *to)
+{
+	if (t->storage != from)
+		return;
+	pt_storage_retain(to);
+	t->storage = to;
+	pt_storage_release(from);
+}
+
+/* place_params moves the initialised host arenas to cfg.device (a no-op on
+ * the CPU): the parameters are copied byte for byte, the gradients start
+ * zeroed, every view keeps its offset. */
+static pt_err place_params(pt_model *m)
+{
+	pt_device dev = m->cfg.device;
+	pt_storage *p = NULL, *g = NULL, *hp = m->param_arena, *hg = m->grad_arena;
+	pt_err rv;
+
+	if (dev.kind == PT_DEV_CPU)
+		return PT_OK;
+	if ((rv = pt_storage_create(&p, hp->nbytes, dev)) != PT_OK ||
+	    (rv = pt_storage_create(&g, hg->nbytes, dev)) != PT_OK ||
+	    (rv = pt_backend_copy(p->data, dev, hp->data, PT_CPU, hp->nbytes)) != PT_OK) {
+		pt_storage_release(p);
+		pt_storage_release(g);
+		return rv;
+	}
+	repoint(&m->params, hp, p);
+	repoint(&m->grads, hg, g);
+	for (int i = 0; i < m->n_layers; i++)
+		for (int k = 0; k < m->layers[i].n_params; k++) {
+			repoint(&m->layers[i].param[k], hp, p);
+			repoint(&m->layers[i].grad[k], hg, g);
+		}
+	m->param_arena = p;
+	m->grad_arena = g;
+	pt_storage_release(hp);
+	pt_storage_release(hg);
+	return PT_OK;
+}
+
 static pt_err alloc_slot(pt_model *m, slot *s)
 {
 	int64_t total = 0, B = m->cfg.batch;
@@ -133,8 +179,8 @@ static pt_err alloc_slot(pt_model *m, slot *s)
 	for (int pass = 0; pass < 2; pass++) {
 		int64_t off = 0;
 		if (pass == 1)
-			PT_TRY(
-			    pt_storage_create(&s->arena, (size_t)(total ? total : 1) * 4, PT_CPU));
+			PT_TRY(pt_storage_create(&s->arena, (size_t)(total ? total : 1) * 4,
+			                         m->cfg.device));
 		for (int i = 0; i < m->n_layers; i++) {
 			pt_layer *l = &m->layers[i];
 			int nd = act_dims(l->out_shape, B, shape);
@@ -175,7 +221,7 @@ static pt_err alloc_work(pt_model *m)
 	}
 	mx = (mx + 15) & ~(int64_t)15;
 	m->max_act = mx;
-	PT_TRY(pt_storage_create(&m->work_arena, (size_t)(2 * mx + scratch) * 4, PT_CPU));
+	PT_TRY(pt_storage_create(&m->work_arena, (size_t)(2 * mx + scratch) * 4, m->cfg.device));
 	PT_TRY(pt_tensor_init_on(&m->gbuf[0], m->work_arena, 0, PT_F32, 1, (int64_t[]){mx}));
 	PT_TRY(pt_tensor_init_on(&m->gbuf[1], m->work_arena, (size_t)mx * 4, PT_F32, 1,
 	                         (int64_t[]){mx}));
@@ -235,6 +281,8 @@ pt_err pt_model_create(pt_model **out, const pt_layer_spec *layers, int n_layers
 		goto fail;
 	for (int i = 0; i < m->n_layers; i++)
 		m->layers[i].vt->init(&m->layers[i], cfg->seed);
+	if ((rv = place_params(m)) != PT_OK)
+		goto fail;
 	for (int s = 0; s < m->n_slots; s++)
 		if ((rv = alloc_slot(m, &m->slots[s])) != PT_OK)
 			goto fail;
@@ -308,7 +356,12 @@ static pt_err check_input(const pt_model *m, const pt_tensor *x)
 	int64_t shape[4];
 	char a[96], b[96];
 	int nd = act_dims(m->in_shape, m->cfg.batch, shape);
-	bool ok = x->dtype == m->in_shape.dtype && x->ndim == nd && pt_tensor_is_contiguous(x);
+	bool ok;
+	if (!pt_device_equal(pt_tensor_device(x), m->cfg.device))
+		return pt_set_error(PT_ERR_INVALID, "stage input is on %s, the model on %s",
+		                    pt_device_str(a, sizeof(a), pt_tensor_device(x)),
+		                    pt_device_str(b, sizeof(b), m->cfg.device));
+	ok = x->dtype == m->in_shape.dtype && x->ndim == nd && pt_tensor_is_contiguous(x);
 	for (int i = 0; ok && i < nd; i++)
 		ok = x->shape[i] == shape[i];
 	if (!ok)
@@ -423,7 +476,9 @@ pt_err pt_model_zero_grad(pt_model *m)
 pt_err pt_model_grad_sqnorms(pt_model *m, double *out)
 {
 	pt_tensor sq;
-	PT_TRY(pt_tensor_init(&sq, PT_F64, 1, (int64_t[]){1}));
+	/* On the gradients' device (ops take one device); pt_tensor_item reads
+	 * each value back to the host. */
+	PT_TRY(pt_tensor_init_dev(&sq, m->cfg.device, PT_F64, 1, (int64_t[]){1}));
 	for (int i = 0; i < m->n_tensors; i++) {
 		pt_tensor *g = &m->layers[m->tensor_layer[i]].grad[m->tensor_k[i]];
 		pt_err rv = pt_squared_norm(&sq, g);
@@ -444,6 +499,11 @@ double pt_sum_sqnorms(const double *sq, int n)
 	for (int i = 0; i < n; i++)
 		s += sq[i];
 	return s;
+}
+
+pt_device pt_model_device(const pt_model *m)
+{
+	return m->cfg.device;
 }
 
 pt_tensor *pt_model_params(pt_model *m)

@@ -8,6 +8,11 @@
  * buffers and a scratch area are shared by every slot. Nothing is allocated
  * by forward or backward after creation.
  *
+ * On a device (cfg.device), every arena is device memory and forward and
+ * backward take inputs on that device; host reads of parameters or gradients
+ * go through pt_tensor_read/pt_tensor_transfer (the flat views are device
+ * tensors). pt_model_grad_sqnorms returns host values either way.
+ *
  * Not thread-safe: one stage thread drives a model.
  */
 #ifndef PT_MODEL_H
@@ -20,6 +25,10 @@ typedef struct pt_model_config {
 	pt_act_shape input; /* one sample: tokens (T) i64 or features f32 */
 	int n_slots;        /* microbatches that can be in flight (>= 1) */
 	uint64_t seed;      /* fixes every initial weight */
+	/* Where parameters, gradients, activation slots and scratch live and the
+	 * layers compute (zero-initialised: PT_CPU). Initial weights are drawn on
+	 * the host and copied, so they equal the CPU model's bitwise. */
+	pt_device device;
 } pt_model_config;
 
 typedef struct pt_model pt_model;
@@ -54,6 +63,9 @@ pt_err pt_model_backward(pt_model *m, int slot, const pt_tensor *dy, const pt_te
 
 /* pt_model_zero_grad sets every gradient to zero. */
 pt_err pt_model_zero_grad(pt_model *m);
+
+/* pt_model_device returns the device the model's arenas live on. */
+pt_device pt_model_device(const pt_model *m);
 
 /* Flat views over the whole arenas (do not fini). */
 pt_tensor *pt_model_params(pt_model *m);

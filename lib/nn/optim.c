@@ -25,6 +25,7 @@ pt_err pt_optimizer_create(pt_optimizer **out, const pt_optim_config *cfg, pt_te
 	pt_optimizer *o;
 	pt_err rv;
 	int64_t n = pt_tensor_numel(params);
+	pt_device dev = pt_tensor_device(params);
 
 	*out = NULL;
 	PT_TRY(pt_optim_validate(cfg));
@@ -35,16 +36,17 @@ pt_err pt_optimizer_create(pt_optimizer **out, const pt_optim_config *cfg, pt_te
 	o->cfg = *cfg;
 	o->params = params;
 	o->grads = grads;
-	if ((rv = pt_tensor_init(&o->sq, PT_F64, 1, (int64_t[]){1})) != PT_OK)
+	/* State and the norm live on the parameters' device (ops take one). */
+	if ((rv = pt_tensor_init_dev(&o->sq, dev, PT_F64, 1, (int64_t[]){1})) != PT_OK)
 		goto fail;
-	if (params->storage->device.kind == PT_DEV_CPU &&
+	if (dev.kind == PT_DEV_CPU &&
 	    (rv = pt_tensor_init(&o->scalars, PT_F64, 1, (int64_t[]){PT_OPTIM_SCALARS})) != PT_OK)
 		goto fail;
 	if (cfg->kind == PT_OPTIM_ADAMW || cfg->momentum != 0.0f)
-		if ((rv = pt_tensor_init(&o->m, PT_F32, 1, (int64_t[]){n})) != PT_OK)
+		if ((rv = pt_tensor_init_dev(&o->m, dev, PT_F32, 1, (int64_t[]){n})) != PT_OK)
 			goto fail;
 	if (cfg->kind == PT_OPTIM_ADAMW)
-		if ((rv = pt_tensor_init(&o->v, PT_F32, 1, (int64_t[]){n})) != PT_OK)
+		if ((rv = pt_tensor_init_dev(&o->v, dev, PT_F32, 1, (int64_t[]){n})) != PT_OK)
 			goto fail;
 	*out = o;
 	return PT_OK;

@@ -4,6 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend.h"
+
 enum { L_KIND, L_IN, L_OUT, L_BIAS, L_DIM, L_NHEAD, L_VOCAB, L_MAXSEQ, L_HIDDEN, L_P, L_EPS };
 enum {
 	O_KIND,
@@ -36,7 +38,8 @@ enum {
 	C_RECOMPUTE,
 	C_THREADS,
 	C_USE_GRAPHS,
-	C_SYNC_SENDS
+	C_SYNC_SENDS,
+	C_DEVICE
 };
 
 static const pt_fb_field_desc layer_fields[] = {
@@ -82,6 +85,7 @@ static const pt_fb_field_desc stage_config_fields[] = {
     PT_FB_FIELD_SCALAR(C_THREADS, "threads", 4),
     PT_FB_FIELD_SCALAR(C_USE_GRAPHS, "use_graphs", 1),
     PT_FB_FIELD_SCALAR(C_SYNC_SENDS, "sync_sends", 1),
+    PT_FB_FIELD_STRING(C_DEVICE, "device", false),
 };
 const pt_fb_table_desc pt_fb_stage_config_desc =
     PT_FB_TABLE_DESC("StageConfig", stage_config_fields);
@@ -221,8 +225,13 @@ pt_err pt_fb_read_sample_shape(const uint8_t *t, pt_act_shape *s)
 
 pt_err pt_fb_build_stage_config(pt_fb_builder *b, const pt_stage_config *c, pt_fb_ref *out)
 {
-	pt_fb_ref layers = 0, input = 0, optim = 0;
+	pt_fb_ref layers = 0, input = 0, optim = 0, device = 0;
+	char dev[32];
 	PT_TRY(pt_fb_build_layers(b, c->layers, c->n_layers, &layers));
+	/* Absent means the CPU, so a CPU stage's config is the bytes it always was. */
+	if (c->device.kind != PT_DEV_CPU)
+		PT_TRY(
+		    pt_fb_create_cstring(b, pt_device_str(dev, sizeof(dev), c->device), &device));
 	PT_TRY(pt_fb_build_sample_shape(b, c->input, &input));
 	PT_TRY(pt_fb_build_optimizer(b, &c->optim, &optim));
 	pt_fb_start_table(b);
@@ -231,6 +240,7 @@ pt_err pt_fb_build_stage_config(pt_fb_builder *b, const pt_stage_config *c, pt_f
 	pt_fb_add_offset(b, C_LAYERS, layers);
 	pt_fb_add_offset(b, C_INPUT, input);
 	pt_fb_add_offset(b, C_OPTIMIZER, optim);
+	pt_fb_add_offset(b, C_DEVICE, device);
 	pt_fb_add_i32(b, C_FIRST, c->first, 0);
 	pt_fb_add_i32(b, C_LAST, c->last, 0);
 	pt_fb_add_i32(b, C_NSLOTS, c->n_slots, 0);
@@ -248,6 +258,8 @@ pt_err pt_fb_read_stage_config(const uint8_t *t, pt_stage_config *c, pt_layer_sp
 	uint32_t n;
 	const uint8_t *vec = pt_fb_get_vector(t, C_LAYERS, &n);
 	uint8_t mode = pt_fb_get_u8(t, C_MODE, 0);
+	const char *dev;
+	uint32_t dev_len;
 	pt_err rv;
 
 	*layers = NULL;
@@ -268,6 +280,12 @@ pt_err pt_fb_read_stage_config(const uint8_t *t, pt_stage_config *c, pt_layer_sp
 	c->threads = pt_fb_get_i32(t, C_THREADS, 0);
 	c->use_graphs = pt_fb_get_bool(t, C_USE_GRAPHS, false);
 	c->sync_sends = pt_fb_get_bool(t, C_SYNC_SENDS, false);
+	c->device = PT_CPU;
+	if ((dev = pt_fb_get_string(t, C_DEVICE, &dev_len)) != NULL &&
+	    (rv = pt_device_parse(dev, &c->device)) != PT_OK) {
+		rv = pt_set_error(rv, "stage config: %s", pt_last_error());
+		goto fail;
+	}
 	if ((rv = pt_fb_read_sample_shape(pt_fb_get_table(t, C_INPUT), &c->input)) != PT_OK ||
 	    (rv = pt_fb_read_optimizer(pt_fb_get_table(t, C_OPTIMIZER), &c->optim)) != PT_OK)
 		goto fail;

@@ -65,6 +65,11 @@ typedef struct pt_stage_config {
 	int threads;          /* CPU threads for this stage's kernels (0: 1) */
 	bool use_graphs;      /* forward, backward and optimizer step through graphs */
 	bool sync_sends;      /* send on the stage thread: no compute/transfer overlap */
+	/* Where the stage's model lives and computes (zero-initialised: PT_CPU).
+	 * On a device, inputs that arrive on the host are copied there, sends to
+	 * other stages are device tensors, and whatever goes to the coordinator
+	 * (outputs, parameters, state, norms) is host data. */
+	pt_device device;
 } pt_stage_config;
 
 /* One recorded task of a stage. */

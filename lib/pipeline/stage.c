@@ -29,11 +29,26 @@
  * fixed per-slot buffers first, so a slot is the same computation on the
  * same buffers every time; the optimizer's lr, grad scale and step come from
  * its run-time scalars. A forward armed to fail (test hook) runs eagerly.
+ *
+ * Device (cfg.device, e.g. cuda:0): the model, its optimizer state and the
+ * weight stashes live in that device's memory and every op runs there. An
+ * input or gradient that arrives elsewhere (the coordinator's host tensors,
+ * or a host copy off the control path) is copied to the device first; what
+ * goes to other stages stays on the device when the communicator carries
+ * device tensors (NCCL moves it), else it is sent as a host copy (the local
+ * and nng communicators take CPU tensors only); what goes to the coordinator
+ * - outputs, parameters, state, squared norms - is copied to the host here,
+ * so rank 0 only ever sees host data. Copies
+ * across devices go through pt_tensor_transfer (the backend registry). Graphs
+ * are CPU-only: lib/exec's graph manager captures the dispatcher's CPU
+ * kernel tape and has no CUDA graph path (no cudaGraph capture exists in
+ * lib/exec), so a stage on a device ignores use_graphs and runs eagerly.
  */
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "backend.h"
 #include "dispatch.h"
 #include "graph.h"
 #include "log.h"
@@ -111,7 +126,10 @@ pt_err pt_stage_create(pt_stage **out, const pt_stage_config *cfg, pt_comm *comm
 	mc = (pt_model_config){.batch = cfg->microbatch,
 	                       .input = cfg->input,
 	                       .n_slots = cfg->recompute ? 1 : cfg->n_slots,
-	                       .seed = cfg->seed};
+	                       .seed = cfg->seed,
+	                       .device = cfg->device};
+	if ((rv = pt_backend_check_device(cfg->device)) != PT_OK)
+		goto fail;
 	if ((rv = pt_model_create(&s->model, cfg->layers, cfg->n_layers, cfg->first, cfg->last,
 	                          &mc)) != PT_OK)
 		goto fail;
@@ -126,11 +144,12 @@ pt_err pt_stage_create(pt_stage **out, const pt_stage_config *cfg, pt_comm *comm
 	}
 	np = pt_tensor_numel(pt_model_params(s->model));
 	if (cfg->mode == PT_MODE_ASYNC && cfg->weight_stashing) {
-		if ((rv = pt_tensor_init(&s->current, PT_F32, 1, (int64_t[]){np})) != PT_OK)
+		if ((rv = pt_tensor_init_dev(&s->current, cfg->device, PT_F32, 1,
+		                             (int64_t[]){np})) != PT_OK)
 			goto fail;
 		for (int i = 0; i < s->n_slots; i++)
-			if ((rv = pt_tensor_init(&s->slots[i].stash, PT_F32, 1, (int64_t[]){np})) !=
-			    PT_OK)
+			if ((rv = pt_tensor_init_dev(&s->slots[i].stash, cfg->device, PT_F32, 1,
+			                             (int64_t[]){np})) != PT_OK)
 				goto fail;
 	}
 	if (!cfg->sync_sends) {
@@ -149,7 +168,9 @@ pt_err pt_stage_create(pt_stage **out, const pt_stage_config *cfg, pt_comm *comm
 				goto fail;
 		}
 	}
-	if (cfg->use_graphs && (rv = pt_graph_manager_create(&s->graphs, -1, 0)) != PT_OK)
+	/* CPU stages only: see the file comment (a device stage runs eagerly). */
+	if (cfg->use_graphs && cfg->device.kind == PT_DEV_CPU &&
+	    (rv = pt_graph_manager_create(&s->graphs, -1, 0)) != PT_OK)
 		goto fail;
 	*out = s;
 	return PT_OK;
@@ -315,13 +336,58 @@ static void drain(pt_stage *s)
 			pt_stream_sync(s->tx[d], -1);
 }
 
+/* to_host makes *out t itself when it is host data, else a host copy. */
+static pt_err to_host(pt_tensor *out, const pt_tensor *t)
+{
+	pt_err rv;
+	if (pt_tensor_device(t).kind == PT_DEV_CPU) {
+		pt_tensor_view(out, t);
+		return PT_OK;
+	}
+	PT_TRY(pt_tensor_init(out, t->dtype, t->ndim, t->shape));
+	if ((rv = pt_tensor_transfer(out, t)) != PT_OK)
+		pt_tensor_fini(out);
+	return rv;
+}
+
+/* to_stage makes *out t itself when it is on the stage's device, else a copy
+ * there (an input from the coordinator, or one that took a host path). */
+static pt_err to_stage(const pt_stage *s, pt_tensor *out, const pt_tensor *t)
+{
+	pt_err rv;
+	if (pt_device_equal(pt_tensor_device(t), s->cfg.device)) {
+		pt_tensor_view(out, t);
+		return PT_OK;
+	}
+	PT_TRY(pt_tensor_init_dev(out, s->cfg.device, t->dtype, t->ndim, t->shape));
+	if ((rv = pt_tensor_transfer(out, t)) != PT_OK)
+		pt_tensor_fini(out);
+	return rv;
+}
+
+/* copy_state copies between the stage's buffers and host tensors: an op on
+ * one device (the CPU path, unchanged), a transfer across devices. */
+static pt_err copy_state(pt_tensor *dst, const pt_tensor *src)
+{
+	if (pt_device_equal(pt_tensor_device(dst), pt_tensor_device(src)))
+		return pt_copy(dst, src);
+	return pt_tensor_transfer(dst, src);
+}
+
+/* send_to sends t (may be NULL) to dst; the coordinator (rank 0, on the
+ * CPU) gets host data, other stages the tensor where it lives when the
+ * communicator carries device tensors (NCCL), else a host copy (local, nng:
+ * the receiving stage puts it back on its device). */
 static pt_err send_to(pt_stage *s, int dst, pt_msg_kind kind, int64_t step, int32_t mb,
                       const pt_tensor *t)
 {
 	pt_msg m = {.meta = {.kind = kind, .step = step, .microbatch = mb, .tag = s->generation}};
 	if (t != NULL) {
+		if (dst == 0 || !s->comm->ops->device_tensors)
+			PT_TRY(to_host(&m.tensor, t));
+		else
+			pt_tensor_view(&m.tensor, t);
 		m.has_tensor = true;
-		pt_tensor_view(&m.tensor, t);
 	}
 	return post(s, dst, &m);
 }
@@ -361,7 +427,7 @@ static pt_err send_copy(pt_stage *s, int dst, pt_msg_kind kind, int64_t step, in
 {
 	pt_tensor c;
 	pt_err rv;
-	PT_TRY(pt_tensor_init(&c, t->dtype, t->ndim, t->shape));
+	PT_TRY(pt_tensor_init_dev(&c, pt_tensor_device(t), t->dtype, t->ndim, t->shape));
 	if ((rv = pt_copy(&c, t)) == PT_OK)
 		rv = send_to(s, dst, kind, step, mb, &c);
 	pt_tensor_fini(&c);
@@ -472,7 +538,8 @@ static void on_forward(pt_stage *s, pt_msg *m)
 	if (++s->stats.live > s->stats.peak_live)
 		s->stats.peak_live = s->stats.live;
 	if (s->graphs == NULL) {
-		pt_tensor_view(&sl->x, &m->tensor);
+		if ((rv = to_stage(s, &sl->x, &m->tensor)) != PT_OK)
+			goto fail;
 	} else {
 		if ((rv = fix_input(&sl->gx, &m->tensor)) != PT_OK)
 			goto fail;
@@ -528,6 +595,7 @@ static void on_backward(pt_stage *s, pt_msg *m)
 	int32_t mb = m->meta.microbatch;
 	double t0 = pt_now();
 	const pt_tensor *dx = NULL;
+	pt_tensor dy = {0}; /* the gradient on the stage's device */
 	bool stashed = false;
 	int i = find_slot(s, true, step, mb);
 	pt_err rv = PT_OK;
@@ -547,8 +615,11 @@ static void on_backward(pt_stage *s, pt_msg *m)
 		stashed = true;
 	}
 	s->g_slot = i;
-	s->g_dy = &m->tensor;
-	if (s->graphs != NULL) {
+	if (s->graphs == NULL) {
+		if ((rv = to_stage(s, &dy, &m->tensor)) != PT_OK)
+			goto out;
+		s->g_dy = &dy;
+	} else {
 		if ((rv = fix_input(&sl->gdy, &m->tensor)) != PT_OK)
 			goto out;
 		s->g_dy = &sl->gdy;
@@ -569,6 +640,7 @@ static void on_backward(pt_stage *s, pt_msg *m)
 out:
 	if (stashed)
 		pt_copy(pt_model_params(s->model), &s->current);
+	pt_tensor_fini(&dy);
 	release(s, i);
 	if (rv != PT_OK) {
 		report(s, step, mb, rv);
@@ -601,7 +673,7 @@ static pt_err get_state(pt_stage *s, pt_tensor *out)
 		pt_tensor *src = i < 0 ? pt_model_params(s->model) : st[i];
 		pt_err rv = pt_tensor_narrow(&view, out, 0, off, pt_tensor_numel(src));
 		if (rv == PT_OK)
-			rv = pt_copy(&view, src);
+			rv = copy_state(&view, src);
 		pt_tensor_fini(&view);
 		PT_TRY(rv);
 		off += pt_tensor_numel(src);
@@ -623,7 +695,7 @@ static pt_err set_state(pt_stage *s, const pt_msg *m, int64_t steps)
 		pt_tensor *dst = i < 0 ? pt_model_params(s->model) : st[i];
 		pt_err rv = pt_tensor_narrow(&view, &m->tensor, 0, off, pt_tensor_numel(dst));
 		if (rv == PT_OK)
-			rv = pt_copy(dst, &view);
+			rv = copy_state(dst, &view);
 		pt_tensor_fini(&view);
 		PT_TRY(rv);
 		off += pt_tensor_numel(dst);
@@ -692,7 +764,7 @@ static bool on_command(pt_stage *s, pt_msg *m)
 		if ((rv = pt_tensor_init(
 		         &params, PT_F32, 1,
 		         (int64_t[]){pt_tensor_numel(pt_model_params(s->model))})) == PT_OK)
-			rv = pt_copy(&params, pt_model_params(s->model));
+			rv = copy_state(&params, pt_model_params(s->model));
 		break;
 	case PT_CMD_GET_STATE:
 		rv = get_state(s, &params);

@@ -136,6 +136,11 @@ static pt_err check_shape(int ndim, const int64_t *shape, int64_t *numel)
 
 pt_err pt_tensor_init(pt_tensor *t, pt_dtype dt, int ndim, const int64_t *shape)
 {
+	return pt_tensor_init_dev(t, PT_CPU, dt, ndim, shape);
+}
+
+pt_err pt_tensor_init_dev(pt_tensor *t, pt_device dev, pt_dtype dt, int ndim, const int64_t *shape)
+{
 	int64_t n = 0;
 	pt_storage *s;
 	pt_err rv;
@@ -144,7 +149,7 @@ pt_err pt_tensor_init(pt_tensor *t, pt_dtype dt, int ndim, const int64_t *shape)
 	if (pt_dtype_size(dt) == 0)
 		return pt_set_error(PT_ERR_DTYPE, "dtype %d", (int)dt);
 	PT_TRY(check_shape(ndim, shape, &n));
-	if ((rv = pt_storage_create(&s, (size_t)n * pt_dtype_size(dt), PT_CPU)) != PT_OK)
+	if ((rv = pt_storage_create(&s, (size_t)n * pt_dtype_size(dt), dev)) != PT_OK)
 		return rv;
 	rv = pt_tensor_init_on(t, s, 0, dt, ndim, shape);
 	pt_storage_release(s);
@@ -384,6 +389,48 @@ pt_err pt_tensor_write(pt_tensor *t, const void *src, size_t src_bytes)
 	else
 		memcpy(pt_tensor_data(t), src, nb);
 	atomic_store(&t->storage->state, PT_READY);
+	return PT_OK;
+}
+
+pt_err pt_tensor_transfer(pt_tensor *dst, const pt_tensor *src)
+{
+	size_t nb = pt_tensor_nbytes(src);
+	pt_device dd = dst->storage->device, sd = src->storage->device;
+	void *tmp;
+	pt_err rv;
+
+	if (src->dtype != dst->dtype || pt_tensor_numel(src) != pt_tensor_numel(dst))
+		return pt_set_error(PT_ERR_SHAPE, "transfer of %ld x %s into %ld x %s",
+		                    (long)pt_tensor_numel(src), pt_dtype_name(src->dtype),
+		                    (long)pt_tensor_numel(dst), pt_dtype_name(dst->dtype));
+	if (!pt_tensor_is_contiguous(dst))
+		return pt_set_error(PT_ERR_INVALID, "transfer into a non-contiguous tensor");
+	if (sd.kind == PT_DEV_CPU) {
+		if (pt_tensor_is_contiguous(src)) {
+			PT_TRY(pt_tensor_sync(src));
+			return pt_tensor_write(dst, pt_tensor_data(src), nb);
+		}
+		/* Pack a strided host tensor first (device memory is written whole). */
+		if ((tmp = malloc(nb ? nb : 1)) == NULL)
+			return pt_set_error(PT_ERR_NOMEM, "transfer buffer of %zu bytes", nb);
+		if ((rv = pt_tensor_read(src, tmp, nb)) == PT_OK)
+			rv = pt_tensor_write(dst, tmp, nb);
+		free(tmp);
+		return rv;
+	}
+	if (pt_tensor_state(dst) == PT_PENDING)
+		PT_TRY(pt_tensor_sync(dst));
+	if (dd.kind == PT_DEV_CPU) {
+		/* pt_tensor_read syncs src and copies device to host. */
+		PT_TRY(pt_tensor_read(src, pt_tensor_data(dst), nb));
+	} else {
+		PT_TRY(pt_tensor_sync(src));
+		if (!pt_tensor_is_contiguous(src))
+			return pt_set_error(PT_ERR_UNSUPPORTED,
+			                    "transfer of a non-contiguous device tensor");
+		PT_TRY(pt_backend_copy(pt_tensor_data(dst), dd, pt_tensor_data(src), sd, nb));
+	}
+	atomic_store(&dst->storage->state, PT_READY);
 	return PT_OK;
 }
 

@@ -91,9 +91,26 @@ typedef struct pt_tensor {
 	int64_t strides[PT_MAX_DIMS]; /* in elements */
 } pt_tensor;
 
-/* pt_tensor_init allocates a zeroed contiguous tensor. On error t is zeroed
- * and pt_tensor_fini(t) is still safe. */
+/* pt_tensor_init allocates a zeroed contiguous tensor on the host. On error t
+ * is zeroed and pt_tensor_fini(t) is still safe. */
 pt_err pt_tensor_init(pt_tensor *t, pt_dtype dt, int ndim, const int64_t *shape);
+
+/* pt_tensor_init_dev is pt_tensor_init on device dev (PT_CPU: the same as
+ * pt_tensor_init; a device: memory from the backend registry's pool, zeroed;
+ * PT_ERR_UNSUPPORTED when dev cannot be used here). */
+pt_err pt_tensor_init_dev(pt_tensor *t, pt_device dev, pt_dtype dt, int ndim, const int64_t *shape);
+
+/* pt_tensor_device returns the device t's storage lives on. */
+static inline pt_device pt_tensor_device(const pt_tensor *t)
+{
+	return t->storage->device;
+}
+
+/* pt_device_equal is true when a and b name the same device. */
+static inline bool pt_device_equal(pt_device a, pt_device b)
+{
+	return a.kind == b.kind && (a.kind == PT_DEV_CPU || a.index == b.index);
+}
 
 /* pt_tensor_init_on makes a contiguous tensor over storage s starting at byte
  * offset byte_off (must be element-aligned); t takes its own reference. */
@@ -147,6 +164,15 @@ pt_err pt_tensor_read(const pt_tensor *t, void *dst, size_t dst_bytes);
 /* pt_tensor_write copies contiguous src elements into t (a host write; it
  * syncs first so no queued op races with it) and marks t READY. */
 pt_err pt_tensor_write(pt_tensor *t, const void *src, size_t src_bytes);
+
+/* pt_tensor_transfer copies src's elements into dst across devices: host to
+ * device, device to host or within one device, through the backend registry
+ * (lib/backend). dtype and element count must match; dst must be contiguous,
+ * and so must src when it is on a device. It is a sync boundary for both
+ * (queued ops writing them run first) and blocks until the bytes are in dst
+ * when either side is the host; dst is READY afterwards. Ops (pt_copy) only
+ * copy within one device; this is the explicit crossing between them. */
+pt_err pt_tensor_transfer(pt_tensor *dst, const pt_tensor *src);
 
 /* pt_tensor_item reads element `index` (row-major logical index) as double. */
 pt_err pt_tensor_item(const pt_tensor *t, int64_t index, double *out);
