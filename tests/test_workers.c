@@ -215,7 +215,7 @@ static void hs_call(hs *c, const pt_worker_request *q, pt_worker_reply *r)
 	CU_ASSERT_EQUAL_FATAL(nng_sendmsg(c->sock, m, 0), 0);
 	CU_ASSERT_EQUAL_FATAL(nng_recvmsg(c->sock, &c->last, 0), 0);
 	PT_CHECK_OK(
-	    pt_handshake_decode_reply(nng_msg_body(c->last), nng_msg_len(c->last), q->is_join, r));
+	    pt_handshake_decode_reply(nng_msg_body(c->last), nng_msg_len(c->last), q->kind, r));
 }
 
 static void expect_refusal(const pt_worker_reply *r, const char *words)
@@ -232,7 +232,7 @@ static void test_workers_handshake_refusals(void)
 	char token_file[400];
 	proc w;
 	hs a, b;
-	pt_worker_request join = {.is_join = true, .protocol = 2, .rank = 1, .world = 2};
+	pt_worker_request join = {.kind = PT_WORKER_JOIN, .protocol = 1, .rank = 1, .world = 2};
 	pt_worker_request cancel = {0};
 	pt_worker_reply r;
 	uint64_t session;
@@ -244,7 +244,7 @@ static void test_workers_handshake_refusals(void)
 	hs_open(&b, w.url);
 
 	hs_call(&a, &join, &r);
-	expect_refusal(&r, "protocol version 2 not supported (this worker speaks 1)");
+	expect_refusal(&r, "protocol version 1 not supported (this worker speaks 2)");
 	join.protocol = PT_WORKER_PROTOCOL;
 	hs_call(&a, &join, &r);
 	expect_refusal(&r, "unauthorized");
