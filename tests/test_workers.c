@@ -6,7 +6,13 @@
  * as the same job on local stage threads, and a second job runs on the same
  * workers; the handshake refuses a wrong protocol, a wrong token and a
  * second join to a busy worker, each with its message; a normal pipeserver
- * runs a submitted job on the workers. Every process exits 0 on SIGTERM.
+ * runs a submitted job on the workers. Heartbeats: a worker killed or hung
+ * (SIGSTOP) mid-job fails the job within placement.worker_timeout_ms with
+ * an error naming the stage and the worker, the other worker is idle again
+ * at once and the hung one once it runs again; with max_restarts and a
+ * spare the job finishes with the same losses, bitwise, as an undisturbed
+ * run; a worker whose coordinator stops pinging abandons its stage. Every
+ * process exits 0 on SIGTERM.
  */
 #include "api/api.h"
 #include "handshake.h"
@@ -393,11 +399,246 @@ static void test_workers_server_job(void)
 	CU_ASSERT_EQUAL(proc_stop(&w1), 0);
 }
 
+/* ----------------------------------------------------------- heartbeats -- */
+
+#define HB_TIMEOUT_MS 500
+
+/* A run that does something to a worker after a given step. */
+typedef struct fault {
+	double v[STEPS + 1]; /* loss by step (a restarted run overwrites) */
+	int64_t at;          /* after this step ... */
+	pid_t pid;           /* ... send sig to pid (once) */
+	int sig;
+	double t_sig;
+	int restarts;
+	int64_t restart_from;
+	char note[1024];
+} fault;
+
+static double mono(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void fault_metric(void *ctx, const pt_job_metric *m)
+{
+	fault *f = ctx;
+	if (m->step >= 1 && m->step <= STEPS)
+		f->v[m->step - 1] = m->loss;
+	if (m->step == f->at && f->pid > 0) {
+		kill(f->pid, f->sig);
+		f->t_sig = mono();
+		f->pid = 0;
+	}
+}
+
+static void fault_restart(void *ctx, int n, int64_t from, const char *message)
+{
+	fault *f = ctx;
+	f->restarts = n;
+	f->restart_from = from;
+	snprintf(f->note, sizeof(f->note), "%s", message);
+}
+
+/* worker_state asks w for its state (StagePing with session 0). */
+static bool worker_idle(const proc *w, char *state, size_t n)
+{
+	hs c;
+	pt_worker_request q = {.kind = PT_WORKER_PING};
+	pt_worker_reply r;
+	bool idle;
+
+	hs_open(&c, w->url);
+	hs_call(&c, &q, &r);
+	CU_ASSERT_TRUE(r.ok);
+	snprintf(state, n, "%s", r.message ? r.message : "");
+	idle = r.ok && !r.busy && strcmp(state, "idle") == 0;
+	hs_close(&c);
+	return idle;
+}
+
+/* wait_idle polls w's state for up to ms. */
+static bool wait_idle(const proc *w, int ms)
+{
+	char state[256] = "";
+	double end = mono() + ms / 1000.0;
+	while (!worker_idle(w, state, sizeof(state))) {
+		if (mono() > end) {
+			fprintf(stderr, "worker %s still '%s'\n", w->url, state);
+			return false;
+		}
+		usleep(20 * 1000);
+	}
+	return true;
+}
+
+/* A worker killed (SIGKILL) or hung (SIGSTOP) after step 5 fails the job
+ * within the heartbeat timeout, naming stage 1 and its URL; the surviving
+ * worker is idle when the run returns. */
+static void lost_worker_fails(int sig)
+{
+	proc w0, w1;
+	pt_job_spec spec;
+	fault f = {.at = 5, .sig = sig};
+	pt_job_run_options o = {.files_root = PT_SOURCE_ROOT, .threads = 2};
+	pt_job_hooks h = {.ctx = &f, .on_metric = fault_metric, .on_restart = fault_restart};
+	char want[400];
+	int64_t last = 0;
+	double dt;
+	int st;
+
+	CU_ASSERT_FATAL(worker_start(&w0, NULL));
+	CU_ASSERT_FATAL(worker_start(&w1, NULL));
+	digits_spec(&spec, &w0, &w1);
+	spec.worker_timeout_ms = HB_TIMEOUT_MS;
+	f.pid = w1.pid;
+	PT_CHECK_ERR_MSG(pt_job_run(&spec, &o, &h, &last), PT_ERR_TIMEOUT,
+	                 "no heartbeat for 0.5 s");
+	dt = mono() - f.t_sig;
+	snprintf(want, sizeof(want), "stage 1 on worker %s: no heartbeat for 0.5 s", w1.url);
+	if (strstr(pt_last_error(), want) == NULL)
+		fprintf(stderr, "error \"%s\" lacks \"%s\"\n", pt_last_error(), want);
+	CU_ASSERT_PTR_NOT_NULL(strstr(pt_last_error(), want));
+	/* Detected within the timeout of the fault; the teardown after it is
+	 * quick (the survivor's session is ended over its control link). */
+	if (dt > HB_TIMEOUT_MS / 1000.0 + 0.5)
+		fprintf(stderr, "the run returned %.2f s after the fault\n", dt);
+	CU_ASSERT(dt <= HB_TIMEOUT_MS / 1000.0 + 0.5);
+	CU_ASSERT(last >= 5 && last < STEPS);
+	CU_ASSERT_EQUAL(f.restarts, 0);
+	CU_ASSERT_TRUE(wait_idle(&w0, 0));
+	if (sig == SIGSTOP) {
+		/* Running again, the hung worker finds its coordinator gone and
+		 * abandons the stage. */
+		kill(w1.pid, SIGCONT);
+		CU_ASSERT_TRUE(wait_idle(&w1, 2 * HB_TIMEOUT_MS + 500));
+		CU_ASSERT_EQUAL(proc_stop(&w1), 0);
+	} else {
+		CU_ASSERT_EQUAL(waitpid(w1.pid, &st, 0), w1.pid);
+		CU_ASSERT(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);
+	}
+	pt_job_spec_fini(&spec);
+	CU_ASSERT_EQUAL(proc_stop(&w0), 0);
+}
+
+static void test_workers_killed_worker_fails_job(void)
+{
+	lost_worker_fails(SIGKILL);
+}
+
+static void test_workers_hung_worker_fails_job(void)
+{
+	lost_worker_fails(SIGSTOP);
+}
+
+/* With max_restarts 1 and a spare, a worker killed after step 12 costs a
+ * restart from the step-10 checkpoint on the spare; every loss equals the
+ * undisturbed local run's, bitwise, and the last checkpoint is step STEPS. */
+static void test_workers_restart_on_spare(void)
+{
+	proc w[3];
+	pt_job_spec spec;
+	losses local;
+	fault f = {.at = 12, .sig = SIGKILL};
+	char ckdir[400], path[600], want[800];
+	pt_job_run_options o = {
+	    .files_root = PT_SOURCE_ROOT, .threads = 2, .checkpoint_dir = ckdir};
+	pt_job_hooks h = {.ctx = &f, .on_metric = fault_metric, .on_restart = fault_restart};
+	struct stat sb;
+	int64_t last = 0;
+	int st;
+
+	snprintf(ckdir, sizeof(ckdir), "%s/restart-ck", tmpdir);
+	run_job(NULL, NULL, &local);
+	for (int i = 0; i < 3; i++)
+		CU_ASSERT_FATAL(worker_start(&w[i], NULL));
+	digits_spec(&spec, &w[0], &w[1]);
+	spec.workers = realloc(spec.workers, 3 * sizeof(char *));
+	CU_ASSERT_PTR_NOT_NULL_FATAL(spec.workers);
+	spec.workers[2] = strdup(w[2].url);
+	spec.n_workers = 3;
+	spec.worker_timeout_ms = HB_TIMEOUT_MS;
+	spec.max_restarts = 1;
+	spec.checkpoint_every = 10;
+	f.pid = w[0].pid;
+	PT_CHECK_OK(pt_job_run(&spec, &o, &h, &last));
+	CU_ASSERT_EQUAL(last, STEPS);
+	CU_ASSERT_EQUAL(f.restarts, 1);
+	CU_ASSERT_EQUAL(f.restart_from, 10);
+	snprintf(want, sizeof(want),
+	         "restart 1 of 1 after stage 0 on worker %s: no heartbeat for 0.5 s: stage 0 "
+	         "to %s; resuming from step 10",
+	         w[0].url, w[2].url);
+	if (strcmp(f.note, want) != 0)
+		fprintf(stderr, "restart note \"%s\"\nexpected     \"%s\"\n", f.note, want);
+	CU_ASSERT_STRING_EQUAL(f.note, want);
+	for (int i = 0; i < STEPS; i++)
+		if (memcmp(&local.v[i], &f.v[i], sizeof(double)) != 0) {
+			fprintf(stderr, "step %d: local loss %.17g, restarted %.17g\n", i + 1,
+			        local.v[i], f.v[i]);
+			CU_FAIL("losses differ");
+			break;
+		}
+	snprintf(path, sizeof(path), "%s/step-%d.safetensors", ckdir, STEPS);
+	CU_ASSERT_EQUAL(stat(path, &sb), 0);
+	CU_ASSERT_TRUE(wait_idle(&w[1], 0));
+	CU_ASSERT_TRUE(wait_idle(&w[2], 0));
+	CU_ASSERT_EQUAL(waitpid(w[0].pid, &st, 0), w[0].pid);
+	pt_job_spec_fini(&spec);
+	CU_ASSERT_EQUAL(proc_stop(&w[1]), 0);
+	CU_ASSERT_EQUAL(proc_stop(&w[2]), 0);
+}
+
+/* A coordinator that joins, sends its peers and then goes silent: the worker
+ * abandons the stage after the session's timeout and is idle again. */
+static void test_workers_silent_coordinator_abandoned(void)
+{
+	proc w;
+	hs c;
+	pt_worker_request join = {.kind = PT_WORKER_JOIN,
+	                          .protocol = PT_WORKER_PROTOCOL,
+	                          .rank = 1,
+	                          .world = 2,
+	                          .timeout_ms = 300};
+	pt_worker_request peers = {.kind = PT_WORKER_PEERS, .n_urls = 2};
+	pt_worker_request ping = {.kind = PT_WORKER_PING};
+	pt_worker_reply r;
+	char state[256];
+	double t0;
+
+	CU_ASSERT_FATAL(worker_start(&w, NULL));
+	hs_open(&c, w.url);
+	hs_call(&c, &join, &r);
+	CU_ASSERT_TRUE_FATAL(r.ok);
+	peers.session = ping.session = r.session;
+	peers.urls[0] = "tcp://127.0.0.1:9"; /* never answers: the stage waits */
+	peers.urls[1] = r.data_url;
+	hs_call(&c, &peers, &r);
+	CU_ASSERT_TRUE_FATAL(r.ok);
+	t0 = mono();
+	hs_call(&c, &ping, &r); /* the session is alive while pinged */
+	CU_ASSERT_TRUE(r.ok);
+	CU_ASSERT_FALSE(worker_idle(&w, state, sizeof(state)));
+	CU_ASSERT_STRING_EQUAL(state, "serving stage rank 1 of world 2");
+	CU_ASSERT_TRUE(wait_idle(&w, 1500));
+	CU_ASSERT(mono() - t0 >= 0.3);
+	hs_call(&c, &ping, &r); /* and then it is gone */
+	expect_refusal(&r, "no such session");
+	hs_close(&c);
+	CU_ASSERT_EQUAL(proc_stop(&w), 0);
+}
+
 static const pt_test_case worker_tests[] = {
     {"test_workers_job_matches_local", test_workers_job_matches_local},
     {"test_workers_handshake_refusals", test_workers_handshake_refusals},
     {"test_workers_job_errors_name_worker", test_workers_job_errors_name_worker},
     {"test_workers_server_job", test_workers_server_job},
+    {"test_workers_killed_worker_fails_job", test_workers_killed_worker_fails_job},
+    {"test_workers_hung_worker_fails_job", test_workers_hung_worker_fails_job},
+    {"test_workers_restart_on_spare", test_workers_restart_on_spare},
+    {"test_workers_silent_coordinator_abandoned", test_workers_silent_coordinator_abandoned},
     {NULL, NULL},
 };
 static const pt_test_suite suites[] = {

@@ -289,7 +289,7 @@ void pt_job_workers_end(pt_job_workers *ws)
 			nng_msg *msg = NULL;
 			set_timeouts(l, ws->timeout_ms);
 			if (call(l, &b, &q, &r, &msg) != PT_OK)
-				pt_info("ending the session: %s", pt_last_error());
+				pt_debug("ending the session: %s", pt_last_error());
 			nng_msg_free(msg);
 		}
 		if (l->open)
