@@ -25,6 +25,12 @@ fi
 
 [ -x "$build/bench/exec_bench" ] && "$build/bench/exec_bench" # graph replay vs eager dispatch
 
+# Workers (pipeserver --worker on loopback): submit to first step with 1 and
+# 4 workers, and the 4-worker digits job's throughput next to one process.
+if [ -x "$build/bench/dist_bench" ]; then
+	"$build/bench/dist_bench"
+fi
+
 # pipeserver's HTTP endpoint: /metrics scrape time and the cost of scraping.
 if [ -x "$build/bench/http_bench" ]; then
 	"$build/bench/http_bench"
