@@ -204,6 +204,11 @@ int pt_job_workers_wait_lost(pt_job_workers *ws, int ms, char *why, size_t n);
 /* pt_job_workers_is_lost tells whether stage was declared lost. */
 bool pt_job_workers_is_lost(pt_job_workers *ws, int stage);
 
+/* pt_job_workers_stop_heartbeats stops pinging (before the stages are told
+ * to STOP, so a worker that finished is not taken for lost). No verdict
+ * comes after it. Blocking (up to one ping); idempotent; NULL-safe. */
+void pt_job_workers_stop_heartbeats(pt_job_workers *ws);
+
 /* pt_job_workers_end stops the heartbeats, ends the session of every worker
  * not lost (each is idle when it answers), closes the links and the
  * communicator, and frees ws. Blocking (up to the timeout per worker);

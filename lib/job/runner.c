@@ -343,6 +343,7 @@ static void release_states(runner *r)
 static void pipeline_down(runner *r)
 {
 	bool stopped = false, lost = pt_job_workers_wait_lost(r->ws, 0, NULL, 0) >= 0;
+	pt_job_workers_stop_heartbeats(r->ws);
 	release_states(r);
 	/* With a worker lost, the others are not asked to STOP over the data
 	 * channel (a stage may be blocked on the lost one): ending their

@@ -263,11 +263,8 @@ static pt_err start_heartbeats(pt_job_workers *ws)
 	return PT_OK;
 }
 
-void pt_job_workers_end(pt_job_workers *ws)
+void pt_job_workers_stop_heartbeats(pt_job_workers *ws)
 {
-	pt_fb_builder b;
-	bool have_b;
-
 	if (ws == NULL)
 		return;
 	pthread_mutex_lock(&ws->mu);
@@ -275,8 +272,20 @@ void pt_job_workers_end(pt_job_workers *ws)
 	pthread_cond_broadcast(&ws->cv);
 	pthread_mutex_unlock(&ws->mu);
 	for (int s = 0; s < ws->n; s++)
-		if (ws->links[s].hb_started)
+		if (ws->links[s].hb_started) {
 			pthread_join(ws->links[s].hb, NULL);
+			ws->links[s].hb_started = false;
+		}
+}
+
+void pt_job_workers_end(pt_job_workers *ws)
+{
+	pt_fb_builder b;
+	bool have_b;
+
+	if (ws == NULL)
+		return;
+	pt_job_workers_stop_heartbeats(ws);
 	/* End the sessions: a joined one is cancelled, a running one's stage
 	 * returns, and the worker is idle when it answers. Lost workers are left
 	 * alone (they end a session on their own when the pings stop). */
