@@ -24,6 +24,7 @@
 
 #include "job.h"
 #include "runtime.h"
+#include "spawn.h"
 
 #define RUNS   5
 #define STEPS  300
@@ -34,30 +35,9 @@ static char bin[PATH_MAX + 64];
 /* spawn_worker starts `pipeserver --worker` and reads the URL it prints. */
 static pid_t spawn_worker(char *url, size_t n)
 {
-	int p[2];
-	pid_t pid;
-	char line[512], fmt[64];
-	FILE *f;
-
-	if (pipe(p) != 0)
-		exit(1);
-	if ((pid = fork()) == 0) {
-		dup2(p[1], 1);
-		close(p[0]);
-		close(p[1]);
-		execl(bin, bin, "--worker", "--listen", "tcp://127.0.0.1:0", "--log-level", "warn",
-		      (char *)NULL);
-		_exit(127);
-	}
-	close(p[1]);
-	snprintf(fmt, sizeof(fmt), "pipeserver listening on %%%zus", n - 1);
-	if ((f = fdopen(p[0], "r")) == NULL || fgets(line, sizeof(line), f) == NULL ||
-	    sscanf(line, fmt, url) != 1) {
-		fprintf(stderr, "dist_bench: pipeserver --worker did not start\n");
-		exit(1);
-	}
-	fclose(f);
-	return pid;
+	const char *argv[] = {bin,           "--worker", "--listen", "tcp://127.0.0.1:0",
+	                      "--log-level", "warn",     NULL};
+	return bench_spawn(argv, url, n);
 }
 
 typedef struct timing {
@@ -143,17 +123,12 @@ static double best_throughput(char urls[][256])
 
 int main(void)
 {
-	char self[PATH_MAX], urls[4][256];
+	char urls[4][256];
 	pid_t pids[4];
-	ssize_t k;
 	double w1, w4, dist, local;
 
 	signal(SIGPIPE, SIG_IGN);
-	if ((k = readlink("/proc/self/exe", self, sizeof(self) - 1)) <= 0)
-		return 1;
-	self[k] = '\0';
-	*strrchr(self, '/') = '\0';
-	snprintf(bin, sizeof(bin), "%s/../server/pipeserver", self);
+	bench_sibling("../server/pipeserver", bin, sizeof(bin));
 	for (int i = 0; i < 4; i++)
 		pids[i] = spawn_worker(urls[i], sizeof(urls[i]));
 

@@ -305,26 +305,13 @@ static bool start_server(void)
  * every 20, on the workers ws[0..n) (n > 4: spares; n == 0: in-process). */
 static void digits_spec(pt_job_spec *spec, const int *ws, int n, int max_restarts)
 {
-	void *buf;
-	size_t len;
-
-	PT_CHECK_OK(pt_job_spec_load_file(pt_test_path("examples/digits.json"), &buf, &len));
-	memset(spec, 0, sizeof(*spec));
-	PT_CHECK_OK(pt_job_spec_decode(buf, len, spec));
-	free(buf);
-	spec->steps = STEPS;
-	spec->stages = 4;
-	spec->eval_every = 0;
+	const char *urls[N_WORKERS] = {NULL};
+	for (int i = 0; i < n; i++)
+		urls[i] = workers[ws[i]].url;
+	wf_digits_spec(spec, 4, STEPS, urls, n);
 	spec->checkpoint_every = 20;
 	spec->worker_timeout_ms = TIMEOUT_MS;
 	spec->max_restarts = max_restarts;
-	if (n > 0) {
-		spec->workers = calloc((size_t)n, sizeof(char *));
-		CU_ASSERT_PTR_NOT_NULL_FATAL(spec->workers);
-		for (int i = 0; i < n; i++)
-			spec->workers[i] = strdup(workers[ws[i]].url);
-		spec->n_workers = n;
-	}
 }
 
 static void ref_metric(void *ctx, const pt_job_metric *m)
@@ -357,13 +344,7 @@ static void expect_reference_losses(wf_api *api, uint64_t id)
 		have_ref = true;
 	}
 	CU_ASSERT_EQUAL(wf_api_losses(api, id, v, STEPS), STEPS);
-	for (int i = 0; i < STEPS; i++)
-		if (memcmp(&v[i], &ref_loss[i], sizeof(double)) != 0) {
-			fprintf(stderr, "step %d: single-process loss %.17g, distributed %.17g\n",
-			        i + 1, ref_loss[i], v[i]);
-			CU_FAIL("losses differ from the single-process run");
-			return;
-		}
+	wf_expect_same_losses(ref_loss, v, STEPS, "distributed");
 }
 
 static void expect_contains(const char *text, const char *words)

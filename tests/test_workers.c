@@ -31,7 +31,6 @@
 #include <time.h>
 #include <unistd.h>
 
-
 #define STEPS 30
 
 static char server_bin[PATH_MAX + 64];
@@ -81,25 +80,8 @@ static void on_metric(void *ctx, const pt_job_metric *m)
 
 static void digits_spec(pt_job_spec *spec, const wf_proc *w0, const wf_proc *w1)
 {
-	void *buf;
-	size_t len;
-
-	PT_CHECK_OK(pt_job_spec_load_file(pt_test_path("examples/digits.json"), &buf, &len));
-	memset(spec, 0, sizeof(*spec));
-	PT_CHECK_OK(pt_job_spec_decode(buf, len, spec));
-	free(buf);
-	spec->steps = STEPS;
-	spec->stages = 2;
-	free(spec->boundaries);
-	spec->boundaries = NULL;
-	spec->eval_every = 0;
-	if (w0 != NULL) {
-		spec->workers = calloc(2, sizeof(char *));
-		CU_ASSERT_PTR_NOT_NULL_FATAL(spec->workers);
-		spec->workers[0] = strdup(w0->url);
-		spec->workers[1] = strdup(w1->url);
-		spec->n_workers = 2;
-	}
+	const char *urls[2] = {w0 ? w0->url : NULL, w1 ? w1->url : NULL};
+	wf_digits_spec(spec, 2, STEPS, urls, w0 != NULL ? 2 : 0);
 }
 
 static void run_job(const wf_proc *w0, const wf_proc *w1, losses *out)
@@ -126,13 +108,7 @@ static void test_workers_job_matches_local(void)
 	CU_ASSERT_FATAL(worker_start(&w1, NULL));
 	run_job(NULL, NULL, &local);
 	run_job(&w0, &w1, &remote);
-	for (int i = 0; i < STEPS; i++)
-		if (memcmp(&local.v[i], &remote.v[i], sizeof(double)) != 0) {
-			fprintf(stderr, "step %d: local loss %.17g, on workers %.17g\n", i + 1,
-			        local.v[i], remote.v[i]);
-			CU_FAIL("losses differ");
-			break;
-		}
+	wf_expect_same_losses(local.v, remote.v, STEPS, "on workers");
 	CU_ASSERT(isfinite(remote.v[STEPS - 1]) && remote.v[STEPS - 1] < remote.v[0]);
 	/* The workers are idle again: a second job runs on them. */
 	run_job(&w0, &w1, &again);
@@ -398,13 +374,7 @@ static void test_workers_restart_on_spare(void)
 	if (strcmp(f.note, want) != 0)
 		fprintf(stderr, "restart note \"%s\"\nexpected     \"%s\"\n", f.note, want);
 	CU_ASSERT_STRING_EQUAL(f.note, want);
-	for (int i = 0; i < STEPS; i++)
-		if (memcmp(&local.v[i], &f.v[i], sizeof(double)) != 0) {
-			fprintf(stderr, "step %d: local loss %.17g, restarted %.17g\n", i + 1,
-			        local.v[i], f.v[i]);
-			CU_FAIL("losses differ");
-			break;
-		}
+	wf_expect_same_losses(local.v, f.v, STEPS, "restarted");
 	snprintf(path, sizeof(path), "%s/step-%d.safetensors", ckdir, STEPS);
 	CU_ASSERT_EQUAL(stat(path, &sb), 0);
 	CU_ASSERT_TRUE(wf_wait_idle(w[1].url, 0));

@@ -13,6 +13,7 @@
 
 #include <nng/protocol/reqrep0/req.h>
 
+#include "job.h"
 #include "pt_test.h"
 
 bool wf_proc_start(wf_proc *p, const char *const *argv, const char *log)
@@ -69,16 +70,50 @@ double wf_mono(void)
 	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+void wf_digits_spec(pt_job_spec *spec, int stages, int64_t steps, const char *const *urls, int n)
+{
+	pt_test_digits_spec(spec);
+	spec->steps = steps;
+	spec->stages = stages;
+	free(spec->boundaries);
+	spec->boundaries = NULL;
+	spec->eval_every = 0;
+	if (n > 0) {
+		spec->workers = calloc((size_t)n, sizeof(char *));
+		CU_ASSERT_PTR_NOT_NULL_FATAL(spec->workers);
+		for (int i = 0; i < n; i++)
+			spec->workers[i] = strdup(urls[i]);
+		spec->n_workers = n;
+	}
+}
+
+void wf_expect_same_losses(const double *want, const double *got, int n, const char *what)
+{
+	for (int i = 0; i < n; i++)
+		if (memcmp(&want[i], &got[i], sizeof(double)) != 0) {
+			fprintf(stderr, "step %d: loss %.17g expected, %s %.17g\n", i + 1, want[i],
+			        what, got[i]);
+			CU_FAIL("losses differ");
+			return;
+		}
+}
+
+/* req_open opens a REQ socket to url that never resends. */
+static void req_open(nng_socket *s, const char *url, int timeout_ms, pt_fb_builder *b)
+{
+	CU_ASSERT_EQUAL_FATAL(nng_req0_open(s), 0);
+	nng_socket_set_ms(*s, NNG_OPT_RECVTIMEO, timeout_ms);
+	nng_socket_set_ms(*s, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE);
+	CU_ASSERT_EQUAL_FATAL(nng_dial(*s, url, NULL, 0), 0);
+	PT_CHECK_OK(pt_fb_builder_init(b, 0));
+}
+
 /* ------------------------------------------------------------ handshake -- */
 
 void wf_hs_open(wf_hs *c, const char *url)
 {
 	memset(c, 0, sizeof(*c));
-	CU_ASSERT_EQUAL_FATAL(nng_req0_open(&c->sock), 0);
-	nng_socket_set_ms(c->sock, NNG_OPT_RECVTIMEO, 10000);
-	nng_socket_set_ms(c->sock, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE);
-	CU_ASSERT_EQUAL_FATAL(nng_dial(c->sock, url, NULL, 0), 0);
-	PT_CHECK_OK(pt_fb_builder_init(&c->b, 0));
+	req_open(&c->sock, url, 10000, &c->b);
 }
 
 void wf_hs_close(wf_hs *c)
@@ -152,11 +187,7 @@ void wf_api_open(wf_api *a, const char *url, const char *token)
 {
 	memset(a, 0, sizeof(*a));
 	a->token = token;
-	CU_ASSERT_EQUAL_FATAL(nng_req0_open(&a->sock), 0);
-	nng_socket_set_ms(a->sock, NNG_OPT_RECVTIMEO, 20000);
-	nng_socket_set_ms(a->sock, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE);
-	CU_ASSERT_EQUAL_FATAL(nng_dial(a->sock, url, NULL, 0), 0);
-	PT_CHECK_OK(pt_fb_builder_init(&a->b, 0));
+	req_open(&a->sock, url, 20000, &a->b);
 }
 
 void wf_api_close(wf_api *a)

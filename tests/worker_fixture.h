@@ -35,6 +35,15 @@ int wf_proc_stop(wf_proc *p);
 /* wf_mono is CLOCK_MONOTONIC in seconds. */
 double wf_mono(void);
 
+/* wf_digits_spec loads examples/digits.json into *spec (release it with
+ * pt_job_spec_fini) with `stages` stages, `steps` steps, no evaluation before
+ * the end, and placement.workers urls[0..n) (n == 0: in-process stages). */
+void wf_digits_spec(pt_job_spec *spec, int stages, int64_t steps, const char *const *urls, int n);
+
+/* wf_expect_same_losses asserts got[0..n) equals want[0..n) bitwise,
+ * printing the first step that differs. */
+void wf_expect_same_losses(const double *want, const double *got, int n, const char *what);
+
 /* One REQ link to a worker's control URL. */
 typedef struct wf_hs {
 	nng_socket sock;
