@@ -41,9 +41,11 @@
 
 #define POLL_MS              50   /* the REP loop's receive timeout: reaping, watchdog */
 #define JOIN_TTL_S           30.0 /* a joined session without StagePeers expires */
-#define BUSY_WAIT_MS         200  /* a join waits this long for a finishing stage */
+#define BUSY_WAIT_MS         200  /* a join waits this long for an ending stage */
 #define END_WAIT_MS          2000 /* an ended session waits this long for its stage */
 #define DEFAULT_HEARTBEAT_MS 10000
+#define MIN_HEARTBEAT_MS     100 /* the range placement.worker_timeout_ms allows */
+#define MAX_HEARTBEAT_MS     3600000
 #define MAX_REQUEST          (256 * 1024)
 #define DEFAULT_CONFIGURE_MS 60000
 #define MAX_LISTENERS        16
@@ -230,8 +232,15 @@ static void on_join(pt_worker *w, nng_msg *req, const pt_worker_request *q, pt_w
 		snprintf(msg, n, "unauthorized");
 		return;
 	}
+	if (timeout < MIN_HEARTBEAT_MS || timeout > MAX_HEARTBEAT_MS) {
+		snprintf(msg, n, "heartbeat timeout %d ms (%d to %d)", timeout, MIN_HEARTBEAT_MS,
+		         MAX_HEARTBEAT_MS);
+		return;
+	}
 	reap(w);
-	if (w->state == W_RUNNING)
+	/* Only a stage already told to end is waited for: the REP thread must
+	 * stay free to answer the running session's pings. */
+	if (w->state == W_RUNNING && w->abandoned)
 		wait_done(w, BUSY_WAIT_MS);
 	if (w->state != W_IDLE) {
 		snprintf(msg, n, "worker busy with another job");

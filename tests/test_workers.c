@@ -145,6 +145,23 @@ static void test_workers_handshake_refusals(void)
 	wf_expect_refusal(&r, "unauthorized");
 
 	join.token = "s3cret";
+	join.timeout_ms = 99;
+	wf_hs_call(&a, &join, &r);
+	wf_expect_refusal(&r, "heartbeat timeout 99 ms (100 to 3600000)");
+	join.timeout_ms = 0; /* the worker's default */
+	/* Bytes that are no WorkerRequest get a refusal, and the worker goes on. */
+	{
+		static const char junk[] = "\x10\0\0\0not a flatbuffer at all";
+		nng_msg *m;
+		CU_ASSERT_EQUAL_FATAL(nng_msg_alloc(&m, sizeof(junk)), 0);
+		memcpy(nng_msg_body(m), junk, sizeof(junk));
+		CU_ASSERT_EQUAL_FATAL(nng_sendmsg(a.sock, m, 0), 0);
+		CU_ASSERT_EQUAL_FATAL(nng_recvmsg(a.sock, &m, 0), 0);
+		PT_CHECK_OK(
+		    pt_handshake_decode_reply(nng_msg_body(m), nng_msg_len(m), PT_WORKER_JOIN, &r));
+		wf_expect_refusal(&r, "malformed WorkerRequest");
+		nng_msg_free(m);
+	}
 	wf_hs_call(&a, &join, &r);
 	CU_ASSERT_TRUE_FATAL(r.ok);
 	CU_ASSERT(r.data_url != NULL && strncmp(r.data_url, "tcp://127.0.0.1:", 16) == 0);
