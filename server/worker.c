@@ -244,6 +244,7 @@ static void on_join(pt_worker *w, nng_msg *req, const pt_worker_request *q, pt_w
 		wait_done(w, BUSY_WAIT_MS);
 	if (w->state != W_IDLE) {
 		snprintf(msg, n, "worker busy with another job");
+		r->busy = true;
 		return;
 	}
 	if (q->world < 2 || q->world > PT_MAX_STAGES + 1 || q->rank < 1 || q->rank >= q->world) {

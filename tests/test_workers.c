@@ -11,7 +11,8 @@
  * an error naming the stage and the worker, the other worker is idle again
  * at once and the hung one once it runs again; with max_restarts and a
  * spare the job finishes with the same losses, bitwise, as an undisturbed
- * run; a worker whose coordinator stops pinging abandons its stage. Every
+ * run; a worker whose coordinator stops pinging abandons its stage, and a
+ * job that finds a worker held by such a session waits for it. Every
  * process exits 0 on SIGTERM.
  */
 #include "api/api.h"
@@ -441,6 +442,46 @@ static void test_workers_silent_coordinator_abandoned(void)
 	CU_ASSERT_EQUAL(wf_proc_stop(&w), 0);
 }
 
+/* A job whose worker is still held by a coordinator that died (as after a
+ * server crash and restart) waits for the worker to drop that session, then
+ * runs. */
+static void test_workers_join_waits_for_dead_session(void)
+{
+	wf_proc w0, w1;
+	wf_hs c;
+	pt_job_spec spec;
+	pt_job_run_options o = {.files_root = PT_SOURCE_ROOT, .threads = 2};
+	pt_worker_request join = {.kind = PT_WORKER_JOIN,
+	                          .protocol = PT_WORKER_PROTOCOL,
+	                          .rank = 1,
+	                          .world = 2,
+	                          .timeout_ms = 400};
+	pt_worker_request peers = {.kind = PT_WORKER_PEERS, .n_urls = 2};
+	pt_worker_reply r;
+	double t0;
+
+	CU_ASSERT_FATAL(worker_start(&w0, NULL));
+	CU_ASSERT_FATAL(worker_start(&w1, NULL));
+	wf_hs_open(&c, w0.url);
+	wf_hs_call(&c, &join, &r);
+	CU_ASSERT_TRUE_FATAL(r.ok);
+	peers.session = r.session;
+	peers.urls[0] = "tcp://127.0.0.1:9";
+	peers.urls[1] = r.data_url;
+	wf_hs_call(&c, &peers, &r);
+	CU_ASSERT_TRUE_FATAL(r.ok);
+	t0 = wf_mono(); /* the session's coordinator goes silent now */
+	digits_spec(&spec, &w0, &w1);
+	spec.steps = 3;
+	spec.worker_timeout_ms = 1000;
+	PT_CHECK_OK(pt_job_run(&spec, &o, NULL, NULL));
+	CU_ASSERT(wf_mono() - t0 >= 0.4);
+	pt_job_spec_fini(&spec);
+	wf_hs_close(&c);
+	CU_ASSERT_EQUAL(wf_proc_stop(&w0), 0);
+	CU_ASSERT_EQUAL(wf_proc_stop(&w1), 0);
+}
+
 static const pt_test_case worker_tests[] = {
     {"test_workers_job_matches_local", test_workers_job_matches_local},
     {"test_workers_handshake_refusals", test_workers_handshake_refusals},
@@ -450,6 +491,7 @@ static const pt_test_case worker_tests[] = {
     {"test_workers_hung_worker_fails_job", test_workers_hung_worker_fails_job},
     {"test_workers_restart_on_spare", test_workers_restart_on_spare},
     {"test_workers_silent_coordinator_abandoned", test_workers_silent_coordinator_abandoned},
+    {"test_workers_join_waits_for_dead_session", test_workers_join_waits_for_dead_session},
     {NULL, NULL},
 };
 static const pt_test_suite suites[] = {

@@ -34,6 +34,7 @@
 
 #define MAX_REPLY_BYTES (64 * 1024)
 #define MIN_WAIT_MS     10
+#define BUSY_RETRY_MS   200
 
 typedef struct link {
 	struct pt_job_workers *ws;
@@ -347,6 +348,24 @@ int pt_job_workers_wait_lost(pt_job_workers *ws, int ms, char *why, size_t n)
 	return s;
 }
 
+/* join_one sends StageJoin q to l. A worker busy with another session is
+ * asked again every BUSY_RETRY_MS for up to the heartbeat timeout plus a
+ * second: if that session's coordinator is gone (a server restarted after a
+ * crash, resuming its job), the worker drops it within its timeout. */
+static pt_err join_one(link *l, pt_fb_builder *b, const pt_worker_request *q, pt_worker_reply *r,
+                       nng_msg **msg)
+{
+	double give_up = pt_now() + q->timeout_ms / 1000.0 + 1.0;
+	pt_err rv;
+
+	while ((rv = call(l, b, q, r, msg)) == PT_ERR_STATE && r->busy && pt_now() < give_up) {
+		nng_msg_free(*msg);
+		*msg = NULL;
+		nanosleep(&(struct timespec){0, BUSY_RETRY_MS * 1000000L}, NULL);
+	}
+	return rv;
+}
+
 pt_err pt_job_workers_join(const pt_job_workers_options *o, pt_job_workers **out, int *failed)
 {
 	const char *urls[PT_MAX_STAGES + 1];
@@ -404,7 +423,7 @@ pt_err pt_job_workers_join(const pt_job_workers_options *o, pt_job_workers **out
 		pt_worker_reply r;
 		nng_msg *msg = NULL;
 		if ((rv = open_link(l, timeout)) == PT_OK &&
-		    (rv = call(l, &b, &q, &r, &msg)) == PT_OK) {
+		    (rv = join_one(l, &b, &q, &r, &msg)) == PT_OK) {
 			l->joined = true;
 			l->session = r.session;
 			if (r.data_url == NULL || r.data_url[0] == '\0' ||

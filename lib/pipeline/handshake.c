@@ -6,7 +6,7 @@
 
 /* Field ids follow the declaration order in schema/stage.fbs. */
 enum { JOIN_PROTOCOL, JOIN_TOKEN, JOIN_RANK, JOIN_WORLD, JOIN_COMPRESS, JOIN_TIMEOUT };
-enum { JREPLY_OK, JREPLY_MESSAGE, JREPLY_DATA_URL, JREPLY_SESSION };
+enum { JREPLY_OK, JREPLY_MESSAGE, JREPLY_DATA_URL, JREPLY_SESSION, JREPLY_BUSY };
 enum { PEERS_URLS, PEERS_SESSION };
 enum { PREPLY_OK, PREPLY_MESSAGE };
 enum { PING_SESSION };
@@ -46,6 +46,7 @@ static const pt_fb_field_desc jreply_fields[] = {
     PT_FB_FIELD_STRING(JREPLY_MESSAGE, "message", false),
     PT_FB_FIELD_STRING(JREPLY_DATA_URL, "data_url", false),
     PT_FB_FIELD_SCALAR(JREPLY_SESSION, "session", 8),
+    PT_FB_FIELD_SCALAR(JREPLY_BUSY, "busy", 1),
 };
 static const pt_fb_table_desc jreply_desc = PT_FB_TABLE_DESC("StageJoinReply", jreply_fields);
 
@@ -173,6 +174,7 @@ pt_err pt_handshake_encode_reply(pt_fb_builder *b, pt_worker_msg kind, const pt_
 	if (join) {
 		pt_fb_add_u64(b, JREPLY_SESSION, r->session, 0);
 		pt_fb_add_offset(b, JREPLY_DATA_URL, url);
+		pt_fb_add_bool(b, JREPLY_BUSY, r->busy, false);
 	}
 	pt_fb_add_offset(b, JREPLY_MESSAGE, msg);
 	if (kind == PT_WORKER_PING)
@@ -199,6 +201,7 @@ pt_err pt_handshake_decode_reply(const void *buf, size_t len, pt_worker_msg kind
 	if (kind == PT_WORKER_JOIN) {
 		r->data_url = pt_fb_get_string(t, JREPLY_DATA_URL, NULL);
 		r->session = pt_fb_get_u64(t, JREPLY_SESSION, 0);
+		r->busy = pt_fb_get_bool(t, JREPLY_BUSY, false);
 	} else if (kind == PT_WORKER_PING) {
 		r->busy = pt_fb_get_bool(t, GREPLY_BUSY, false);
 	}

@@ -46,7 +46,8 @@ typedef struct pt_worker_reply {
 	const char *message;  /* NULL when absent */
 	const char *data_url; /* join: the stage communicator's URL */
 	uint64_t session;     /* join: to quote in StagePeers */
-	bool busy;            /* ping: a session is joined or running */
+	bool busy;            /* ping: a session is joined or running; join: refused for
+	                       * that reason (retry once that session ends) */
 } pt_worker_reply;
 
 /* pt_handshake_encode_request writes q as a WorkerRequest root into b. */
