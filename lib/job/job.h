@@ -40,7 +40,8 @@ typedef struct pt_job_spec {
 	pt_pipe_mode mode;
 	int stages;
 	int *boundaries; /* stages + 1 entries when given, else NULL */
-	char **workers;  /* n_workers URLs, or NULL */
+	char *
+	    *workers; /* n_workers URLs (the first `stages` serve, the rest are spares), or NULL */
 	int n_workers;
 	int threads_per_stage;
 	int worker_timeout_ms; /* a worker silent this long is lost */
@@ -162,7 +163,11 @@ typedef struct pt_job_run_options {
  * the same partition) restores every stage and continues at step N + 1; the
  * batch of each step depends only on (seed, step), so in sync and semi-async
  * mode a resumed run equals an uninterrupted one bitwise. An error from the
- * pipeline, the data or a checkpoint ends the run with that error. */
+ * pipeline, the data or a checkpoint ends the run with that error - except a
+ * worker lost to the heartbeats (placement.worker_timeout_ms), whose verdict
+ * names the stage and the worker: with max_restarts left and a spare among
+ * placement.workers (URLs past the first `stages`), the run restarts from
+ * its newest checkpoint with the stage on the spare (hooks->on_restart). */
 pt_err pt_job_run(const pt_job_spec *spec, const pt_job_run_options *o, const pt_job_hooks *h,
                   int64_t *last_step);
 
