@@ -40,8 +40,7 @@ typedef struct pt_job_spec {
 	pt_pipe_mode mode;
 	int stages;
 	int *boundaries; /* stages + 1 entries when given, else NULL */
-	char *
-	    *workers; /* n_workers URLs (the first `stages` serve, the rest are spares), or NULL */
+	char **workers;  /* n_workers URLs, or NULL; past the first `stages`: spares */
 	int n_workers;
 	int threads_per_stage;
 	int worker_timeout_ms; /* a worker silent this long is lost */
