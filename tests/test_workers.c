@@ -258,7 +258,7 @@ static void test_workers_server_job(void)
 
 /* ----------------------------------------------------------- heartbeats -- */
 
-#define HB_TIMEOUT_MS 500
+#define HB_TIMEOUT_MS 1000 /* generous: the sanitizer build runs these too */
 
 /* A run that does something to a worker after a given step. */
 typedef struct fault {
@@ -313,9 +313,9 @@ static void lost_worker_fails(int sig)
 	spec.worker_timeout_ms = HB_TIMEOUT_MS;
 	f.pid = w1.pid;
 	PT_CHECK_ERR_MSG(pt_job_run(&spec, &o, &h, &last), PT_ERR_TIMEOUT,
-	                 "no heartbeat for 0.5 s");
+	                 "no heartbeat for 1.0 s");
 	dt = wf_mono() - f.t_sig;
-	snprintf(want, sizeof(want), "stage 1 on worker %s: no heartbeat for 0.5 s", w1.url);
+	snprintf(want, sizeof(want), "stage 1 on worker %s: no heartbeat for 1.0 s", w1.url);
 	if (strstr(pt_last_error(), want) == NULL)
 		fprintf(stderr, "error \"%s\" lacks \"%s\"\n", pt_last_error(), want);
 	CU_ASSERT_PTR_NOT_NULL(strstr(pt_last_error(), want));
@@ -386,7 +386,7 @@ static void test_workers_restart_on_spare(void)
 	CU_ASSERT_EQUAL(f.restarts, 1);
 	CU_ASSERT_EQUAL(f.restart_from, 10);
 	snprintf(want, sizeof(want),
-	         "restart 1 of 1 after stage 0 on worker %s: no heartbeat for 0.5 s: stage 0 "
+	         "restart 1 of 1 after stage 0 on worker %s: no heartbeat for 1.0 s: stage 0 "
 	         "to %s; resuming from step 10",
 	         w[0].url, w[2].url);
 	if (strcmp(f.note, want) != 0)
@@ -417,7 +417,7 @@ static void test_workers_silent_coordinator_abandoned(void)
 	pt_worker_request peers = {.kind = PT_WORKER_PEERS, .n_urls = 2};
 	pt_worker_request ping = {.kind = PT_WORKER_PING};
 	pt_worker_reply r;
-	char state[256];
+	char state[256], data_url[256];
 	double t0;
 
 	CU_ASSERT_FATAL(worker_start(&w, NULL));
@@ -425,8 +425,9 @@ static void test_workers_silent_coordinator_abandoned(void)
 	wf_hs_call(&c, &join, &r);
 	CU_ASSERT_TRUE_FATAL(r.ok);
 	peers.session = ping.session = r.session;
-	peers.urls[0] = "tcp://127.0.0.1:9"; /* never answers: the stage waits */
-	peers.urls[1] = r.data_url;
+	peers.urls[0] = "tcp://127.0.0.1:9";                    /* never answers: the stage waits */
+	snprintf(data_url, sizeof(data_url), "%s", r.data_url); /* r dies at the next call */
+	peers.urls[1] = data_url;
 	wf_hs_call(&c, &peers, &r);
 	CU_ASSERT_TRUE_FATAL(r.ok);
 	t0 = wf_mono();
@@ -458,6 +459,7 @@ static void test_workers_join_waits_for_dead_session(void)
 	                          .timeout_ms = 400};
 	pt_worker_request peers = {.kind = PT_WORKER_PEERS, .n_urls = 2};
 	pt_worker_reply r;
+	char data_url[256];
 	double t0;
 
 	CU_ASSERT_FATAL(worker_start(&w0, NULL));
@@ -467,7 +469,8 @@ static void test_workers_join_waits_for_dead_session(void)
 	CU_ASSERT_TRUE_FATAL(r.ok);
 	peers.session = r.session;
 	peers.urls[0] = "tcp://127.0.0.1:9";
-	peers.urls[1] = r.data_url;
+	snprintf(data_url, sizeof(data_url), "%s", r.data_url); /* r dies at the next call */
+	peers.urls[1] = data_url;
 	wf_hs_call(&c, &peers, &r);
 	CU_ASSERT_TRUE_FATAL(r.ok);
 	t0 = wf_mono(); /* the session's coordinator goes silent now */
