@@ -15,9 +15,11 @@
  * session is ended). The REP loop wakes every POLL_MS and ends a running
  * session whose coordinator sent no ping for the session's timeout (it died,
  * hung, or a link went down: TCP alone would not notice): every peer of the
- * stage's communicator is marked lost (blocked sends abort), the
- * communicator closes, the stage loop returns, and the worker is idle for
- * the next coordinator. Limits: no TLS on the control socket.
+ * stage's communicator is marked lost (new sends fail at once; one already
+ * blocked on a dead link ends at the send timeout, which is the session's
+ * heartbeat timeout), the communicator closes, the stage loop returns, and
+ * the worker is idle for the next coordinator. Limits: no TLS on the control
+ * socket.
  */
 #include "worker.h"
 
@@ -109,7 +111,8 @@ static void release(pt_worker *w)
 }
 
 /* end_stage makes a running stage return (REP thread): every peer is lost,
- * so a send blocked on a dead link aborts, and the communicator closes. */
+ * so no send waits on a dead link past the send timeout, and the
+ * communicator closes. */
 static void end_stage(pt_worker *w)
 {
 	if (w->abandoned || w->comm == NULL)

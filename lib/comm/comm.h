@@ -192,9 +192,9 @@ pt_err pt_nng_comm_connect(pt_comm *c, const char *const *urls);
 
 /* pt_nng_comm_mark_lost declares rank lost without waiting for TCP (a
  * heartbeat verdict): receives from it then fail with PT_ERR_CLOSED once
- * its queued messages are taken, sends to it fail at once, and a send
- * blocked on it is aborted. Sticky; thread-safe; may block briefly while
- * nng closes the rank's socket. PT_ERR_INVALID when c is not nng. */
+ * its queued messages are taken and new sends to it fail at once (a send
+ * already blocked on it ends at send_timeout_ms). Sticky; thread-safe;
+ * does not block. PT_ERR_INVALID when c is not nng. */
 pt_err pt_nng_comm_mark_lost(pt_comm *c, int rank);
 
 /* pt_comm_get_stats returns c's counters (a snapshot; thread-safe). */

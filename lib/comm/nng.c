@@ -22,8 +22,9 @@
  * lost in between (nng guarantees no delivery across reconnects). TCP does
  * not notice a peer behind a downed link or a hung peer, so the owner may
  * also declare a rank lost itself (pt_nng_comm_mark_lost, from heartbeats):
- * that marks it at once and closes its PUSH socket, which aborts a send
- * blocked on the dead connection.
+ * that marks it at once. A send already blocked on the dead connection still
+ * runs to send_timeout_ms (closing the socket under a sender is a known nng
+ * hazard: it can panic), so owners that need a bound set that timeout.
  *
  * Limits: destroy drops messages nng has not transmitted yet (nng 1.5 has no
  * linger); receive caps at max_msg_bytes, also on the decompressed size; only
@@ -130,8 +131,7 @@ typedef struct nng_peer {
 	nng_socket push;
 	nng_dialer dialer;
 	nng_tls_config *tls;
-	pthread_mutex_t mu;  /* orders seq assignment with nng_sendmsg */
-	atomic_bool aborted; /* push closed by pt_nng_comm_mark_lost */
+	pthread_mutex_t mu; /* orders seq assignment with nng_sendmsg */
 	uint64_t next_seq;
 	uint64_t skip; /* test hook: added to the next seq */
 } nng_peer;
@@ -1341,7 +1341,7 @@ static void nng_comm_destroy(pt_comm *base)
 		nng_close(c->pull);
 	for (int r = 0; c->peers && r < base->world; r++) {
 		nng_peer *p = &c->peers[r];
-		if (p->open && !atomic_load(&p->aborted))
+		if (p->open)
 			nng_close(p->push);
 		if (p->tls)
 			nng_tls_config_free(p->tls);
@@ -1608,23 +1608,14 @@ pt_err pt_nng_comm_connect(pt_comm *base, const char *const *urls)
 pt_err pt_nng_comm_mark_lost(pt_comm *base, int rank)
 {
 	nng_comm *c = (nng_comm *)base;
-	nng_peer *p;
-	bool open;
 
 	if (base == NULL || base->ops != &nng_ops)
 		return pt_set_error(PT_ERR_INVALID, "not an nng communicator");
 	if (rank < 0 || rank >= base->world || rank == base->rank)
 		return pt_set_error(PT_ERR_RANGE, "mark_lost of rank %d", rank);
-	p = &c->peers[rank];
 	pt_mailbox_mark_lost(c->mb, rank);
 	pthread_mutex_lock(&c->bar_mu);
 	pthread_cond_broadcast(&c->bar_cv);
 	pthread_mutex_unlock(&c->bar_mu);
-	pthread_mutex_lock(&c->connect_mu);
-	open = p->open;
-	pthread_mutex_unlock(&c->connect_mu);
-	/* Not under p->mu: a sender may hold it, blocked on this very socket. */
-	if (open && !atomic_exchange(&p->aborted, true))
-		nng_close(p->push);
 	return PT_OK;
 }
