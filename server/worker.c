@@ -496,11 +496,14 @@ void pt_worker_destroy(pt_worker *w)
 {
 	if (w == NULL)
 		return;
+	/* The REP thread leaves at its next receive timeout (POLL_MS); the
+	 * socket is closed only then: nng 1.5.2 can fire a receive timeout on a
+	 * socket that close is freeing (a use-after-free that panics). */
 	atomic_store(&w->stopping, true);
-	if (w->sock_open)
-		nng_close(w->sock); /* wakes the REP thread's receive */
 	if (w->thread_started)
 		pthread_join(w->thread, NULL);
+	if (w->sock_open)
+		nng_close(w->sock);
 	pthread_mutex_lock(&w->mu);
 	if (w->state == W_RUNNING && w->comm != NULL)
 		pt_comm_close(w->comm); /* the stage loop returns */
