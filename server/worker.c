@@ -12,13 +12,16 @@
  * coordinator's StagePing{session} arrives every timeout / 4 and is answered
  * by the REP thread, which never waits on the stage's compute (its longest
  * waits are bounded: BUSY_WAIT_MS for a finishing stage, END_WAIT_MS when a
- * session is ended). The REP loop wakes every POLL_MS and ends a running
+ * session is ended). A watchdog thread wakes every POLL_MS and ends a running
  * session whose coordinator sent no ping for the session's timeout (it died,
  * hung, or a link went down: TCP alone would not notice): every peer of the
  * stage's communicator is marked lost (new sends fail at once; one already
  * blocked on a dead link ends at the send timeout, which is the session's
  * heartbeat timeout), the communicator closes, the stage loop returns, and
- * the worker is idle for the next coordinator. Limits: no TLS on the control
+ * the worker is idle for the next coordinator. The REP thread reaps finished
+ * stages and expired joins before each request it handles. Its receive has
+ * no timeout: nng 1.5.2 can lose a receive timeout, or fire one on a socket
+ * that close is freeing; close wakes it. Limits: no TLS on the control
  * socket.
  */
 #include "worker.h"
@@ -41,7 +44,7 @@
 #include "log.h"
 #include "runtime.h"
 
-#define POLL_MS              50   /* the REP loop's receive timeout: reaping, watchdog */
+#define POLL_MS              50   /* how often the watchdog looks */
 #define JOIN_TTL_S           30.0 /* a joined session without StagePeers expires */
 #define BUSY_WAIT_MS         200  /* a join waits this long for an ending stage */
 #define END_WAIT_MS          2000 /* an ended session waits this long for its stage */
@@ -58,8 +61,8 @@ struct pt_worker {
 	pt_worker_config cfg;
 	nng_socket sock;
 	bool sock_open;
-	pthread_t thread;
-	bool thread_started;
+	pthread_t thread, watchdog;
+	bool thread_started, watchdog_started;
 	atomic_bool stopping;
 	pt_fb_builder b;
 
@@ -71,8 +74,8 @@ struct pt_worker {
 	uint64_t session;
 	double joined_at;
 	int timeout_ms;   /* the session's heartbeat timeout */
-	double last_ping; /* pt_now() of the session's last request */
-	bool abandoned;   /* the stage was told to end (communicator closed) */
+	double last_ping; /* pt_now() of the session's last request (under mu) */
+	bool abandoned;   /* the stage was told to end (under mu) */
 	pthread_t stage;
 	bool stage_started;
 };
@@ -110,7 +113,8 @@ static void release(pt_worker *w)
 	w->state = W_IDLE;
 }
 
-/* end_stage makes a running stage return (REP thread): every peer is lost,
+/* end_stage makes a running stage return (mu held; the watchdog or the REP
+ * thread; the communicator stays until the REP thread frees it): every peer is lost,
  * so no send waits on a dead link past the send timeout, and the
  * communicator closes. */
 static void end_stage(pt_worker *w)
@@ -124,19 +128,31 @@ static void end_stage(pt_worker *w)
 	pt_comm_close(w->comm);
 }
 
-/* reap frees a finished stage and an expired join, and ends a running
- * stage whose coordinator went silent (REP thread). */
+/* watch_main ends a running stage whose coordinator went silent. */
+static void *watch_main(void *arg)
+{
+	pt_worker *w = arg;
+	struct timespec nap = {0, POLL_MS * 1000000L};
+
+	while (!atomic_load(&w->stopping)) {
+		nanosleep(&nap, NULL);
+		pthread_mutex_lock(&w->mu);
+		if (w->state == W_RUNNING && !w->abandoned &&
+		    pt_now() - w->last_ping > w->timeout_ms / 1000.0) {
+			pt_warn("worker: stage %d: no heartbeat from the coordinator for %.1f s; "
+			        "abandoning the stage",
+			        w->rank, w->timeout_ms / 1000.0);
+			end_stage(w);
+		}
+		pthread_mutex_unlock(&w->mu);
+	}
+	return NULL;
+}
+
+/* reap frees a finished stage and an expired join (REP thread). */
 static void reap(pt_worker *w)
 {
 	bool done;
-
-	if (w->state == W_RUNNING && !w->abandoned &&
-	    pt_now() - w->last_ping > w->timeout_ms / 1000.0) {
-		pt_warn("worker: stage %d: no heartbeat from the coordinator for %.1f s; "
-		        "abandoning the stage",
-		        w->rank, w->timeout_ms / 1000.0);
-		end_stage(w);
-	}
 
 	pthread_mutex_lock(&w->mu);
 	done = w->state == W_DONE;
@@ -291,7 +307,9 @@ static void on_peers(pt_worker *w, const pt_worker_request *q, pt_worker_reply *
 	    q->session == w->session && q->session != 0) {
 		/* The coordinator ends a running session (job over, or failed):
 		 * the stage returns and the worker is idle before the reply. */
+		pthread_mutex_lock(&w->mu);
 		end_stage(w);
+		pthread_mutex_unlock(&w->mu);
 		wait_done(w, END_WAIT_MS);
 		pt_info("worker: stage %d: session ended by the coordinator; %s", w->rank,
 		        w->state == W_IDLE ? "idle" : "the stage is still finishing");
@@ -339,8 +357,13 @@ static void on_peers(pt_worker *w, const pt_worker_request *q, pt_worker_reply *
 static void on_ping(pt_worker *w, const pt_worker_request *q, pt_worker_reply *r, char *msg,
                     size_t n)
 {
-	bool live = (w->state == W_JOINED || w->state == W_RUNNING) && !w->abandoned;
+	bool live;
 
+	pthread_mutex_lock(&w->mu);
+	live = (w->state == W_JOINED || w->state == W_RUNNING) && !w->abandoned;
+	if (live && q->session == w->session && q->session != 0)
+		w->last_ping = pt_now();
+	pthread_mutex_unlock(&w->mu);
 	r->message = msg;
 	r->busy = w->state != W_IDLE;
 	if (q->session == 0) {
@@ -358,7 +381,6 @@ static void on_ping(pt_worker *w, const pt_worker_request *q, pt_worker_reply *r
 		snprintf(msg, n, "no such session (the worker ended it or never had it)");
 		return;
 	}
-	w->last_ping = pt_now();
 	r->ok = true;
 	r->message = NULL;
 }
@@ -410,13 +432,9 @@ static void *rep_main(void *arg)
 
 	while (!atomic_load(&w->stopping)) {
 		nng_msg *req;
-		int rv;
-		reap(w);
-		rv = nng_recvmsg(w->sock, &req, 0);
-		if (rv == NNG_ETIMEDOUT)
-			continue;
-		if (rv != 0)
+		if (nng_recvmsg(w->sock, &req, 0) != 0)
 			break; /* closed */
+		reap(w);
 		handle(w, req);
 	}
 	return NULL;
@@ -454,7 +472,6 @@ pt_err pt_worker_start(pt_worker **out, const pt_worker_config *cfg, FILE *annou
 		goto fail;
 	}
 	w->sock_open = true;
-	nng_socket_set_ms(w->sock, NNG_OPT_RECVTIMEO, POLL_MS);
 	nng_socket_set_ms(w->sock, NNG_OPT_SENDTIMEO, 5000);
 	nng_socket_set_size(w->sock, NNG_OPT_RECVMAXSZ, MAX_REQUEST);
 	for (int i = 0; i < cfg->n_urls && i < MAX_LISTENERS; i++) {
@@ -485,6 +502,11 @@ pt_err pt_worker_start(pt_worker **out, const pt_worker_config *cfg, FILE *annou
 		goto fail;
 	}
 	w->thread_started = true;
+	if (pthread_create(&w->watchdog, NULL, watch_main, w) != 0) {
+		e = pt_set_error(PT_ERR_NOMEM, "worker watchdog thread");
+		goto fail;
+	}
+	w->watchdog_started = true;
 	*out = w;
 	return PT_OK;
 fail:
@@ -496,14 +518,13 @@ void pt_worker_destroy(pt_worker *w)
 {
 	if (w == NULL)
 		return;
-	/* The REP thread leaves at its next receive timeout (POLL_MS); the
-	 * socket is closed only then: nng 1.5.2 can fire a receive timeout on a
-	 * socket that close is freeing (a use-after-free that panics). */
 	atomic_store(&w->stopping, true);
+	if (w->sock_open)
+		nng_close(w->sock); /* wakes the REP thread's receive (it has no timeout) */
 	if (w->thread_started)
 		pthread_join(w->thread, NULL);
-	if (w->sock_open)
-		nng_close(w->sock);
+	if (w->watchdog_started)
+		pthread_join(w->watchdog, NULL);
 	pthread_mutex_lock(&w->mu);
 	if (w->state == W_RUNNING && w->comm != NULL)
 		pt_comm_close(w->comm); /* the stage loop returns */

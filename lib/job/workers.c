@@ -42,6 +42,14 @@ typedef struct link {
 	const char *url; /* borrowed from the options: valid while the job runs */
 	nng_socket sock;
 	bool open, joined, running;
+	/* One exchange at a time on sock, through aio, waited for with our own
+	 * clock: nng 1.5.2 can lose a socket's receive timeout (a wait that
+	 * never ends), so a late operation is cancelled instead. */
+	nng_aio *aio;
+	pthread_mutex_t amu;
+	pthread_cond_t acv;
+	bool adone;  /* under amu */
+	int wait_ms; /* each send and each receive */
 	uint64_t session;
 	char data_url[512];
 	pthread_t hb;
@@ -67,6 +75,62 @@ static const char *const kind_name[] = {
     [PT_WORKER_PING] = "StagePing",
 };
 
+static struct timespec abs_time(double t_now_rel)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	double s = (double)ts.tv_sec + ts.tv_nsec * 1e-9 + (t_now_rel > 0 ? t_now_rel : 0);
+	ts.tv_sec = (time_t)s;
+	ts.tv_nsec = (long)((s - (double)ts.tv_sec) * 1e9);
+	return ts;
+}
+
+/* mono_cond_init makes a condition variable timed on CLOCK_MONOTONIC (what
+ * abs_time gives). */
+static void mono_cond_init(pthread_cond_t *cv)
+{
+	pthread_condattr_t ca;
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_cond_init(cv, &ca);
+	pthread_condattr_destroy(&ca);
+}
+
+static void aio_cb(void *arg)
+{
+	link *l = arg;
+	pthread_mutex_lock(&l->amu);
+	l->adone = true;
+	pthread_cond_signal(&l->acv);
+	pthread_mutex_unlock(&l->amu);
+}
+
+/* aio_run sends (send) or receives on l->aio and waits up to l->wait_ms,
+ * cancelling the operation when it is late; returns nng's result. */
+static int aio_run(link *l, bool send)
+{
+	struct timespec until = abs_time(l->wait_ms / 1000.0);
+	bool done;
+
+	pthread_mutex_lock(&l->amu);
+	l->adone = false;
+	pthread_mutex_unlock(&l->amu);
+	if (send)
+		nng_send_aio(l->sock, l->aio);
+	else
+		nng_recv_aio(l->sock, l->aio);
+	pthread_mutex_lock(&l->amu);
+	while (!l->adone && pthread_cond_timedwait(&l->acv, &l->amu, &until) == 0)
+		;
+	done = l->adone;
+	pthread_mutex_unlock(&l->amu);
+	if (!done)
+		nng_aio_cancel(l->aio);
+	nng_aio_wait(l->aio);
+	return !done && nng_aio_result(l->aio) == NNG_ECANCELED ? NNG_ETIMEDOUT
+	                                                        : nng_aio_result(l->aio);
+}
+
 /* exchange sends q on l's socket and decodes the reply into r without
  * judging r->ok; *msg keeps the reply alive (r's strings point into it; the
  * caller frees it). Errors name the stage and the worker. */
@@ -87,17 +151,18 @@ static pt_err exchange(link *l, pt_fb_builder *b, const pt_worker_request *q, pt
 		return pt_set_error(PT_ERR_NOMEM, "stage %d (worker %s): %s", l->stage, l->url,
 		                    nng_strerror(nrv));
 	memcpy(nng_msg_body(m), data, size);
-	if ((nrv = nng_sendmsg(l->sock, m, 0)) != 0) {
-		nng_msg_free(m);
+	nng_aio_set_msg(l->aio, m);
+	if ((nrv = aio_run(l, true)) != 0) {
+		nng_msg_free(m); /* a failed send leaves the message ours */
 		return pt_set_error(nrv == NNG_ETIMEDOUT ? PT_ERR_TIMEOUT : PT_ERR_IO,
 		                    "stage %d (worker %s): sending %s: %s", l->stage, l->url,
 		                    kind_name[q->kind], nng_strerror(nrv));
 	}
-	if ((nrv = nng_recvmsg(l->sock, &m, 0)) != 0)
+	if ((nrv = aio_run(l, false)) != 0)
 		return pt_set_error(nrv == NNG_ETIMEDOUT ? PT_ERR_TIMEOUT : PT_ERR_IO,
 		                    "stage %d (worker %s): no reply to %s: %s", l->stage, l->url,
 		                    kind_name[q->kind], nng_strerror(nrv));
-	*msg = m;
+	*msg = m = nng_aio_get_msg(l->aio);
 	/* nng bodies are only 4-byte aligned; the verifier needs no more. */
 	if ((rv = pt_handshake_decode_reply(nng_msg_body(m), nng_msg_len(m), q->kind, r)) != PT_OK)
 		return pt_set_error(rv, "stage %d (worker %s): %s", l->stage, l->url,
@@ -118,8 +183,7 @@ static pt_err call(link *l, pt_fb_builder *b, const pt_worker_request *q, pt_wor
 
 static void set_timeouts(link *l, int ms)
 {
-	nng_socket_set_ms(l->sock, NNG_OPT_RECVTIMEO, ms);
-	nng_socket_set_ms(l->sock, NNG_OPT_SENDTIMEO, ms);
+	l->wait_ms = ms;
 }
 
 static pt_err open_link(link *l, int timeout_ms)
@@ -130,6 +194,10 @@ static pt_err open_link(link *l, int timeout_ms)
 		return pt_set_error(PT_ERR_IO, "stage %d (worker %s): %s", l->stage, l->url,
 		                    nng_strerror(nrv));
 	l->open = true;
+	if ((nrv = nng_aio_alloc(&l->aio, aio_cb, l)) != 0)
+		return pt_set_error(PT_ERR_NOMEM, "stage %d (worker %s): %s", l->stage, l->url,
+		                    nng_strerror(nrv));
+	nng_aio_set_timeout(l->aio, NNG_DURATION_INFINITE);
 	/* One request at a time, never resent: a resent StageJoin would look
 	 * like a second job to a worker that took the first. A ping that gets
 	 * no reply is simply superseded by the next one. */
@@ -174,16 +242,6 @@ static void declare(link *l, const char *fmt, const char *detail)
 	if (ws->first_lost < 0)
 		ws->first_lost = l->stage;
 	pthread_cond_broadcast(&ws->cv);
-}
-
-static struct timespec abs_time(double t_now_rel)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	double s = (double)ts.tv_sec + ts.tv_nsec * 1e-9 + (t_now_rel > 0 ? t_now_rel : 0);
-	ts.tv_sec = (time_t)s;
-	ts.tv_nsec = (long)((s - (double)ts.tv_sec) * 1e9);
-	return ts;
 }
 
 /* hb_main pings l's session every timeout / 4 until ws stops or l is lost. */
@@ -303,7 +361,11 @@ void pt_job_workers_end(pt_job_workers *ws)
 			nng_msg_free(msg);
 		}
 		if (l->open)
-			nng_close(l->sock);
+			nng_close(l->sock); /* nothing is pending on it */
+		if (l->aio != NULL)
+			nng_aio_free(l->aio);
+		pthread_cond_destroy(&l->acv);
+		pthread_mutex_destroy(&l->amu);
 	}
 	if (have_b)
 		pt_fb_builder_fini(&b);
@@ -388,17 +450,14 @@ pt_err pt_job_workers_join(const pt_job_workers_options *o, pt_job_workers **out
 	ws->timeout_ms = timeout;
 	ws->first_lost = -1;
 	pthread_mutex_init(&ws->mu, NULL);
-	{
-		pthread_condattr_t ca;
-		pthread_condattr_init(&ca);
-		pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-		pthread_cond_init(&ws->cv, &ca);
-		pthread_condattr_destroy(&ca);
-	}
+	mono_cond_init(&ws->cv);
 	for (int s = 0; s < o->n; s++) {
-		ws->links[s].ws = ws;
-		ws->links[s].stage = s;
-		ws->links[s].url = o->urls[s];
+		link *l = &ws->links[s];
+		l->ws = ws;
+		l->stage = s;
+		l->url = o->urls[s];
+		pthread_mutex_init(&l->amu, NULL);
+		mono_cond_init(&l->acv);
 	}
 	if ((rv = pt_fb_builder_init(&b, 1024)) != PT_OK) {
 		pt_job_workers_end(ws);
