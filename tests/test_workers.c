@@ -403,33 +403,45 @@ static void test_workers_restart_on_spare(void)
 	CU_ASSERT_EQUAL(wf_proc_stop(&w[2]), 0);
 }
 
+/* silent_session opens c to w and runs a session of rank 1 in a world of 2
+ * with heartbeat timeout ms whose rank 0 never answers (the stage waits for
+ * its configuration); returns the session. */
+static uint64_t silent_session(wf_hs *c, const wf_proc *w, int ms)
+{
+	pt_worker_request join = {.kind = PT_WORKER_JOIN,
+	                          .protocol = PT_WORKER_PROTOCOL,
+	                          .rank = 1,
+	                          .world = 2,
+	                          .timeout_ms = ms};
+	pt_worker_request peers = {.kind = PT_WORKER_PEERS, .n_urls = 2};
+	pt_worker_reply r;
+	char data_url[256];
+
+	wf_hs_open(c, w->url);
+	wf_hs_call(c, &join, &r);
+	CU_ASSERT_TRUE_FATAL(r.ok);
+	peers.session = r.session;
+	snprintf(data_url, sizeof(data_url), "%s", r.data_url); /* r dies at the next call */
+	peers.urls[0] = "tcp://127.0.0.1:9";
+	peers.urls[1] = data_url;
+	wf_hs_call(c, &peers, &r);
+	CU_ASSERT_TRUE_FATAL(r.ok);
+	return peers.session;
+}
+
 /* A coordinator that joins, sends its peers and then goes silent: the worker
  * abandons the stage after the session's timeout and is idle again. */
 static void test_workers_silent_coordinator_abandoned(void)
 {
 	wf_proc w;
 	wf_hs c;
-	pt_worker_request join = {.kind = PT_WORKER_JOIN,
-	                          .protocol = PT_WORKER_PROTOCOL,
-	                          .rank = 1,
-	                          .world = 2,
-	                          .timeout_ms = 300};
-	pt_worker_request peers = {.kind = PT_WORKER_PEERS, .n_urls = 2};
 	pt_worker_request ping = {.kind = PT_WORKER_PING};
 	pt_worker_reply r;
-	char state[256], data_url[256];
+	char state[256];
 	double t0;
 
 	CU_ASSERT_FATAL(worker_start(&w, NULL));
-	wf_hs_open(&c, w.url);
-	wf_hs_call(&c, &join, &r);
-	CU_ASSERT_TRUE_FATAL(r.ok);
-	peers.session = ping.session = r.session;
-	peers.urls[0] = "tcp://127.0.0.1:9";                    /* never answers: the stage waits */
-	snprintf(data_url, sizeof(data_url), "%s", r.data_url); /* r dies at the next call */
-	peers.urls[1] = data_url;
-	wf_hs_call(&c, &peers, &r);
-	CU_ASSERT_TRUE_FATAL(r.ok);
+	ping.session = silent_session(&c, &w, 300);
 	t0 = wf_mono();
 	wf_hs_call(&c, &ping, &r); /* the session is alive while pinged */
 	CU_ASSERT_TRUE(r.ok);
@@ -452,27 +464,11 @@ static void test_workers_join_waits_for_dead_session(void)
 	wf_hs c;
 	pt_job_spec spec;
 	pt_job_run_options o = {.files_root = PT_SOURCE_ROOT, .threads = 2};
-	pt_worker_request join = {.kind = PT_WORKER_JOIN,
-	                          .protocol = PT_WORKER_PROTOCOL,
-	                          .rank = 1,
-	                          .world = 2,
-	                          .timeout_ms = 400};
-	pt_worker_request peers = {.kind = PT_WORKER_PEERS, .n_urls = 2};
-	pt_worker_reply r;
-	char data_url[256];
 	double t0;
 
 	CU_ASSERT_FATAL(worker_start(&w0, NULL));
 	CU_ASSERT_FATAL(worker_start(&w1, NULL));
-	wf_hs_open(&c, w0.url);
-	wf_hs_call(&c, &join, &r);
-	CU_ASSERT_TRUE_FATAL(r.ok);
-	peers.session = r.session;
-	peers.urls[0] = "tcp://127.0.0.1:9";
-	snprintf(data_url, sizeof(data_url), "%s", r.data_url); /* r dies at the next call */
-	peers.urls[1] = data_url;
-	wf_hs_call(&c, &peers, &r);
-	CU_ASSERT_TRUE_FATAL(r.ok);
+	silent_session(&c, &w0, 400);
 	t0 = wf_mono(); /* the session's coordinator goes silent now */
 	digits_spec(&spec, &w0, &w1);
 	spec.steps = 3;
