@@ -12,6 +12,7 @@
  *   bench watch100_slowdown  (job time with 100 pollers / without - 1)
  */
 #include "api/api.h"
+#include "spawn.h"
 
 #include <limits.h>
 #include <pthread.h>
@@ -152,31 +153,10 @@ static double run_load(const char *url, const uint8_t *req, size_t len, int n, d
 
 static pid_t spawn_server(const char *bin, const char *dir, char *url, size_t n)
 {
-	int p[2];
-	pid_t pid;
-	char line[512];
-	FILE *f;
-
-	if (pipe(p) != 0)
-		exit(1);
-	if ((pid = fork()) == 0) {
-		dup2(p[1], 1);
-		close(p[0]);
-		close(p[1]);
-		execl(bin, bin, "--listen", "tcp://127.0.0.1:0", "--data-dir", dir, "--files-root",
-		      PT_SOURCE_ROOT, "--log-level", "warn", (char *)NULL);
-		_exit(127);
-	}
-	close(p[1]);
-	f = fdopen(p[0], "r");
-	if (f == NULL || fgets(line, sizeof(line), f) == NULL ||
-	    sscanf(line, "pipeserver listening on %255s", url) != 1) {
-		fprintf(stderr, "api_bench: pipeserver did not start\n");
-		exit(1);
-	}
-	(void)n;
-	fclose(f);
-	return pid;
+	const char *argv[] = {bin,       "--listen",   "tcp://127.0.0.1:0", "--data-dir",
+	                      dir,       "--files-root", PT_SOURCE_ROOT,    "--log-level",
+	                      "warn",    NULL};
+	return bench_spawn(argv, url, n);
 }
 
 /* rpc sends q and returns the parsed reply (view into *keep). */

@@ -31,6 +31,12 @@ if [ -x "$build/bench/overlap_bench" ]; then
 	"$build/bench/overlap_bench"
 fi
 
+# Workers (pipeserver --worker on loopback): submit to first step with 1 and
+# 4 workers, and the 4-worker digits job's throughput next to one process.
+if [ -x "$build/bench/dist_bench" ]; then
+	"$build/bench/dist_bench"
+fi
+
 # pipeserver's HTTP endpoint: /metrics scrape time and the cost of scraping.
 if [ -x "$build/bench/http_bench" ]; then
 	"$build/bench/http_bench"

@@ -51,6 +51,7 @@ typedef struct job {
 	double submitted, started, finished;
 	uint64_t queue_seq; /* FIFO order among queued jobs */
 	char *resume_from;  /* checkpoint to resume from when it runs next */
+	int restarts;       /* of the current run, after lost workers */
 
 	pt_api_metric_point *points; /* steps strictly increasing */
 	size_t n_points, cap_points;
@@ -652,6 +653,22 @@ static void hook_checkpoint(void *ctx, int64_t step, const char *path)
 	refresh_checkpoints(jb->mgr, jb);
 }
 
+/* hook_restart shows a restart after a lost worker as the running job's
+ * message (GetJob, ListJobs, the journal); the job's final message keeps
+ * the count (run_one). */
+static void hook_restart(void *ctx, int n, int64_t from, const char *message)
+{
+	job *jb = ctx;
+	pt_jobs *mgr = jb->mgr;
+	double t = now_unix();
+
+	pthread_mutex_lock(&mgr->mu);
+	jb->restarts = n;
+	set_state(jb, PT_JOB_RUNNING, message, t);
+	pthread_mutex_unlock(&mgr->mu);
+	journal_state(jb, PT_JOB_RUNNING, from, t, message);
+}
+
 /* next_job returns the oldest queued job of device dev (lock held). */
 static job *next_job(pt_jobs *m, const char *dev)
 {
@@ -672,7 +689,8 @@ static void run_one(pt_jobs *m, job *jb)
 	pt_job_hooks h = {.ctx = jb,
 	                  .on_metric = hook_metric,
 	                  .should_stop = hook_should_stop,
-	                  .on_checkpoint = hook_checkpoint};
+	                  .on_checkpoint = hook_checkpoint,
+	                  .on_restart = hook_restart};
 	int64_t last = 0;
 	pt_api_job_state final;
 	pt_err rv;
@@ -691,6 +709,7 @@ static void run_one(pt_jobs *m, job *jb)
 	        jb->spec.name ? jb->spec.name : "", jb->device,
 	        o.resume_from ? ", resuming from " : "", o.resume_from ? o.resume_from : "");
 	msg[0] = '\0';
+	jb->restarts = 0;
 	if (o.resume_from)
 		snprintf(msg, sizeof(msg), "resumed from %s", o.resume_from);
 	pthread_mutex_lock(&m->mu);
@@ -718,6 +737,9 @@ static void run_one(pt_jobs *m, job *jb)
 		if (rv == PT_OK) {
 			final = PT_JOB_SUCCEEDED;
 			msg[0] = '\0';
+			if (jb->restarts > 0)
+				snprintf(msg, sizeof(msg), "succeeded after %d restart%s (%s)",
+				         jb->restarts, jb->restarts > 1 ? "s" : "", jb->message);
 		} else {
 			final = PT_JOB_FAILED;
 		}

@@ -1,12 +1,28 @@
 /* worker.c - `pipeserver --worker` (see worker.h): a REP loop on one thread
- * answering the handshake, and at most one stage thread.
+ * answering the handshake and the heartbeats, and at most one stage thread.
  *
  * States: IDLE -> JOINED (StageJoin: communicator made, session drawn) ->
  * RUNNING (StagePeers: connected, stage thread started) -> DONE (the stage
  * thread returned) -> IDLE (the REP thread joined it and freed the
  * communicator). Only the REP thread creates and destroys the communicator
  * and the stage thread; the lock guards the state for the stage thread's
- * last transition. Limits: no TLS on the control socket, no heartbeats.
+ * last transition.
+ *
+ * Heartbeats use the control socket itself (no second channel): the
+ * coordinator's StagePing{session} arrives every timeout / 4 and is answered
+ * by the REP thread, which never waits on the stage's compute (its longest
+ * waits are bounded: BUSY_WAIT_MS for a finishing stage, END_WAIT_MS when a
+ * session is ended). A watchdog thread wakes every POLL_MS and ends a running
+ * session whose coordinator sent no ping for the session's timeout (it died,
+ * hung, or a link went down: TCP alone would not notice): every peer of the
+ * stage's communicator is marked lost (new sends fail at once; one already
+ * blocked on a dead link ends at the send timeout, which is the session's
+ * heartbeat timeout), the communicator closes, the stage loop returns, and
+ * the worker is idle for the next coordinator. The REP thread reaps finished
+ * stages and expired joins before each request it handles. Its receive has
+ * no timeout: nng 1.5.2 can lose a receive timeout, or fire one on a socket
+ * that close is freeing; close wakes it. Limits: no TLS on the control
+ * socket.
  */
 #include "worker.h"
 
@@ -28,9 +44,13 @@
 #include "log.h"
 #include "runtime.h"
 
-#define POLL_MS              200  /* the REP loop's receive timeout: how often it reaps */
+#define POLL_MS              50   /* how often the watchdog looks */
 #define JOIN_TTL_S           30.0 /* a joined session without StagePeers expires */
-#define BUSY_WAIT_MS         1000 /* a join waits this long for a finishing stage */
+#define BUSY_WAIT_MS         200  /* a join waits this long for an ending stage */
+#define END_WAIT_MS          2000 /* an ended session waits this long for its stage */
+#define DEFAULT_HEARTBEAT_MS 10000
+#define MIN_HEARTBEAT_MS     100 /* the range placement.worker_timeout_ms allows */
+#define MAX_HEARTBEAT_MS     3600000
 #define MAX_REQUEST          (256 * 1024)
 #define DEFAULT_CONFIGURE_MS 60000
 #define MAX_LISTENERS        16
@@ -41,8 +61,8 @@ struct pt_worker {
 	pt_worker_config cfg;
 	nng_socket sock;
 	bool sock_open;
-	pthread_t thread;
-	bool thread_started;
+	pthread_t thread, watchdog;
+	bool thread_started, watchdog_started;
 	atomic_bool stopping;
 	pt_fb_builder b;
 
@@ -53,6 +73,9 @@ struct pt_worker {
 	int rank, world;
 	uint64_t session;
 	double joined_at;
+	int timeout_ms;   /* the session's heartbeat timeout */
+	double last_ping; /* pt_now() of the session's last request (under mu) */
+	bool abandoned;   /* the stage was told to end (under mu) */
 	pthread_t stage;
 	bool stage_started;
 };
@@ -86,7 +109,44 @@ static void release(pt_worker *w)
 	pt_comm_destroy(w->comm);
 	w->comm = NULL;
 	w->session = 0;
+	w->abandoned = false;
 	w->state = W_IDLE;
+}
+
+/* end_stage makes a running stage return (mu held; the watchdog or the REP
+ * thread; the communicator stays until the REP thread frees it): every peer is lost,
+ * so no send waits on a dead link past the send timeout, and the
+ * communicator closes. */
+static void end_stage(pt_worker *w)
+{
+	if (w->abandoned || w->comm == NULL)
+		return;
+	w->abandoned = true;
+	for (int r = 0; r < w->world; r++)
+		if (r != w->rank)
+			pt_nng_comm_mark_lost(w->comm, r);
+	pt_comm_close(w->comm);
+}
+
+/* watch_main ends a running stage whose coordinator went silent. */
+static void *watch_main(void *arg)
+{
+	pt_worker *w = arg;
+	struct timespec nap = {0, POLL_MS * 1000000L};
+
+	while (!atomic_load(&w->stopping)) {
+		nanosleep(&nap, NULL);
+		pthread_mutex_lock(&w->mu);
+		if (w->state == W_RUNNING && !w->abandoned &&
+		    pt_now() - w->last_ping > w->timeout_ms / 1000.0) {
+			pt_warn("worker: stage %d: no heartbeat from the coordinator for %.1f s; "
+			        "abandoning the stage",
+			        w->rank, w->timeout_ms / 1000.0);
+			end_stage(w);
+		}
+		pthread_mutex_unlock(&w->mu);
+	}
+	return NULL;
 }
 
 /* reap frees a finished stage and an expired join (REP thread). */
@@ -130,16 +190,16 @@ static void *stage_main(void *arg)
 	return NULL;
 }
 
-/* wait_done gives a stage that is finishing (its STOP answered) a moment to
- * return, so a job right after the last one finds the worker idle. */
-static void wait_done(pt_worker *w)
+/* wait_done gives a stage that is finishing (its STOP answered, or its
+ * session ended) up to ms to return, then reaps it. */
+static void wait_done(pt_worker *w, int ms)
 {
 	struct timespec ts;
 
 	pthread_mutex_lock(&w->mu);
 	clock_gettime(CLOCK_REALTIME, &ts);
-	ts.tv_nsec += (long)BUSY_WAIT_MS % 1000 * 1000000L;
-	ts.tv_sec += BUSY_WAIT_MS / 1000 + ts.tv_nsec / 1000000000L;
+	ts.tv_nsec += (long)ms % 1000 * 1000000L;
+	ts.tv_sec += ms / 1000 + ts.tv_nsec / 1000000000L;
 	ts.tv_nsec %= 1000000000L;
 	while (w->state == W_RUNNING && !atomic_load(&w->stopping))
 		if (pthread_cond_timedwait(&w->cv, &w->mu, &ts) != 0)
@@ -174,7 +234,10 @@ static void on_join(pt_worker *w, nng_msg *req, const pt_worker_request *q, pt_w
                     char *msg, size_t n)
 {
 	char host[300], url[400];
-	pt_nng_options o = {.listen_url = url, .compress = q->compress};
+	int timeout = q->timeout_ms > 0 ? q->timeout_ms : DEFAULT_HEARTBEAT_MS;
+	/* A send to a peer that stopped reading fails after the heartbeat
+	 * timeout: a stage is never stuck longer than its coordinator waits. */
+	pt_nng_options o = {.listen_url = url, .compress = q->compress, .send_timeout_ms = timeout};
 	pt_err rv;
 
 	r->message = msg;
@@ -188,11 +251,19 @@ static void on_join(pt_worker *w, nng_msg *req, const pt_worker_request *q, pt_w
 		snprintf(msg, n, "unauthorized");
 		return;
 	}
+	if (timeout < MIN_HEARTBEAT_MS || timeout > MAX_HEARTBEAT_MS) {
+		snprintf(msg, n, "heartbeat timeout %d ms (%d to %d)", timeout, MIN_HEARTBEAT_MS,
+		         MAX_HEARTBEAT_MS);
+		return;
+	}
 	reap(w);
-	if (w->state == W_RUNNING)
-		wait_done(w);
+	/* Only a stage already told to end is waited for: the REP thread must
+	 * stay free to answer the running session's pings. */
+	if (w->state == W_RUNNING && w->abandoned)
+		wait_done(w, BUSY_WAIT_MS);
 	if (w->state != W_IDLE) {
 		snprintf(msg, n, "worker busy with another job");
+		r->busy = true;
 		return;
 	}
 	if (q->world < 2 || q->world > PT_MAX_STAGES + 1 || q->rank < 1 || q->rank >= q->world) {
@@ -215,13 +286,15 @@ static void on_join(pt_worker *w, nng_msg *req, const pt_worker_request *q, pt_w
 	w->world = q->world;
 	w->session = new_session();
 	w->joined_at = pt_now();
+	w->last_ping = w->joined_at;
+	w->timeout_ms = timeout;
 	pthread_mutex_unlock(&w->mu);
 	r->ok = true;
 	r->message = NULL;
 	r->data_url = pt_nng_comm_url(w->comm);
 	r->session = w->session;
-	pt_info("worker: joined as stage rank %d of world %d; data on %s", w->rank, w->world,
-	        r->data_url);
+	pt_info("worker: joined as stage rank %d of world %d; data on %s; heartbeat timeout %d ms",
+	        w->rank, w->world, r->data_url, w->timeout_ms);
 }
 
 static void on_peers(pt_worker *w, const pt_worker_request *q, pt_worker_reply *r, char *msg,
@@ -230,6 +303,20 @@ static void on_peers(pt_worker *w, const pt_worker_request *q, pt_worker_reply *
 	pt_err rv;
 
 	r->message = msg;
+	if (q->n_urls == 0 && (w->state == W_RUNNING || w->state == W_DONE) &&
+	    q->session == w->session && q->session != 0) {
+		/* The coordinator ends a running session (job over, or failed):
+		 * the stage returns and the worker is idle before the reply. */
+		pthread_mutex_lock(&w->mu);
+		end_stage(w);
+		pthread_mutex_unlock(&w->mu);
+		wait_done(w, END_WAIT_MS);
+		pt_info("worker: stage %d: session ended by the coordinator; %s", w->rank,
+		        w->state == W_IDLE ? "idle" : "the stage is still finishing");
+		r->ok = true;
+		snprintf(msg, n, w->state == W_IDLE ? "ended" : "ending");
+		return;
+	}
 	if (w->state != W_JOINED || q->session != w->session) {
 		snprintf(msg, n, "no such session (StageJoin first)");
 		return;
@@ -250,6 +337,7 @@ static void on_peers(pt_worker *w, const pt_worker_request *q, pt_worker_reply *
 	} else {
 		pthread_mutex_lock(&w->mu);
 		w->state = W_RUNNING;
+		w->last_ping = pt_now();
 		pthread_mutex_unlock(&w->mu);
 		if (pthread_create(&w->stage, NULL, stage_main, w) == 0) {
 			w->stage_started = true;
@@ -265,6 +353,38 @@ static void on_peers(pt_worker *w, const pt_worker_request *q, pt_worker_reply *
 	pthread_mutex_unlock(&w->mu);
 }
 
+/* on_ping keeps a session alive, or (session 0) reports the state. */
+static void on_ping(pt_worker *w, const pt_worker_request *q, pt_worker_reply *r, char *msg,
+                    size_t n)
+{
+	bool live;
+
+	pthread_mutex_lock(&w->mu);
+	live = (w->state == W_JOINED || w->state == W_RUNNING) && !w->abandoned;
+	if (live && q->session == w->session && q->session != 0)
+		w->last_ping = pt_now();
+	pthread_mutex_unlock(&w->mu);
+	r->message = msg;
+	r->busy = w->state != W_IDLE;
+	if (q->session == 0) {
+		r->ok = true;
+		if (w->state == W_IDLE)
+			snprintf(msg, n, "idle");
+		else if (!live)
+			snprintf(msg, n, "ending stage rank %d", w->rank);
+		else
+			snprintf(msg, n, "%s stage rank %d of world %d",
+			         w->state == W_JOINED ? "joined as" : "serving", w->rank, w->world);
+		return;
+	}
+	if (!live || q->session != w->session) {
+		snprintf(msg, n, "no such session (the worker ended it or never had it)");
+		return;
+	}
+	r->ok = true;
+	r->message = NULL;
+}
+
 static void handle(pt_worker *w, nng_msg *req)
 {
 	void *body = nng_msg_body(req), *copy = NULL;
@@ -274,7 +394,7 @@ static void handle(pt_worker *w, nng_msg *req)
 	char msg[1200];
 	const uint8_t *data;
 	nng_msg *rep;
-	bool join = true;
+	pt_worker_msg kind = PT_WORKER_JOIN; /* a malformed request gets a join refusal */
 
 	if (((uintptr_t)body & 3u) != 0 && len > 0) {
 		if ((copy = malloc(len)) == NULL) {
@@ -287,15 +407,16 @@ static void handle(pt_worker *w, nng_msg *req)
 	if (pt_handshake_decode_request(body, len, &q) != PT_OK) {
 		snprintf(msg, sizeof(msg), "%s", pt_last_error());
 		r.message = msg;
-	} else if (q.is_join) {
+	} else if ((kind = q.kind) == PT_WORKER_JOIN) {
 		on_join(w, req, &q, &r, msg, sizeof(msg));
+	} else if (kind == PT_WORKER_PING) {
+		on_ping(w, &q, &r, msg, sizeof(msg));
 	} else {
-		join = false;
 		on_peers(w, &q, &r, msg, sizeof(msg));
 	}
 	if (!r.ok)
 		pt_info("worker: request refused: %s", r.message);
-	if (pt_handshake_encode_reply(&w->b, join, &r, &data, &size) == PT_OK &&
+	if (pt_handshake_encode_reply(&w->b, kind, &r, &data, &size) == PT_OK &&
 	    nng_msg_alloc(&rep, size) == 0) {
 		memcpy(nng_msg_body(rep), data, size);
 		if (nng_sendmsg(w->sock, rep, 0) != 0)
@@ -311,13 +432,9 @@ static void *rep_main(void *arg)
 
 	while (!atomic_load(&w->stopping)) {
 		nng_msg *req;
-		int rv;
-		reap(w);
-		rv = nng_recvmsg(w->sock, &req, 0);
-		if (rv == NNG_ETIMEDOUT)
-			continue;
-		if (rv != 0)
+		if (nng_recvmsg(w->sock, &req, 0) != 0)
 			break; /* closed */
+		reap(w);
 		handle(w, req);
 	}
 	return NULL;
@@ -355,7 +472,6 @@ pt_err pt_worker_start(pt_worker **out, const pt_worker_config *cfg, FILE *annou
 		goto fail;
 	}
 	w->sock_open = true;
-	nng_socket_set_ms(w->sock, NNG_OPT_RECVTIMEO, POLL_MS);
 	nng_socket_set_ms(w->sock, NNG_OPT_SENDTIMEO, 5000);
 	nng_socket_set_size(w->sock, NNG_OPT_RECVMAXSZ, MAX_REQUEST);
 	for (int i = 0; i < cfg->n_urls && i < MAX_LISTENERS; i++) {
@@ -386,6 +502,11 @@ pt_err pt_worker_start(pt_worker **out, const pt_worker_config *cfg, FILE *annou
 		goto fail;
 	}
 	w->thread_started = true;
+	if (pthread_create(&w->watchdog, NULL, watch_main, w) != 0) {
+		e = pt_set_error(PT_ERR_NOMEM, "worker watchdog thread");
+		goto fail;
+	}
+	w->watchdog_started = true;
 	*out = w;
 	return PT_OK;
 fail:
@@ -399,9 +520,11 @@ void pt_worker_destroy(pt_worker *w)
 		return;
 	atomic_store(&w->stopping, true);
 	if (w->sock_open)
-		nng_close(w->sock); /* wakes the REP thread's receive */
+		nng_close(w->sock); /* wakes the REP thread's receive (it has no timeout) */
 	if (w->thread_started)
 		pthread_join(w->thread, NULL);
+	if (w->watchdog_started)
+		pthread_join(w->watchdog, NULL);
 	pthread_mutex_lock(&w->mu);
 	if (w->state == W_RUNNING && w->comm != NULL)
 		pt_comm_close(w->comm); /* the stage loop returns */

@@ -2,14 +2,18 @@
  * coordinators that name this process in a job's placement.workers.
  *
  * The worker listens with an nng REP socket on its control URLs and speaks
- * the handshake of lib/pipeline/handshake.h: a StageJoin (protocol 1, the
- * auth token when the worker has one, rank, world) makes it create a stage
- * communicator on tcp://<advertise host>:0 and answer with its URL and a
- * session; the StagePeers of that session connects it to every rank and
- * starts pt_stage_host_run on a thread. When the stage ends (STOP, or the
- * coordinator is gone) the worker is idle again. While a session is joined
- * or running, another StageJoin is refused ("worker busy with another
- * job"); a joined session that gets no StagePeers expires after 30 s.
+ * the handshake of lib/pipeline/handshake.h: a StageJoin (protocol 2, the
+ * auth token when the worker has one, rank, world, heartbeat timeout) makes
+ * it create a stage communicator on tcp://<advertise host>:0 and answer with
+ * its URL and a session; the StagePeers of that session connects it to
+ * every rank and starts pt_stage_host_run on a thread. The coordinator then
+ * pings the session (StagePing) on the same socket; the worker answers from
+ * its control thread, whatever the stage computes. When the stage ends
+ * (STOP, an empty StagePeers that ends the session, or no ping for the
+ * session's timeout: the coordinator died or is cut off) the worker is idle
+ * again. While a session is joined or running, another StageJoin is refused
+ * ("worker busy with another job"); a joined session that gets no
+ * StagePeers expires after 30 s. StagePing with session 0 reports the state.
  */
 #ifndef PT_SERVER_WORKER_H
 #define PT_SERVER_WORKER_H

@@ -1,6 +1,8 @@
 /* pt_test.c - CUnit runner and failure reporting shared by the tests. */
 #include "pt_test.h"
 
+#include "job.h"
+
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
@@ -82,4 +84,15 @@ int pt_test_tmpdir_done(const char *dir, int rc)
 		fprintf(stderr, "test files kept in %s\n", dir);
 	}
 	return rc;
+}
+
+void pt_test_digits_spec(struct pt_job_spec *spec)
+{
+	void *buf;
+	size_t len;
+
+	PT_CHECK_OK(pt_job_spec_load_file(pt_test_path("examples/digits.json"), &buf, &len));
+	memset(spec, 0, sizeof(*spec));
+	PT_CHECK_OK(pt_job_spec_decode(buf, len, spec));
+	free(buf);
 }

@@ -74,6 +74,12 @@ typedef struct pt_test_suite {
 /* pt_test_main runs the suites (terminated by {NULL, NULL}); returns the exit code. */
 int pt_test_main(const pt_test_suite *suites);
 
+struct pt_job_spec;
+
+/* pt_test_digits_spec decodes examples/digits.json into *spec (asserting
+ * success; release it with pt_job_spec_fini). */
+void pt_test_digits_spec(struct pt_job_spec *spec);
+
 /* pt_test_path joins PT_SOURCE_ROOT and rel into one of 8 rotating static
  * buffers (not thread-safe). */
 const char *pt_test_path(const char *rel);

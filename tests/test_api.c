@@ -28,13 +28,7 @@ static uint8_t *aligned_copy(const uint8_t *d, size_t n)
 
 static void load_digits(pt_job_spec *spec)
 {
-	void *buf;
-	size_t len;
-
-	PT_CHECK_OK(pt_job_spec_load_file(pt_test_path("examples/digits.json"), &buf, &len));
-	memset(spec, 0, sizeof(*spec));
-	PT_CHECK_OK(pt_job_spec_decode(buf, len, spec));
-	free(buf);
+	pt_test_digits_spec(spec);
 }
 
 static void fill_point(pt_api_metric_point *p, int64_t step)

@@ -376,7 +376,17 @@ static void test_job_spec_validation_names_fields(void)
 	EXPECT(NULL, NULL,
 	       "\"optimizer\": {\"lr\": 0.1}, \"batch_size\": 64, \"steps\": 1, \"placement\": "
 	       "{\"stages\": 2, \"workers\": [\"tcp://127.0.0.1:5001\"]}",
-	       PT_ERR_INVALID, "placement.workers: 1 URLs for 2 stages");
+	       PT_ERR_INVALID,
+	       "placement.workers: 1 URLs for 2 stages (one per stage; more are spares)");
+	{ /* More URLs than stages: the extra ones are spares. */
+		char *j =
+		    job_json(NULL, NULL,
+		             "\"optimizer\": {\"lr\": 0.1}, \"batch_size\": 64, \"steps\": 1, "
+		             "\"placement\": {\"stages\": 2, \"workers\": [\"tcp://a:1\", "
+		             "\"tcp://b:2\", \"tcp://c:3\"]}");
+		PT_CHECK_OK(check_json(j));
+		free(j);
+	}
 	EXPECT(NULL, NULL,
 	       "\"optimizer\": {\"lr\": 0.1}, \"batch_size\": 64, \"steps\": 1, \"placement\": "
 	       "{\"stages\": 1, \"workers\": [\"tls+tcp://127.0.0.1:5001\"]}",
@@ -865,7 +875,7 @@ static pt_err run_example(const char *name, int64_t steps, int64_t every, int ke
 {
 	char src[256];
 	pt_job_spec s, t;
-	pt_job_hooks hooks = {rec, on_metric, should_stop, on_checkpoint};
+	pt_job_hooks hooks = {rec, on_metric, should_stop, on_checkpoint, NULL};
 	pt_job_run_options o = {.checkpoint_dir = ckdir,
 	                        .files_root = PT_SOURCE_ROOT,
 	                        .resume_from = resume_from,
@@ -1087,7 +1097,7 @@ static void test_job_run_edges(void)
 	static recorder rec;
 	int64_t last = -1;
 	pt_job_spec s;
-	pt_job_hooks hooks = {&rec, on_metric, NULL, on_checkpoint};
+	pt_job_hooks hooks = {&rec, on_metric, NULL, on_checkpoint, NULL};
 	pt_job_run_options o = {.files_root = PT_SOURCE_ROOT, .threads = 2};
 	memset(&rec, 0, sizeof(rec));
 	load_spec(pt_test_path("examples/digits.json"), &s);
@@ -1178,7 +1188,7 @@ static void test_job_run_examples_as_shipped(void)
 		static recorder rec;
 		char src[64], dir[64];
 		pt_job_spec s;
-		pt_job_hooks hooks = {&rec, on_metric, should_stop, on_checkpoint};
+		pt_job_hooks hooks = {&rec, on_metric, should_stop, on_checkpoint, NULL};
 		pt_job_run_options o = {.files_root = PT_SOURCE_ROOT, .threads = 2};
 		int64_t last;
 		double t0 = pt_now();

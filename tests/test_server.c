@@ -207,13 +207,7 @@ static void expect_alive(client *c)
 
 static void digits_spec(pt_job_spec *spec, int64_t steps, int64_t every, bool resume)
 {
-	void *buf;
-	size_t len;
-
-	PT_CHECK_OK(pt_job_spec_load_file(pt_test_path("examples/digits.json"), &buf, &len));
-	memset(spec, 0, sizeof(*spec));
-	PT_CHECK_OK(pt_job_spec_decode(buf, len, spec));
-	free(buf);
+	pt_test_digits_spec(spec);
 	spec->steps = steps;
 	spec->checkpoint_every = every;
 	spec->checkpoint_keep = 3;

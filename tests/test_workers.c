@@ -6,14 +6,21 @@
  * as the same job on local stage threads, and a second job runs on the same
  * workers; the handshake refuses a wrong protocol, a wrong token and a
  * second join to a busy worker, each with its message; a normal pipeserver
- * runs a submitted job on the workers. Every process exits 0 on SIGTERM.
+ * runs a submitted job on the workers. Heartbeats: a worker killed or hung
+ * (SIGSTOP) mid-job fails the job within placement.worker_timeout_ms with
+ * an error naming the stage and the worker, the other worker is idle again
+ * at once and the hung one once it runs again; with max_restarts and a
+ * spare the job finishes with the same losses, bitwise, as an undisturbed
+ * run; a worker whose coordinator stops pinging abandons its stage, and a
+ * job that finds a worker held by such a session waits for it. Every
+ * process exits 0 on SIGTERM.
  */
 #include "api/api.h"
 #include "handshake.h"
 #include "job.h"
 #include "pt_test.h"
+#include "worker_fixture.h"
 
-#include <fcntl.h>
 #include <limits.h>
 #include <math.h>
 #include <signal.h>
@@ -25,75 +32,37 @@
 #include <time.h>
 #include <unistd.h>
 
-#include <nng/nng.h>
-#include <nng/protocol/reqrep0/req.h>
-
 #define STEPS 30
 
 static char server_bin[PATH_MAX + 64];
 static char tmpdir[256];
 
-typedef struct proc {
-	pid_t pid;
-	char url[256];
-} proc;
+static const char *log_path(void)
+{
+	static char path[300];
+	snprintf(path, sizeof(path), "%s/processes.log", tmpdir);
+	return path;
+}
 
-/* proc_start runs pipeserver with args (NULL-terminated) and reads its
- * `pipeserver listening on <url>` line. */
-static bool proc_start(proc *p, const char *const *args)
+/* proc_start runs pipeserver with args (NULL-terminated). */
+static bool proc_start(wf_proc *p, const char *const *args)
 {
 	const char *argv[32];
-	int out[2], n = 0;
-	char line[512], logpath[600];
-	FILE *f;
+	int n = 0;
 
-	memset(p, 0, sizeof(*p));
 	argv[n++] = server_bin;
 	for (int i = 0; args[i] && n < 30; i++)
 		argv[n++] = args[i];
 	argv[n] = NULL;
-	if (pipe(out) != 0)
-		return false;
-	snprintf(logpath, sizeof(logpath), "%s/processes.log", tmpdir);
-	if ((p->pid = fork()) == 0) {
-		int fd = open(logpath, O_WRONLY | O_CREAT | O_APPEND, 0644);
-		dup2(out[1], 1);
-		if (fd >= 0)
-			dup2(fd, 2);
-		close(out[0]);
-		close(out[1]);
-		execv(server_bin, (char *const *)argv);
-		_exit(127);
-	}
-	close(out[1]);
-	f = fdopen(out[0], "r");
-	if (f == NULL || fgets(line, sizeof(line), f) == NULL) {
-		fprintf(stderr, "pipeserver printed no line (see %s)\n", logpath);
-		if (f)
-			fclose(f);
-		return false;
-	}
-	fclose(f);
-	line[strcspn(line, "\n")] = '\0';
-	return sscanf(line, "pipeserver listening on %255s", p->url) == 1;
+	return wf_proc_start(p, argv, log_path());
 }
 
-static bool worker_start(proc *p, const char *token_file)
+static bool worker_start(wf_proc *p, const char *token_file)
 {
 	const char *args[] = {"--worker",    "--listen", "tcp://127.0.0.1:0",
 	                      "--log-level", "debug",    token_file ? "--auth-token-file" : NULL,
 	                      token_file,    NULL};
 	return proc_start(p, args);
-}
-
-/* proc_stop sends SIGTERM and returns the exit status (-1: killed). */
-static int proc_stop(proc *p)
-{
-	int st = 0;
-	kill(p->pid, SIGTERM);
-	if (waitpid(p->pid, &st, 0) != p->pid)
-		return -2;
-	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
 /* ----------------------------------------------------------------- jobs -- */
@@ -110,30 +79,13 @@ static void on_metric(void *ctx, const pt_job_metric *m)
 		l->v[l->n++] = m->loss;
 }
 
-static void digits_spec(pt_job_spec *spec, const proc *w0, const proc *w1)
+static void digits_spec(pt_job_spec *spec, const wf_proc *w0, const wf_proc *w1)
 {
-	void *buf;
-	size_t len;
-
-	PT_CHECK_OK(pt_job_spec_load_file(pt_test_path("examples/digits.json"), &buf, &len));
-	memset(spec, 0, sizeof(*spec));
-	PT_CHECK_OK(pt_job_spec_decode(buf, len, spec));
-	free(buf);
-	spec->steps = STEPS;
-	spec->stages = 2;
-	free(spec->boundaries);
-	spec->boundaries = NULL;
-	spec->eval_every = 0;
-	if (w0 != NULL) {
-		spec->workers = calloc(2, sizeof(char *));
-		CU_ASSERT_PTR_NOT_NULL_FATAL(spec->workers);
-		spec->workers[0] = strdup(w0->url);
-		spec->workers[1] = strdup(w1->url);
-		spec->n_workers = 2;
-	}
+	const char *urls[2] = {w0 ? w0->url : NULL, w1 ? w1->url : NULL};
+	wf_digits_spec(spec, 2, STEPS, urls, w0 != NULL ? 2 : 0);
 }
 
-static void run_job(const proc *w0, const proc *w1, losses *out)
+static void run_job(const wf_proc *w0, const wf_proc *w1, losses *out)
 {
 	pt_job_spec spec;
 	pt_job_run_options o = {.files_root = PT_SOURCE_ROOT, .threads = 2};
@@ -150,89 +102,30 @@ static void run_job(const proc *w0, const proc *w1, losses *out)
 
 static void test_workers_job_matches_local(void)
 {
-	proc w0, w1;
+	wf_proc w0, w1;
 	losses local, remote, again;
 
 	CU_ASSERT_FATAL(worker_start(&w0, NULL));
 	CU_ASSERT_FATAL(worker_start(&w1, NULL));
 	run_job(NULL, NULL, &local);
 	run_job(&w0, &w1, &remote);
-	for (int i = 0; i < STEPS; i++)
-		if (memcmp(&local.v[i], &remote.v[i], sizeof(double)) != 0) {
-			fprintf(stderr, "step %d: local loss %.17g, on workers %.17g\n", i + 1,
-			        local.v[i], remote.v[i]);
-			CU_FAIL("losses differ");
-			break;
-		}
+	wf_expect_same_losses(local.v, remote.v, STEPS, "on workers");
 	CU_ASSERT(isfinite(remote.v[STEPS - 1]) && remote.v[STEPS - 1] < remote.v[0]);
 	/* The workers are idle again: a second job runs on them. */
 	run_job(&w0, &w1, &again);
 	CU_ASSERT_EQUAL(memcmp(again.v, remote.v, sizeof(double) * STEPS), 0);
-	CU_ASSERT_EQUAL(proc_stop(&w0), 0);
-	CU_ASSERT_EQUAL(proc_stop(&w1), 0);
+	CU_ASSERT_EQUAL(wf_proc_stop(&w0), 0);
+	CU_ASSERT_EQUAL(wf_proc_stop(&w1), 0);
 }
 
 /* ------------------------------------------------------------ handshake -- */
 
-typedef struct hs {
-	nng_socket sock;
-	pt_fb_builder b;
-	nng_msg *last;
-} hs;
-
-static void hs_open(hs *c, const char *url)
-{
-	memset(c, 0, sizeof(*c));
-	CU_ASSERT_EQUAL_FATAL(nng_req0_open(&c->sock), 0);
-	nng_socket_set_ms(c->sock, NNG_OPT_RECVTIMEO, 10000);
-	nng_socket_set_ms(c->sock, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE);
-	CU_ASSERT_EQUAL_FATAL(nng_dial(c->sock, url, NULL, 0), 0);
-	PT_CHECK_OK(pt_fb_builder_init(&c->b, 0));
-}
-
-static void hs_close(hs *c)
-{
-	if (c->last)
-		nng_msg_free(c->last);
-	nng_close(c->sock);
-	pt_fb_builder_fini(&c->b);
-}
-
-/* hs_call sends q and decodes the reply into r (strings valid until the
- * next call). */
-static void hs_call(hs *c, const pt_worker_request *q, pt_worker_reply *r)
-{
-	const uint8_t *d;
-	size_t n;
-	nng_msg *m;
-
-	if (c->last)
-		nng_msg_free(c->last);
-	c->last = NULL;
-	PT_CHECK_OK(pt_handshake_encode_request(&c->b, q, &d, &n));
-	CU_ASSERT_EQUAL_FATAL(nng_msg_alloc(&m, n), 0);
-	memcpy(nng_msg_body(m), d, n);
-	CU_ASSERT_EQUAL_FATAL(nng_sendmsg(c->sock, m, 0), 0);
-	CU_ASSERT_EQUAL_FATAL(nng_recvmsg(c->sock, &c->last, 0), 0);
-	PT_CHECK_OK(
-	    pt_handshake_decode_reply(nng_msg_body(c->last), nng_msg_len(c->last), q->is_join, r));
-}
-
-static void expect_refusal(const pt_worker_reply *r, const char *words)
-{
-	CU_ASSERT_FALSE(r->ok);
-	CU_ASSERT_PTR_NOT_NULL_FATAL(r->message);
-	if (strstr(r->message, words) == NULL)
-		fprintf(stderr, "refusal \"%s\" lacks \"%s\"\n", r->message, words);
-	CU_ASSERT_PTR_NOT_NULL(strstr(r->message, words));
-}
-
 static void test_workers_handshake_refusals(void)
 {
 	char token_file[400];
-	proc w;
-	hs a, b;
-	pt_worker_request join = {.is_join = true, .protocol = 2, .rank = 1, .world = 2};
+	wf_proc w;
+	wf_hs a, b;
+	pt_worker_request join = {.kind = PT_WORKER_JOIN, .protocol = 1, .rank = 1, .world = 2};
 	pt_worker_request cancel = {0};
 	pt_worker_reply r;
 	uint64_t session;
@@ -240,44 +133,61 @@ static void test_workers_handshake_refusals(void)
 	snprintf(token_file, sizeof(token_file), "%s/token", tmpdir);
 	pt_test_write_file(token_file, "s3cret\n", 7);
 	CU_ASSERT_FATAL(worker_start(&w, token_file));
-	hs_open(&a, w.url);
-	hs_open(&b, w.url);
+	wf_hs_open(&a, w.url);
+	wf_hs_open(&b, w.url);
 
-	hs_call(&a, &join, &r);
-	expect_refusal(&r, "protocol version 2 not supported (this worker speaks 1)");
+	wf_hs_call(&a, &join, &r);
+	wf_expect_refusal(&r, "protocol version 1 not supported (this worker speaks 2)");
 	join.protocol = PT_WORKER_PROTOCOL;
-	hs_call(&a, &join, &r);
-	expect_refusal(&r, "unauthorized");
+	wf_hs_call(&a, &join, &r);
+	wf_expect_refusal(&r, "unauthorized");
 	join.token = "wrong";
-	hs_call(&a, &join, &r);
-	expect_refusal(&r, "unauthorized");
+	wf_hs_call(&a, &join, &r);
+	wf_expect_refusal(&r, "unauthorized");
 
 	join.token = "s3cret";
-	hs_call(&a, &join, &r);
+	join.timeout_ms = 99;
+	wf_hs_call(&a, &join, &r);
+	wf_expect_refusal(&r, "heartbeat timeout 99 ms (100 to 3600000)");
+	join.timeout_ms = 0; /* the worker's default */
+	/* Bytes that are no WorkerRequest get a refusal, and the worker goes on. */
+	{
+		static const char junk[] = "\x10\0\0\0not a flatbuffer at all";
+		nng_msg *m;
+		CU_ASSERT_EQUAL_FATAL(nng_msg_alloc(&m, sizeof(junk)), 0);
+		memcpy(nng_msg_body(m), junk, sizeof(junk));
+		CU_ASSERT_EQUAL_FATAL(nng_sendmsg(a.sock, m, 0), 0);
+		CU_ASSERT_EQUAL_FATAL(nng_recvmsg(a.sock, &m, 0), 0);
+		PT_CHECK_OK(
+		    pt_handshake_decode_reply(nng_msg_body(m), nng_msg_len(m), PT_WORKER_JOIN, &r));
+		wf_expect_refusal(&r, "malformed WorkerRequest");
+		nng_msg_free(m);
+	}
+	wf_hs_call(&a, &join, &r);
 	CU_ASSERT_TRUE_FATAL(r.ok);
 	CU_ASSERT(r.data_url != NULL && strncmp(r.data_url, "tcp://127.0.0.1:", 16) == 0);
 	session = r.session;
 	CU_ASSERT_NOT_EQUAL(session, 0);
 	/* Busy: a second join (another coordinator) is refused. */
-	hs_call(&b, &join, &r);
-	expect_refusal(&r, "worker busy with another job");
+	wf_hs_call(&b, &join, &r);
+	wf_expect_refusal(&r, "worker busy with another job");
 	/* A peer list for an unknown session is refused; the owner's cancel
 	 * frees the worker. */
 	cancel.session = session + 1;
-	hs_call(&b, &cancel, &r);
-	expect_refusal(&r, "no such session");
+	wf_hs_call(&b, &cancel, &r);
+	wf_expect_refusal(&r, "no such session");
 	cancel.session = session;
-	hs_call(&a, &cancel, &r);
+	wf_hs_call(&a, &cancel, &r);
 	CU_ASSERT_TRUE(r.ok);
-	hs_call(&b, &join, &r);
+	wf_hs_call(&b, &join, &r);
 	CU_ASSERT_TRUE(r.ok);
 	cancel.session = r.session;
-	hs_call(&b, &cancel, &r);
+	wf_hs_call(&b, &cancel, &r);
 	CU_ASSERT_TRUE(r.ok);
 
-	hs_close(&a);
-	hs_close(&b);
-	CU_ASSERT_EQUAL(proc_stop(&w), 0);
+	wf_hs_close(&a);
+	wf_hs_close(&b);
+	CU_ASSERT_EQUAL(wf_proc_stop(&w), 0);
 }
 
 /* A job naming a worker that needs a token the run does not present fails
@@ -285,7 +195,7 @@ static void test_workers_handshake_refusals(void)
 static void test_workers_job_errors_name_worker(void)
 {
 	char token_file[400];
-	proc w0, w1;
+	wf_proc w0, w1;
 	pt_job_spec spec;
 	pt_job_run_options o = {.files_root = PT_SOURCE_ROOT, .threads = 2};
 
@@ -302,30 +212,23 @@ static void test_workers_job_errors_name_worker(void)
 	o.worker_token = "tok"; /* both accept it: w0 has no token */
 	PT_CHECK_OK(pt_job_run(&spec, &o, NULL, NULL));
 	pt_job_spec_fini(&spec);
-	CU_ASSERT_EQUAL(proc_stop(&w0), 0);
-	CU_ASSERT_EQUAL(proc_stop(&w1), 0);
+	CU_ASSERT_EQUAL(wf_proc_stop(&w0), 0);
+	CU_ASSERT_EQUAL(wf_proc_stop(&w1), 0);
 }
 
 /* --------------------------------------------------------------- server -- */
 
 static void test_workers_server_job(void)
 {
-	char data_dir[400];
-	proc w0, w1, srv;
+	char data_dir[400], token_file[400];
+	wf_proc w0, w1, srv;
 	pt_job_spec spec;
-	pt_fb_builder b;
-	nng_socket sock;
-	pt_api_request q;
-	pt_api_response r;
 	pt_api_job_info ji;
-	nng_msg *reply = NULL;
-	uint64_t id = 0;
-	double t0;
-	bool done = false;
+	wf_api api;
+	uint64_t id;
 
 	/* The server and one worker share a token: the server presents its own
 	 * token to the workers it joins (w0 needs none). */
-	char token_file[400];
 	snprintf(token_file, sizeof(token_file), "%s/server-token", tmpdir);
 	pt_test_write_file(token_file, "cluster-secret\n", 15);
 	snprintf(data_dir, sizeof(data_dir), "%s/server-data", tmpdir);
@@ -339,58 +242,243 @@ static void test_workers_server_job(void)
 		CU_ASSERT_FATAL(proc_start(&srv, args));
 	}
 	digits_spec(&spec, &w0, &w1);
-	CU_ASSERT_EQUAL_FATAL(nng_req0_open(&sock), 0);
-	nng_socket_set_ms(sock, NNG_OPT_RECVTIMEO, 20000);
-	nng_socket_set_ms(sock, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE);
-	CU_ASSERT_EQUAL_FATAL(nng_dial(sock, srv.url, NULL, 0), 0);
-	PT_CHECK_OK(pt_fb_builder_init(&b, 0));
-
-	t0 = (double)time(NULL);
-	for (int k = 0; !done && (double)time(NULL) - t0 < 120; k++) {
-		const uint8_t *d;
-		size_t n;
-		nng_msg *m;
-		if (k > 0)
-			usleep(100 * 1000);
-		pt_api_request_init(&q, k == 0 ? PT_API_SUBMIT_JOB : PT_API_GET_JOB);
-		q.id = (uint64_t)k + 1;
-		q.auth_token = "cluster-secret";
-		q.spec = k == 0 ? &spec : NULL;
-		q.job = id;
-		PT_CHECK_OK(pt_api_build_request(&b, &q, &d, &n));
-		CU_ASSERT_EQUAL_FATAL(nng_msg_alloc(&m, n), 0);
-		memcpy(nng_msg_body(m), d, n);
-		CU_ASSERT_EQUAL_FATAL(nng_sendmsg(sock, m, 0), 0);
-		if (reply)
-			nng_msg_free(reply);
-		reply = NULL;
-		CU_ASSERT_EQUAL_FATAL(nng_recvmsg(sock, &reply, 0), 0);
-		PT_CHECK_OK(pt_api_parse_response(nng_msg_body(reply), nng_msg_len(reply), &r));
-		CU_ASSERT_EQUAL_FATAL(r.code, PT_API_OK);
-		if (k == 0) {
-			id = r.job;
-			continue;
-		}
-		PT_CHECK_OK(pt_api_response_job(&r, 0, &ji));
-		if (ji.state == PT_JOB_SUCCEEDED || ji.state == PT_JOB_FAILED ||
-		    ji.state == PT_JOB_CANCELLED) {
-			if (ji.state != PT_JOB_SUCCEEDED)
-				fprintf(stderr, "job ended %d: %s\n", (int)ji.state,
-				        ji.message ? ji.message : "");
-			CU_ASSERT_EQUAL(ji.state, PT_JOB_SUCCEEDED);
-			CU_ASSERT_EQUAL(ji.step, STEPS);
-			done = true;
-		}
-	}
-	CU_ASSERT_TRUE(done);
-	if (reply)
-		nng_msg_free(reply);
-	nng_close(sock);
-	pt_fb_builder_fini(&b);
+	wf_api_open(&api, srv.url, "cluster-secret");
+	id = wf_api_submit(&api, &spec);
+	CU_ASSERT_NOT_EQUAL_FATAL(id, 0);
+	if (wf_api_wait_final(&api, id, 120, &ji) != PT_JOB_SUCCEEDED)
+		fprintf(stderr, "job ended %d: %s\n", (int)ji.state, ji.message ? ji.message : "");
+	CU_ASSERT_EQUAL(ji.state, PT_JOB_SUCCEEDED);
+	CU_ASSERT_EQUAL(ji.step, STEPS);
+	wf_api_close(&api);
 	pt_job_spec_fini(&spec);
-	CU_ASSERT_EQUAL(proc_stop(&srv), 0);
-	CU_ASSERT_EQUAL(proc_stop(&w0), 0);
-	CU_ASSERT_EQUAL(proc_stop(&w1), 0);
+	CU_ASSERT_EQUAL(wf_proc_stop(&srv), 0);
+	CU_ASSERT_EQUAL(wf_proc_stop(&w0), 0);
+	CU_ASSERT_EQUAL(wf_proc_stop(&w1), 0);
+}
+
+/* ----------------------------------------------------------- heartbeats -- */
+
+#define HB_TIMEOUT_MS 1000 /* generous: the sanitizer build runs these too */
+
+/* A run that does something to a worker after a given step. */
+typedef struct fault {
+	double v[STEPS + 1]; /* loss by step (a restarted run overwrites) */
+	int64_t at;          /* after this step ... */
+	pid_t pid;           /* ... send sig to pid (once) */
+	int sig;
+	double t_sig;
+	int restarts;
+	int64_t restart_from;
+	char note[1024];
+} fault;
+
+static void fault_metric(void *ctx, const pt_job_metric *m)
+{
+	fault *f = ctx;
+	if (m->step >= 1 && m->step <= STEPS)
+		f->v[m->step - 1] = m->loss;
+	if (m->step == f->at && f->pid > 0) {
+		kill(f->pid, f->sig);
+		f->t_sig = wf_mono();
+		f->pid = 0;
+	}
+}
+
+static void fault_restart(void *ctx, int n, int64_t from, const char *message)
+{
+	fault *f = ctx;
+	f->restarts = n;
+	f->restart_from = from;
+	snprintf(f->note, sizeof(f->note), "%s", message);
+}
+
+/* A worker killed (SIGKILL) or hung (SIGSTOP) after step 5 fails the job
+ * within the heartbeat timeout, naming stage 1 and its URL; the surviving
+ * worker is idle when the run returns. */
+static void lost_worker_fails(int sig)
+{
+	wf_proc w0, w1;
+	pt_job_spec spec;
+	fault f = {.at = 5, .sig = sig};
+	pt_job_run_options o = {.files_root = PT_SOURCE_ROOT, .threads = 2};
+	pt_job_hooks h = {.ctx = &f, .on_metric = fault_metric, .on_restart = fault_restart};
+	char want[400];
+	int64_t last = 0;
+	double dt;
+	int st;
+
+	CU_ASSERT_FATAL(worker_start(&w0, NULL));
+	CU_ASSERT_FATAL(worker_start(&w1, NULL));
+	digits_spec(&spec, &w0, &w1);
+	spec.worker_timeout_ms = HB_TIMEOUT_MS;
+	f.pid = w1.pid;
+	PT_CHECK_ERR_MSG(pt_job_run(&spec, &o, &h, &last), PT_ERR_TIMEOUT,
+	                 "no heartbeat for 1.0 s");
+	dt = wf_mono() - f.t_sig;
+	snprintf(want, sizeof(want), "stage 1 on worker %s: no heartbeat for 1.0 s", w1.url);
+	if (strstr(pt_last_error(), want) == NULL)
+		fprintf(stderr, "error \"%s\" lacks \"%s\"\n", pt_last_error(), want);
+	CU_ASSERT_PTR_NOT_NULL(strstr(pt_last_error(), want));
+	/* Detected within the timeout of the fault; the teardown after it is
+	 * quick (the survivor's session is ended over its control link). */
+	if (dt > HB_TIMEOUT_MS / 1000.0 + 0.5)
+		fprintf(stderr, "the run returned %.2f s after the fault\n", dt);
+	CU_ASSERT(dt <= HB_TIMEOUT_MS / 1000.0 + 0.5);
+	CU_ASSERT(last >= 5 && last < STEPS);
+	CU_ASSERT_EQUAL(f.restarts, 0);
+	CU_ASSERT_TRUE(wf_wait_idle(w0.url, 0));
+	if (sig == SIGSTOP) {
+		/* Running again, the hung worker finds its coordinator gone and
+		 * abandons the stage. */
+		kill(w1.pid, SIGCONT);
+		CU_ASSERT_TRUE(wf_wait_idle(w1.url, 2 * HB_TIMEOUT_MS + 500));
+		CU_ASSERT_EQUAL(wf_proc_stop(&w1), 0);
+	} else {
+		CU_ASSERT_EQUAL(waitpid(w1.pid, &st, 0), w1.pid);
+		CU_ASSERT(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);
+	}
+	pt_job_spec_fini(&spec);
+	CU_ASSERT_EQUAL(wf_proc_stop(&w0), 0);
+}
+
+static void test_workers_killed_worker_fails_job(void)
+{
+	lost_worker_fails(SIGKILL);
+}
+
+static void test_workers_hung_worker_fails_job(void)
+{
+	lost_worker_fails(SIGSTOP);
+}
+
+/* With max_restarts 1 and a spare, a worker killed after step 12 costs a
+ * restart from the step-10 checkpoint on the spare; every loss equals the
+ * undisturbed local run's, bitwise, and the last checkpoint is step STEPS. */
+static void test_workers_restart_on_spare(void)
+{
+	wf_proc w[3];
+	pt_job_spec spec;
+	losses local;
+	fault f = {.at = 12, .sig = SIGKILL};
+	char ckdir[400], path[600], want[800];
+	pt_job_run_options o = {
+	    .files_root = PT_SOURCE_ROOT, .threads = 2, .checkpoint_dir = ckdir};
+	pt_job_hooks h = {.ctx = &f, .on_metric = fault_metric, .on_restart = fault_restart};
+	struct stat sb;
+	int64_t last = 0;
+	int st;
+
+	snprintf(ckdir, sizeof(ckdir), "%s/restart-ck", tmpdir);
+	run_job(NULL, NULL, &local);
+	for (int i = 0; i < 3; i++)
+		CU_ASSERT_FATAL(worker_start(&w[i], NULL));
+	digits_spec(&spec, &w[0], &w[1]);
+	spec.workers = realloc(spec.workers, 3 * sizeof(char *));
+	CU_ASSERT_PTR_NOT_NULL_FATAL(spec.workers);
+	spec.workers[2] = strdup(w[2].url);
+	spec.n_workers = 3;
+	spec.worker_timeout_ms = HB_TIMEOUT_MS;
+	spec.max_restarts = 1;
+	spec.checkpoint_every = 10;
+	f.pid = w[0].pid;
+	PT_CHECK_OK(pt_job_run(&spec, &o, &h, &last));
+	CU_ASSERT_EQUAL(last, STEPS);
+	CU_ASSERT_EQUAL(f.restarts, 1);
+	CU_ASSERT_EQUAL(f.restart_from, 10);
+	snprintf(want, sizeof(want),
+	         "restart 1 of 1 after stage 0 on worker %s: no heartbeat for 1.0 s: stage 0 "
+	         "to %s; resuming from step 10",
+	         w[0].url, w[2].url);
+	if (strcmp(f.note, want) != 0)
+		fprintf(stderr, "restart note \"%s\"\nexpected     \"%s\"\n", f.note, want);
+	CU_ASSERT_STRING_EQUAL(f.note, want);
+	wf_expect_same_losses(local.v, f.v, STEPS, "restarted");
+	snprintf(path, sizeof(path), "%s/step-%d.safetensors", ckdir, STEPS);
+	CU_ASSERT_EQUAL(stat(path, &sb), 0);
+	CU_ASSERT_TRUE(wf_wait_idle(w[1].url, 0));
+	CU_ASSERT_TRUE(wf_wait_idle(w[2].url, 0));
+	CU_ASSERT_EQUAL(waitpid(w[0].pid, &st, 0), w[0].pid);
+	pt_job_spec_fini(&spec);
+	CU_ASSERT_EQUAL(wf_proc_stop(&w[1]), 0);
+	CU_ASSERT_EQUAL(wf_proc_stop(&w[2]), 0);
+}
+
+/* silent_session opens c to w and runs a session of rank 1 in a world of 2
+ * with heartbeat timeout ms whose rank 0 never answers (the stage waits for
+ * its configuration); returns the session. */
+static uint64_t silent_session(wf_hs *c, const wf_proc *w, int ms)
+{
+	pt_worker_request join = {.kind = PT_WORKER_JOIN,
+	                          .protocol = PT_WORKER_PROTOCOL,
+	                          .rank = 1,
+	                          .world = 2,
+	                          .timeout_ms = ms};
+	pt_worker_request peers = {.kind = PT_WORKER_PEERS, .n_urls = 2};
+	pt_worker_reply r;
+	char data_url[256];
+
+	wf_hs_open(c, w->url);
+	wf_hs_call(c, &join, &r);
+	CU_ASSERT_TRUE_FATAL(r.ok);
+	peers.session = r.session;
+	snprintf(data_url, sizeof(data_url), "%s", r.data_url); /* r dies at the next call */
+	peers.urls[0] = "tcp://127.0.0.1:9";
+	peers.urls[1] = data_url;
+	wf_hs_call(c, &peers, &r);
+	CU_ASSERT_TRUE_FATAL(r.ok);
+	return peers.session;
+}
+
+/* A coordinator that joins, sends its peers and then goes silent: the worker
+ * abandons the stage after the session's timeout and is idle again. */
+static void test_workers_silent_coordinator_abandoned(void)
+{
+	wf_proc w;
+	wf_hs c;
+	pt_worker_request ping = {.kind = PT_WORKER_PING};
+	pt_worker_reply r;
+	char state[256];
+	double t0;
+
+	CU_ASSERT_FATAL(worker_start(&w, NULL));
+	ping.session = silent_session(&c, &w, 300);
+	t0 = wf_mono();
+	wf_hs_call(&c, &ping, &r); /* the session is alive while pinged */
+	CU_ASSERT_TRUE(r.ok);
+	CU_ASSERT_FALSE(wf_worker_idle(w.url, state, sizeof(state)));
+	CU_ASSERT_STRING_EQUAL(state, "serving stage rank 1 of world 2");
+	CU_ASSERT_TRUE(wf_wait_idle(w.url, 1500));
+	CU_ASSERT(wf_mono() - t0 >= 0.3);
+	wf_hs_call(&c, &ping, &r); /* and then it is gone */
+	wf_expect_refusal(&r, "no such session");
+	wf_hs_close(&c);
+	CU_ASSERT_EQUAL(wf_proc_stop(&w), 0);
+}
+
+/* A job whose worker is still held by a coordinator that died (as after a
+ * server crash and restart) waits for the worker to drop that session, then
+ * runs. */
+static void test_workers_join_waits_for_dead_session(void)
+{
+	wf_proc w0, w1;
+	wf_hs c;
+	pt_job_spec spec;
+	pt_job_run_options o = {.files_root = PT_SOURCE_ROOT, .threads = 2};
+	double t0;
+
+	CU_ASSERT_FATAL(worker_start(&w0, NULL));
+	CU_ASSERT_FATAL(worker_start(&w1, NULL));
+	silent_session(&c, &w0, 400);
+	t0 = wf_mono(); /* the session's coordinator goes silent now */
+	digits_spec(&spec, &w0, &w1);
+	spec.steps = 3;
+	spec.worker_timeout_ms = 1000;
+	PT_CHECK_OK(pt_job_run(&spec, &o, NULL, NULL));
+	CU_ASSERT(wf_mono() - t0 >= 0.4);
+	pt_job_spec_fini(&spec);
+	wf_hs_close(&c);
+	CU_ASSERT_EQUAL(wf_proc_stop(&w0), 0);
+	CU_ASSERT_EQUAL(wf_proc_stop(&w1), 0);
 }
 
 static const pt_test_case worker_tests[] = {
@@ -398,6 +486,11 @@ static const pt_test_case worker_tests[] = {
     {"test_workers_handshake_refusals", test_workers_handshake_refusals},
     {"test_workers_job_errors_name_worker", test_workers_job_errors_name_worker},
     {"test_workers_server_job", test_workers_server_job},
+    {"test_workers_killed_worker_fails_job", test_workers_killed_worker_fails_job},
+    {"test_workers_hung_worker_fails_job", test_workers_hung_worker_fails_job},
+    {"test_workers_restart_on_spare", test_workers_restart_on_spare},
+    {"test_workers_silent_coordinator_abandoned", test_workers_silent_coordinator_abandoned},
+    {"test_workers_join_waits_for_dead_session", test_workers_join_waits_for_dead_session},
     {NULL, NULL},
 };
 static const pt_test_suite suites[] = {

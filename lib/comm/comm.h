@@ -197,6 +197,13 @@ const char *pt_nng_comm_url(const pt_comm *c);
  * background until the peer is up; urls[rank] is ignored). */
 pt_err pt_nng_comm_connect(pt_comm *c, const char *const *urls);
 
+/* pt_nng_comm_mark_lost declares rank lost without waiting for TCP (a
+ * heartbeat verdict): receives from it then fail with PT_ERR_CLOSED once
+ * its queued messages are taken and new sends to it fail at once (a send
+ * already blocked on it ends at send_timeout_ms). Sticky; thread-safe;
+ * does not block. PT_ERR_INVALID when c is not nng. */
+pt_err pt_nng_comm_mark_lost(pt_comm *c, int rank);
+
 /* pt_comm_get_stats returns c's counters (a snapshot; thread-safe). */
 pt_comm_stats pt_comm_get_stats(const pt_comm *c);
 

@@ -19,7 +19,12 @@
  * everything that arrived before has been handed over (its receive found the
  * queue empty), or after LOST_GRACE_MS at the latest. A dropped connection is
  * final for this communicator: messages after a reconnect would have been
- * lost in between (nng guarantees no delivery across reconnects).
+ * lost in between (nng guarantees no delivery across reconnects). TCP does
+ * not notice a peer behind a downed link or a hung peer, so the owner may
+ * also declare a rank lost itself (pt_nng_comm_mark_lost, from heartbeats):
+ * that marks it at once. A send already blocked on the dead connection still
+ * runs to send_timeout_ms (closing the socket under a sender is a known nng
+ * hazard: it can panic), so owners that need a bound set that timeout.
  *
  * Limits: destroy drops messages nng has not transmitted yet (nng 1.5 has no
  * linger); receive caps at max_msg_bytes, also on the decompressed size; only
@@ -1591,4 +1596,19 @@ pt_err pt_nng_comm_connect(pt_comm *base, const char *const *urls)
 		atomic_store(&c->connected, true);
 	pthread_mutex_unlock(&c->connect_mu);
 	return rv;
+}
+
+pt_err pt_nng_comm_mark_lost(pt_comm *base, int rank)
+{
+	nng_comm *c = (nng_comm *)base;
+
+	if (base == NULL || base->ops != &nng_ops)
+		return pt_set_error(PT_ERR_INVALID, "not an nng communicator");
+	if (rank < 0 || rank >= base->world || rank == base->rank)
+		return pt_set_error(PT_ERR_RANGE, "mark_lost of rank %d", rank);
+	pt_mailbox_mark_lost(c->mb, rank);
+	pthread_mutex_lock(&c->bar_mu);
+	pthread_cond_broadcast(&c->bar_cv);
+	pthread_mutex_unlock(&c->bar_mu);
+	return PT_OK;
 }

@@ -40,7 +40,7 @@ typedef struct pt_job_spec {
 	pt_pipe_mode mode;
 	int stages;
 	int *boundaries; /* stages + 1 entries when given, else NULL */
-	char **workers;  /* n_workers URLs, or NULL */
+	char **workers;  /* n_workers URLs, or NULL; past the first `stages`: spares */
 	int n_workers;
 	int threads_per_stage;
 	int worker_timeout_ms; /* a worker silent this long is lost */
@@ -133,6 +133,10 @@ typedef struct pt_job_hooks {
 	bool (*should_stop)(void *ctx);
 	/* Called after a checkpoint file is complete (renamed into place). */
 	void (*on_checkpoint)(void *ctx, int64_t step, const char *path);
+	/* Called when the run restarts after a lost worker (restart n of the
+	 * spec's max_restarts), before it resumes at step `from` + 1; message
+	 * says which worker was lost and where the stage went. */
+	void (*on_restart)(void *ctx, int n, int64_t from, const char *message);
 } pt_job_hooks;
 
 typedef struct pt_job_run_options {
@@ -144,7 +148,6 @@ typedef struct pt_job_run_options {
 	const char *worker_token;   /* presented to workers that require one (NULL: none) */
 	const char *advertise_host; /* host workers dial for the coordinator (NULL: this
 	                             * host's address on the connection to the first worker) */
-	int worker_timeout_ms;      /* each handshake reply (0: 10 s) */
 } pt_job_run_options;
 
 /* pt_job_run trains the job to spec->steps (or until should_stop), writing
@@ -165,26 +168,61 @@ typedef struct pt_job_run_options {
  * the same partition) restores every stage and continues at step N + 1; the
  * batch of each step depends only on (seed, step), so in sync and semi-async
  * mode a resumed run equals an uninterrupted one bitwise. An error from the
- * pipeline, the data or a checkpoint ends the run with that error. */
+ * pipeline, the data or a checkpoint ends the run with that error - except a
+ * worker lost to the heartbeats (placement.worker_timeout_ms), whose verdict
+ * names the stage and the worker: with max_restarts left and a spare among
+ * placement.workers (URLs past the first `stages`), the run restarts from
+ * its newest checkpoint with the stage on the spare (hooks->on_restart). */
 pt_err pt_job_run(const pt_job_spec *spec, const pt_job_run_options *o, const pt_job_hooks *h,
                   int64_t *last_step);
 
 /* Options of pt_job_workers_join. */
 typedef struct pt_job_workers_options {
-	const char *const *urls; /* control URLs of the workers of stages 0..n-1 */
+	const char *const *urls; /* control URLs of the workers of stages 0..n-1 (borrowed:
+	                          * they must outlive the pt_job_workers) */
 	int n;
 	const char *token;          /* presented in StageJoin (NULL: none) */
 	const char *advertise_host; /* see pt_job_run_options */
 	bool compress;              /* lz4 tensors on every rank */
-	int timeout_ms;             /* each reply (0: 10 s) */
+	int timeout_ms;             /* each handshake reply, and the heartbeat timeout: a worker
+	                             * silent this long is lost (0: PT_JOB_WORKER_TIMEOUT_MS) */
 } pt_job_workers_options;
 
+/* The workers serving one job's stages, watched by heartbeats. */
+typedef struct pt_job_workers pt_job_workers;
+
 /* pt_job_workers_join runs the worker handshake (schema/stage.fbs: StageJoin
- * to every worker, then StagePeers with every rank's data URL) and returns
- * in *coord rank 0's nng communicator, listening on tcp://<host>:0 and
- * connected; the workers then wait for pt_coordinator_configure. On error
- * (naming the stage and the worker URL) nothing is left: sessions joined so
- * far are cancelled. Blocking (up to timeout_ms per request); thread-safe. */
-pt_err pt_job_workers_join(const pt_job_workers_options *o, pt_comm **coord);
+ * to every worker, then StagePeers with every rank's data URL), connects
+ * rank 0's nng communicator (pt_job_workers_comm: listening on
+ * tcp://<host>:0, owned by *out) and starts the heartbeats; the workers then
+ * wait for pt_coordinator_configure. On error (naming the stage and the
+ * worker URL; *failed, when not NULL, gets that stage, or -1 when the
+ * coordinator's side failed) nothing is left: sessions made so far are
+ * ended. Blocking (up to timeout_ms per request); thread-safe. */
+pt_err pt_job_workers_join(const pt_job_workers_options *o, pt_job_workers **out, int *failed);
+
+/* pt_job_workers_comm returns rank 0's communicator (owned by ws). */
+pt_comm *pt_job_workers_comm(const pt_job_workers *ws);
+
+/* pt_job_workers_wait_lost waits up to ms for a heartbeat verdict and returns
+ * the first stage declared lost (-1: none), writing its message ("stage 2 on
+ * worker tcp://10.0.0.4:7000: no heartbeat for 1.5 s") into why. A lost
+ * stage's rank is already marked lost in the communicator, so the
+ * coordinator's waits on it fail at once. Thread-safe; NULL-safe (-1). */
+int pt_job_workers_wait_lost(pt_job_workers *ws, int ms, char *why, size_t n);
+
+/* pt_job_workers_is_lost tells whether stage was declared lost. */
+bool pt_job_workers_is_lost(pt_job_workers *ws, int stage);
+
+/* pt_job_workers_stop_heartbeats stops pinging (before the stages are told
+ * to STOP, so a worker that finished is not taken for lost). No verdict
+ * comes after it. Blocking (up to one ping); idempotent; NULL-safe. */
+void pt_job_workers_stop_heartbeats(pt_job_workers *ws);
+
+/* pt_job_workers_end stops the heartbeats, ends the session of every worker
+ * not lost (each is idle when it answers), closes the links and the
+ * communicator, and frees ws. Blocking (up to the timeout per worker);
+ * NULL-safe. */
+void pt_job_workers_end(pt_job_workers *ws);
 
 #endif

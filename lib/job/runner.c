@@ -36,8 +36,18 @@
  * host code as before. use_graphs is ignored on device stages (eager; see
  * stage.c). None of this has run on a GPU yet: it is compiled, linked and
  * its tests (test_cuda) skip without a device. Limits: jobs on
- * placement.workers with a CUDA device are refused; a lost worker ends the
- * run with an error (no re-placement yet).
+ * placement.workers with a CUDA device are refused.
+ *
+ * Lost workers: the first `stages` URLs of placement.workers serve the
+ * stages, the rest are spares. A worker that refuses or cannot be reached
+ * at the handshake is replaced by a spare while one is left. When a worker
+ * is lost while training (workers.c's heartbeat verdict), the pipeline is
+ * taken down (the other workers end their sessions and are idle) and, while
+ * max_restarts allows, built again with the lost stage on a spare and
+ * resumed from the newest checkpoint of this run - the same code path as
+ * resume_from, so the stages continue bitwise as a resume would; without a
+ * checkpoint it starts over from the seed. A lost worker is not used again
+ * by this run. Limits: one stage per worker.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -56,6 +66,7 @@
 #include "fileio.h"
 #include "job.h"
 #include "nccl_comm.h"
+#include "log.h"
 #include "runtime.h"
 #include "safetensors.h"
 #include "tokens.h"
@@ -78,6 +89,11 @@ typedef struct runner {
 	int64_t nparams[PT_MAX_STAGES]; /* floats in each stage's parameter arena */
 
 	pt_local_group *g;
+	pt_job_workers *ws;       /* placement.workers: owns comms[0] */
+	int place[PT_MAX_STAGES]; /* index in spec->workers serving each stage */
+	bool bad[PT_MAX_STAGES];  /* workers this run lost or could not join */
+	int restarts;
+	char ckpt_path[4096]; /* newest checkpoint written or resumed ("": none) */
 	pt_comm *comms[PT_MAX_STAGES + 1];
 	pt_stage *stages[PT_MAX_STAGES + 1];
 	bool started[PT_MAX_STAGES + 1];
@@ -256,6 +272,49 @@ static pt_err nccl_up(runner *r, pt_device dev, pt_device *devs)
 	return pt_nccl_comm_create_group(r->comms, devs, r->p + 1, -1);
 }
 
+/* next_spare returns the first worker of placement.workers that serves no
+ * stage and was not lost or refused in this run (-1: none left). */
+static int next_spare(const runner *r)
+{
+	for (int i = 0; i < r->s->n_workers; i++) {
+		bool used = r->bad[i];
+		for (int st = 0; st < r->p && !used; st++)
+			used = r->place[st] == i;
+		if (!used)
+			return i;
+	}
+	return -1;
+}
+
+static pt_err join_workers(runner *r)
+{
+	const pt_job_spec *s = r->s;
+
+	for (;;) {
+		const char *urls[PT_MAX_STAGES];
+		int failed = -1, spare = -1;
+		pt_err rv;
+		for (int st = 0; st < r->p; st++)
+			urls[st] = s->workers[r->place[st]];
+		pt_job_workers_options wo = {.urls = urls,
+		                             .n = r->p,
+		                             .token = r->o->worker_token,
+		                             .advertise_host = r->o->advertise_host,
+		                             .compress = s->compress,
+		                             .timeout_ms = s->worker_timeout_ms};
+		if ((rv = pt_job_workers_join(&wo, &r->ws, &failed)) == PT_OK) {
+			r->comms[0] = pt_job_workers_comm(r->ws);
+			return PT_OK;
+		}
+		if (failed < 0 || (spare = next_spare(r)) < 0)
+			return rv;
+		pt_warn("job %s: %s; stage %d goes to spare worker %s", s->name ? s->name : "",
+		        pt_last_error(), failed, s->workers[spare]);
+		r->bad[r->place[failed]] = true;
+		r->place[failed] = spare;
+	}
+}
+
 static pt_err pipeline_up(runner *r)
 {
 	const pt_job_spec *s = r->s;
@@ -279,13 +338,7 @@ static pt_err pipeline_up(runner *r)
 		                    "workers' communicators are nng)",
 		                    s->device);
 	if (s->n_workers > 0) {
-		pt_job_workers_options wo = {.urls = (const char *const *)s->workers,
-		                             .n = s->n_workers,
-		                             .token = r->o->worker_token,
-		                             .advertise_host = r->o->advertise_host,
-		                             .compress = s->compress,
-		                             .timeout_ms = r->o->worker_timeout_ms};
-		PT_TRY(pt_job_workers_join(&wo, &r->comms[0]));
+		PT_TRY(join_workers(r));
 	} else {
 		PT_TRY(pt_local_group_create(&r->g, r->p + 1));
 		for (int i = 0; i <= r->p; i++)
@@ -329,11 +382,17 @@ static void release_states(runner *r)
 	r->have_states = false;
 }
 
+/* pipeline_down takes the stages, the coordinator and the communicators
+ * down (the models stay: a restart builds the pipeline again). */
 static void pipeline_down(runner *r)
 {
-	bool stopped = false;
+	bool stopped = false, lost = pt_job_workers_wait_lost(r->ws, 0, NULL, 0) >= 0;
+	pt_job_workers_stop_heartbeats(r->ws);
 	release_states(r);
-	if (r->coord != NULL) {
+	/* With a worker lost, the others are not asked to STOP over the data
+	 * channel (a stage may be blocked on the lost one): ending their
+	 * sessions below makes them return at once. */
+	if (r->coord != NULL && !lost) {
 		if (r->s->mode == PT_MODE_ASYNC) {
 			pt_pipe_step_result res;
 			pt_coordinator_drain(r->coord, &res);
@@ -349,11 +408,25 @@ static void pipeline_down(runner *r)
 		if (r->started[st])
 			pt_stage_join(r->stages[st]);
 		pt_stage_destroy(r->stages[st]);
+		r->stages[st] = NULL;
+		r->started[st] = false;
 	}
 	pt_coordinator_destroy(r->coord);
-	for (int i = 0; i <= r->p; i++)
+	r->coord = NULL;
+	if (r->ws != NULL)
+		r->comms[0] = NULL; /* the workers' communicator */
+	pt_job_workers_end(r->ws);
+	r->ws = NULL;
+	for (int i = 0; i <= r->p; i++) {
 		pt_comm_destroy(r->comms[i]);
+		r->comms[i] = NULL;
+	}
 	pt_local_group_destroy(r->g);
+	r->g = NULL;
+}
+
+static void models_down(runner *r)
+{
 	pt_trainer_destroy(r->eval);
 	pt_model_destroy(r->full);
 }
@@ -475,6 +548,7 @@ static pt_err checkpoint(runner *r, int64_t step)
 	PT_TRY(pt_safetensors_write(spath, t, (size_t)r->p, meta, sizeof(meta) / sizeof(meta[0])));
 	PT_TRY(pt_checkpoint_save(path, r->full, NULL, &info));
 	r->last_ckpt = step;
+	snprintf(r->ckpt_path, sizeof(r->ckpt_path), "%s", path);
 	prune(r->ckdir, s->checkpoint_keep);
 	if (r->h && r->h->on_checkpoint)
 		r->h->on_checkpoint(r->h->ctx, step, path);
@@ -619,6 +693,58 @@ static pt_err train(runner *r, int64_t start, int64_t *done)
 	return PT_OK;
 }
 
+/* restart decides, after the run failed with *rv, whether a worker was lost
+ * and the run goes on. A lost worker's verdict (the heartbeats' message,
+ * waited for when the error looks like a lost peer) replaces the error. With
+ * a restart left and a spare for every lost stage the pipeline is taken
+ * down, the stages re-placed, *start set to the newest checkpoint's step
+ * (0: none) and true returned; else false, with the error set. */
+static bool restart(runner *r, pt_err *rv, int64_t *start)
+{
+	const pt_job_spec *s = r->s;
+	bool peer_error = *rv == PT_ERR_CLOSED || *rv == PT_ERR_TIMEOUT || *rv == PT_ERR_IO;
+	char why[700], first[1024], moves[PT_MAX_STAGES * 80 + 1], note[2048];
+	int lost[PT_MAX_STAGES], n_lost = 0;
+	size_t o = 0;
+
+	/* The heartbeats decide within the worker timeout of the last reply. */
+	if (r->ws == NULL ||
+	    pt_job_workers_wait_lost(r->ws, peer_error ? s->worker_timeout_ms + 500 : 0, why,
+	                             sizeof(why)) < 0)
+		return false;
+	snprintf(first, sizeof(first), "%s", pt_last_error());
+	*rv = PT_ERR_TIMEOUT;
+	pt_set_error(*rv, "%s (%s)", why, first);
+	if (r->restarts >= s->max_restarts)
+		return false;
+	for (int st = 0; st < r->p; st++)
+		if (pt_job_workers_is_lost(r->ws, st))
+			lost[n_lost++] = st;
+	for (int i = 0; i < n_lost; i++)
+		r->bad[r->place[lost[i]]] = true;
+	moves[0] = '\0';
+	for (int i = 0; i < n_lost; i++) {
+		int spare = next_spare(r);
+		if (spare < 0) {
+			pt_set_error(*rv, "%s; no spare worker left for stage %d (max_restarts %d)",
+			             why, lost[i], s->max_restarts);
+			return false;
+		}
+		r->place[lost[i]] = spare;
+		o += (size_t)snprintf(moves + o, sizeof(moves) - o, "%sstage %d to %s",
+		                      i ? ", " : "", lost[i], s->workers[spare]);
+	}
+	pipeline_down(r);
+	r->restarts++;
+	*start = r->ckpt_path[0] != '\0' ? r->last_ckpt : 0;
+	snprintf(note, sizeof(note), "restart %d of %d after %s: %s; resuming from step %" PRId64,
+	         r->restarts, s->max_restarts, why, moves, *start);
+	pt_warn("job %s: %s", s->name ? s->name : "", note);
+	if (r->h && r->h->on_restart)
+		r->h->on_restart(r->h->ctx, r->restarts, *start, note);
+	return true;
+}
+
 pt_err pt_job_run(const pt_job_spec *spec, const pt_job_run_options *o, const pt_job_hooks *h,
                   int64_t *last_step)
 {
@@ -650,16 +776,25 @@ pt_err pt_job_run(const pt_job_spec *spec, const pt_job_run_options *o, const pt
 	r->last_ckpt = -1;
 	pt_set_num_threads(r->threads); /* this thread evaluates with the whole budget */
 
-	if ((rv = data_up(r)) == PT_OK && (rv = models_up(r)) == PT_OK &&
-	    (rv = pipeline_up(r)) == PT_OK) {
-		if (o->resume_from != NULL && (rv = resume(r, o->resume_from, &start)) == PT_OK)
-			r->last_ckpt = start;
-		if (rv == PT_OK)
-			rv = train(r, start, &done);
+	for (int st = 0; st < r->p; st++)
+		r->place[st] = st;
+	if (o->resume_from != NULL)
+		snprintf(r->ckpt_path, sizeof(r->ckpt_path), "%s", o->resume_from);
+	if ((rv = data_up(r)) == PT_OK && (rv = models_up(r)) == PT_OK) {
+		for (;;) {
+			if ((rv = pipeline_up(r)) == PT_OK && r->ckpt_path[0] != '\0' &&
+			    (rv = resume(r, r->ckpt_path, &start)) == PT_OK)
+				r->last_ckpt = start;
+			if (rv == PT_OK)
+				rv = train(r, start, &done);
+			if (rv == PT_OK || !restart(r, &rv, &start))
+				break;
+		}
 	}
 	if (rv != PT_OK)
 		snprintf(msg, sizeof(msg), "%s", pt_last_error());
 	pipeline_down(r);
+	models_down(r);
 	data_down(r);
 	free(r);
 	pt_set_num_threads(prev_threads);

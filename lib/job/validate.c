@@ -324,8 +324,10 @@ pt_err pt_job_spec_validate(const pt_job_spec *s, const char *files_root)
 	if (s->threads_per_stage < 0 || s->threads_per_stage > 1024)
 		return pt_set_error(PT_ERR_RANGE, "placement.threads_per_stage: %d (0 to 1024)",
 		                    s->threads_per_stage);
-	if (s->n_workers > 0 && s->n_workers != s->stages)
-		return pt_set_error(PT_ERR_INVALID, "placement.workers: %d URLs for %d stages",
+	if (s->n_workers > 0 && s->n_workers < s->stages)
+		return pt_set_error(PT_ERR_INVALID,
+		                    "placement.workers: %d URLs for %d stages (one per stage; "
+		                    "more are spares)",
 		                    s->n_workers, s->stages);
 	if (s->worker_timeout_ms < 100 || s->worker_timeout_ms > 3600000)
 		return pt_set_error(PT_ERR_RANGE,

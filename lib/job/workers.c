@@ -1,40 +1,141 @@
-/* workers.c - the coordinator's side of the worker handshake: get every
- * stage of a job served by the `pipeserver --worker` named for it in
- * placement.workers, and connect rank 0's communicator to them.
+/* workers.c - the coordinator's side of the worker protocol: get every
+ * stage of a job served by a `pipeserver --worker`, connect rank 0's
+ * communicator to them, and watch them with heartbeats until the job ends.
  *
  * For each worker (stage s, rank s + 1): a REQ socket to its control URL,
  * StageJoin -> its data URL and a session; then rank 0 listens on
  * tcp://<host>:0 and every worker gets StagePeers (all data URLs), after
- * which it serves its stage on its own thread until STOP. Limits: plain tcp
- * and ipc control URLs (no TLS), one request at a time per worker, no
- * heartbeats or re-placement (a lost worker fails the job as a lost local
- * stage would).
+ * which it serves its stage on its own thread until STOP.
+ *
+ * Heartbeats go over the same control socket (schema/stage.fbs): one thread
+ * per worker sends StagePing{session} every timeout / 4 and waits for the
+ * reply; a worker whose last reply is timeout_ms old (killed, hung, or behind
+ * a downed link, which TCP alone does not notice) or that no longer knows the
+ * session is lost: the verdict names the stage and the worker URL, and the
+ * rank is marked lost in rank 0's communicator, so the coordinator's waits
+ * and sends involving it fail at once instead of hanging. pt_job_workers_end
+ * ends every surviving session (the workers are idle when it returns).
+ * Limits: plain tcp and ipc control URLs (no TLS), one stage per worker.
  */
 #include <arpa/inet.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <nng/nng.h>
 #include <nng/protocol/reqrep0/req.h>
 
 #include "handshake.h"
 #include "job.h"
+#include "log.h"
+#include "runtime.h"
 
-#define DEFAULT_TIMEOUT_MS 10000
-#define MAX_REPLY_BYTES    (64 * 1024)
+#define MAX_REPLY_BYTES (64 * 1024)
+#define MIN_WAIT_MS     10
+#define BUSY_RETRY_MS   200
 
 typedef struct link {
+	struct pt_job_workers *ws;
+	int stage;
+	const char *url; /* borrowed from the options: valid while the job runs */
 	nng_socket sock;
-	bool open, joined;
+	bool open, joined, running;
+	/* One exchange at a time on sock, through aio, waited for with our own
+	 * clock: nng 1.5.2 can lose a socket's receive timeout (a wait that
+	 * never ends), so a late operation is cancelled instead. */
+	nng_aio *aio;
+	pthread_mutex_t amu;
+	pthread_cond_t acv;
+	bool adone;  /* under amu */
+	int wait_ms; /* each send and each receive */
 	uint64_t session;
 	char data_url[512];
+	pthread_t hb;
+	bool hb_started;
+	double last_ok; /* pt_now() of the last ping answered (under ws->mu) */
+	bool lost;      /* under ws->mu */
+	char why[640];  /* the verdict, when lost */
 } link;
 
-/* call sends q to worker i and decodes its reply into r; *msg keeps the
- * reply alive (r's strings point into it; the caller frees it). */
-static pt_err call(link *l, const char *url, int stage, pt_fb_builder *b,
-                   const pt_worker_request *q, pt_worker_reply *r, nng_msg **msg)
+struct pt_job_workers {
+	int n, timeout_ms;
+	link links[PT_MAX_STAGES];
+	pt_comm *comm; /* rank 0, owned */
+	pthread_mutex_t mu;
+	pthread_cond_t cv; /* stopping, or a verdict */
+	bool stopping;
+	int first_lost; /* -1: none */
+};
+
+static const char *const kind_name[] = {
+    [PT_WORKER_PEERS] = "StagePeers",
+    [PT_WORKER_JOIN] = "StageJoin",
+    [PT_WORKER_PING] = "StagePing",
+};
+
+static struct timespec abs_time(double t_now_rel)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	double s = (double)ts.tv_sec + ts.tv_nsec * 1e-9 + (t_now_rel > 0 ? t_now_rel : 0);
+	ts.tv_sec = (time_t)s;
+	ts.tv_nsec = (long)((s - (double)ts.tv_sec) * 1e9);
+	return ts;
+}
+
+/* mono_cond_init makes a condition variable timed on CLOCK_MONOTONIC (what
+ * abs_time gives). */
+static void mono_cond_init(pthread_cond_t *cv)
+{
+	pthread_condattr_t ca;
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_cond_init(cv, &ca);
+	pthread_condattr_destroy(&ca);
+}
+
+static void aio_cb(void *arg)
+{
+	link *l = arg;
+	pthread_mutex_lock(&l->amu);
+	l->adone = true;
+	pthread_cond_signal(&l->acv);
+	pthread_mutex_unlock(&l->amu);
+}
+
+/* aio_run sends (send) or receives on l->aio and waits up to l->wait_ms,
+ * cancelling the operation when it is late; returns nng's result. */
+static int aio_run(link *l, bool send)
+{
+	struct timespec until = abs_time(l->wait_ms / 1000.0);
+	bool done;
+
+	pthread_mutex_lock(&l->amu);
+	l->adone = false;
+	pthread_mutex_unlock(&l->amu);
+	if (send)
+		nng_send_aio(l->sock, l->aio);
+	else
+		nng_recv_aio(l->sock, l->aio);
+	pthread_mutex_lock(&l->amu);
+	while (!l->adone && pthread_cond_timedwait(&l->acv, &l->amu, &until) == 0)
+		;
+	done = l->adone;
+	pthread_mutex_unlock(&l->amu);
+	if (!done)
+		nng_aio_cancel(l->aio);
+	nng_aio_wait(l->aio);
+	return !done && nng_aio_result(l->aio) == NNG_ECANCELED ? NNG_ETIMEDOUT
+	                                                        : nng_aio_result(l->aio);
+}
+
+/* exchange sends q on l's socket and decodes the reply into r without
+ * judging r->ok; *msg keeps the reply alive (r's strings point into it; the
+ * caller frees it). Errors name the stage and the worker. */
+static pt_err exchange(link *l, pt_fb_builder *b, const pt_worker_request *q, pt_worker_reply *r,
+                       nng_msg **msg)
 {
 	const uint8_t *data;
 	size_t size;
@@ -44,47 +145,68 @@ static pt_err call(link *l, const char *url, int stage, pt_fb_builder *b,
 
 	*msg = NULL;
 	if ((rv = pt_handshake_encode_request(b, q, &data, &size)) != PT_OK)
-		return pt_set_error(rv, "stage %d (worker %s): %s", stage, url, pt_last_error());
+		return pt_set_error(rv, "stage %d (worker %s): %s", l->stage, l->url,
+		                    pt_last_error());
 	if ((nrv = nng_msg_alloc(&m, size)) != 0)
-		return pt_set_error(PT_ERR_NOMEM, "stage %d (worker %s): %s", stage, url,
+		return pt_set_error(PT_ERR_NOMEM, "stage %d (worker %s): %s", l->stage, l->url,
 		                    nng_strerror(nrv));
 	memcpy(nng_msg_body(m), data, size);
-	if ((nrv = nng_sendmsg(l->sock, m, 0)) != 0) {
-		nng_msg_free(m);
-		return pt_set_error(PT_ERR_IO, "stage %d (worker %s): sending %s: %s", stage, url,
-		                    q->is_join ? "StageJoin" : "StagePeers", nng_strerror(nrv));
-	}
-	if ((nrv = nng_recvmsg(l->sock, &m, 0)) != 0)
+	nng_aio_set_msg(l->aio, m);
+	if ((nrv = aio_run(l, true)) != 0) {
+		nng_msg_free(m); /* a failed send leaves the message ours */
 		return pt_set_error(nrv == NNG_ETIMEDOUT ? PT_ERR_TIMEOUT : PT_ERR_IO,
-		                    "stage %d (worker %s): no reply to %s: %s", stage, url,
-		                    q->is_join ? "StageJoin" : "StagePeers", nng_strerror(nrv));
-	*msg = m;
-	if ((rv = pt_handshake_decode_reply(nng_msg_body(m), nng_msg_len(m), q->is_join, r)) !=
-	    PT_OK)
-		return pt_set_error(rv, "stage %d (worker %s): %s", stage, url, pt_last_error());
+		                    "stage %d (worker %s): sending %s: %s", l->stage, l->url,
+		                    kind_name[q->kind], nng_strerror(nrv));
+	}
+	if ((nrv = aio_run(l, false)) != 0)
+		return pt_set_error(nrv == NNG_ETIMEDOUT ? PT_ERR_TIMEOUT : PT_ERR_IO,
+		                    "stage %d (worker %s): no reply to %s: %s", l->stage, l->url,
+		                    kind_name[q->kind], nng_strerror(nrv));
+	*msg = m = nng_aio_get_msg(l->aio);
+	/* nng bodies are only 4-byte aligned; the verifier needs no more. */
+	if ((rv = pt_handshake_decode_reply(nng_msg_body(m), nng_msg_len(m), q->kind, r)) != PT_OK)
+		return pt_set_error(rv, "stage %d (worker %s): %s", l->stage, l->url,
+		                    pt_last_error());
+	return PT_OK;
+}
+
+/* call is exchange for the handshake: a refusal is PT_ERR_STATE. */
+static pt_err call(link *l, pt_fb_builder *b, const pt_worker_request *q, pt_worker_reply *r,
+                   nng_msg **msg)
+{
+	PT_TRY(exchange(l, b, q, r, msg));
 	if (!r->ok)
-		return pt_set_error(PT_ERR_STATE, "stage %d (worker %s): %s", stage, url,
+		return pt_set_error(PT_ERR_STATE, "stage %d (worker %s): %s", l->stage, l->url,
 		                    r->message ? r->message : "refused");
 	return PT_OK;
 }
 
-static pt_err open_link(link *l, const char *url, int stage, int timeout_ms)
+static void set_timeouts(link *l, int ms)
+{
+	l->wait_ms = ms;
+}
+
+static pt_err open_link(link *l, int timeout_ms)
 {
 	int nrv;
 
 	if ((nrv = nng_req0_open(&l->sock)) != 0)
-		return pt_set_error(PT_ERR_IO, "stage %d (worker %s): %s", stage, url,
+		return pt_set_error(PT_ERR_IO, "stage %d (worker %s): %s", l->stage, l->url,
 		                    nng_strerror(nrv));
 	l->open = true;
+	if ((nrv = nng_aio_alloc(&l->aio, aio_cb, l)) != 0)
+		return pt_set_error(PT_ERR_NOMEM, "stage %d (worker %s): %s", l->stage, l->url,
+		                    nng_strerror(nrv));
+	nng_aio_set_timeout(l->aio, NNG_DURATION_INFINITE);
 	/* One request at a time, never resent: a resent StageJoin would look
-	 * like a second job to a worker that took the first. */
-	nng_socket_set_ms(l->sock, NNG_OPT_RECVTIMEO, timeout_ms);
-	nng_socket_set_ms(l->sock, NNG_OPT_SENDTIMEO, timeout_ms);
+	 * like a second job to a worker that took the first. A ping that gets
+	 * no reply is simply superseded by the next one. */
+	set_timeouts(l, timeout_ms);
 	nng_socket_set_ms(l->sock, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE);
 	nng_socket_set_size(l->sock, NNG_OPT_RECVMAXSZ, MAX_REPLY_BYTES);
-	if ((nrv = nng_dial(l->sock, url, NULL, 0)) != 0)
-		return pt_set_error(PT_ERR_IO, "stage %d (worker %s): cannot connect: %s", stage,
-		                    url, nng_strerror(nrv));
+	if ((nrv = nng_dial(l->sock, l->url, NULL, 0)) != 0)
+		return pt_set_error(PT_ERR_IO, "stage %d (worker %s): cannot connect: %s", l->stage,
+		                    l->url, nng_strerror(nrv));
 	return PT_OK;
 }
 
@@ -106,23 +228,241 @@ static void local_host(nng_msg *msg, char *out, size_t n)
 		snprintf(out, n, "[%s]", ip);
 }
 
-pt_err pt_job_workers_join(const pt_job_workers_options *o, pt_comm **coord)
+/* ----------------------------------------------------------- heartbeats -- */
+
+/* declare records l's verdict (ws->mu held) and wakes wait_lost. */
+static void declare(link *l, const char *fmt, const char *detail)
 {
-	link links[PT_MAX_STAGES];
+	pt_job_workers *ws = l->ws;
+	char what[400];
+
+	snprintf(what, sizeof(what), fmt, detail);
+	snprintf(l->why, sizeof(l->why), "stage %d on worker %s: %s", l->stage, l->url, what);
+	l->lost = true;
+	if (ws->first_lost < 0)
+		ws->first_lost = l->stage;
+	pthread_cond_broadcast(&ws->cv);
+}
+
+/* hb_main pings l's session every timeout / 4 until ws stops or l is lost. */
+static void *hb_main(void *arg)
+{
+	link *l = arg;
+	pt_job_workers *ws = l->ws;
+	double timeout = ws->timeout_ms / 1000.0, interval = timeout / 4;
+	char secs[32];
+	pt_fb_builder b;
+
+	snprintf(secs, sizeof(secs), "%.1f", timeout);
+	if (pt_fb_builder_init(&b, 256) != PT_OK) {
+		pthread_mutex_lock(&ws->mu);
+		declare(l, "%s", "cannot allocate its heartbeat");
+		pthread_mutex_unlock(&ws->mu);
+		pt_nng_comm_mark_lost(ws->comm, l->stage + 1);
+		return NULL;
+	}
+	pthread_mutex_lock(&ws->mu);
+	while (!ws->stopping && !l->lost) {
+		double t0 = pt_now(), wait = l->last_ok + timeout - t0;
+		pt_worker_request q = {.kind = PT_WORKER_PING, .session = l->session};
+		pt_worker_reply r;
+		nng_msg *msg = NULL;
+		pt_err rv;
+		struct timespec until;
+
+		pthread_mutex_unlock(&ws->mu);
+		wait = wait < interval ? wait : interval;
+		set_timeouts(l, wait * 1000 > MIN_WAIT_MS ? (int)(wait * 1000) : MIN_WAIT_MS);
+		rv = exchange(l, &b, &q, &r, &msg);
+		pthread_mutex_lock(&ws->mu);
+		if (rv == PT_OK && r.ok)
+			l->last_ok = pt_now();
+		else if (rv == PT_OK && !ws->stopping)
+			declare(l, "the worker dropped the session: %s",
+			        r.message ? r.message : "refused");
+		else if (rv != PT_OK && rv != PT_ERR_TIMEOUT)
+			pt_debug("stage %d (worker %s): ping: %s", l->stage, l->url,
+			         pt_last_error());
+		nng_msg_free(msg);
+		if (!l->lost && !ws->stopping && pt_now() - l->last_ok >= timeout)
+			declare(l, "no heartbeat for %s s", secs);
+		if (l->lost) {
+			pthread_mutex_unlock(&ws->mu);
+			pt_warn("%s", l->why);
+			pt_nng_comm_mark_lost(ws->comm, l->stage + 1);
+			pthread_mutex_lock(&ws->mu);
+			break;
+		}
+		wait = t0 + interval - pt_now();
+		if (l->last_ok + timeout - pt_now() < wait)
+			wait = l->last_ok + timeout - pt_now();
+		until = abs_time(wait);
+		while (!ws->stopping && pt_now() < t0 + interval &&
+		       pthread_cond_timedwait(&ws->cv, &ws->mu, &until) == 0)
+			;
+	}
+	pthread_mutex_unlock(&ws->mu);
+	pt_fb_builder_fini(&b);
+	return NULL;
+}
+
+/* ------------------------------------------------------------ lifecycle -- */
+
+static pt_err start_heartbeats(pt_job_workers *ws)
+{
+	double now = pt_now();
+
+	for (int s = 0; s < ws->n; s++) {
+		link *l = &ws->links[s];
+		l->last_ok = now;
+		if (pthread_create(&l->hb, NULL, hb_main, l) != 0)
+			return pt_set_error(PT_ERR_NOMEM, "heartbeat thread of stage %d", s);
+		l->hb_started = true;
+	}
+	return PT_OK;
+}
+
+void pt_job_workers_stop_heartbeats(pt_job_workers *ws)
+{
+	if (ws == NULL)
+		return;
+	pthread_mutex_lock(&ws->mu);
+	ws->stopping = true;
+	pthread_cond_broadcast(&ws->cv);
+	pthread_mutex_unlock(&ws->mu);
+	for (int s = 0; s < ws->n; s++)
+		if (ws->links[s].hb_started) {
+			pthread_join(ws->links[s].hb, NULL);
+			ws->links[s].hb_started = false;
+		}
+}
+
+void pt_job_workers_end(pt_job_workers *ws)
+{
+	pt_fb_builder b;
+	bool have_b;
+
+	if (ws == NULL)
+		return;
+	pt_job_workers_stop_heartbeats(ws);
+	/* End the sessions: a joined one is cancelled, a running one's stage
+	 * returns, and the worker is idle when it answers. Lost workers are left
+	 * alone (they end a session on their own when the pings stop). */
+	have_b = pt_fb_builder_init(&b, 256) == PT_OK;
+	for (int s = 0; s < ws->n; s++) {
+		link *l = &ws->links[s];
+		if (have_b && (l->joined || l->running) && !l->lost) {
+			pt_worker_request q = {.kind = PT_WORKER_PEERS, .session = l->session};
+			pt_worker_reply r;
+			nng_msg *msg = NULL;
+			set_timeouts(l, ws->timeout_ms);
+			if (call(l, &b, &q, &r, &msg) != PT_OK)
+				pt_debug("ending the session: %s", pt_last_error());
+			nng_msg_free(msg);
+		}
+		if (l->open)
+			nng_close(l->sock); /* nothing is pending on it */
+		if (l->aio != NULL)
+			nng_aio_free(l->aio);
+		pthread_cond_destroy(&l->acv);
+		pthread_mutex_destroy(&l->amu);
+	}
+	if (have_b)
+		pt_fb_builder_fini(&b);
+	pt_comm_destroy(ws->comm);
+	pthread_cond_destroy(&ws->cv);
+	pthread_mutex_destroy(&ws->mu);
+	free(ws);
+}
+
+pt_comm *pt_job_workers_comm(const pt_job_workers *ws)
+{
+	return ws->comm;
+}
+
+bool pt_job_workers_is_lost(pt_job_workers *ws, int stage)
+{
+	bool lost;
+
+	if (ws == NULL || stage < 0 || stage >= ws->n)
+		return false;
+	pthread_mutex_lock(&ws->mu);
+	lost = ws->links[stage].lost;
+	pthread_mutex_unlock(&ws->mu);
+	return lost;
+}
+
+int pt_job_workers_wait_lost(pt_job_workers *ws, int ms, char *why, size_t n)
+{
+	struct timespec until = abs_time(ms / 1000.0);
+	int s;
+
+	if (ws == NULL)
+		return -1;
+	pthread_mutex_lock(&ws->mu);
+	while (ws->first_lost < 0 && !ws->stopping &&
+	       pthread_cond_timedwait(&ws->cv, &ws->mu, &until) == 0)
+		;
+	s = ws->first_lost;
+	if (s >= 0 && why != NULL && n > 0)
+		snprintf(why, n, "%s", ws->links[s].why);
+	pthread_mutex_unlock(&ws->mu);
+	return s;
+}
+
+/* join_one sends StageJoin q to l. A worker busy with another session is
+ * asked again every BUSY_RETRY_MS for up to the heartbeat timeout plus a
+ * second: if that session's coordinator is gone (a server restarted after a
+ * crash, resuming its job), the worker drops it within its timeout. */
+static pt_err join_one(link *l, pt_fb_builder *b, const pt_worker_request *q, pt_worker_reply *r,
+                       nng_msg **msg)
+{
+	double give_up = pt_now() + q->timeout_ms / 1000.0 + 1.0;
+	pt_err rv;
+
+	while ((rv = call(l, b, q, r, msg)) == PT_ERR_STATE && r->busy && pt_now() < give_up) {
+		nng_msg_free(*msg);
+		*msg = NULL;
+		nanosleep(&(struct timespec){0, BUSY_RETRY_MS * 1000000L}, NULL);
+	}
+	return rv;
+}
+
+pt_err pt_job_workers_join(const pt_job_workers_options *o, pt_job_workers **out, int *failed)
+{
 	const char *urls[PT_MAX_STAGES + 1];
 	char host[300];
 	char listen[400];
-	int timeout = o->timeout_ms > 0 ? o->timeout_ms : DEFAULT_TIMEOUT_MS;
+	int timeout = o->timeout_ms > 0 ? o->timeout_ms : PT_JOB_WORKER_TIMEOUT_MS;
+	pt_job_workers *ws;
 	pt_fb_builder b;
-	pt_comm *c = NULL;
 	pt_err rv = PT_OK;
 
-	*coord = NULL;
+	*out = NULL;
+	if (failed)
+		*failed = -1;
 	if (o->n < 1 || o->n > PT_MAX_STAGES)
 		return pt_set_error(PT_ERR_RANGE, "placement.workers: %d URLs (1 to %d)", o->n,
 		                    PT_MAX_STAGES);
-	memset(links, 0, sizeof(links));
-	PT_TRY(pt_fb_builder_init(&b, 1024));
+	if ((ws = calloc(1, sizeof(*ws))) == NULL)
+		return pt_set_error(PT_ERR_NOMEM, "workers");
+	ws->n = o->n;
+	ws->timeout_ms = timeout;
+	ws->first_lost = -1;
+	pthread_mutex_init(&ws->mu, NULL);
+	mono_cond_init(&ws->cv);
+	for (int s = 0; s < o->n; s++) {
+		link *l = &ws->links[s];
+		l->ws = ws;
+		l->stage = s;
+		l->url = o->urls[s];
+		pthread_mutex_init(&l->amu, NULL);
+		mono_cond_init(&l->acv);
+	}
+	if ((rv = pt_fb_builder_init(&b, 1024)) != PT_OK) {
+		pt_job_workers_end(ws);
+		return rv;
+	}
 	snprintf(host, sizeof(host), "127.0.0.1");
 	if (o->advertise_host != NULL && o->advertise_host[0] != '\0')
 		snprintf(host, sizeof(host),
@@ -131,79 +471,82 @@ pt_err pt_job_workers_join(const pt_job_workers_options *o, pt_comm **coord)
 		         o->advertise_host);
 
 	for (int s = 0; s < o->n && rv == PT_OK; s++) {
-		pt_worker_request q = {.is_join = true,
+		link *l = &ws->links[s];
+		pt_worker_request q = {.kind = PT_WORKER_JOIN,
 		                       .protocol = PT_WORKER_PROTOCOL,
 		                       .token = o->token,
 		                       .rank = s + 1,
 		                       .world = o->n + 1,
-		                       .compress = o->compress};
+		                       .compress = o->compress,
+		                       .timeout_ms = timeout};
 		pt_worker_reply r;
 		nng_msg *msg = NULL;
-		if ((rv = open_link(&links[s], o->urls[s], s, timeout)) == PT_OK &&
-		    (rv = call(&links[s], o->urls[s], s, &b, &q, &r, &msg)) == PT_OK) {
-			links[s].joined = true;
-			links[s].session = r.session;
+		if ((rv = open_link(l, timeout)) == PT_OK &&
+		    (rv = join_one(l, &b, &q, &r, &msg)) == PT_OK) {
+			l->joined = true;
+			l->session = r.session;
 			if (r.data_url == NULL || r.data_url[0] == '\0' ||
-			    strlen(r.data_url) >= sizeof(links[s].data_url))
+			    strlen(r.data_url) >= sizeof(l->data_url))
 				rv = pt_set_error(PT_ERR_FORMAT,
 				                  "stage %d (worker %s): no usable data URL", s,
-				                  o->urls[s]);
+				                  l->url);
 			else
-				snprintf(links[s].data_url, sizeof(links[s].data_url), "%s",
-				         r.data_url);
+				snprintf(l->data_url, sizeof(l->data_url), "%s", r.data_url);
 			if (s == 0 && (o->advertise_host == NULL || o->advertise_host[0] == '\0'))
 				local_host(msg, host, sizeof(host));
 		}
+		if (rv != PT_OK && failed)
+			*failed = s;
 		nng_msg_free(msg);
 	}
 	if (rv == PT_OK) {
-		pt_nng_options no = {
-		    .listen_url = listen, .world = o->n + 1, .rank = 0, .compress = o->compress};
+		/* A send that the peer does not take within the heartbeat timeout
+		 * fails: the coordinator is never stuck longer than a verdict. */
+		pt_nng_options no = {.listen_url = listen,
+		                     .world = o->n + 1,
+		                     .rank = 0,
+		                     .compress = o->compress,
+		                     .send_timeout_ms = timeout};
 		snprintf(listen, sizeof(listen), "tcp://%s:0", host);
-		if ((rv = pt_nng_comm_create(&c, &no)) != PT_OK)
+		if ((rv = pt_nng_comm_create(&ws->comm, &no)) != PT_OK)
 			rv = pt_set_error(rv, "coordinator: listening on %s: %s", listen,
 			                  pt_last_error());
 	}
 	if (rv == PT_OK) {
-		urls[0] = pt_nng_comm_url(c);
+		urls[0] = pt_nng_comm_url(ws->comm);
 		for (int s = 0; s < o->n; s++)
-			urls[s + 1] = links[s].data_url;
+			urls[s + 1] = ws->links[s].data_url;
 	}
 	for (int s = 0; s < o->n && rv == PT_OK; s++) {
-		pt_worker_request q = {.session = links[s].session, .n_urls = o->n + 1};
+		link *l = &ws->links[s];
+		pt_worker_request q = {
+		    .kind = PT_WORKER_PEERS, .session = l->session, .n_urls = o->n + 1};
 		pt_worker_reply r;
 		nng_msg *msg = NULL;
 		memcpy(q.urls, urls, sizeof(char *) * (size_t)(o->n + 1));
-		rv = call(&links[s], o->urls[s], s, &b, &q, &r, &msg);
+		rv = call(l, &b, &q, &r, &msg);
 		nng_msg_free(msg);
-		if (rv == PT_OK)
-			links[s].joined = false; /* serving now: a cancel would not apply */
+		if (rv == PT_OK) {
+			l->joined = false;
+			l->running = true;
+		} else if (failed) {
+			*failed = s;
+		}
 	}
-	if (rv == PT_OK && (rv = pt_nng_comm_connect(c, urls)) != PT_OK)
+	if (rv == PT_OK && (rv = pt_nng_comm_connect(ws->comm, urls)) != PT_OK)
 		rv =
 		    pt_set_error(rv, "coordinator: connecting to the workers: %s", pt_last_error());
-
-	/* Cancel sessions that were joined but never got their peers, so those
-	 * workers are free again at once (best effort; they also expire). */
-	for (int s = 0; s < o->n; s++) {
-		if (rv != PT_OK && links[s].joined) {
-			char msg_copy[1024];
-			pt_worker_request q = {.session = links[s].session};
-			pt_worker_reply r;
-			nng_msg *msg = NULL;
-			snprintf(msg_copy, sizeof(msg_copy), "%s", pt_last_error());
-			call(&links[s], o->urls[s], s, &b, &q, &r, &msg);
-			nng_msg_free(msg);
-			pt_set_error(rv, "%s", msg_copy);
-		}
-		if (links[s].open)
-			nng_close(links[s].sock);
-	}
+	if (rv == PT_OK)
+		rv = start_heartbeats(ws);
 	pt_fb_builder_fini(&b);
 	if (rv != PT_OK) {
-		pt_comm_destroy(c);
-		return rv;
+		/* End the sessions made so far, so those workers are free again at
+		 * once (best effort; they also expire), keeping this error. */
+		char msg_copy[1024];
+		snprintf(msg_copy, sizeof(msg_copy), "%s", pt_last_error());
+		pt_job_workers_end(ws);
+		return pt_set_error(rv, "%s", msg_copy);
 	}
-	*coord = c;
+	*out = ws;
 	return PT_OK;
 }

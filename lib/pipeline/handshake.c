@@ -1,15 +1,17 @@
-/* handshake.c - WorkerRequest, StageJoinReply and StagePeersReply
- * (schema/stage.fbs) built and verified with lib/fb. */
+/* handshake.c - WorkerRequest, StageJoinReply, StagePeersReply and
+ * StagePingReply (schema/stage.fbs) built and verified with lib/fb. */
 #include "handshake.h"
 
 #include <string.h>
 
 /* Field ids follow the declaration order in schema/stage.fbs. */
-enum { JOIN_PROTOCOL, JOIN_TOKEN, JOIN_RANK, JOIN_WORLD, JOIN_COMPRESS };
-enum { JREPLY_OK, JREPLY_MESSAGE, JREPLY_DATA_URL, JREPLY_SESSION };
+enum { JOIN_PROTOCOL, JOIN_TOKEN, JOIN_RANK, JOIN_WORLD, JOIN_COMPRESS, JOIN_TIMEOUT };
+enum { JREPLY_OK, JREPLY_MESSAGE, JREPLY_DATA_URL, JREPLY_SESSION, JREPLY_BUSY };
 enum { PEERS_URLS, PEERS_SESSION };
 enum { PREPLY_OK, PREPLY_MESSAGE };
-enum { REQUEST_JOIN, REQUEST_PEERS };
+enum { PING_SESSION };
+enum { GREPLY_OK, GREPLY_MESSAGE, GREPLY_BUSY };
+enum { REQUEST_JOIN, REQUEST_PEERS, REQUEST_PING };
 
 static const pt_fb_field_desc join_fields[] = {
     PT_FB_FIELD_SCALAR(JOIN_PROTOCOL, "protocol", 4),
@@ -17,6 +19,7 @@ static const pt_fb_field_desc join_fields[] = {
     PT_FB_FIELD_SCALAR(JOIN_RANK, "rank", 4),
     PT_FB_FIELD_SCALAR(JOIN_WORLD, "world", 4),
     PT_FB_FIELD_SCALAR(JOIN_COMPRESS, "compress", 1),
+    PT_FB_FIELD_SCALAR(JOIN_TIMEOUT, "timeout_ms", 4),
 };
 static const pt_fb_table_desc join_desc = PT_FB_TABLE_DESC("StageJoin", join_fields);
 
@@ -26,9 +29,15 @@ static const pt_fb_field_desc peers_fields[] = {
 };
 static const pt_fb_table_desc peers_desc = PT_FB_TABLE_DESC("StagePeers", peers_fields);
 
+static const pt_fb_field_desc ping_fields[] = {
+    PT_FB_FIELD_SCALAR(PING_SESSION, "session", 8),
+};
+static const pt_fb_table_desc ping_desc = PT_FB_TABLE_DESC("StagePing", ping_fields);
+
 static const pt_fb_field_desc request_fields[] = {
     PT_FB_FIELD_TABLE(REQUEST_JOIN, "join", &join_desc, false),
     PT_FB_FIELD_TABLE(REQUEST_PEERS, "peers", &peers_desc, false),
+    PT_FB_FIELD_TABLE(REQUEST_PING, "ping", &ping_desc, false),
 };
 static const pt_fb_table_desc request_desc = PT_FB_TABLE_DESC("WorkerRequest", request_fields);
 
@@ -37,6 +46,7 @@ static const pt_fb_field_desc jreply_fields[] = {
     PT_FB_FIELD_STRING(JREPLY_MESSAGE, "message", false),
     PT_FB_FIELD_STRING(JREPLY_DATA_URL, "data_url", false),
     PT_FB_FIELD_SCALAR(JREPLY_SESSION, "session", 8),
+    PT_FB_FIELD_SCALAR(JREPLY_BUSY, "busy", 1),
 };
 static const pt_fb_table_desc jreply_desc = PT_FB_TABLE_DESC("StageJoinReply", jreply_fields);
 
@@ -45,6 +55,24 @@ static const pt_fb_field_desc preply_fields[] = {
     PT_FB_FIELD_STRING(PREPLY_MESSAGE, "message", false),
 };
 static const pt_fb_table_desc preply_desc = PT_FB_TABLE_DESC("StagePeersReply", preply_fields);
+
+static const pt_fb_field_desc greply_fields[] = {
+    PT_FB_FIELD_SCALAR(GREPLY_OK, "ok", 1),
+    PT_FB_FIELD_STRING(GREPLY_MESSAGE, "message", false),
+    PT_FB_FIELD_SCALAR(GREPLY_BUSY, "busy", 1),
+};
+static const pt_fb_table_desc greply_desc = PT_FB_TABLE_DESC("StagePingReply", greply_fields);
+
+static const pt_fb_table_desc *const reply_desc[] = {
+    [PT_WORKER_PEERS] = &preply_desc,
+    [PT_WORKER_JOIN] = &jreply_desc,
+    [PT_WORKER_PING] = &greply_desc,
+};
+static const int request_field[] = {
+    [PT_WORKER_PEERS] = REQUEST_PEERS,
+    [PT_WORKER_JOIN] = REQUEST_JOIN,
+    [PT_WORKER_PING] = REQUEST_PING,
+};
 
 pt_err pt_handshake_encode_request(pt_fb_builder *b, const pt_worker_request *q,
                                    const uint8_t **data, size_t *size)
@@ -55,8 +83,10 @@ pt_err pt_handshake_encode_request(pt_fb_builder *b, const pt_worker_request *q,
 	if (q->n_urls < 0 || q->n_urls > PT_MAX_STAGES + 1)
 		return pt_set_error(PT_ERR_RANGE, "StagePeers: %d URLs (at most %d)", q->n_urls,
 		                    PT_MAX_STAGES + 1);
+	if ((unsigned)q->kind > PT_WORKER_PING)
+		return pt_set_error(PT_ERR_INVALID, "WorkerRequest: kind %d", (int)q->kind);
 	pt_fb_builder_reset(b);
-	if (q->is_join) {
+	if (q->kind == PT_WORKER_JOIN) {
 		if (q->token != NULL)
 			pt_fb_create_cstring(b, q->token, &token);
 		pt_fb_start_table(b);
@@ -65,6 +95,11 @@ pt_err pt_handshake_encode_request(pt_fb_builder *b, const pt_worker_request *q,
 		pt_fb_force_i32(b, JOIN_RANK, q->rank);
 		pt_fb_force_i32(b, JOIN_WORLD, q->world);
 		pt_fb_add_bool(b, JOIN_COMPRESS, q->compress, false);
+		pt_fb_add_i32(b, JOIN_TIMEOUT, q->timeout_ms, 0);
+		pt_fb_end_table(b, &inner);
+	} else if (q->kind == PT_WORKER_PING) {
+		pt_fb_start_table(b);
+		pt_fb_force_u64(b, PING_SESSION, q->session);
 		pt_fb_end_table(b, &inner);
 	} else {
 		for (int i = 0; i < q->n_urls; i++)
@@ -77,14 +112,14 @@ pt_err pt_handshake_encode_request(pt_fb_builder *b, const pt_worker_request *q,
 		pt_fb_end_table(b, &inner);
 	}
 	pt_fb_start_table(b);
-	pt_fb_add_offset(b, q->is_join ? REQUEST_JOIN : REQUEST_PEERS, inner);
+	pt_fb_add_offset(b, request_field[q->kind], inner);
 	pt_fb_end_table(b, &root);
 	return pt_fb_finish(b, root, NULL, data, size);
 }
 
 pt_err pt_handshake_decode_request(const void *buf, size_t len, pt_worker_request *q)
 {
-	const uint8_t *t, *join, *peers, *vec;
+	const uint8_t *t, *join, *peers, *ping, *vec;
 	uint32_t n;
 
 	memset(q, 0, sizeof(*q));
@@ -93,18 +128,26 @@ pt_err pt_handshake_decode_request(const void *buf, size_t len, pt_worker_reques
 	t = pt_fb_root(buf);
 	join = pt_fb_get_table(t, REQUEST_JOIN);
 	peers = pt_fb_get_table(t, REQUEST_PEERS);
-	if ((join == NULL) == (peers == NULL))
+	ping = pt_fb_get_table(t, REQUEST_PING);
+	if ((join != NULL) + (peers != NULL) + (ping != NULL) != 1)
 		return pt_set_error(PT_ERR_FORMAT,
-		                    "WorkerRequest: exactly one of join and peers expected");
+		                    "WorkerRequest: exactly one of join, peers and ping expected");
 	if (join != NULL) {
-		q->is_join = true;
+		q->kind = PT_WORKER_JOIN;
 		q->protocol = pt_fb_get_i32(join, JOIN_PROTOCOL, 0);
 		q->token = pt_fb_get_string(join, JOIN_TOKEN, NULL);
 		q->rank = pt_fb_get_i32(join, JOIN_RANK, 0);
 		q->world = pt_fb_get_i32(join, JOIN_WORLD, 0);
 		q->compress = pt_fb_get_bool(join, JOIN_COMPRESS, false);
+		q->timeout_ms = pt_fb_get_i32(join, JOIN_TIMEOUT, 0);
 		return PT_OK;
 	}
+	if (ping != NULL) {
+		q->kind = PT_WORKER_PING;
+		q->session = pt_fb_get_u64(ping, PING_SESSION, 0);
+		return PT_OK;
+	}
+	q->kind = PT_WORKER_PEERS;
 	q->session = pt_fb_get_u64(peers, PEERS_SESSION, 0);
 	vec = pt_fb_get_vector(peers, PEERS_URLS, &n);
 	if (n > PT_MAX_STAGES + 1)
@@ -116,10 +159,11 @@ pt_err pt_handshake_decode_request(const void *buf, size_t len, pt_worker_reques
 	return PT_OK;
 }
 
-pt_err pt_handshake_encode_reply(pt_fb_builder *b, bool join, const pt_worker_reply *r,
+pt_err pt_handshake_encode_reply(pt_fb_builder *b, pt_worker_msg kind, const pt_worker_reply *r,
                                  const uint8_t **data, size_t *size)
 {
 	pt_fb_ref msg = 0, url = 0, root = 0;
+	bool join = kind == PT_WORKER_JOIN;
 
 	pt_fb_builder_reset(b);
 	if (r->message != NULL)
@@ -130,27 +174,36 @@ pt_err pt_handshake_encode_reply(pt_fb_builder *b, bool join, const pt_worker_re
 	if (join) {
 		pt_fb_add_u64(b, JREPLY_SESSION, r->session, 0);
 		pt_fb_add_offset(b, JREPLY_DATA_URL, url);
+		pt_fb_add_bool(b, JREPLY_BUSY, r->busy, false);
 	}
 	pt_fb_add_offset(b, JREPLY_MESSAGE, msg);
+	if (kind == PT_WORKER_PING)
+		pt_fb_add_bool(b, GREPLY_BUSY, r->busy, false);
 	pt_fb_force_bool(b, JREPLY_OK, r->ok);
 	pt_fb_end_table(b, &root);
 	return pt_fb_finish(b, root, NULL, data, size);
 }
 
-pt_err pt_handshake_decode_reply(const void *buf, size_t len, bool join, pt_worker_reply *r)
+pt_err pt_handshake_decode_reply(const void *buf, size_t len, pt_worker_msg kind,
+                                 pt_worker_reply *r)
 {
 	const uint8_t *t;
 
 	memset(r, 0, sizeof(*r));
-	if (pt_fb_verify(buf, len, join ? &jreply_desc : &preply_desc, NULL, NULL) != PT_OK)
-		return pt_set_error(PT_ERR_FORMAT, "malformed %s: %s",
-		                    join ? "StageJoinReply" : "StagePeersReply", pt_last_error());
+	if ((unsigned)kind > PT_WORKER_PING)
+		return pt_set_error(PT_ERR_INVALID, "reply to a request of kind %d", (int)kind);
+	if (pt_fb_verify(buf, len, reply_desc[kind], NULL, NULL) != PT_OK)
+		return pt_set_error(PT_ERR_FORMAT, "malformed %s: %s", reply_desc[kind]->name,
+		                    pt_last_error());
 	t = pt_fb_root(buf);
 	r->ok = pt_fb_get_bool(t, JREPLY_OK, false);
 	r->message = pt_fb_get_string(t, JREPLY_MESSAGE, NULL);
-	if (join) {
+	if (kind == PT_WORKER_JOIN) {
 		r->data_url = pt_fb_get_string(t, JREPLY_DATA_URL, NULL);
 		r->session = pt_fb_get_u64(t, JREPLY_SESSION, 0);
+		r->busy = pt_fb_get_bool(t, JREPLY_BUSY, false);
+	} else if (kind == PT_WORKER_PING) {
+		r->busy = pt_fb_get_bool(t, GREPLY_BUSY, false);
 	}
 	return PT_OK;
 }

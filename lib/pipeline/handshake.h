@@ -18,30 +18,36 @@
 #include "fb.h"
 #include "pipeline.h"
 
-/* The handshake protocol version this build speaks. */
-#define PT_WORKER_PROTOCOL 1
+/* The handshake protocol version this build speaks (2: heartbeats). */
+#define PT_WORKER_PROTOCOL 2
 
-/* What a coordinator sends: a join (is_join) or the peer list. */
+/* Which request a WorkerRequest carries. */
+typedef enum pt_worker_msg { PT_WORKER_PEERS, PT_WORKER_JOIN, PT_WORKER_PING } pt_worker_msg;
+
+/* What a coordinator sends: a join, the peer list or a ping. */
 typedef struct pt_worker_request {
-	bool is_join;
+	pt_worker_msg kind;
 	/* StageJoin */
 	int32_t protocol;
 	const char *token; /* NULL: none presented */
 	int32_t rank, world;
 	bool compress;
-	/* StagePeers: n_urls == 0 cancels the session */
+	int32_t timeout_ms; /* heartbeat timeout (0: the worker's default) */
+	/* StagePeers (n_urls == 0 ends the session) and StagePing (0: state only) */
 	uint64_t session;
 	const char *urls[PT_MAX_STAGES + 1];
 	int n_urls;
 } pt_worker_request;
 
-/* What a worker answers (StageJoinReply; StagePeersReply has no data_url
- * nor session). */
+/* What a worker answers (StageJoinReply; StagePeersReply has only ok and
+ * message; StagePingReply ok, message and busy). */
 typedef struct pt_worker_reply {
 	bool ok;
 	const char *message;  /* NULL when absent */
 	const char *data_url; /* join: the stage communicator's URL */
 	uint64_t session;     /* join: to quote in StagePeers */
+	bool busy;            /* ping: a session is joined or running; join: refused for
+	                       * that reason (retry once that session ends) */
 } pt_worker_reply;
 
 /* pt_handshake_encode_request writes q as a WorkerRequest root into b. */
@@ -49,17 +55,18 @@ pt_err pt_handshake_encode_request(pt_fb_builder *b, const pt_worker_request *q,
                                    const uint8_t **data, size_t *size);
 
 /* pt_handshake_decode_request verifies buf and reads it into *q. A request
- * with neither or both of join and peers, or more than PT_MAX_STAGES + 1
- * URLs, is PT_ERR_FORMAT. */
+ * with not exactly one of join, peers and ping, or more than
+ * PT_MAX_STAGES + 1 URLs, is PT_ERR_FORMAT. */
 pt_err pt_handshake_decode_request(const void *buf, size_t len, pt_worker_request *q);
 
-/* pt_handshake_encode_reply writes r as a StageJoinReply (join) or a
- * StagePeersReply root into b. */
-pt_err pt_handshake_encode_reply(pt_fb_builder *b, bool join, const pt_worker_reply *r,
+/* pt_handshake_encode_reply writes r as the reply to a request of kind
+ * (StageJoinReply, StagePeersReply or StagePingReply) as a root into b. */
+pt_err pt_handshake_encode_reply(pt_fb_builder *b, pt_worker_msg kind, const pt_worker_reply *r,
                                  const uint8_t **data, size_t *size);
 
-/* pt_handshake_decode_reply verifies buf as the reply to a join (join) or to
- * a peer list and reads it into *r. */
-pt_err pt_handshake_decode_reply(const void *buf, size_t len, bool join, pt_worker_reply *r);
+/* pt_handshake_decode_reply verifies buf as the reply to a request of kind
+ * and reads it into *r. */
+pt_err pt_handshake_decode_reply(const void *buf, size_t len, pt_worker_msg kind,
+                                 pt_worker_reply *r);
 
 #endif
