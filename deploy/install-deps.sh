@@ -19,9 +19,13 @@ packages=(
 	python3 python3-flatbuffers python3-numpy  # data tools, Python client tests
 	python3-yaml           # tests/deploy_check.py reads the deploy/ YAML files
 )
-# Optional, not installed here: prometheus (promtool, a real scrape) and chromium
-# (dashboard screenshot) for tests/test_http; together ~1 GB installed, ~1m40s.
-# test_http skips those checks without them.
+# Debian only (Ubuntu's chromium is a snap, so the Docker image, built on
+# Ubuntu, leaves them out): prometheus (promtool and a real scrape) and
+# chromium (the dashboard test) for tests/test_http; ~1 GB, ~1m40s. Without
+# them test_http skips those checks. PT_DEPS_NO_BROWSER=1 leaves them out too.
+if grep -qx 'ID=debian' /etc/os-release 2>/dev/null && [ "${PT_DEPS_NO_BROWSER:-0}" != 1 ]; then
+	packages+=(prometheus chromium)
+fi
 
 missing=()
 for p in "${packages[@]}"; do
