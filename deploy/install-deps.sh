@@ -18,6 +18,7 @@ packages=(
 	flatbuffers-compiler libflatbuffers-dev  # flatc interop tests, C++ reference verifier
 	python3 python3-flatbuffers python3-numpy  # data tools, Python client tests
 	python3-yaml           # tests/deploy_check.py reads the deploy/ YAML files
+	iproute2               # ip netns, veth and tc: tests/test_netns, bench/overlap_bench
 )
 # Debian only (Ubuntu's chromium is a snap, so the Docker image, built on
 # Ubuntu, leaves them out): prometheus (promtool and a real scrape) and
