@@ -192,7 +192,7 @@ pt_err pt_backend_device_count(pt_device_kind kind, int *n)
 pt_err pt_backend_alloc(pt_device dev, size_t nbytes, void **out)
 {
 	*out = NULL;
-	return pt_set_error(PT_ERR_UNSUPPORTED, "device memory: " NO_CUDA);
+	return pt_set_error(PT_ERR_UNSUPPORTED, "cuda:%d: device memory: " NO_CUDA, dev.index);
 }
 
 void pt_backend_free(pt_device dev, void *p)
