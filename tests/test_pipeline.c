@@ -581,7 +581,94 @@ static void test_pipeline_control_matches_schema(void)
 	pt_msg_fini(&m);
 }
 
+/* A timeline Reply carries the stage's communicator counters (Reply.comm,
+ * appended to schema/stage.fbs): they read back exactly, a reply without
+ * them reads as has_comm false, a cut buffer is refused by the verifier, and
+ * flatc reads the field by its schema name. */
+static void test_pipeline_reply_carries_comm_stats(void)
+{
+	pt_task_record tasks[2] = {{PT_TASK_FORWARD, 0, 3, 1.0, 1.5},
+	                           {PT_TASK_BACKWARD, 0, 3, 2.0, 2.25}};
+	pt_task_record back_tasks[4];
+	pt_reply r = {.cmd = PT_CMD_TIMELINE, .tasks = tasks, .n_tasks = 2, .has_comm = true};
+	pt_reply back = {.tasks = back_tasks, .cap_tasks = 4};
+	pt_msg m = {0}, cut = {0}, old = {0};
+	char dir[] = "/tmp/pt-reply-XXXXXX", path[256], cmd[1024], json[8192];
+	FILE *f;
+	size_t n;
+
+	r.comm = (pt_comm_stats){.msgs_sent = 5,
+	                         .msgs_recv = 7,
+	                         .bytes_sent = (1ull << 32) + 5,
+	                         .bytes_recv = 123456789012ull,
+	                         .bytes_raw_sent = (1ull << 40) + 1,
+	                         .errors = 2,
+	                         .timeouts = 3,
+	                         .reconnects = 4};
+	PT_CHECK_OK(pt_wire_reply_encode(&m, &r));
+	PT_CHECK_OK(pt_wire_reply_decode(&m, &back));
+	CU_ASSERT_EQUAL(back.cmd, PT_CMD_TIMELINE);
+	CU_ASSERT_EQUAL(back.n_tasks, 2);
+	CU_ASSERT_EQUAL(memcmp(back_tasks, tasks, sizeof(tasks)), 0);
+	CU_ASSERT_TRUE(back.has_comm);
+	CU_ASSERT_EQUAL(memcmp(&back.comm, &r.comm, sizeof(r.comm)), 0);
+
+	/* All-zero counters are still "sent" (an idle stage), not absent. */
+	r.comm = (pt_comm_stats){0};
+	PT_CHECK_OK(pt_wire_reply_encode(&old, &r));
+	PT_CHECK_OK(pt_wire_reply_decode(&old, &back));
+	CU_ASSERT_TRUE(back.has_comm);
+	CU_ASSERT_EQUAL(back.comm.msgs_sent, 0);
+	pt_msg_fini(&old);
+
+	/* A reply without the table (as an older stage sends it). */
+	r.has_comm = false;
+	PT_CHECK_OK(pt_wire_reply_encode(&old, &r));
+	back.comm.msgs_sent = 99;
+	PT_CHECK_OK(pt_wire_reply_decode(&old, &back));
+	CU_ASSERT_FALSE(back.has_comm);
+	CU_ASSERT_EQUAL(back.comm.msgs_sent, 0);
+	CU_ASSERT(old.blob_len < m.blob_len);
+	pt_msg_fini(&old);
+
+	/* Cut short, the buffer no longer verifies. */
+	PT_CHECK_OK(pt_msg_set_blob(&cut, m.blob, m.blob_len / 2));
+	CU_ASSERT_EQUAL(pt_wire_reply_decode(&cut, &back), PT_ERR_FORMAT);
+	pt_msg_fini(&cut);
+
+	if (system("flatc --version > /dev/null 2>&1") != 0) {
+		printf("\n    skip: flatc not installed\n");
+		pt_msg_fini(&m);
+		return;
+	}
+	CU_ASSERT_PTR_NOT_NULL_FATAL(mkdtemp(dir));
+	snprintf(path, sizeof(path), "%s/reply.bin", dir);
+	pt_test_write_file(path, m.blob, m.blob_len);
+	snprintf(cmd, sizeof(cmd),
+	         "flatc --json --strict-json --raw-binary --root-type pipetrain.Reply -o %s "
+	         "%s -- %s",
+	         dir, pt_test_path("schema/stage.fbs"), path);
+	CU_ASSERT_EQUAL_FATAL(system(cmd), 0);
+	snprintf(path, sizeof(path), "%s/reply.json", dir);
+	f = fopen(path, "r");
+	CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+	n = fread(json, 1, sizeof(json) - 1, f);
+	json[n] = '\0';
+	fclose(f);
+	CU_ASSERT_PTR_NOT_NULL(strstr(json, "\"command\": \"Timeline\""));
+	CU_ASSERT_PTR_NOT_NULL(strstr(json, "\"messages_sent\": 5"));
+	CU_ASSERT_PTR_NOT_NULL(strstr(json, "\"bytes_sent\": 4294967301"));
+	CU_ASSERT_PTR_NOT_NULL(strstr(json, "\"bytes_raw_sent\": 1099511627777"));
+	CU_ASSERT_PTR_NOT_NULL(strstr(json, "\"reconnects\": 4"));
+	unlink(path);
+	snprintf(path, sizeof(path), "%s/reply.bin", dir);
+	unlink(path);
+	rmdir(dir);
+	pt_msg_fini(&m);
+}
+
 static const pt_test_case tests[] = {
+    {"test_pipeline_reply_carries_comm_stats", test_pipeline_reply_carries_comm_stats},
     {"test_pipeline_control_matches_schema", test_pipeline_control_matches_schema},
     {"test_pipeline_state_roundtrip_resumes_bitwise",
      test_pipeline_state_roundtrip_resumes_bitwise},

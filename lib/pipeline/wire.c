@@ -9,7 +9,7 @@
 
 /* Field ids follow the declaration order in schema/stage.fbs. */
 enum { CONTROL_COMMAND, CONTROL_GRAD_SCALE, CONTROL_STEP, CONTROL_CONFIG };
-enum { REPLY_COMMAND, REPLY_SQNORMS, REPLY_TASKS, REPLY_STATS, REPLY_STEPS };
+enum { REPLY_COMMAND, REPLY_SQNORMS, REPLY_TASKS, REPLY_STATS, REPLY_STEPS, REPLY_COMM };
 enum {
 	STATS_PEAK_LIVE,
 	STATS_LIVE,
@@ -19,6 +19,16 @@ enum {
 	STATS_STALENESS_SUM,
 	STATS_STALENESS_MAX,
 	STATS_BUSY
+};
+enum {
+	COMM_MESSAGES_SENT,
+	COMM_MESSAGES_RECEIVED,
+	COMM_BYTES_SENT,
+	COMM_BYTES_RECEIVED,
+	COMM_BYTES_RAW_SENT,
+	COMM_ERRORS,
+	COMM_TIMEOUTS,
+	COMM_RECONNECTS
 };
 enum { ERROR_STAGE, ERROR_STEP, ERROR_MICROBATCH, ERROR_CODE, ERROR_MESSAGE };
 
@@ -45,11 +55,25 @@ static const pt_fb_field_desc stats_fields[] = {
 };
 static const pt_fb_table_desc stats_desc = PT_FB_TABLE_DESC("StageStats", stats_fields);
 
+static const pt_fb_field_desc comm_fields[] = {
+    PT_FB_FIELD_SCALAR(COMM_MESSAGES_SENT, "messages_sent", 8),
+    PT_FB_FIELD_SCALAR(COMM_MESSAGES_RECEIVED, "messages_received", 8),
+    PT_FB_FIELD_SCALAR(COMM_BYTES_SENT, "bytes_sent", 8),
+    PT_FB_FIELD_SCALAR(COMM_BYTES_RECEIVED, "bytes_received", 8),
+    PT_FB_FIELD_SCALAR(COMM_BYTES_RAW_SENT, "bytes_raw_sent", 8),
+    PT_FB_FIELD_SCALAR(COMM_ERRORS, "errors", 8),
+    PT_FB_FIELD_SCALAR(COMM_TIMEOUTS, "timeouts", 8),
+    PT_FB_FIELD_SCALAR(COMM_RECONNECTS, "reconnects", 8),
+};
+static const pt_fb_table_desc comm_desc = PT_FB_TABLE_DESC("CommStats", comm_fields);
+
 static const pt_fb_field_desc reply_fields[] = {
     PT_FB_FIELD_SCALAR(REPLY_COMMAND, "command", 1),
     PT_FB_FIELD_VECTOR(REPLY_SQNORMS, "sqnorms", 8, 8, false),
     PT_FB_FIELD_VECTOR(REPLY_TASKS, "tasks", TASK_RECORD_SIZE, 8, false),
     PT_FB_FIELD_TABLE(REPLY_STATS, "stats", &stats_desc, false),
+    PT_FB_FIELD_SCALAR(REPLY_STEPS, "steps", 8),
+    PT_FB_FIELD_TABLE(REPLY_COMM, "comm", &comm_desc, false),
 };
 static const pt_fb_table_desc reply_desc = PT_FB_TABLE_DESC("Reply", reply_fields);
 
@@ -140,7 +164,7 @@ pt_err pt_wire_configure_decode(const pt_msg *m, pt_stage_config *cfg, pt_layer_
 pt_err pt_wire_reply_encode(pt_msg *m, const pt_reply *r)
 {
 	pt_fb_builder b;
-	pt_fb_ref root = 0, sq = 0, tasks = 0, stats = 0;
+	pt_fb_ref root = 0, sq = 0, tasks = 0, stats = 0, comm = 0;
 	PT_TRY(pt_fb_builder_init(&b, 256));
 	if (r->n_sqnorms > 0)
 		pt_fb_create_vector(&b, r->sqnorms, (size_t)r->n_sqnorms, 8, 8, &sq);
@@ -159,11 +183,25 @@ pt_err pt_wire_reply_encode(pt_msg *m, const pt_reply *r)
 		pt_fb_add_i32(&b, STATS_STALENESS_MAX, s->staleness_max, 0);
 		pt_fb_end_table(&b, &stats);
 	}
+	if (r->has_comm) {
+		const pt_comm_stats *k = &r->comm;
+		pt_fb_start_table(&b);
+		pt_fb_add_u64(&b, COMM_MESSAGES_SENT, k->msgs_sent, 0);
+		pt_fb_add_u64(&b, COMM_MESSAGES_RECEIVED, k->msgs_recv, 0);
+		pt_fb_add_u64(&b, COMM_BYTES_SENT, k->bytes_sent, 0);
+		pt_fb_add_u64(&b, COMM_BYTES_RECEIVED, k->bytes_recv, 0);
+		pt_fb_add_u64(&b, COMM_BYTES_RAW_SENT, k->bytes_raw_sent, 0);
+		pt_fb_add_u64(&b, COMM_ERRORS, k->errors, 0);
+		pt_fb_add_u64(&b, COMM_TIMEOUTS, k->timeouts, 0);
+		pt_fb_add_u64(&b, COMM_RECONNECTS, k->reconnects, 0);
+		pt_fb_end_table(&b, &comm);
+	}
 	pt_fb_start_table(&b);
 	pt_fb_add_i64(&b, REPLY_STEPS, r->steps, 0);
 	pt_fb_add_offset(&b, REPLY_SQNORMS, sq);
 	pt_fb_add_offset(&b, REPLY_TASKS, tasks);
 	pt_fb_add_offset(&b, REPLY_STATS, stats);
+	pt_fb_add_offset(&b, REPLY_COMM, comm);
 	pt_fb_add_u8(&b, REPLY_COMMAND, (uint8_t)r->cmd, 0);
 	pt_fb_end_table(&b, &root);
 	return finish(&b, root, m);
@@ -204,6 +242,20 @@ pt_err pt_wire_reply_decode(const pt_msg *m, pt_reply *r)
 		o->staleness_max = pt_fb_get_i32(s, STATS_STALENESS_MAX, 0);
 		o->busy = pt_fb_get_f64(s, STATS_BUSY, 0.0);
 		r->has_stats = true;
+	}
+	r->has_comm = false;
+	memset(&r->comm, 0, sizeof(r->comm));
+	if ((s = pt_fb_get_table(t, REPLY_COMM)) != NULL) {
+		pt_comm_stats *k = &r->comm;
+		k->msgs_sent = pt_fb_get_u64(s, COMM_MESSAGES_SENT, 0);
+		k->msgs_recv = pt_fb_get_u64(s, COMM_MESSAGES_RECEIVED, 0);
+		k->bytes_sent = pt_fb_get_u64(s, COMM_BYTES_SENT, 0);
+		k->bytes_recv = pt_fb_get_u64(s, COMM_BYTES_RECEIVED, 0);
+		k->bytes_raw_sent = pt_fb_get_u64(s, COMM_BYTES_RAW_SENT, 0);
+		k->errors = pt_fb_get_u64(s, COMM_ERRORS, 0);
+		k->timeouts = pt_fb_get_u64(s, COMM_TIMEOUTS, 0);
+		k->reconnects = pt_fb_get_u64(s, COMM_RECONNECTS, 0);
+		r->has_comm = true;
 	}
 	return PT_OK;
 }

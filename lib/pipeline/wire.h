@@ -43,6 +43,10 @@ typedef struct pt_reply {
 	bool has_stats;
 	pt_stage_stats stats;
 	int64_t steps; /* GET_STATE: optimizer steps taken */
+	/* TIMELINE: the stage's communicator counters, before this reply was
+	 * sent; has_comm false when the stage sent none (an older stage). */
+	bool has_comm;
+	pt_comm_stats comm;
 } pt_reply;
 
 pt_err pt_wire_reply_encode(pt_msg *m, const pt_reply *r);
