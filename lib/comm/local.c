@@ -174,6 +174,11 @@ static pt_err local_send(pt_comm *base, int dst, const pt_msg *m)
 	if (atomic_load(&c->closed))
 		return pt_set_error(PT_ERR_CLOSED, "rank %d's communicator is closed", base->rank);
 	PT_TRY(copy_msg(&copy, m));
+	/* Counted before the receiver can have it, so a snapshot taken after
+	 * the receiver got it (or a reply to it) includes it. */
+	atomic_fetch_add(&c->n.msgs_sent, 1);
+	atomic_fetch_add(&c->n.bytes_sent, bytes);
+	atomic_fetch_add(&c->n.bytes_raw_sent, bytes);
 	pthread_mutex_lock(&c->send_mu);
 	copy.meta.seq = c->next_seq[dst];
 	rv = pt_mailbox_push(c->g->boxes[dst], &copy);
@@ -181,6 +186,9 @@ static pt_err local_send(pt_comm *base, int dst, const pt_msg *m)
 		c->next_seq[dst]++;
 	pthread_mutex_unlock(&c->send_mu);
 	if (rv != PT_OK) {
+		atomic_fetch_sub(&c->n.msgs_sent, 1);
+		atomic_fetch_sub(&c->n.bytes_sent, bytes);
+		atomic_fetch_sub(&c->n.bytes_raw_sent, bytes);
 		pt_msg_fini(&copy);
 		atomic_fetch_add(&c->n.errors, 1);
 		if (rv == PT_ERR_CLOSED)
@@ -188,9 +196,6 @@ static pt_err local_send(pt_comm *base, int dst, const pt_msg *m)
 			                    base->rank, dst);
 		return rv;
 	}
-	atomic_fetch_add(&c->n.msgs_sent, 1);
-	atomic_fetch_add(&c->n.bytes_sent, bytes);
-	atomic_fetch_add(&c->n.bytes_raw_sent, bytes);
 	return PT_OK;
 }
 

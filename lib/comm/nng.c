@@ -1143,10 +1143,13 @@ static void io_handle(nng_comm *c, nng_msg *msg)
 	/* The wire buffer is no longer needed: give it back before queueing. */
 	nng_msg_free(msg);
 	msg = NULL;
-	if (pt_mailbox_push(c->mb, &m) != PT_OK)
+	/* Counted before it is queued: whoever receives it already sees it
+	 * counted (a snapshot right after a reply includes the reply). */
+	atomic_fetch_add(&c->n.msgs_recv, 1);
+	if (pt_mailbox_push(c->mb, &m) != PT_OK) {
+		atomic_fetch_sub(&c->n.msgs_recv, 1);
 		pt_msg_fini(&m); /* closed: nobody will receive it */
-	else
-		atomic_fetch_add(&c->n.msgs_recv, 1);
+	}
 done:
 	free(copy);
 	if (msg)
