@@ -127,6 +127,51 @@ static void test_pipeline_seed_walkthrough_order(void)
 	fx_data_down(&d);
 }
 
+/* Each sync step brings every stage's communicator counters with its
+ * timeline: exact message counts (per step a stage receives m forwards, m
+ * backwards and the SQNORM, STEP and TIMELINE commands, and sends 2m
+ * messages and 2 replies, plus the previous step's timeline reply), and the
+ * same as the stage's own communicator says, less the reply they came in.
+ * Async steps fetch no timeline, so they bring none. */
+static void test_pipeline_step_reports_stage_comm_stats(void)
+{
+	const int p = 3, m = 4;
+	rig r;
+	fx_data d;
+	pt_pipe_step_result res;
+
+	rig_up(&r, p, m, PT_MODE_SYNC, false, NULL);
+	fx_data_up(&d, m);
+	for (int64_t k = 0; k < 2; k++) {
+		fx_data_next(&d, k);
+		PT_CHECK_OK(pt_coordinator_step(r.coord, &d.x, &d.y, k, &res));
+		for (int s = 1; s <= p; s++) {
+			const pt_comm_stats *got = &res.stage_comm[s - 1];
+			pt_comm_stats own = pt_comm_get_stats(r.comms[s]);
+			CU_ASSERT_TRUE(res.has_stage_comm[s - 1]);
+			CU_ASSERT_EQUAL(got->msgs_recv, (uint64_t)((k + 1) * (2 * m + 3)));
+			CU_ASSERT_EQUAL(got->msgs_sent, (uint64_t)((k + 1) * (2 * m + 2) + k));
+			CU_ASSERT_EQUAL(got->msgs_recv, own.msgs_recv);
+			CU_ASSERT_EQUAL(got->bytes_recv, own.bytes_recv);
+			CU_ASSERT_EQUAL(got->msgs_sent + 1, own.msgs_sent);
+			CU_ASSERT(got->bytes_sent > 0 && got->bytes_sent < own.bytes_sent);
+			CU_ASSERT_EQUAL(got->errors, 0);
+		}
+	}
+	rig_down(&r);
+	fx_data_down(&d);
+
+	rig_up(&r, p, m, PT_MODE_ASYNC, false, NULL);
+	fx_data_up(&d, m);
+	fx_data_next(&d, 0);
+	PT_CHECK_OK(pt_coordinator_step(r.coord, &d.x, &d.y, 0, &res));
+	for (int s = 1; s <= p; s++)
+		CU_ASSERT_FALSE(res.has_stage_comm[s - 1]);
+	PT_CHECK_OK(pt_coordinator_drain(r.coord, &res));
+	rig_down(&r);
+	fx_data_down(&d);
+}
+
 typedef struct run {
 	double loss[32];
 	double norm[32];
@@ -669,6 +714,7 @@ static void test_pipeline_reply_carries_comm_stats(void)
 
 static const pt_test_case tests[] = {
     {"test_pipeline_reply_carries_comm_stats", test_pipeline_reply_carries_comm_stats},
+    {"test_pipeline_step_reports_stage_comm_stats", test_pipeline_step_reports_stage_comm_stats},
     {"test_pipeline_control_matches_schema", test_pipeline_control_matches_schema},
     {"test_pipeline_state_roundtrip_resumes_bitwise",
      test_pipeline_state_roundtrip_resumes_bitwise},

@@ -291,8 +291,9 @@ static pt_err check_batch(const pt_coordinator *c, const pt_tensor *x, const pt_
 
 #define MAX_TASKS 4096
 
-/* Fetches (and so clears) stage s's task records into c->tasks[s - 1]. */
-static pt_err fetch_timeline(pt_coordinator *c, int s)
+/* Fetches (and so clears) stage s's task records into c->tasks[s - 1], and
+ * the communicator counters that come with them into res. */
+static pt_err fetch_timeline(pt_coordinator *c, int s, pt_pipe_step_result *res)
 {
 	pt_reply r = {0};
 	if (c->tasks[s - 1] == NULL &&
@@ -303,6 +304,8 @@ static pt_err fetch_timeline(pt_coordinator *c, int s)
 	PT_TRY(command(c, s, PT_CMD_TIMELINE, 1.0f, 0));
 	PT_TRY(wait_reply(c, s, &r, NULL));
 	c->n_tasks[s - 1] = r.n_tasks;
+	res->has_stage_comm[s - 1] = r.has_comm;
+	res->stage_comm[s - 1] = r.comm;
 	return PT_OK;
 }
 
@@ -396,7 +399,7 @@ static pt_err flush_step(pt_coordinator *c, const pt_tensor *x, const pt_tensor 
 	double busy = 0.0;
 	for (int s = 1; s <= c->p; s++) {
 		res->stage_busy[s - 1] = 0.0;
-		if ((rv = fetch_timeline(c, s)) != PT_OK)
+		if ((rv = fetch_timeline(c, s, res)) != PT_OK)
 			goto out;
 		for (int i = 0; i < c->n_tasks[s - 1]; i++) {
 			const pt_task_record *t = &c->tasks[s - 1][i];

@@ -148,6 +148,12 @@ typedef struct pt_pipe_step_result {
 	double bubble;  /* 1 - mean stage busy time / (p * step time), from timelines */
 	double stage_busy[PT_MAX_STAGES]; /* seconds per stage in this step */
 	int microbatches_done;            /* async: microbatches completed during this call */
+	/* Sync and semi-async: stage s's communicator counters (stage_comm[s - 1])
+	 * as the stage reported them with its timeline, after the step's last
+	 * message and before that reply; has_stage_comm false in async mode and
+	 * for a stage that did not send them. */
+	bool has_stage_comm[PT_MAX_STAGES];
+	pt_comm_stats stage_comm[PT_MAX_STAGES];
 } pt_pipe_step_result;
 
 typedef struct pt_coordinator pt_coordinator;

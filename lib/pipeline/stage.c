@@ -748,6 +748,13 @@ static bool on_command(pt_stage *s, pt_msg *m)
 	case PT_CMD_TIMELINE:
 		r.tasks = s->tasks;
 		r.n_tasks = s->n_tasks;
+		/* The coordinator asks for the timeline once per step, so the
+		 * communicator's counters ride along (a stage on a worker keeps
+		 * them in its own process). Queued sends go first, so every
+		 * message of the step is counted; this reply is not. */
+		drain(s);
+		r.has_comm = true;
+		r.comm = pt_comm_get_stats(s->comm);
 		break;
 	case PT_CMD_STATS:
 		r.has_stats = true;
