@@ -216,9 +216,11 @@ pipeclient_err pipeclient_get(pipeclient *c, uint64_t job, pipeclient_job *out);
  * the stages. busy_seconds sums the stage's compute time over the job's
  * steps. The communicator counters cover the job's current run (they start
  * again at 0 when a job resumes); has_comm is false, and they are 0, for a
- * stage served by a `pipeserver --worker` (its counters stay there), for a
- * job that has not run since the server restarted, and for every entry from
- * a server too old to send them. */
+ * stage served by a `pipeserver --worker` in an async job (a worker's stage
+ * sends its counters with each step's timeline, which async steps do not
+ * fetch; servers before that kept them in the worker), for a job that has
+ * not run since the server restarted, and for every entry from a server too
+ * old to send them. */
 typedef struct pipeclient_stage {
 	int stage;
 	double busy_seconds;

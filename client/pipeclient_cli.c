@@ -530,8 +530,8 @@ static void print_stages(const pipeclient_job *j, const pipeclient_stage *st, si
 		else
 			printf("  stage %d: busy %.6f s", st[i].stage, st[i].busy_seconds);
 		if (!st[i].has_comm) {
-			printf("%s no traffic counters (a worker's stage, or not run since the "
-			       "server restarted)\n",
+			printf("%s no traffic counters (a worker's stage in an async job, or not "
+			       "run since the server restarted)\n",
 			       st[i].stage < 0 ? "" : ";");
 			continue;
 		}

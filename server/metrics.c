@@ -306,7 +306,7 @@ static void comm_labels(pt_metrics_buf *b, const char *name, uint64_t job,
 }
 
 /* render_comm appends the communicator series of ranks that reported them
- * (a stage on a worker process keeps its counters there). */
+ * (an async job's stages on worker processes send none). */
 static pt_err render_comm(pt_metrics_buf *b, const pt_api_job_info *live, size_t n_live)
 {
 	pt_api_stage_stats st;

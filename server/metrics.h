@@ -8,10 +8,11 @@
  * learning rate, gradient norm, samples and tokens per second, bubble
  * fraction), stages (busy seconds) and communicators (messages and bytes
  * by direction, errors, timeouts, reconnects, compression ratio; labelled
- * stage="coordinator" for rank 0, and absent for stages on worker processes,
- * whose counters stay there). Jobs are labelled job_id, not job: Prometheus
- * sets its own `job` label on every scraped series. A job that ended more
- * than grace_s ago leaves the per-job series.
+ * stage="coordinator" for rank 0; a stage on a worker process sends its
+ * counters with each step's timeline, and has none in an async job). Jobs
+ * are labelled job_id, not job: Prometheus sets its own `job` label on
+ * every scraped series. A job that ended more than grace_s ago leaves the
+ * per-job series.
  */
 #ifndef PT_SERVER_METRICS_H
 #define PT_SERVER_METRICS_H

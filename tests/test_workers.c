@@ -3,17 +3,19 @@
  * Starts real worker processes (build/server/pipeserver, found next to this
  * program's directory through /proc/self/exe) on tcp://127.0.0.1:0 and
  * checks: a 2-stage digits job on two workers gives the same losses, bitwise,
- * as the same job on local stage threads, and a second job runs on the same
- * workers; the handshake refuses a wrong protocol, a wrong token and a
- * second join to a busy worker, each with its message; a normal pipeserver
- * runs a submitted job on the workers. Heartbeats: a worker killed or hung
- * (SIGSTOP) mid-job fails the job within placement.worker_timeout_ms with
- * an error naming the stage and the worker, the other worker is idle again
- * at once and the hung one once it runs again; with max_restarts and a
- * spare the job finishes with the same losses, bitwise, as an undisturbed
- * run; a worker whose coordinator stops pinging abandons its stage, and a
- * job that finds a worker held by such a session waits for it. Every
- * process exits 0 on SIGTERM.
+ * as the same job on local stage threads, and the same communicator message
+ * counts per rank (the workers' stages send theirs with their timelines),
+ * and a second job runs on the same workers; the handshake refuses a wrong
+ * protocol, a wrong token and a second join to a busy worker, each with its
+ * message; a normal pipeserver runs a submitted job on the workers, and its
+ * job info has communicator counters for every rank. Heartbeats: a worker
+ * killed or hung (SIGSTOP) mid-job fails the job within
+ * placement.worker_timeout_ms with an error naming the stage and the worker,
+ * the other worker is idle again at once and the hung one once it runs
+ * again; with max_restarts and a spare the job finishes with the same
+ * losses, bitwise, as an undisturbed run; a worker whose coordinator stops
+ * pinging abandons its stage, and a job that finds a worker held by such a
+ * session waits for it. Every process exits 0 on SIGTERM.
  */
 #include "api/api.h"
 #include "handshake.h"
@@ -70,6 +72,7 @@ static bool worker_start(wf_proc *p, const char *token_file)
 typedef struct losses {
 	double v[STEPS + 1];
 	int n;
+	pt_job_metric last; /* the last step's point (communicator counters) */
 } losses;
 
 static void on_metric(void *ctx, const pt_job_metric *m)
@@ -77,6 +80,47 @@ static void on_metric(void *ctx, const pt_job_metric *m)
 	losses *l = ctx;
 	if (l->n < STEPS + 1)
 		l->v[l->n++] = m->loss;
+	l->last = *m;
+}
+
+/* A job on workers reports every rank's communicator counters, the stages'
+ * as they sent them with their last timeline (so without that reply): per
+ * rank exactly the messages of the same job on local stage threads (whose
+ * counters are read after that reply) plus the Configure/Ready exchange a
+ * worker's stage starts with, and over all ranks every message sent was
+ * received, but for those 2 replies. Bytes differ (nng frames carry
+ * headers), but over all ranks more arrived than was counted as sent. */
+static void expect_worker_comm(const pt_job_metric *local, const pt_job_metric *remote)
+{
+	uint64_t sent = 0, recv = 0, bytes_sent = 0, bytes_recv = 0;
+
+	CU_ASSERT_EQUAL_FATAL(local->n_comm, 3);
+	CU_ASSERT_EQUAL_FATAL(remote->n_comm, 3);
+	for (int i = 0; i < 3; i++) {
+		const pt_comm_stats *c = &remote->comm[i];
+		CU_ASSERT(c->msgs_sent > 0 && c->msgs_recv > 0);
+		CU_ASSERT(c->bytes_sent > 0 && c->bytes_recv > 0);
+		CU_ASSERT(c->bytes_raw_sent >= c->bytes_sent); /* lz4 only where it shrinks */
+		CU_ASSERT_EQUAL(c->errors, 0);
+		CU_ASSERT_EQUAL(c->reconnects, 0);
+		sent += c->msgs_sent;
+		recv += c->msgs_recv;
+		bytes_sent += c->bytes_sent;
+		bytes_recv += c->bytes_recv;
+		if (i == 0) {
+			/* and a Configure command out, a Ready reply in per stage */
+			CU_ASSERT_EQUAL(c->msgs_sent, local->comm[0].msgs_sent + 2);
+			CU_ASSERT_EQUAL(c->msgs_recv, local->comm[0].msgs_recv + 2);
+		} else {
+			/* a worker's stage also got Configure and sent Ready, and
+			 * has not counted its last timeline reply */
+			CU_ASSERT_EQUAL(c->msgs_recv, local->comm[i].msgs_recv + 1);
+			CU_ASSERT_EQUAL(c->msgs_sent + 1 /* timeline */,
+			                local->comm[i].msgs_sent + 1 /* Ready */);
+		}
+	}
+	CU_ASSERT_EQUAL(sent + 2, recv);
+	CU_ASSERT(bytes_recv > bytes_sent);
 }
 
 static void digits_spec(pt_job_spec *spec, const wf_proc *w0, const wf_proc *w1)
@@ -110,6 +154,7 @@ static void test_workers_job_matches_local(void)
 	run_job(NULL, NULL, &local);
 	run_job(&w0, &w1, &remote);
 	wf_expect_same_losses(local.v, remote.v, STEPS, "on workers");
+	expect_worker_comm(&local.last, &remote.last);
 	CU_ASSERT(isfinite(remote.v[STEPS - 1]) && remote.v[STEPS - 1] < remote.v[0]);
 	/* The workers are idle again: a second job runs on them. */
 	run_job(&w0, &w1, &again);
@@ -249,6 +294,17 @@ static void test_workers_server_job(void)
 		fprintf(stderr, "job ended %d: %s\n", (int)ji.state, ji.message ? ji.message : "");
 	CU_ASSERT_EQUAL(ji.state, PT_JOB_SUCCEEDED);
 	CU_ASSERT_EQUAL(ji.step, STEPS);
+	/* Every rank has communicator counters, the workers' stages too (the
+	 * series of /metrics are these entries). */
+	CU_ASSERT_EQUAL(ji.n_stages, 3);
+	for (size_t k = 0; k < ji.n_stages; k++) {
+		pt_api_stage_stats st;
+		PT_CHECK_OK(pt_api_job_stage(&ji, k, &st));
+		CU_ASSERT_EQUAL(st.stage, (int32_t)k - 1);
+		CU_ASSERT_TRUE(st.has_comm);
+		CU_ASSERT(st.messages_sent > 0 && st.messages_received > 0);
+		CU_ASSERT(st.bytes_sent > 0 && st.bytes_received > 0);
+	}
 	wf_api_close(&api);
 	pt_job_spec_fini(&spec);
 	CU_ASSERT_EQUAL(wf_proc_stop(&srv), 0);

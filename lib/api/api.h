@@ -202,8 +202,9 @@ typedef struct pt_api_metric_point {
 /* pt_api_stage_stats is one StageStats: a pipeline rank's totals. busy_seconds
  * sums the job's metric points; the communicator counters (pt_comm_stats)
  * cover the job's current run and are 0 with has_comm false for a stage
- * served by a worker process and for a job that has not run since the
- * server restarted (counters are not journaled). */
+ * served by a worker process in an async job (worker stages send theirs
+ * with the per-step timeline, which async steps do not fetch) and for a job
+ * that has not run since the server restarted (counters are not journaled). */
 typedef struct pt_api_stage_stats {
 	int32_t stage; /* 0-based stage; -1: the coordinator */
 	double busy_seconds;

@@ -119,8 +119,9 @@ typedef struct pt_job_metric {
 	double time_unix;
 	/* Communicator counters since the run started, per rank: comm[0] the
 	 * coordinator, comm[1..n_stages] the stages. n_comm ranks are filled:
-	 * n_stages + 1, or 1 when the stages run on workers (their counters
-	 * stay in those processes). */
+	 * n_stages + 1, or 1 for an async job whose stages run on workers (a
+	 * worker's stage sends its counters with the per-step timeline, which
+	 * async steps do not fetch). */
 	int n_comm;
 	pt_comm_stats comm[PT_MAX_STAGES + 1];
 } pt_job_metric;

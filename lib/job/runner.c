@@ -666,8 +666,21 @@ static pt_err train(runner *r, int64_t start, int64_t *done)
 		m.n_stages = r->p;
 		for (int st = 0; st < r->p; st++)
 			m.stage_busy[st] = res.stage_busy[st];
-		for (int i = 0; i <= r->p && r->comms[i] != NULL; i++)
-			m.comm[m.n_comm++] = pt_comm_get_stats(r->comms[i]);
+		/* Rank i's counters: read directly when its communicator is in
+		 * this process (so they include the step's last replies, as
+		 * before), else - a stage on a worker - as the stage sent them
+		 * with its timeline (without that reply). Rows stay a prefix
+		 * by rank: an async step brings no stage counters, and then
+		 * only the coordinator's row is filled. */
+		for (int i = 0; i <= r->p; i++) {
+			if (r->comms[i] != NULL)
+				m.comm[i] = pt_comm_get_stats(r->comms[i]);
+			else if (i > 0 && res.has_stage_comm[i - 1])
+				m.comm[i] = res.stage_comm[i - 1];
+			else
+				break;
+			m.n_comm = i + 1;
+		}
 		eval_due = r->have_eval &&
 		           ((s->eval_every > 0 && step % s->eval_every == 0) || step == s->steps);
 		ck_due = r->ckdir != NULL &&
