@@ -153,9 +153,16 @@ static double run_load(const char *url, const uint8_t *req, size_t len, int n, d
 
 static pid_t spawn_server(const char *bin, const char *dir, char *url, size_t n)
 {
-	const char *argv[] = {bin,       "--listen",   "tcp://127.0.0.1:0", "--data-dir",
-	                      dir,       "--files-root", PT_SOURCE_ROOT,    "--log-level",
-	                      "warn",    NULL};
+	const char *argv[] = {bin,
+	                      "--listen",
+	                      "tcp://127.0.0.1:0",
+	                      "--data-dir",
+	                      dir,
+	                      "--files-root",
+	                      PT_SOURCE_ROOT,
+	                      "--log-level",
+	                      "warn",
+	                      NULL};
 	return bench_spawn(argv, url, n);
 }
 
