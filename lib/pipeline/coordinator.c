@@ -293,6 +293,7 @@ static pt_err check_batch(const pt_coordinator *c, const pt_tensor *x, const pt_
 
 /* Fetches (and so clears) stage s's task records into c->tasks[s - 1], and
  * the communicator counters that come with them into res. */
+/* fetch_timeline takes stage s's reply to a TIMELINE command already sent. */
 static pt_err fetch_timeline(pt_coordinator *c, int s, pt_pipe_step_result *res)
 {
 	pt_reply r = {0};
@@ -301,7 +302,6 @@ static pt_err fetch_timeline(pt_coordinator *c, int s, pt_pipe_step_result *res)
 		return pt_set_error(PT_ERR_NOMEM, "timeline buffer");
 	r.tasks = c->tasks[s - 1];
 	r.cap_tasks = MAX_TASKS;
-	PT_TRY(command(c, s, PT_CMD_TIMELINE, 1.0f, 0));
 	PT_TRY(wait_reply(c, s, &r, NULL));
 	c->n_tasks[s - 1] = r.n_tasks;
 	res->has_stage_comm[s - 1] = r.has_comm;
@@ -372,12 +372,15 @@ static pt_err flush_step(pt_coordinator *c, const pt_tensor *x, const pt_tensor 
 			goto out;
 	}
 	t_done = pt_now();
-	/* Global gradient norm: per-tensor squares, summed in stage order. */
+	/* Global gradient norm: per-tensor squares, summed in stage order. Every
+	 * stage is asked before any reply is awaited (replies queue per stage), so
+	 * a step costs two rounds of control messages, not 3p round trips. */
 	double sq = 0.0;
+	for (int s = 1; s <= c->p && rv == PT_OK; s++)
+		rv = command(c, s, PT_CMD_SQNORM, 1.0f, step);
 	for (int s = 1; s <= c->p && rv == PT_OK; s++) {
 		pt_reply r = {.sqnorms = c->sqnorms, .cap_sqnorms = MAX_TENSORS_PER_STAGE};
-		if ((rv = command(c, s, PT_CMD_SQNORM, 1.0f, step)) == PT_OK &&
-		    (rv = wait_reply(c, s, &r, NULL)) == PT_OK)
+		if ((rv = wait_reply(c, s, &r, NULL)) == PT_OK)
 			for (int i = 0; i < r.n_sqnorms; i++)
 				sq += r.sqnorms[i]; /* one running sum, in global tensor order */
 	}
@@ -386,8 +389,10 @@ static pt_err flush_step(pt_coordinator *c, const pt_tensor *x, const pt_tensor 
 	res->grad_norm = sqrt(sq);
 	float scale = pt_clip_scale(res->grad_norm, c->cfg.optim.clip_norm);
 	res->lr = pt_lr_at(&c->cfg.optim, step + 1);
+	/* STEP then TIMELINE to every stage; each answers them in that order. */
 	for (int s = 1; s <= c->p && rv == PT_OK; s++)
-		rv = command(c, s, PT_CMD_STEP, scale, step);
+		if ((rv = command(c, s, PT_CMD_STEP, scale, step)) == PT_OK)
+			rv = command(c, s, PT_CMD_TIMELINE, 1.0f, 0);
 	for (int s = 1; s <= c->p && rv == PT_OK; s++)
 		rv = wait_reply(c, s, NULL, NULL);
 	if (rv != PT_OK)
