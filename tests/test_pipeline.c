@@ -561,15 +561,41 @@ static void test_pipeline_state_roundtrip_resumes_bitwise(void)
 	rig_down(&b);
 }
 
+/* flatc_json has flatc print the root table `root` of blob as JSON into json
+ * (schema/stage.fbs); false when flatc fails. Temporary files are removed. */
+static bool flatc_json(const void *blob, size_t len, const char *root, char *json, size_t cap)
+{
+	char dir[] = "/tmp/pt-flatc-XXXXXX", bin[256], out[256], cmd[1024];
+	FILE *f;
+	size_t n = 0;
+	bool ok;
+	if (mkdtemp(dir) == NULL)
+		return false;
+	snprintf(bin, sizeof(bin), "%s/msg.bin", dir);
+	snprintf(out, sizeof(out), "%s/msg.json", dir);
+	pt_test_write_file(bin, blob, len);
+	snprintf(cmd, sizeof(cmd),
+	         "flatc --json --strict-json --raw-binary --root-type pipetrain.%s -o %s %s -- %s",
+	         root, dir, pt_test_path("schema/stage.fbs"), bin);
+	ok = system(cmd) == 0 && (f = fopen(out, "r")) != NULL;
+	if (ok) {
+		n = fread(json, 1, cap - 1, f);
+		fclose(f);
+	}
+	json[n] = '\0';
+	unlink(out);
+	unlink(bin);
+	rmdir(dir);
+	return ok;
+}
+
 /* The control messages are the tables of schema/stage.fbs: flatc reads what
  * we build (a Configure command with its StageConfig). */
 static void test_pipeline_control_matches_schema(void)
 {
-	char dir[] = "/tmp/pt-ctl-XXXXXX", path[256], cmd[1024], json[8192];
+	char json[8192];
 	pt_stage_config sc[2];
 	pt_msg m = {0};
-	FILE *f;
-	size_t n;
 	if (system("flatc --version > /dev/null 2>&1") != 0) {
 		printf("\n    skip: flatc not installed\n");
 		return;
@@ -598,20 +624,7 @@ static void test_pipeline_control_matches_schema(void)
 		free(layers);
 		pt_msg_fini(&c);
 	}
-	CU_ASSERT_PTR_NOT_NULL_FATAL(mkdtemp(dir));
-	snprintf(path, sizeof(path), "%s/control.bin", dir);
-	pt_test_write_file(path, m.blob, m.blob_len);
-	snprintf(cmd, sizeof(cmd),
-	         "flatc --json --strict-json --raw-binary --root-type pipetrain.Control -o %s "
-	         "%s -- %s",
-	         dir, pt_test_path("schema/stage.fbs"), path);
-	CU_ASSERT_EQUAL_FATAL(system(cmd), 0);
-	snprintf(path, sizeof(path), "%s/control.json", dir);
-	f = fopen(path, "r");
-	CU_ASSERT_PTR_NOT_NULL_FATAL(f);
-	n = fread(json, 1, sizeof(json) - 1, f);
-	json[n] = '\0';
-	fclose(f);
+	CU_ASSERT_FATAL(flatc_json(m.blob, m.blob_len, "Control", json, sizeof(json)));
 	CU_ASSERT_PTR_NOT_NULL(strstr(json, "\"command\": \"Configure\""));
 	CU_ASSERT_PTR_NOT_NULL(strstr(json, "\"kind\": \"ReLU\""));
 	CU_ASSERT_PTR_NOT_NULL(strstr(json, "\"mode\": 1"));
@@ -619,10 +632,6 @@ static void test_pipeline_control_matches_schema(void)
 	CU_ASSERT_PTR_NOT_NULL(strstr(json, "\"use_graphs\": true"));
 	CU_ASSERT_PTR_NOT_NULL(strstr(json, "\"sync_sends\": true"));
 	CU_ASSERT_PTR_NOT_NULL(strstr(json, "\"device\": \"cuda:1\""));
-	unlink(path);
-	snprintf(path, sizeof(path), "%s/control.bin", dir);
-	unlink(path);
-	rmdir(dir);
 	pt_msg_fini(&m);
 }
 
@@ -638,9 +647,7 @@ static void test_pipeline_reply_carries_comm_stats(void)
 	pt_reply r = {.cmd = PT_CMD_TIMELINE, .tasks = tasks, .n_tasks = 2, .has_comm = true};
 	pt_reply back = {.tasks = back_tasks, .cap_tasks = 4};
 	pt_msg m = {0}, cut = {0}, old = {0};
-	char dir[] = "/tmp/pt-reply-XXXXXX", path[256], cmd[1024], json[8192];
-	FILE *f;
-	size_t n;
+	char json[8192];
 
 	r.comm = (pt_comm_stats){.msgs_sent = 5,
 	                         .msgs_recv = 7,
@@ -686,29 +693,12 @@ static void test_pipeline_reply_carries_comm_stats(void)
 		pt_msg_fini(&m);
 		return;
 	}
-	CU_ASSERT_PTR_NOT_NULL_FATAL(mkdtemp(dir));
-	snprintf(path, sizeof(path), "%s/reply.bin", dir);
-	pt_test_write_file(path, m.blob, m.blob_len);
-	snprintf(cmd, sizeof(cmd),
-	         "flatc --json --strict-json --raw-binary --root-type pipetrain.Reply -o %s "
-	         "%s -- %s",
-	         dir, pt_test_path("schema/stage.fbs"), path);
-	CU_ASSERT_EQUAL_FATAL(system(cmd), 0);
-	snprintf(path, sizeof(path), "%s/reply.json", dir);
-	f = fopen(path, "r");
-	CU_ASSERT_PTR_NOT_NULL_FATAL(f);
-	n = fread(json, 1, sizeof(json) - 1, f);
-	json[n] = '\0';
-	fclose(f);
+	CU_ASSERT_FATAL(flatc_json(m.blob, m.blob_len, "Reply", json, sizeof(json)));
 	CU_ASSERT_PTR_NOT_NULL(strstr(json, "\"command\": \"Timeline\""));
 	CU_ASSERT_PTR_NOT_NULL(strstr(json, "\"messages_sent\": 5"));
 	CU_ASSERT_PTR_NOT_NULL(strstr(json, "\"bytes_sent\": 4294967301"));
 	CU_ASSERT_PTR_NOT_NULL(strstr(json, "\"bytes_raw_sent\": 1099511627777"));
 	CU_ASSERT_PTR_NOT_NULL(strstr(json, "\"reconnects\": 4"));
-	unlink(path);
-	snprintf(path, sizeof(path), "%s/reply.bin", dir);
-	unlink(path);
-	rmdir(dir);
 	pt_msg_fini(&m);
 }
 
