@@ -927,9 +927,10 @@ static void test_api_depth(void)
 	pt_fb_verify_opts few = {.max_depth = 0, .max_tables = 3};
 
 	/* Request -> SubmitJob -> JobSpec -> ...: deeper than 2, more than 3 tables. */
-	CU_ASSERT_EQUAL(pt_fb_verify(full, n, &pt_api_request_desc, NULL, &shallow), PT_ERR_FORMAT);
-	CU_ASSERT_EQUAL(pt_fb_verify(full, n, &pt_api_request_desc, NULL, &few), PT_ERR_FORMAT);
-	PT_CHECK_OK(pt_fb_verify(full, n, &pt_api_request_desc, NULL, NULL));
+	CU_ASSERT_EQUAL(pt_fb_verify(full, n, &pt_fb_api_request_desc, NULL, &shallow),
+	                PT_ERR_FORMAT);
+	CU_ASSERT_EQUAL(pt_fb_verify(full, n, &pt_fb_api_request_desc, NULL, &few), PT_ERR_FORMAT);
+	PT_CHECK_OK(pt_fb_verify(full, n, &pt_fb_api_request_desc, NULL, NULL));
 	free(full);
 
 	/* A ListJobsReply of 200000 entries all pointing at one JobInfo: bounded

@@ -341,9 +341,9 @@ pt_err pt_api_response_checkpoint(const pt_api_response *r, size_t i, pt_api_che
 
 /* ------------------------------------------------------------ descriptors -- */
 
-/* Verifier descriptors of the roots (they include the nested JobSpec through
- * pt_fb_job_spec_desc), for callers that verify with their own options. */
-extern const pt_fb_table_desc pt_api_request_desc;
-extern const pt_fb_table_desc pt_api_response_desc;
+/* The verifier descriptors of the roots, pt_fb_api_request_desc and
+ * pt_fb_api_response_desc (they reach the nested JobSpec), are generated from
+ * the schema into fb_schema.h, for callers that verify with their own options. */
+#include "fb_schema.h"
 
 #endif

@@ -46,10 +46,11 @@
 
 #include "comm.h"
 #include "fb.h"
+#include "fb_schema.h"
 #include "log.h"
 #include "mailbox.h"
 
-#define FRAME_ID           "PTTF"
+#define FRAME_ID           PT_FB_STAGE_FILE_ID
 #define PAYLOAD_ALIGN      64u
 #define DEFAULT_MAX_MSG    ((size_t)1 << 30 | (size_t)64 << 10)
 #define IO_POLL_MS         100  /* I/O thread wake-up when idle (lost marks, stop) */
@@ -65,60 +66,11 @@
  * is on the wire, and no side holds a second whole copy of a huge tensor. */
 #define FRAG_BYTES ((size_t)8 << 20)
 
-/* TensorFrame field ids: declaration order in schema/stage.fbs. */
-enum {
-	F_KIND,
-	F_CHANNEL,
-	F_JOB,
-	F_STEP,
-	F_MICROBATCH,
-	F_SOURCE,
-	F_SEQ,
-	F_TAG,
-	F_HAS_TENSOR,
-	F_DTYPE,
-	F_SHAPE,
-	F_STRIDES,
-	F_CODEC,
-	F_RAW_SIZE,
-	F_PAYLOAD_OFFSET,
-	F_PAYLOAD_SIZE,
-	F_BLOB,
-	F_FRAG_INDEX,
-	F_FRAG_COUNT,
-	F_FRAG_OFFSET,
-	F_FRAG_SIZE,
-	F_COUNT
-};
+/* TensorFrame field ids and descriptor: fb_schema.h, from schema/stage.fbs. */
+#define F(field) PT_FB_STAGE_TENSOR_FRAME_##field
 
 enum { CODEC_NONE = 0, CODEC_LZ4 = 1 };
 
-static const pt_fb_field_desc frame_fields[] = {
-    PT_FB_FIELD_SCALAR(F_KIND, "kind", 1),
-    PT_FB_FIELD_SCALAR(F_CHANNEL, "channel", 1),
-    PT_FB_FIELD_SCALAR(F_JOB, "job", 8),
-    PT_FB_FIELD_SCALAR(F_STEP, "step", 8),
-    PT_FB_FIELD_SCALAR(F_MICROBATCH, "microbatch", 4),
-    PT_FB_FIELD_SCALAR(F_SOURCE, "source", 4),
-    PT_FB_FIELD_SCALAR(F_SEQ, "seq", 8),
-    PT_FB_FIELD_SCALAR(F_TAG, "tag", 4),
-    PT_FB_FIELD_SCALAR(F_HAS_TENSOR, "has_tensor", 1),
-    PT_FB_FIELD_SCALAR(F_DTYPE, "dtype", 1),
-    PT_FB_FIELD_VECTOR(F_SHAPE, "shape", 8, 8, false),
-    PT_FB_FIELD_VECTOR(F_STRIDES, "strides", 8, 8, false),
-    PT_FB_FIELD_SCALAR(F_CODEC, "codec", 1),
-    PT_FB_FIELD_SCALAR(F_RAW_SIZE, "raw_size", 8),
-    PT_FB_FIELD_SCALAR(F_PAYLOAD_OFFSET, "payload_offset", 8),
-    PT_FB_FIELD_SCALAR(F_PAYLOAD_SIZE, "payload_size", 8),
-    PT_FB_FIELD_VECTOR(F_BLOB, "blob", 1, 1, false),
-    PT_FB_FIELD_SCALAR(F_FRAG_INDEX, "frag_index", 4),
-    PT_FB_FIELD_SCALAR(F_FRAG_COUNT, "frag_count", 4),
-    PT_FB_FIELD_SCALAR(F_FRAG_OFFSET, "frag_offset", 8),
-    PT_FB_FIELD_SCALAR(F_FRAG_SIZE, "frag_size", 8),
-};
-static const pt_fb_table_desc frame_desc = PT_FB_TABLE_DESC("TensorFrame", frame_fields);
-_Static_assert(sizeof(frame_fields) / sizeof(frame_fields[0]) == F_COUNT,
-               "every TensorFrame field is verified");
 _Static_assert(PT_DTYPE_COUNT == 9, "schema DType lists every pt_dtype");
 _Static_assert(PT_MSG_KIND_COUNT == 9, "schema MsgKind lists every pt_msg_kind");
 
@@ -427,26 +379,26 @@ static pt_err frame_build(pt_fb_builder *b, const frame_values *v, const uint8_t
 	if (m->blob_len > 0 && v->frag_index == 0)
 		pt_fb_create_vector(b, m->blob, m->blob_len, 1, 1, &blob);
 	pt_fb_start_table(b);
-	pt_fb_force_u64(b, F_JOB, m->meta.job);
-	pt_fb_force_i64(b, F_STEP, m->meta.step);
-	pt_fb_force_u64(b, F_SEQ, v->seq);
-	pt_fb_force_u64(b, F_RAW_SIZE, v->raw_size);
-	pt_fb_force_u64(b, F_PAYLOAD_OFFSET, v->payload_offset);
-	pt_fb_force_u64(b, F_PAYLOAD_SIZE, v->payload_size);
-	pt_fb_force_i32(b, F_MICROBATCH, m->meta.microbatch);
-	pt_fb_force_i32(b, F_SOURCE, v->source);
-	pt_fb_force_u32(b, F_TAG, m->meta.tag);
-	pt_fb_force_u64(b, F_FRAG_OFFSET, v->frag_offset);
-	pt_fb_force_u64(b, F_FRAG_SIZE, v->frag_size);
-	pt_fb_force_u32(b, F_FRAG_INDEX, v->frag_index);
-	pt_fb_force_u32(b, F_FRAG_COUNT, v->frag_count);
-	pt_fb_add_offset(b, F_SHAPE, shape);
-	pt_fb_add_offset(b, F_BLOB, blob);
-	pt_fb_force_u8(b, F_KIND, (uint8_t)m->meta.kind);
-	pt_fb_force_u8(b, F_CHANNEL, (uint8_t)pt_msg_channel(m->meta.kind));
-	pt_fb_force_bool(b, F_HAS_TENSOR, m->has_tensor);
-	pt_fb_force_u8(b, F_DTYPE, m->has_tensor ? (uint8_t)m->tensor.dtype : 0);
-	pt_fb_force_u8(b, F_CODEC, v->codec);
+	pt_fb_force_u64(b, F(JOB), m->meta.job);
+	pt_fb_force_i64(b, F(STEP), m->meta.step);
+	pt_fb_force_u64(b, F(SEQ), v->seq);
+	pt_fb_force_u64(b, F(RAW_SIZE), v->raw_size);
+	pt_fb_force_u64(b, F(PAYLOAD_OFFSET), v->payload_offset);
+	pt_fb_force_u64(b, F(PAYLOAD_SIZE), v->payload_size);
+	pt_fb_force_i32(b, F(MICROBATCH), m->meta.microbatch);
+	pt_fb_force_i32(b, F(SOURCE), v->source);
+	pt_fb_force_u32(b, F(TAG), m->meta.tag);
+	pt_fb_force_u64(b, F(FRAG_OFFSET), v->frag_offset);
+	pt_fb_force_u64(b, F(FRAG_SIZE), v->frag_size);
+	pt_fb_force_u32(b, F(FRAG_INDEX), v->frag_index);
+	pt_fb_force_u32(b, F(FRAG_COUNT), v->frag_count);
+	pt_fb_add_offset(b, F(SHAPE), shape);
+	pt_fb_add_offset(b, F(BLOB), blob);
+	pt_fb_force_u8(b, F(KIND), (uint8_t)m->meta.kind);
+	pt_fb_force_u8(b, F(CHANNEL), (uint8_t)pt_msg_channel(m->meta.kind));
+	pt_fb_force_bool(b, F(HAS_TENSOR), m->has_tensor);
+	pt_fb_force_u8(b, F(DTYPE), m->has_tensor ? (uint8_t)m->tensor.dtype : 0);
+	pt_fb_force_u8(b, F(CODEC), v->codec);
 	pt_fb_end_table(b, &root);
 	return pt_fb_finish(b, root, FRAME_ID, data, size);
 }
@@ -567,7 +519,7 @@ fail:
 static void patch_seq(nng_msg *msg, uint64_t seq)
 {
 	uint8_t *body = nng_msg_body(msg);
-	uint8_t *p = (uint8_t *)pt_fb_field(pt_fb_root(body), F_SEQ);
+	uint8_t *p = (uint8_t *)pt_fb_field(pt_fb_root(body), F(SEQ));
 	memcpy(p, &seq, sizeof(seq));
 }
 
@@ -757,10 +709,10 @@ static pt_err frame_parse(nng_comm *c, const uint8_t *body, size_t len, frame *f
 		return pt_set_error(PT_ERR_FORMAT, "message of %zu bytes is too short", len);
 	/* First against the whole body (the header's size is not known yet), then
 	 * again against the header alone, so no field reaches into the payload. */
-	PT_TRY(pt_fb_verify(body, vsize, &frame_desc, FRAME_ID, NULL));
+	PT_TRY(pt_fb_verify(body, vsize, &pt_fb_stage_tensor_frame_desc, FRAME_ID, NULL));
 	t = pt_fb_root(body);
-	f->payload_offset = pt_fb_get_u64(t, F_PAYLOAD_OFFSET, 0);
-	f->payload_size = pt_fb_get_u64(t, F_PAYLOAD_SIZE, 0);
+	f->payload_offset = pt_fb_get_u64(t, F(PAYLOAD_OFFSET), 0);
+	f->payload_size = pt_fb_get_u64(t, F(PAYLOAD_SIZE), 0);
 	if (f->payload_offset < 12 || f->payload_offset > len ||
 	    f->payload_offset % PAYLOAD_ALIGN != 0 || f->payload_size != len - f->payload_offset)
 		return pt_set_error(PT_ERR_FORMAT,
@@ -768,34 +720,35 @@ static pt_err frame_parse(nng_comm *c, const uint8_t *body, size_t len, frame *f
 		                    (unsigned long long)f->payload_offset,
 		                    (unsigned long long)f->payload_size, len);
 	if (f->payload_offset < vsize)
-		PT_TRY(pt_fb_verify(body, f->payload_offset, &frame_desc, FRAME_ID, NULL));
+		PT_TRY(pt_fb_verify(body, f->payload_offset, &pt_fb_stage_tensor_frame_desc,
+		                    FRAME_ID, NULL));
 
-	kind = pt_fb_get_u8(t, F_KIND, 0);
-	channel = pt_fb_get_u8(t, F_CHANNEL, 0);
+	kind = pt_fb_get_u8(t, F(KIND), 0);
+	channel = pt_fb_get_u8(t, F(CHANNEL), 0);
 	if (kind >= PT_MSG_KIND_COUNT)
 		return pt_set_error(PT_ERR_FORMAT, "unknown message kind %u", kind);
 	if (channel != (uint8_t)pt_msg_channel((pt_msg_kind)kind))
 		return pt_set_error(PT_ERR_FORMAT, "kind %u on channel %u", kind, channel);
 	f->meta.kind = (pt_msg_kind)kind;
 	f->meta.channel = (pt_channel)channel;
-	f->meta.job = pt_fb_get_u64(t, F_JOB, 0);
-	f->meta.step = pt_fb_get_i64(t, F_STEP, 0);
-	f->meta.microbatch = pt_fb_get_i32(t, F_MICROBATCH, 0);
-	f->meta.source = pt_fb_get_i32(t, F_SOURCE, -1);
-	f->meta.seq = pt_fb_get_u64(t, F_SEQ, 0);
-	f->meta.tag = pt_fb_get_u32(t, F_TAG, 0);
+	f->meta.job = pt_fb_get_u64(t, F(JOB), 0);
+	f->meta.step = pt_fb_get_i64(t, F(STEP), 0);
+	f->meta.microbatch = pt_fb_get_i32(t, F(MICROBATCH), 0);
+	f->meta.source = pt_fb_get_i32(t, F(SOURCE), -1);
+	f->meta.seq = pt_fb_get_u64(t, F(SEQ), 0);
+	f->meta.tag = pt_fb_get_u32(t, F(TAG), 0);
 	if (f->meta.source < 0 || f->meta.source >= c->base.world)
 		return pt_set_error(PT_ERR_FORMAT, "source rank %d outside [0, %d)", f->meta.source,
 		                    c->base.world);
-	f->blob = pt_fb_get_vector(t, F_BLOB, &f->blob_len);
+	f->blob = pt_fb_get_vector(t, F(BLOB), &f->blob_len);
 
-	f->has_tensor = pt_fb_get_bool(t, F_HAS_TENSOR, false);
-	f->codec = pt_fb_get_u8(t, F_CODEC, CODEC_NONE);
-	f->raw_size = pt_fb_get_u64(t, F_RAW_SIZE, 0);
-	f->frag_count = pt_fb_get_u32(t, F_FRAG_COUNT, 1);
-	f->frag_index = pt_fb_get_u32(t, F_FRAG_INDEX, 0);
-	f->frag_offset = pt_fb_get_u64(t, F_FRAG_OFFSET, 0);
-	f->frag_size = pt_fb_get_u64(t, F_FRAG_SIZE, f->raw_size);
+	f->has_tensor = pt_fb_get_bool(t, F(HAS_TENSOR), false);
+	f->codec = pt_fb_get_u8(t, F(CODEC), CODEC_NONE);
+	f->raw_size = pt_fb_get_u64(t, F(RAW_SIZE), 0);
+	f->frag_count = pt_fb_get_u32(t, F(FRAG_COUNT), 1);
+	f->frag_index = pt_fb_get_u32(t, F(FRAG_INDEX), 0);
+	f->frag_offset = pt_fb_get_u64(t, F(FRAG_OFFSET), 0);
+	f->frag_size = pt_fb_get_u64(t, F(FRAG_SIZE), f->raw_size);
 	if (f->frag_count == 0)
 		f->frag_count = 1;
 	if (f->frag_count == 1
@@ -811,11 +764,11 @@ static pt_err frame_parse(nng_comm *c, const uint8_t *body, size_t len, frame *f
 			return pt_set_error(PT_ERR_FORMAT, "payload without a tensor");
 		return PT_OK;
 	}
-	f->dtype = pt_fb_get_u8(t, F_DTYPE, 0);
+	f->dtype = pt_fb_get_u8(t, F(DTYPE), 0);
 	if (f->dtype >= PT_DTYPE_COUNT)
 		return pt_set_error(PT_ERR_FORMAT, "unknown dtype %u", f->dtype);
 	esize = pt_dtype_size((pt_dtype)f->dtype);
-	vec = pt_fb_get_vector(t, F_SHAPE, &n);
+	vec = pt_fb_get_vector(t, F(SHAPE), &n);
 	if (n > PT_MAX_DIMS)
 		return pt_set_error(PT_ERR_FORMAT, "tensor of %u dimensions (at most %d)", n,
 		                    PT_MAX_DIMS);
@@ -836,7 +789,7 @@ static pt_err frame_parse(nng_comm *c, const uint8_t *body, size_t len, frame *f
 		                    "(cap %zu bytes)",
 		                    (unsigned long long)numel, pt_dtype_name((pt_dtype)f->dtype),
 		                    (unsigned long long)f->raw_size, c->max_msg);
-	vec = pt_fb_get_vector(t, F_STRIDES, &n);
+	vec = pt_fb_get_vector(t, F(STRIDES), &n);
 	if (n != 0) {
 		int64_t stride = 1;
 		if ((int)n != f->ndim)

@@ -7,6 +7,11 @@
  * Not supported: vectors of unions, fixed-size arrays, nested flatbuffers
  * (verified as plain byte vectors), size-prefixed buffers.
  *
+ * The descriptors of the schemas (schema/NAME.fbs) and their field ids are generated at build
+ * time into fb_schema.h / fb_schema.c by fb_schema_gen.py (which refuses the
+ * unsupported constructs above); the PT_FB_FIELD_* shorthands are for it and
+ * for tests.
+ *
  * Three layers:
  *  - pt_fb_builder builds a buffer back to front, as flatc does, into memory it
  *    owns (growable, reused across messages) or into caller memory (fixed).

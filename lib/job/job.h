@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "fb.h"
+#include "fb_schema.h"
 #include "pipeline.h"
 
 /* How long a silent worker may stay silent before it counts as lost. */
@@ -55,8 +56,8 @@ typedef struct pt_job_spec {
 	int max_restarts; /* restarts after a lost worker (0: the job fails) */
 } pt_job_spec;
 
-/* The JobSpec table descriptor, for verifying buffers and nested tables. */
-extern const pt_fb_table_desc pt_fb_job_spec_desc;
+/* The JobSpec table descriptor, pt_fb_job_job_spec_desc, for verifying
+ * buffers and nested tables, is generated from schema/job.fbs into fb_schema.h. */
 
 /* pt_job_spec_read decodes a verified JobSpec table (checks enum ranges and
  * sizes of vectors; no file access). */

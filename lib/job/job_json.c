@@ -564,7 +564,7 @@ pt_err pt_job_spec_load_file(const char *path, void **buf, size_t *len)
 	/* A verifiable JobSpec is binary (pt_file_read's buffer is malloc'd,
 	 * so aligned); JSON text never verifies (its first bytes make an
 	 * offset far past the end). */
-	if (pt_fb_verify(text, n, &pt_fb_job_spec_desc, NULL, NULL) == PT_OK) {
+	if (pt_fb_verify(text, n, &pt_fb_job_job_spec_desc, NULL, NULL) == PT_OK) {
 		*buf = text;
 		*len = n;
 		return PT_OK;

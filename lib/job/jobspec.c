@@ -26,84 +26,7 @@
 /* Longest string field we accept (paths, URLs, names). */
 #define JOB_MAX_STRING 4096
 
-enum { D_FORMAT, D_FEATURES, D_LABELS, D_TOKENS, D_SEQ_LEN, D_VOCAB, D_HELD_OUT, D_SHUFFLE };
-enum { P_STAGES, P_BOUNDARIES, P_WORKERS, P_THREADS, P_WORKER_TIMEOUT };
-enum { K_EVERY, K_KEEP, K_RESUME };
-enum {
-	J_NAME,
-	J_MODEL,
-	J_DATA,
-	J_LOSS,
-	J_IGNORE,
-	J_OPTIMIZER,
-	J_BATCH,
-	J_MICRO,
-	J_STEPS,
-	J_MODE,
-	J_PLACEMENT,
-	J_CHECKPOINT,
-	J_DEVICE,
-	J_SEED,
-	J_EVAL,
-	J_COMPRESS,
-	J_RECOMPUTE,
-	J_STASH,
-	J_USE_GRAPHS,
-	J_MAX_RESTARTS
-};
-
-static const pt_fb_field_desc data_fields[] = {
-    PT_FB_FIELD_SCALAR(D_FORMAT, "format", 1),
-    PT_FB_FIELD_STRING(D_FEATURES, "features", false),
-    PT_FB_FIELD_STRING(D_LABELS, "labels", false),
-    PT_FB_FIELD_STRING(D_TOKENS, "tokens", false),
-    PT_FB_FIELD_SCALAR(D_SEQ_LEN, "seq_len", 8),
-    PT_FB_FIELD_SCALAR(D_VOCAB, "vocab", 8),
-    PT_FB_FIELD_SCALAR(D_HELD_OUT, "held_out", 4),
-    PT_FB_FIELD_SCALAR(D_SHUFFLE, "shuffle", 1),
-};
-static const pt_fb_table_desc data_desc = PT_FB_TABLE_DESC("Data", data_fields);
-
-static const pt_fb_field_desc placement_fields[] = {
-    PT_FB_FIELD_SCALAR(P_STAGES, "stages", 4),
-    PT_FB_FIELD_VECTOR(P_BOUNDARIES, "boundaries", 4, 4, false),
-    PT_FB_FIELD_VECTOR_STRING(P_WORKERS, "workers", false),
-    PT_FB_FIELD_SCALAR(P_THREADS, "threads_per_stage", 4),
-    PT_FB_FIELD_SCALAR(P_WORKER_TIMEOUT, "worker_timeout_ms", 4),
-};
-static const pt_fb_table_desc placement_desc = PT_FB_TABLE_DESC("Placement", placement_fields);
-
-static const pt_fb_field_desc checkpoint_fields[] = {
-    PT_FB_FIELD_SCALAR(K_EVERY, "every_steps", 8),
-    PT_FB_FIELD_SCALAR(K_KEEP, "keep", 4),
-    PT_FB_FIELD_SCALAR(K_RESUME, "resume", 1),
-};
-static const pt_fb_table_desc checkpoint_desc =
-    PT_FB_TABLE_DESC("CheckpointPolicy", checkpoint_fields);
-
-static const pt_fb_field_desc job_fields[] = {
-    PT_FB_FIELD_STRING(J_NAME, "name", false),
-    PT_FB_FIELD_VECTOR_TABLE(J_MODEL, "model", &pt_fb_layer_desc, true),
-    PT_FB_FIELD_TABLE(J_DATA, "data", &data_desc, true),
-    PT_FB_FIELD_SCALAR(J_LOSS, "loss", 1),
-    PT_FB_FIELD_SCALAR(J_IGNORE, "ignore_index", 8),
-    PT_FB_FIELD_TABLE(J_OPTIMIZER, "optimizer", &pt_fb_optimizer_desc, true),
-    PT_FB_FIELD_SCALAR(J_BATCH, "batch_size", 8),
-    PT_FB_FIELD_SCALAR(J_MICRO, "microbatches", 4),
-    PT_FB_FIELD_SCALAR(J_STEPS, "steps", 8),
-    PT_FB_FIELD_SCALAR(J_MODE, "mode", 1),
-    PT_FB_FIELD_TABLE(J_PLACEMENT, "placement", &placement_desc, false),
-    PT_FB_FIELD_TABLE(J_CHECKPOINT, "checkpoint", &checkpoint_desc, false),
-    PT_FB_FIELD_STRING(J_DEVICE, "device", false),
-    PT_FB_FIELD_SCALAR(J_SEED, "seed", 8),
-    PT_FB_FIELD_SCALAR(J_EVAL, "eval_every", 8),
-    PT_FB_FIELD_SCALAR(J_COMPRESS, "compress", 1),
-    PT_FB_FIELD_SCALAR(J_RECOMPUTE, "recompute", 1),
-    PT_FB_FIELD_SCALAR(J_STASH, "weight_stashing", 1),
-    PT_FB_FIELD_SCALAR(J_USE_GRAPHS, "use_graphs", 1),
-    PT_FB_FIELD_SCALAR(J_MAX_RESTARTS, "max_restarts", 4),
-};
-const pt_fb_table_desc pt_fb_job_spec_desc = PT_FB_TABLE_DESC("JobSpec", job_fields);
+/* Field ids and verifier descriptors: fb_schema.h, generated from schema/job.fbs. */
 
 /* ------------------------------------------------------------- messages -- */
 
@@ -232,17 +155,17 @@ static pt_err read_string(const uint8_t *t, uint16_t id, const char *field, char
 
 static pt_err read_data(const uint8_t *t, pt_job_spec *s)
 {
-	uint8_t fmt = pt_fb_get_u8(t, D_FORMAT, 0);
+	uint8_t fmt = pt_fb_get_u8(t, PT_FB_JOB_DATA_FORMAT, 0);
 	if (fmt > PT_DATA_TOKENS32)
 		return pt_set_error(PT_ERR_INVALID, "data.format: unknown data format %u", fmt);
 	s->data.format = (pt_data_format)fmt;
-	s->data.seq_len = pt_fb_get_i64(t, D_SEQ_LEN, 0);
-	s->data.vocab = pt_fb_get_i64(t, D_VOCAB, 0);
-	s->data.held_out = pt_fb_get_f32(t, D_HELD_OUT, 0.2f);
-	s->data.shuffle = pt_fb_get_bool(t, D_SHUFFLE, true);
-	PT_TRY(read_string(t, D_FEATURES, "data.features", &s->data.features));
-	PT_TRY(read_string(t, D_LABELS, "data.labels", &s->data.labels));
-	return read_string(t, D_TOKENS, "data.tokens", &s->data.tokens);
+	s->data.seq_len = pt_fb_get_i64(t, PT_FB_JOB_DATA_SEQ_LEN, 0);
+	s->data.vocab = pt_fb_get_i64(t, PT_FB_JOB_DATA_VOCAB, 0);
+	s->data.held_out = pt_fb_get_f32(t, PT_FB_JOB_DATA_HELD_OUT, 0.2f);
+	s->data.shuffle = pt_fb_get_bool(t, PT_FB_JOB_DATA_SHUFFLE, true);
+	PT_TRY(read_string(t, PT_FB_JOB_DATA_FEATURES, "data.features", &s->data.features));
+	PT_TRY(read_string(t, PT_FB_JOB_DATA_LABELS, "data.labels", &s->data.labels));
+	return read_string(t, PT_FB_JOB_DATA_TOKENS, "data.tokens", &s->data.tokens);
 }
 
 static pt_err read_placement(const uint8_t *t, pt_job_spec *s)
@@ -254,11 +177,12 @@ static pt_err read_placement(const uint8_t *t, pt_job_spec *s)
 	s->worker_timeout_ms = PT_JOB_WORKER_TIMEOUT_MS;
 	if (t == NULL)
 		return PT_OK;
-	s->stages = pt_fb_get_i32(t, P_STAGES, 1);
-	s->threads_per_stage = pt_fb_get_i32(t, P_THREADS, 0);
-	s->worker_timeout_ms = pt_fb_get_i32(t, P_WORKER_TIMEOUT, PT_JOB_WORKER_TIMEOUT_MS);
-	bv = pt_fb_get_vector(t, P_BOUNDARIES, &nb);
-	wv = pt_fb_get_vector(t, P_WORKERS, &nw);
+	s->stages = pt_fb_get_i32(t, PT_FB_JOB_PLACEMENT_STAGES, 1);
+	s->threads_per_stage = pt_fb_get_i32(t, PT_FB_JOB_PLACEMENT_THREADS_PER_STAGE, 0);
+	s->worker_timeout_ms =
+	    pt_fb_get_i32(t, PT_FB_JOB_PLACEMENT_WORKER_TIMEOUT_MS, PT_JOB_WORKER_TIMEOUT_MS);
+	bv = pt_fb_get_vector(t, PT_FB_JOB_PLACEMENT_BOUNDARIES, &nb);
+	wv = pt_fb_get_vector(t, PT_FB_JOB_PLACEMENT_WORKERS, &nw);
 	if (bv != NULL) {
 		/* The schema lists the first layer of each stage after the first;
 		 * the struct holds all stages + 1 edges. */
@@ -298,9 +222,10 @@ static pt_err read_placement(const uint8_t *t, pt_job_spec *s)
 static pt_err read_spec(const uint8_t *t, pt_job_spec *s)
 {
 	uint32_t n;
-	const uint8_t *model = pt_fb_get_vector(t, J_MODEL, &n);
-	const uint8_t *ck = pt_fb_get_table(t, J_CHECKPOINT);
-	uint8_t loss = pt_fb_get_u8(t, J_LOSS, 0), mode = pt_fb_get_u8(t, J_MODE, 0);
+	const uint8_t *model = pt_fb_get_vector(t, PT_FB_JOB_JOB_SPEC_MODEL, &n);
+	const uint8_t *ck = pt_fb_get_table(t, PT_FB_JOB_JOB_SPEC_CHECKPOINT);
+	uint8_t loss = pt_fb_get_u8(t, PT_FB_JOB_JOB_SPEC_LOSS, 0),
+	        mode = pt_fb_get_u8(t, PT_FB_JOB_JOB_SPEC_MODE, 0);
 	pt_err rv;
 
 	if (model == NULL)
@@ -314,26 +239,28 @@ static pt_err read_spec(const uint8_t *t, pt_job_spec *s)
 		return pt_set_error(PT_ERR_INVALID, "mode: unknown mode %u", mode);
 	s->loss = (pt_loss_kind)loss;
 	s->mode = (pt_pipe_mode)mode;
-	s->ignore_index = pt_fb_get_i64(t, J_IGNORE, -1);
-	s->batch_size = pt_fb_get_i64(t, J_BATCH, 0);
-	s->microbatches = pt_fb_get_i32(t, J_MICRO, 1);
-	s->steps = pt_fb_get_i64(t, J_STEPS, 0);
-	s->seed = pt_fb_get_u64(t, J_SEED, 1);
-	s->eval_every = pt_fb_get_i64(t, J_EVAL, 0);
-	s->compress = pt_fb_get_bool(t, J_COMPRESS, false);
-	s->recompute = pt_fb_get_bool(t, J_RECOMPUTE, false);
-	s->weight_stashing = pt_fb_get_bool(t, J_STASH, true);
-	s->use_graphs = pt_fb_get_bool(t, J_USE_GRAPHS, false);
-	s->max_restarts = pt_fb_get_i32(t, J_MAX_RESTARTS, 0);
-	s->checkpoint_every = ck ? pt_fb_get_i64(ck, K_EVERY, 0) : 0;
-	s->checkpoint_keep = ck ? pt_fb_get_i32(ck, K_KEEP, 3) : 3;
-	s->resume = ck ? pt_fb_get_bool(ck, K_RESUME, true) : true;
-	if ((rv = pt_fb_read_optimizer(pt_fb_get_table(t, J_OPTIMIZER), &s->optim)) != PT_OK)
+	s->ignore_index = pt_fb_get_i64(t, PT_FB_JOB_JOB_SPEC_IGNORE_INDEX, -1);
+	s->batch_size = pt_fb_get_i64(t, PT_FB_JOB_JOB_SPEC_BATCH_SIZE, 0);
+	s->microbatches = pt_fb_get_i32(t, PT_FB_JOB_JOB_SPEC_MICROBATCHES, 1);
+	s->steps = pt_fb_get_i64(t, PT_FB_JOB_JOB_SPEC_STEPS, 0);
+	s->seed = pt_fb_get_u64(t, PT_FB_JOB_JOB_SPEC_SEED, 1);
+	s->eval_every = pt_fb_get_i64(t, PT_FB_JOB_JOB_SPEC_EVAL_EVERY, 0);
+	s->compress = pt_fb_get_bool(t, PT_FB_JOB_JOB_SPEC_COMPRESS, false);
+	s->recompute = pt_fb_get_bool(t, PT_FB_JOB_JOB_SPEC_RECOMPUTE, false);
+	s->weight_stashing = pt_fb_get_bool(t, PT_FB_JOB_JOB_SPEC_WEIGHT_STASHING, true);
+	s->use_graphs = pt_fb_get_bool(t, PT_FB_JOB_JOB_SPEC_USE_GRAPHS, false);
+	s->max_restarts = pt_fb_get_i32(t, PT_FB_JOB_JOB_SPEC_MAX_RESTARTS, 0);
+	s->checkpoint_every =
+	    ck ? pt_fb_get_i64(ck, PT_FB_JOB_CHECKPOINT_POLICY_EVERY_STEPS, 0) : 0;
+	s->checkpoint_keep = ck ? pt_fb_get_i32(ck, PT_FB_JOB_CHECKPOINT_POLICY_KEEP, 3) : 3;
+	s->resume = ck ? pt_fb_get_bool(ck, PT_FB_JOB_CHECKPOINT_POLICY_RESUME, true) : true;
+	if ((rv = pt_fb_read_optimizer(pt_fb_get_table(t, PT_FB_JOB_JOB_SPEC_OPTIMIZER),
+	                               &s->optim)) != PT_OK)
 		return pt_job_optim_error(rv);
-	PT_TRY(read_data(pt_fb_get_table(t, J_DATA), s));
-	PT_TRY(read_placement(pt_fb_get_table(t, J_PLACEMENT), s));
-	PT_TRY(read_string(t, J_NAME, "name", &s->name));
-	return read_string(t, J_DEVICE, "device", &s->device);
+	PT_TRY(read_data(pt_fb_get_table(t, PT_FB_JOB_JOB_SPEC_DATA), s));
+	PT_TRY(read_placement(pt_fb_get_table(t, PT_FB_JOB_JOB_SPEC_PLACEMENT), s));
+	PT_TRY(read_string(t, PT_FB_JOB_JOB_SPEC_NAME, "name", &s->name));
+	return read_string(t, PT_FB_JOB_JOB_SPEC_DEVICE, "device", &s->device);
 }
 
 pt_err pt_job_spec_read(const uint8_t *table, pt_job_spec *out)
@@ -353,7 +280,7 @@ pt_err pt_job_spec_decode(const void *buf, size_t len, pt_job_spec *out)
 	pt_job_spec_defaults(out);
 	if (buf == NULL)
 		return pt_set_error(PT_ERR_INVALID, "JobSpec: no buffer");
-	if ((rv = pt_fb_verify(buf, len, &pt_fb_job_spec_desc, NULL, NULL)) != PT_OK)
+	if ((rv = pt_fb_verify(buf, len, &pt_fb_job_job_spec_desc, NULL, NULL)) != PT_OK)
 		return rv;
 	return pt_job_spec_read(pt_fb_root(buf), out);
 }
@@ -412,50 +339,51 @@ pt_err pt_job_spec_build(pt_fb_builder *b, const pt_job_spec *s, pt_fb_ref *out)
 	PT_TRY(build_string(b, s->device, &device));
 
 	pt_fb_start_table(b);
-	pt_fb_add_i64(b, D_SEQ_LEN, s->data.seq_len, 0);
-	pt_fb_add_i64(b, D_VOCAB, s->data.vocab, 0);
-	pt_fb_add_offset(b, D_FEATURES, feat);
-	pt_fb_add_offset(b, D_LABELS, lab);
-	pt_fb_add_offset(b, D_TOKENS, tok);
-	pt_fb_add_f32(b, D_HELD_OUT, s->data.held_out, 0.2f);
-	pt_fb_add_u8(b, D_FORMAT, (uint8_t)s->data.format, 0);
-	pt_fb_add_bool(b, D_SHUFFLE, s->data.shuffle, true);
+	pt_fb_add_i64(b, PT_FB_JOB_DATA_SEQ_LEN, s->data.seq_len, 0);
+	pt_fb_add_i64(b, PT_FB_JOB_DATA_VOCAB, s->data.vocab, 0);
+	pt_fb_add_offset(b, PT_FB_JOB_DATA_FEATURES, feat);
+	pt_fb_add_offset(b, PT_FB_JOB_DATA_LABELS, lab);
+	pt_fb_add_offset(b, PT_FB_JOB_DATA_TOKENS, tok);
+	pt_fb_add_f32(b, PT_FB_JOB_DATA_HELD_OUT, s->data.held_out, 0.2f);
+	pt_fb_add_u8(b, PT_FB_JOB_DATA_FORMAT, (uint8_t)s->data.format, 0);
+	pt_fb_add_bool(b, PT_FB_JOB_DATA_SHUFFLE, s->data.shuffle, true);
 	PT_TRY(pt_fb_end_table(b, &data));
 
 	pt_fb_start_table(b);
-	pt_fb_add_offset(b, P_BOUNDARIES, bounds);
-	pt_fb_add_offset(b, P_WORKERS, workers);
-	pt_fb_add_i32(b, P_STAGES, s->stages, 1);
-	pt_fb_add_i32(b, P_THREADS, s->threads_per_stage, 0);
-	pt_fb_add_i32(b, P_WORKER_TIMEOUT, s->worker_timeout_ms, PT_JOB_WORKER_TIMEOUT_MS);
+	pt_fb_add_offset(b, PT_FB_JOB_PLACEMENT_BOUNDARIES, bounds);
+	pt_fb_add_offset(b, PT_FB_JOB_PLACEMENT_WORKERS, workers);
+	pt_fb_add_i32(b, PT_FB_JOB_PLACEMENT_STAGES, s->stages, 1);
+	pt_fb_add_i32(b, PT_FB_JOB_PLACEMENT_THREADS_PER_STAGE, s->threads_per_stage, 0);
+	pt_fb_add_i32(b, PT_FB_JOB_PLACEMENT_WORKER_TIMEOUT_MS, s->worker_timeout_ms,
+	              PT_JOB_WORKER_TIMEOUT_MS);
 	PT_TRY(pt_fb_end_table(b, &placement));
 
 	pt_fb_start_table(b);
-	pt_fb_add_i64(b, K_EVERY, s->checkpoint_every, 0);
-	pt_fb_add_i32(b, K_KEEP, s->checkpoint_keep, 3);
-	pt_fb_add_bool(b, K_RESUME, s->resume, true);
+	pt_fb_add_i64(b, PT_FB_JOB_CHECKPOINT_POLICY_EVERY_STEPS, s->checkpoint_every, 0);
+	pt_fb_add_i32(b, PT_FB_JOB_CHECKPOINT_POLICY_KEEP, s->checkpoint_keep, 3);
+	pt_fb_add_bool(b, PT_FB_JOB_CHECKPOINT_POLICY_RESUME, s->resume, true);
 	PT_TRY(pt_fb_end_table(b, &ck));
 
 	pt_fb_start_table(b);
-	pt_fb_add_i64(b, J_IGNORE, s->ignore_index, -1);
-	pt_fb_add_i64(b, J_BATCH, s->batch_size, 0);
-	pt_fb_add_i64(b, J_STEPS, s->steps, 0);
-	pt_fb_add_u64(b, J_SEED, s->seed, 1);
-	pt_fb_add_i64(b, J_EVAL, s->eval_every, 0);
-	pt_fb_add_offset(b, J_NAME, name);
-	pt_fb_add_offset(b, J_MODEL, model);
-	pt_fb_add_offset(b, J_DATA, data);
-	pt_fb_add_offset(b, J_OPTIMIZER, optim);
-	pt_fb_add_offset(b, J_PLACEMENT, placement);
-	pt_fb_add_offset(b, J_CHECKPOINT, ck);
-	pt_fb_add_offset(b, J_DEVICE, device);
-	pt_fb_add_i32(b, J_MICRO, s->microbatches, 1);
-	pt_fb_add_i32(b, J_MAX_RESTARTS, s->max_restarts, 0);
-	pt_fb_add_u8(b, J_LOSS, (uint8_t)s->loss, 0);
-	pt_fb_add_u8(b, J_MODE, (uint8_t)s->mode, 0);
-	pt_fb_add_bool(b, J_COMPRESS, s->compress, false);
-	pt_fb_add_bool(b, J_RECOMPUTE, s->recompute, false);
-	pt_fb_add_bool(b, J_STASH, s->weight_stashing, true);
-	pt_fb_add_bool(b, J_USE_GRAPHS, s->use_graphs, false);
+	pt_fb_add_i64(b, PT_FB_JOB_JOB_SPEC_IGNORE_INDEX, s->ignore_index, -1);
+	pt_fb_add_i64(b, PT_FB_JOB_JOB_SPEC_BATCH_SIZE, s->batch_size, 0);
+	pt_fb_add_i64(b, PT_FB_JOB_JOB_SPEC_STEPS, s->steps, 0);
+	pt_fb_add_u64(b, PT_FB_JOB_JOB_SPEC_SEED, s->seed, 1);
+	pt_fb_add_i64(b, PT_FB_JOB_JOB_SPEC_EVAL_EVERY, s->eval_every, 0);
+	pt_fb_add_offset(b, PT_FB_JOB_JOB_SPEC_NAME, name);
+	pt_fb_add_offset(b, PT_FB_JOB_JOB_SPEC_MODEL, model);
+	pt_fb_add_offset(b, PT_FB_JOB_JOB_SPEC_DATA, data);
+	pt_fb_add_offset(b, PT_FB_JOB_JOB_SPEC_OPTIMIZER, optim);
+	pt_fb_add_offset(b, PT_FB_JOB_JOB_SPEC_PLACEMENT, placement);
+	pt_fb_add_offset(b, PT_FB_JOB_JOB_SPEC_CHECKPOINT, ck);
+	pt_fb_add_offset(b, PT_FB_JOB_JOB_SPEC_DEVICE, device);
+	pt_fb_add_i32(b, PT_FB_JOB_JOB_SPEC_MICROBATCHES, s->microbatches, 1);
+	pt_fb_add_i32(b, PT_FB_JOB_JOB_SPEC_MAX_RESTARTS, s->max_restarts, 0);
+	pt_fb_add_u8(b, PT_FB_JOB_JOB_SPEC_LOSS, (uint8_t)s->loss, 0);
+	pt_fb_add_u8(b, PT_FB_JOB_JOB_SPEC_MODE, (uint8_t)s->mode, 0);
+	pt_fb_add_bool(b, PT_FB_JOB_JOB_SPEC_COMPRESS, s->compress, false);
+	pt_fb_add_bool(b, PT_FB_JOB_JOB_SPEC_RECOMPUTE, s->recompute, false);
+	pt_fb_add_bool(b, PT_FB_JOB_JOB_SPEC_WEIGHT_STASHING, s->weight_stashing, true);
+	pt_fb_add_bool(b, PT_FB_JOB_JOB_SPEC_USE_GRAPHS, s->use_graphs, false);
 	return pt_fb_end_table(b, out);
 }

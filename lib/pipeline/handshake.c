@@ -4,74 +4,18 @@
 
 #include <string.h>
 
-/* Field ids follow the declaration order in schema/stage.fbs. */
-enum { JOIN_PROTOCOL, JOIN_TOKEN, JOIN_RANK, JOIN_WORLD, JOIN_COMPRESS, JOIN_TIMEOUT };
-enum { JREPLY_OK, JREPLY_MESSAGE, JREPLY_DATA_URL, JREPLY_SESSION, JREPLY_BUSY };
-enum { PEERS_URLS, PEERS_SESSION };
-enum { PREPLY_OK, PREPLY_MESSAGE };
-enum { PING_SESSION };
-enum { GREPLY_OK, GREPLY_MESSAGE, GREPLY_BUSY };
-enum { REQUEST_JOIN, REQUEST_PEERS, REQUEST_PING };
+#include "fb_schema.h"
 
-static const pt_fb_field_desc join_fields[] = {
-    PT_FB_FIELD_SCALAR(JOIN_PROTOCOL, "protocol", 4),
-    PT_FB_FIELD_STRING(JOIN_TOKEN, "token", false),
-    PT_FB_FIELD_SCALAR(JOIN_RANK, "rank", 4),
-    PT_FB_FIELD_SCALAR(JOIN_WORLD, "world", 4),
-    PT_FB_FIELD_SCALAR(JOIN_COMPRESS, "compress", 1),
-    PT_FB_FIELD_SCALAR(JOIN_TIMEOUT, "timeout_ms", 4),
-};
-static const pt_fb_table_desc join_desc = PT_FB_TABLE_DESC("StageJoin", join_fields);
-
-static const pt_fb_field_desc peers_fields[] = {
-    PT_FB_FIELD_VECTOR_STRING(PEERS_URLS, "urls", false),
-    PT_FB_FIELD_SCALAR(PEERS_SESSION, "session", 8),
-};
-static const pt_fb_table_desc peers_desc = PT_FB_TABLE_DESC("StagePeers", peers_fields);
-
-static const pt_fb_field_desc ping_fields[] = {
-    PT_FB_FIELD_SCALAR(PING_SESSION, "session", 8),
-};
-static const pt_fb_table_desc ping_desc = PT_FB_TABLE_DESC("StagePing", ping_fields);
-
-static const pt_fb_field_desc request_fields[] = {
-    PT_FB_FIELD_TABLE(REQUEST_JOIN, "join", &join_desc, false),
-    PT_FB_FIELD_TABLE(REQUEST_PEERS, "peers", &peers_desc, false),
-    PT_FB_FIELD_TABLE(REQUEST_PING, "ping", &ping_desc, false),
-};
-static const pt_fb_table_desc request_desc = PT_FB_TABLE_DESC("WorkerRequest", request_fields);
-
-static const pt_fb_field_desc jreply_fields[] = {
-    PT_FB_FIELD_SCALAR(JREPLY_OK, "ok", 1),
-    PT_FB_FIELD_STRING(JREPLY_MESSAGE, "message", false),
-    PT_FB_FIELD_STRING(JREPLY_DATA_URL, "data_url", false),
-    PT_FB_FIELD_SCALAR(JREPLY_SESSION, "session", 8),
-    PT_FB_FIELD_SCALAR(JREPLY_BUSY, "busy", 1),
-};
-static const pt_fb_table_desc jreply_desc = PT_FB_TABLE_DESC("StageJoinReply", jreply_fields);
-
-static const pt_fb_field_desc preply_fields[] = {
-    PT_FB_FIELD_SCALAR(PREPLY_OK, "ok", 1),
-    PT_FB_FIELD_STRING(PREPLY_MESSAGE, "message", false),
-};
-static const pt_fb_table_desc preply_desc = PT_FB_TABLE_DESC("StagePeersReply", preply_fields);
-
-static const pt_fb_field_desc greply_fields[] = {
-    PT_FB_FIELD_SCALAR(GREPLY_OK, "ok", 1),
-    PT_FB_FIELD_STRING(GREPLY_MESSAGE, "message", false),
-    PT_FB_FIELD_SCALAR(GREPLY_BUSY, "busy", 1),
-};
-static const pt_fb_table_desc greply_desc = PT_FB_TABLE_DESC("StagePingReply", greply_fields);
-
+/* Field ids and verifier descriptors: fb_schema.h, generated from schema/stage.fbs. */
 static const pt_fb_table_desc *const reply_desc[] = {
-    [PT_WORKER_PEERS] = &preply_desc,
-    [PT_WORKER_JOIN] = &jreply_desc,
-    [PT_WORKER_PING] = &greply_desc,
+    [PT_WORKER_PEERS] = &pt_fb_stage_stage_peers_reply_desc,
+    [PT_WORKER_JOIN] = &pt_fb_stage_stage_join_reply_desc,
+    [PT_WORKER_PING] = &pt_fb_stage_stage_ping_reply_desc,
 };
 static const int request_field[] = {
-    [PT_WORKER_PEERS] = REQUEST_PEERS,
-    [PT_WORKER_JOIN] = REQUEST_JOIN,
-    [PT_WORKER_PING] = REQUEST_PING,
+    [PT_WORKER_PEERS] = PT_FB_STAGE_WORKER_REQUEST_PEERS,
+    [PT_WORKER_JOIN] = PT_FB_STAGE_WORKER_REQUEST_JOIN,
+    [PT_WORKER_PING] = PT_FB_STAGE_WORKER_REQUEST_PING,
 };
 
 pt_err pt_handshake_encode_request(pt_fb_builder *b, const pt_worker_request *q,
@@ -90,16 +34,16 @@ pt_err pt_handshake_encode_request(pt_fb_builder *b, const pt_worker_request *q,
 		if (q->token != NULL)
 			pt_fb_create_cstring(b, q->token, &token);
 		pt_fb_start_table(b);
-		pt_fb_add_offset(b, JOIN_TOKEN, token);
-		pt_fb_force_i32(b, JOIN_PROTOCOL, q->protocol);
-		pt_fb_force_i32(b, JOIN_RANK, q->rank);
-		pt_fb_force_i32(b, JOIN_WORLD, q->world);
-		pt_fb_add_bool(b, JOIN_COMPRESS, q->compress, false);
-		pt_fb_add_i32(b, JOIN_TIMEOUT, q->timeout_ms, 0);
+		pt_fb_add_offset(b, PT_FB_STAGE_STAGE_JOIN_TOKEN, token);
+		pt_fb_force_i32(b, PT_FB_STAGE_STAGE_JOIN_PROTOCOL, q->protocol);
+		pt_fb_force_i32(b, PT_FB_STAGE_STAGE_JOIN_RANK, q->rank);
+		pt_fb_force_i32(b, PT_FB_STAGE_STAGE_JOIN_WORLD, q->world);
+		pt_fb_add_bool(b, PT_FB_STAGE_STAGE_JOIN_COMPRESS, q->compress, false);
+		pt_fb_add_i32(b, PT_FB_STAGE_STAGE_JOIN_TIMEOUT_MS, q->timeout_ms, 0);
 		pt_fb_end_table(b, &inner);
 	} else if (q->kind == PT_WORKER_PING) {
 		pt_fb_start_table(b);
-		pt_fb_force_u64(b, PING_SESSION, q->session);
+		pt_fb_force_u64(b, PT_FB_STAGE_STAGE_PING_SESSION, q->session);
 		pt_fb_end_table(b, &inner);
 	} else {
 		for (int i = 0; i < q->n_urls; i++)
@@ -107,8 +51,8 @@ pt_err pt_handshake_encode_request(pt_fb_builder *b, const pt_worker_request *q,
 		if (q->n_urls > 0)
 			pt_fb_create_ref_vector(b, refs, (size_t)q->n_urls, &urls);
 		pt_fb_start_table(b);
-		pt_fb_force_u64(b, PEERS_SESSION, q->session);
-		pt_fb_add_offset(b, PEERS_URLS, urls);
+		pt_fb_force_u64(b, PT_FB_STAGE_STAGE_PEERS_SESSION, q->session);
+		pt_fb_add_offset(b, PT_FB_STAGE_STAGE_PEERS_URLS, urls);
 		pt_fb_end_table(b, &inner);
 	}
 	pt_fb_start_table(b);
@@ -123,33 +67,33 @@ pt_err pt_handshake_decode_request(const void *buf, size_t len, pt_worker_reques
 	uint32_t n;
 
 	memset(q, 0, sizeof(*q));
-	if (pt_fb_verify(buf, len, &request_desc, NULL, NULL) != PT_OK)
+	if (pt_fb_verify(buf, len, &pt_fb_stage_worker_request_desc, NULL, NULL) != PT_OK)
 		return pt_set_error(PT_ERR_FORMAT, "malformed WorkerRequest: %s", pt_last_error());
 	t = pt_fb_root(buf);
-	join = pt_fb_get_table(t, REQUEST_JOIN);
-	peers = pt_fb_get_table(t, REQUEST_PEERS);
-	ping = pt_fb_get_table(t, REQUEST_PING);
+	join = pt_fb_get_table(t, PT_FB_STAGE_WORKER_REQUEST_JOIN);
+	peers = pt_fb_get_table(t, PT_FB_STAGE_WORKER_REQUEST_PEERS);
+	ping = pt_fb_get_table(t, PT_FB_STAGE_WORKER_REQUEST_PING);
 	if ((join != NULL) + (peers != NULL) + (ping != NULL) != 1)
 		return pt_set_error(PT_ERR_FORMAT,
 		                    "WorkerRequest: exactly one of join, peers and ping expected");
 	if (join != NULL) {
 		q->kind = PT_WORKER_JOIN;
-		q->protocol = pt_fb_get_i32(join, JOIN_PROTOCOL, 0);
-		q->token = pt_fb_get_string(join, JOIN_TOKEN, NULL);
-		q->rank = pt_fb_get_i32(join, JOIN_RANK, 0);
-		q->world = pt_fb_get_i32(join, JOIN_WORLD, 0);
-		q->compress = pt_fb_get_bool(join, JOIN_COMPRESS, false);
-		q->timeout_ms = pt_fb_get_i32(join, JOIN_TIMEOUT, 0);
+		q->protocol = pt_fb_get_i32(join, PT_FB_STAGE_STAGE_JOIN_PROTOCOL, 0);
+		q->token = pt_fb_get_string(join, PT_FB_STAGE_STAGE_JOIN_TOKEN, NULL);
+		q->rank = pt_fb_get_i32(join, PT_FB_STAGE_STAGE_JOIN_RANK, 0);
+		q->world = pt_fb_get_i32(join, PT_FB_STAGE_STAGE_JOIN_WORLD, 0);
+		q->compress = pt_fb_get_bool(join, PT_FB_STAGE_STAGE_JOIN_COMPRESS, false);
+		q->timeout_ms = pt_fb_get_i32(join, PT_FB_STAGE_STAGE_JOIN_TIMEOUT_MS, 0);
 		return PT_OK;
 	}
 	if (ping != NULL) {
 		q->kind = PT_WORKER_PING;
-		q->session = pt_fb_get_u64(ping, PING_SESSION, 0);
+		q->session = pt_fb_get_u64(ping, PT_FB_STAGE_STAGE_PING_SESSION, 0);
 		return PT_OK;
 	}
 	q->kind = PT_WORKER_PEERS;
-	q->session = pt_fb_get_u64(peers, PEERS_SESSION, 0);
-	vec = pt_fb_get_vector(peers, PEERS_URLS, &n);
+	q->session = pt_fb_get_u64(peers, PT_FB_STAGE_STAGE_PEERS_SESSION, 0);
+	vec = pt_fb_get_vector(peers, PT_FB_STAGE_STAGE_PEERS_URLS, &n);
 	if (n > PT_MAX_STAGES + 1)
 		return pt_set_error(PT_ERR_FORMAT, "StagePeers: %u URLs (at most %d)", n,
 		                    PT_MAX_STAGES + 1);
@@ -172,14 +116,14 @@ pt_err pt_handshake_encode_reply(pt_fb_builder *b, pt_worker_msg kind, const pt_
 		pt_fb_create_cstring(b, r->data_url, &url);
 	pt_fb_start_table(b);
 	if (join) {
-		pt_fb_add_u64(b, JREPLY_SESSION, r->session, 0);
-		pt_fb_add_offset(b, JREPLY_DATA_URL, url);
-		pt_fb_add_bool(b, JREPLY_BUSY, r->busy, false);
+		pt_fb_add_u64(b, PT_FB_STAGE_STAGE_JOIN_REPLY_SESSION, r->session, 0);
+		pt_fb_add_offset(b, PT_FB_STAGE_STAGE_JOIN_REPLY_DATA_URL, url);
+		pt_fb_add_bool(b, PT_FB_STAGE_STAGE_JOIN_REPLY_BUSY, r->busy, false);
 	}
-	pt_fb_add_offset(b, JREPLY_MESSAGE, msg);
+	pt_fb_add_offset(b, PT_FB_STAGE_STAGE_JOIN_REPLY_MESSAGE, msg);
 	if (kind == PT_WORKER_PING)
-		pt_fb_add_bool(b, GREPLY_BUSY, r->busy, false);
-	pt_fb_force_bool(b, JREPLY_OK, r->ok);
+		pt_fb_add_bool(b, PT_FB_STAGE_STAGE_PING_REPLY_BUSY, r->busy, false);
+	pt_fb_force_bool(b, PT_FB_STAGE_STAGE_JOIN_REPLY_OK, r->ok);
 	pt_fb_end_table(b, &root);
 	return pt_fb_finish(b, root, NULL, data, size);
 }
@@ -196,14 +140,14 @@ pt_err pt_handshake_decode_reply(const void *buf, size_t len, pt_worker_msg kind
 		return pt_set_error(PT_ERR_FORMAT, "malformed %s: %s", reply_desc[kind]->name,
 		                    pt_last_error());
 	t = pt_fb_root(buf);
-	r->ok = pt_fb_get_bool(t, JREPLY_OK, false);
-	r->message = pt_fb_get_string(t, JREPLY_MESSAGE, NULL);
+	r->ok = pt_fb_get_bool(t, PT_FB_STAGE_STAGE_JOIN_REPLY_OK, false);
+	r->message = pt_fb_get_string(t, PT_FB_STAGE_STAGE_JOIN_REPLY_MESSAGE, NULL);
 	if (kind == PT_WORKER_JOIN) {
-		r->data_url = pt_fb_get_string(t, JREPLY_DATA_URL, NULL);
-		r->session = pt_fb_get_u64(t, JREPLY_SESSION, 0);
-		r->busy = pt_fb_get_bool(t, JREPLY_BUSY, false);
+		r->data_url = pt_fb_get_string(t, PT_FB_STAGE_STAGE_JOIN_REPLY_DATA_URL, NULL);
+		r->session = pt_fb_get_u64(t, PT_FB_STAGE_STAGE_JOIN_REPLY_SESSION, 0);
+		r->busy = pt_fb_get_bool(t, PT_FB_STAGE_STAGE_JOIN_REPLY_BUSY, false);
 	} else if (kind == PT_WORKER_PING) {
-		r->busy = pt_fb_get_bool(t, GREPLY_BUSY, false);
+		r->busy = pt_fb_get_bool(t, PT_FB_STAGE_STAGE_PING_REPLY_BUSY, false);
 	}
 	return PT_OK;
 }

@@ -6,89 +6,8 @@
 
 #include "backend.h"
 
-enum { L_KIND, L_IN, L_OUT, L_BIAS, L_DIM, L_NHEAD, L_VOCAB, L_MAXSEQ, L_HIDDEN, L_P, L_EPS };
-enum {
-	O_KIND,
-	O_LR,
-	O_BETA1,
-	O_BETA2,
-	O_EPS,
-	O_WD,
-	O_MOMENTUM,
-	O_DAMPENING,
-	O_NESTEROV,
-	O_CLIP,
-	O_SCHEDULE,
-	O_WARMUP,
-	O_TOTAL,
-	O_MINLR
-};
-enum { S_DTYPE, S_SEQ, S_FEATURES };
-enum {
-	C_LAYERS,
-	C_FIRST,
-	C_LAST,
-	C_MICROBATCH,
-	C_INPUT,
-	C_NSLOTS,
-	C_MODE,
-	C_OPTIMIZER,
-	C_SEED,
-	C_STASH,
-	C_RECOMPUTE,
-	C_THREADS,
-	C_USE_GRAPHS,
-	C_SYNC_SENDS,
-	C_DEVICE
-};
-
-static const pt_fb_field_desc layer_fields[] = {
-    PT_FB_FIELD_SCALAR(L_KIND, "kind", 1),         PT_FB_FIELD_SCALAR(L_IN, "in_features", 8),
-    PT_FB_FIELD_SCALAR(L_OUT, "out_features", 8),  PT_FB_FIELD_SCALAR(L_BIAS, "bias", 1),
-    PT_FB_FIELD_SCALAR(L_DIM, "dim", 8),           PT_FB_FIELD_SCALAR(L_NHEAD, "n_head", 4),
-    PT_FB_FIELD_SCALAR(L_VOCAB, "vocab", 8),       PT_FB_FIELD_SCALAR(L_MAXSEQ, "max_seq", 8),
-    PT_FB_FIELD_SCALAR(L_HIDDEN, "mlp_hidden", 8), PT_FB_FIELD_SCALAR(L_P, "p", 4),
-    PT_FB_FIELD_SCALAR(L_EPS, "eps", 4),
-};
-const pt_fb_table_desc pt_fb_layer_desc = PT_FB_TABLE_DESC("Layer", layer_fields);
-
-static const pt_fb_field_desc optimizer_fields[] = {
-    PT_FB_FIELD_SCALAR(O_KIND, "kind", 1),         PT_FB_FIELD_SCALAR(O_LR, "lr", 4),
-    PT_FB_FIELD_SCALAR(O_BETA1, "beta1", 4),       PT_FB_FIELD_SCALAR(O_BETA2, "beta2", 4),
-    PT_FB_FIELD_SCALAR(O_EPS, "eps", 4),           PT_FB_FIELD_SCALAR(O_WD, "weight_decay", 4),
-    PT_FB_FIELD_SCALAR(O_MOMENTUM, "momentum", 4), PT_FB_FIELD_SCALAR(O_DAMPENING, "dampening", 4),
-    PT_FB_FIELD_SCALAR(O_NESTEROV, "nesterov", 1), PT_FB_FIELD_SCALAR(O_CLIP, "clip_norm", 4),
-    PT_FB_FIELD_SCALAR(O_SCHEDULE, "schedule", 1), PT_FB_FIELD_SCALAR(O_WARMUP, "warmup_steps", 8),
-    PT_FB_FIELD_SCALAR(O_TOTAL, "total_steps", 8), PT_FB_FIELD_SCALAR(O_MINLR, "min_lr", 4),
-};
-const pt_fb_table_desc pt_fb_optimizer_desc = PT_FB_TABLE_DESC("Optimizer", optimizer_fields);
-
-static const pt_fb_field_desc shape_fields[] = {
-    PT_FB_FIELD_SCALAR(S_DTYPE, "dtype", 1),
-    PT_FB_FIELD_SCALAR(S_SEQ, "seq", 8),
-    PT_FB_FIELD_SCALAR(S_FEATURES, "features", 8),
-};
-const pt_fb_table_desc pt_fb_sample_shape_desc = PT_FB_TABLE_DESC("SampleShape", shape_fields);
-
-static const pt_fb_field_desc stage_config_fields[] = {
-    PT_FB_FIELD_VECTOR_TABLE(C_LAYERS, "layers", &pt_fb_layer_desc, true),
-    PT_FB_FIELD_SCALAR(C_FIRST, "first", 4),
-    PT_FB_FIELD_SCALAR(C_LAST, "last", 4),
-    PT_FB_FIELD_SCALAR(C_MICROBATCH, "microbatch", 8),
-    PT_FB_FIELD_TABLE(C_INPUT, "input", &pt_fb_sample_shape_desc, true),
-    PT_FB_FIELD_SCALAR(C_NSLOTS, "n_slots", 4),
-    PT_FB_FIELD_SCALAR(C_MODE, "mode", 1),
-    PT_FB_FIELD_TABLE(C_OPTIMIZER, "optimizer", &pt_fb_optimizer_desc, true),
-    PT_FB_FIELD_SCALAR(C_SEED, "seed", 8),
-    PT_FB_FIELD_SCALAR(C_STASH, "weight_stashing", 1),
-    PT_FB_FIELD_SCALAR(C_RECOMPUTE, "recompute", 1),
-    PT_FB_FIELD_SCALAR(C_THREADS, "threads", 4),
-    PT_FB_FIELD_SCALAR(C_USE_GRAPHS, "use_graphs", 1),
-    PT_FB_FIELD_SCALAR(C_SYNC_SENDS, "sync_sends", 1),
-    PT_FB_FIELD_STRING(C_DEVICE, "device", false),
-};
-const pt_fb_table_desc pt_fb_stage_config_desc =
-    PT_FB_TABLE_DESC("StageConfig", stage_config_fields);
+/* Field ids and verifier descriptors: fb_schema.h, generated from schema/model.fbs
+ * and schema/stage.fbs. */
 
 pt_err pt_fb_build_layers(pt_fb_builder *b, const pt_layer_spec *layers, int n, pt_fb_ref *out)
 {
@@ -99,17 +18,17 @@ pt_err pt_fb_build_layers(pt_fb_builder *b, const pt_layer_spec *layers, int n, 
 	for (int i = 0; i < n && rv == PT_OK; i++) {
 		const pt_layer_spec *l = &layers[i];
 		pt_fb_start_table(b);
-		pt_fb_add_i64(b, L_IN, l->in_features, 0);
-		pt_fb_add_i64(b, L_OUT, l->out_features, 0);
-		pt_fb_add_i64(b, L_DIM, l->dim, 0);
-		pt_fb_add_i64(b, L_VOCAB, l->vocab, 0);
-		pt_fb_add_i64(b, L_MAXSEQ, l->max_seq, 0);
-		pt_fb_add_i64(b, L_HIDDEN, l->mlp_hidden, 0);
-		pt_fb_add_i32(b, L_NHEAD, l->n_head, 0);
-		pt_fb_add_f32(b, L_P, l->p, 0.0f);
-		pt_fb_add_f32(b, L_EPS, l->eps, 0.0f);
-		pt_fb_add_u8(b, L_KIND, (uint8_t)l->kind, 0);
-		pt_fb_add_bool(b, L_BIAS, l->bias, true);
+		pt_fb_add_i64(b, PT_FB_MODEL_LAYER_IN_FEATURES, l->in_features, 0);
+		pt_fb_add_i64(b, PT_FB_MODEL_LAYER_OUT_FEATURES, l->out_features, 0);
+		pt_fb_add_i64(b, PT_FB_MODEL_LAYER_DIM, l->dim, 0);
+		pt_fb_add_i64(b, PT_FB_MODEL_LAYER_VOCAB, l->vocab, 0);
+		pt_fb_add_i64(b, PT_FB_MODEL_LAYER_MAX_SEQ, l->max_seq, 0);
+		pt_fb_add_i64(b, PT_FB_MODEL_LAYER_MLP_HIDDEN, l->mlp_hidden, 0);
+		pt_fb_add_i32(b, PT_FB_MODEL_LAYER_N_HEAD, l->n_head, 0);
+		pt_fb_add_f32(b, PT_FB_MODEL_LAYER_P, l->p, 0.0f);
+		pt_fb_add_f32(b, PT_FB_MODEL_LAYER_EPS, l->eps, 0.0f);
+		pt_fb_add_u8(b, PT_FB_MODEL_LAYER_KIND, (uint8_t)l->kind, 0);
+		pt_fb_add_bool(b, PT_FB_MODEL_LAYER_BIAS, l->bias, true);
 		rv = pt_fb_end_table(b, &refs[i]);
 	}
 	if (rv == PT_OK)
@@ -129,7 +48,7 @@ pt_err pt_fb_read_layers(const uint8_t *vec, uint32_t count, pt_layer_spec **out
 		return pt_set_error(PT_ERR_NOMEM, "layer list");
 	for (uint32_t i = 0; i < count; i++) {
 		const uint8_t *t = pt_fb_vec_table(vec, i);
-		uint8_t kind = pt_fb_get_u8(t, L_KIND, 0);
+		uint8_t kind = pt_fb_get_u8(t, PT_FB_MODEL_LAYER_KIND, 0);
 		if (kind >= PT_LAYER_KIND_COUNT) {
 			free(l);
 			return pt_set_error(PT_ERR_INVALID,
@@ -137,16 +56,16 @@ pt_err pt_fb_read_layers(const uint8_t *vec, uint32_t count, pt_layer_spec **out
 		}
 		l[i] = (pt_layer_spec){
 		    .kind = (pt_layer_kind)kind,
-		    .in_features = pt_fb_get_i64(t, L_IN, 0),
-		    .out_features = pt_fb_get_i64(t, L_OUT, 0),
-		    .bias = pt_fb_get_bool(t, L_BIAS, true),
-		    .dim = pt_fb_get_i64(t, L_DIM, 0),
-		    .n_head = pt_fb_get_i32(t, L_NHEAD, 0),
-		    .vocab = pt_fb_get_i64(t, L_VOCAB, 0),
-		    .max_seq = pt_fb_get_i64(t, L_MAXSEQ, 0),
-		    .mlp_hidden = pt_fb_get_i64(t, L_HIDDEN, 0),
-		    .p = pt_fb_get_f32(t, L_P, 0.0f),
-		    .eps = pt_fb_get_f32(t, L_EPS, 0.0f),
+		    .in_features = pt_fb_get_i64(t, PT_FB_MODEL_LAYER_IN_FEATURES, 0),
+		    .out_features = pt_fb_get_i64(t, PT_FB_MODEL_LAYER_OUT_FEATURES, 0),
+		    .bias = pt_fb_get_bool(t, PT_FB_MODEL_LAYER_BIAS, true),
+		    .dim = pt_fb_get_i64(t, PT_FB_MODEL_LAYER_DIM, 0),
+		    .n_head = pt_fb_get_i32(t, PT_FB_MODEL_LAYER_N_HEAD, 0),
+		    .vocab = pt_fb_get_i64(t, PT_FB_MODEL_LAYER_VOCAB, 0),
+		    .max_seq = pt_fb_get_i64(t, PT_FB_MODEL_LAYER_MAX_SEQ, 0),
+		    .mlp_hidden = pt_fb_get_i64(t, PT_FB_MODEL_LAYER_MLP_HIDDEN, 0),
+		    .p = pt_fb_get_f32(t, PT_FB_MODEL_LAYER_P, 0.0f),
+		    .eps = pt_fb_get_f32(t, PT_FB_MODEL_LAYER_EPS, 0.0f),
 		};
 	}
 	*out = l;
@@ -156,27 +75,27 @@ pt_err pt_fb_read_layers(const uint8_t *vec, uint32_t count, pt_layer_spec **out
 pt_err pt_fb_build_optimizer(pt_fb_builder *b, const pt_optim_config *o, pt_fb_ref *out)
 {
 	pt_fb_start_table(b);
-	pt_fb_add_i64(b, O_WARMUP, o->schedule.warmup_steps, 0);
-	pt_fb_add_i64(b, O_TOTAL, o->schedule.total_steps, 0);
-	pt_fb_add_f32(b, O_LR, o->lr, 0.0f);
-	pt_fb_add_f32(b, O_BETA1, o->beta1, 0.9f);
-	pt_fb_add_f32(b, O_BETA2, o->beta2, 0.999f);
-	pt_fb_add_f32(b, O_EPS, o->eps, 1e-8f);
-	pt_fb_add_f32(b, O_WD, o->weight_decay, 0.0f);
-	pt_fb_add_f32(b, O_MOMENTUM, o->momentum, 0.0f);
-	pt_fb_add_f32(b, O_DAMPENING, o->dampening, 0.0f);
-	pt_fb_add_f32(b, O_CLIP, o->clip_norm, 0.0f);
-	pt_fb_add_f32(b, O_MINLR, o->schedule.min_lr, 0.0f);
-	pt_fb_add_u8(b, O_KIND, (uint8_t)o->kind, PT_OPTIM_ADAMW);
-	pt_fb_add_bool(b, O_NESTEROV, o->nesterov, false);
-	pt_fb_add_u8(b, O_SCHEDULE, (uint8_t)o->schedule.kind, 0);
+	pt_fb_add_i64(b, PT_FB_MODEL_OPTIMIZER_WARMUP_STEPS, o->schedule.warmup_steps, 0);
+	pt_fb_add_i64(b, PT_FB_MODEL_OPTIMIZER_TOTAL_STEPS, o->schedule.total_steps, 0);
+	pt_fb_add_f32(b, PT_FB_MODEL_OPTIMIZER_LR, o->lr, 0.0f);
+	pt_fb_add_f32(b, PT_FB_MODEL_OPTIMIZER_BETA1, o->beta1, 0.9f);
+	pt_fb_add_f32(b, PT_FB_MODEL_OPTIMIZER_BETA2, o->beta2, 0.999f);
+	pt_fb_add_f32(b, PT_FB_MODEL_OPTIMIZER_EPS, o->eps, 1e-8f);
+	pt_fb_add_f32(b, PT_FB_MODEL_OPTIMIZER_WEIGHT_DECAY, o->weight_decay, 0.0f);
+	pt_fb_add_f32(b, PT_FB_MODEL_OPTIMIZER_MOMENTUM, o->momentum, 0.0f);
+	pt_fb_add_f32(b, PT_FB_MODEL_OPTIMIZER_DAMPENING, o->dampening, 0.0f);
+	pt_fb_add_f32(b, PT_FB_MODEL_OPTIMIZER_CLIP_NORM, o->clip_norm, 0.0f);
+	pt_fb_add_f32(b, PT_FB_MODEL_OPTIMIZER_MIN_LR, o->schedule.min_lr, 0.0f);
+	pt_fb_add_u8(b, PT_FB_MODEL_OPTIMIZER_KIND, (uint8_t)o->kind, PT_OPTIM_ADAMW);
+	pt_fb_add_bool(b, PT_FB_MODEL_OPTIMIZER_NESTEROV, o->nesterov, false);
+	pt_fb_add_u8(b, PT_FB_MODEL_OPTIMIZER_SCHEDULE, (uint8_t)o->schedule.kind, 0);
 	return pt_fb_end_table(b, out);
 }
 
 pt_err pt_fb_read_optimizer(const uint8_t *t, pt_optim_config *o)
 {
-	uint8_t kind = pt_fb_get_u8(t, O_KIND, PT_OPTIM_ADAMW);
-	uint8_t sched = pt_fb_get_u8(t, O_SCHEDULE, 0);
+	uint8_t kind = pt_fb_get_u8(t, PT_FB_MODEL_OPTIMIZER_KIND, PT_OPTIM_ADAMW);
+	uint8_t sched = pt_fb_get_u8(t, PT_FB_MODEL_OPTIMIZER_SCHEDULE, 0);
 	if (kind > PT_OPTIM_ADAMW)
 		return pt_set_error(PT_ERR_INVALID, "optimizer.kind: unknown optimizer %u", kind);
 	if (sched > PT_SCHED_WARMUP_COSINE)
@@ -184,17 +103,19 @@ pt_err pt_fb_read_optimizer(const uint8_t *t, pt_optim_config *o)
 		                    sched);
 	*o = (pt_optim_config){
 	    .kind = (pt_optim_kind)kind,
-	    .lr = pt_fb_get_f32(t, O_LR, 0.0f),
-	    .beta1 = pt_fb_get_f32(t, O_BETA1, 0.9f),
-	    .beta2 = pt_fb_get_f32(t, O_BETA2, 0.999f),
-	    .eps = pt_fb_get_f32(t, O_EPS, 1e-8f),
-	    .weight_decay = pt_fb_get_f32(t, O_WD, 0.0f),
-	    .momentum = pt_fb_get_f32(t, O_MOMENTUM, 0.0f),
-	    .dampening = pt_fb_get_f32(t, O_DAMPENING, 0.0f),
-	    .nesterov = pt_fb_get_bool(t, O_NESTEROV, false),
-	    .clip_norm = pt_fb_get_f32(t, O_CLIP, 0.0f),
-	    .schedule = {(pt_sched_kind)sched, pt_fb_get_i64(t, O_WARMUP, 0),
-	                 pt_fb_get_i64(t, O_TOTAL, 0), pt_fb_get_f32(t, O_MINLR, 0.0f)},
+	    .lr = pt_fb_get_f32(t, PT_FB_MODEL_OPTIMIZER_LR, 0.0f),
+	    .beta1 = pt_fb_get_f32(t, PT_FB_MODEL_OPTIMIZER_BETA1, 0.9f),
+	    .beta2 = pt_fb_get_f32(t, PT_FB_MODEL_OPTIMIZER_BETA2, 0.999f),
+	    .eps = pt_fb_get_f32(t, PT_FB_MODEL_OPTIMIZER_EPS, 1e-8f),
+	    .weight_decay = pt_fb_get_f32(t, PT_FB_MODEL_OPTIMIZER_WEIGHT_DECAY, 0.0f),
+	    .momentum = pt_fb_get_f32(t, PT_FB_MODEL_OPTIMIZER_MOMENTUM, 0.0f),
+	    .dampening = pt_fb_get_f32(t, PT_FB_MODEL_OPTIMIZER_DAMPENING, 0.0f),
+	    .nesterov = pt_fb_get_bool(t, PT_FB_MODEL_OPTIMIZER_NESTEROV, false),
+	    .clip_norm = pt_fb_get_f32(t, PT_FB_MODEL_OPTIMIZER_CLIP_NORM, 0.0f),
+	    .schedule = {(pt_sched_kind)sched,
+	                 pt_fb_get_i64(t, PT_FB_MODEL_OPTIMIZER_WARMUP_STEPS, 0),
+	                 pt_fb_get_i64(t, PT_FB_MODEL_OPTIMIZER_TOTAL_STEPS, 0),
+	                 pt_fb_get_f32(t, PT_FB_MODEL_OPTIMIZER_MIN_LR, 0.0f)},
 	};
 	return pt_optim_validate(o);
 }
@@ -202,17 +123,17 @@ pt_err pt_fb_read_optimizer(const uint8_t *t, pt_optim_config *o)
 pt_err pt_fb_build_sample_shape(pt_fb_builder *b, pt_act_shape s, pt_fb_ref *out)
 {
 	pt_fb_start_table(b);
-	pt_fb_add_i64(b, S_SEQ, s.seq, 0);
-	pt_fb_add_i64(b, S_FEATURES, s.features, 0);
-	pt_fb_add_u8(b, S_DTYPE, (uint8_t)s.dtype, 0);
+	pt_fb_add_i64(b, PT_FB_MODEL_SAMPLE_SHAPE_SEQ, s.seq, 0);
+	pt_fb_add_i64(b, PT_FB_MODEL_SAMPLE_SHAPE_FEATURES, s.features, 0);
+	pt_fb_add_u8(b, PT_FB_MODEL_SAMPLE_SHAPE_DTYPE, (uint8_t)s.dtype, 0);
 	return pt_fb_end_table(b, out);
 }
 
 pt_err pt_fb_read_sample_shape(const uint8_t *t, pt_act_shape *s)
 {
-	uint8_t dt = pt_fb_get_u8(t, S_DTYPE, 0);
-	*s = (pt_act_shape){(pt_dtype)dt, pt_fb_get_i64(t, S_SEQ, 0),
-	                    pt_fb_get_i64(t, S_FEATURES, 0)};
+	uint8_t dt = pt_fb_get_u8(t, PT_FB_MODEL_SAMPLE_SHAPE_DTYPE, 0);
+	*s = (pt_act_shape){(pt_dtype)dt, pt_fb_get_i64(t, PT_FB_MODEL_SAMPLE_SHAPE_SEQ, 0),
+	                    pt_fb_get_i64(t, PT_FB_MODEL_SAMPLE_SHAPE_FEATURES, 0)};
 	if (!((dt == PT_F32 && s->features > 0) || (dt == PT_I64 && s->features == 0)))
 		return pt_set_error(PT_ERR_INVALID,
 		                    "input: samples must be f32 features or i64 tokens (dtype %u, "
@@ -235,29 +156,29 @@ pt_err pt_fb_build_stage_config(pt_fb_builder *b, const pt_stage_config *c, pt_f
 	PT_TRY(pt_fb_build_sample_shape(b, c->input, &input));
 	PT_TRY(pt_fb_build_optimizer(b, &c->optim, &optim));
 	pt_fb_start_table(b);
-	pt_fb_add_i64(b, C_MICROBATCH, c->microbatch, 0);
-	pt_fb_add_u64(b, C_SEED, c->seed, 0);
-	pt_fb_add_offset(b, C_LAYERS, layers);
-	pt_fb_add_offset(b, C_INPUT, input);
-	pt_fb_add_offset(b, C_OPTIMIZER, optim);
-	pt_fb_add_offset(b, C_DEVICE, device);
-	pt_fb_add_i32(b, C_FIRST, c->first, 0);
-	pt_fb_add_i32(b, C_LAST, c->last, 0);
-	pt_fb_add_i32(b, C_NSLOTS, c->n_slots, 0);
-	pt_fb_add_i32(b, C_THREADS, c->threads, 0);
-	pt_fb_add_u8(b, C_MODE, (uint8_t)c->mode, 0);
-	pt_fb_add_bool(b, C_STASH, c->weight_stashing, true);
-	pt_fb_add_bool(b, C_RECOMPUTE, c->recompute, false);
-	pt_fb_add_bool(b, C_USE_GRAPHS, c->use_graphs, false);
-	pt_fb_add_bool(b, C_SYNC_SENDS, c->sync_sends, false);
+	pt_fb_add_i64(b, PT_FB_STAGE_STAGE_CONFIG_MICROBATCH, c->microbatch, 0);
+	pt_fb_add_u64(b, PT_FB_STAGE_STAGE_CONFIG_SEED, c->seed, 0);
+	pt_fb_add_offset(b, PT_FB_STAGE_STAGE_CONFIG_LAYERS, layers);
+	pt_fb_add_offset(b, PT_FB_STAGE_STAGE_CONFIG_INPUT, input);
+	pt_fb_add_offset(b, PT_FB_STAGE_STAGE_CONFIG_OPTIMIZER, optim);
+	pt_fb_add_offset(b, PT_FB_STAGE_STAGE_CONFIG_DEVICE, device);
+	pt_fb_add_i32(b, PT_FB_STAGE_STAGE_CONFIG_FIRST, c->first, 0);
+	pt_fb_add_i32(b, PT_FB_STAGE_STAGE_CONFIG_LAST, c->last, 0);
+	pt_fb_add_i32(b, PT_FB_STAGE_STAGE_CONFIG_N_SLOTS, c->n_slots, 0);
+	pt_fb_add_i32(b, PT_FB_STAGE_STAGE_CONFIG_THREADS, c->threads, 0);
+	pt_fb_add_u8(b, PT_FB_STAGE_STAGE_CONFIG_MODE, (uint8_t)c->mode, 0);
+	pt_fb_add_bool(b, PT_FB_STAGE_STAGE_CONFIG_WEIGHT_STASHING, c->weight_stashing, true);
+	pt_fb_add_bool(b, PT_FB_STAGE_STAGE_CONFIG_RECOMPUTE, c->recompute, false);
+	pt_fb_add_bool(b, PT_FB_STAGE_STAGE_CONFIG_USE_GRAPHS, c->use_graphs, false);
+	pt_fb_add_bool(b, PT_FB_STAGE_STAGE_CONFIG_SYNC_SENDS, c->sync_sends, false);
 	return pt_fb_end_table(b, out);
 }
 
 pt_err pt_fb_read_stage_config(const uint8_t *t, pt_stage_config *c, pt_layer_spec **layers)
 {
 	uint32_t n;
-	const uint8_t *vec = pt_fb_get_vector(t, C_LAYERS, &n);
-	uint8_t mode = pt_fb_get_u8(t, C_MODE, 0);
+	const uint8_t *vec = pt_fb_get_vector(t, PT_FB_STAGE_STAGE_CONFIG_LAYERS, &n);
+	uint8_t mode = pt_fb_get_u8(t, PT_FB_STAGE_STAGE_CONFIG_MODE, 0);
 	const char *dev;
 	uint32_t dev_len;
 	pt_err rv;
@@ -269,25 +190,27 @@ pt_err pt_fb_read_stage_config(const uint8_t *t, pt_stage_config *c, pt_layer_sp
 	PT_TRY(pt_fb_read_layers(vec, n, layers));
 	c->layers = *layers;
 	c->n_layers = (int)n;
-	c->first = pt_fb_get_i32(t, C_FIRST, 0);
-	c->last = pt_fb_get_i32(t, C_LAST, 0);
-	c->microbatch = pt_fb_get_i64(t, C_MICROBATCH, 0);
-	c->n_slots = pt_fb_get_i32(t, C_NSLOTS, 0);
+	c->first = pt_fb_get_i32(t, PT_FB_STAGE_STAGE_CONFIG_FIRST, 0);
+	c->last = pt_fb_get_i32(t, PT_FB_STAGE_STAGE_CONFIG_LAST, 0);
+	c->microbatch = pt_fb_get_i64(t, PT_FB_STAGE_STAGE_CONFIG_MICROBATCH, 0);
+	c->n_slots = pt_fb_get_i32(t, PT_FB_STAGE_STAGE_CONFIG_N_SLOTS, 0);
 	c->mode = (pt_pipe_mode)mode;
-	c->seed = pt_fb_get_u64(t, C_SEED, 0);
-	c->weight_stashing = pt_fb_get_bool(t, C_STASH, true);
-	c->recompute = pt_fb_get_bool(t, C_RECOMPUTE, false);
-	c->threads = pt_fb_get_i32(t, C_THREADS, 0);
-	c->use_graphs = pt_fb_get_bool(t, C_USE_GRAPHS, false);
-	c->sync_sends = pt_fb_get_bool(t, C_SYNC_SENDS, false);
+	c->seed = pt_fb_get_u64(t, PT_FB_STAGE_STAGE_CONFIG_SEED, 0);
+	c->weight_stashing = pt_fb_get_bool(t, PT_FB_STAGE_STAGE_CONFIG_WEIGHT_STASHING, true);
+	c->recompute = pt_fb_get_bool(t, PT_FB_STAGE_STAGE_CONFIG_RECOMPUTE, false);
+	c->threads = pt_fb_get_i32(t, PT_FB_STAGE_STAGE_CONFIG_THREADS, 0);
+	c->use_graphs = pt_fb_get_bool(t, PT_FB_STAGE_STAGE_CONFIG_USE_GRAPHS, false);
+	c->sync_sends = pt_fb_get_bool(t, PT_FB_STAGE_STAGE_CONFIG_SYNC_SENDS, false);
 	c->device = PT_CPU;
-	if ((dev = pt_fb_get_string(t, C_DEVICE, &dev_len)) != NULL &&
+	if ((dev = pt_fb_get_string(t, PT_FB_STAGE_STAGE_CONFIG_DEVICE, &dev_len)) != NULL &&
 	    (rv = pt_device_parse(dev, &c->device)) != PT_OK) {
 		rv = pt_set_error(rv, "stage config: %s", pt_last_error());
 		goto fail;
 	}
-	if ((rv = pt_fb_read_sample_shape(pt_fb_get_table(t, C_INPUT), &c->input)) != PT_OK ||
-	    (rv = pt_fb_read_optimizer(pt_fb_get_table(t, C_OPTIMIZER), &c->optim)) != PT_OK)
+	if ((rv = pt_fb_read_sample_shape(pt_fb_get_table(t, PT_FB_STAGE_STAGE_CONFIG_INPUT),
+	                                  &c->input)) != PT_OK ||
+	    (rv = pt_fb_read_optimizer(pt_fb_get_table(t, PT_FB_STAGE_STAGE_CONFIG_OPTIMIZER),
+	                               &c->optim)) != PT_OK)
 		goto fail;
 	if (c->first < 0 || c->last > c->n_layers || c->first >= c->last) {
 		rv = pt_set_error(PT_ERR_RANGE, "stage layers [%d, %d) of %d", c->first, c->last,

@@ -1,5 +1,6 @@
 /* model_wire.h - Layer, Optimizer and SampleShape tables (schema/model.fbs)
- * and StageConfig (schema/stage.fbs): build, verify-descriptors, read.
+ * and StageConfig (schema/stage.fbs): build and read (the verifier descriptors
+ * are generated into fb_schema.h).
  *
  * Readers take verified tables and validate values (enum ranges, sizes);
  * shape consistency is pt_model_check's job. */
@@ -7,12 +8,8 @@
 #define PT_MODEL_WIRE_H
 
 #include "fb.h"
+#include "fb_schema.h" /* pt_fb_model_layer_desc, pt_fb_stage_stage_config_desc, ... */
 #include "pipeline.h"
-
-extern const pt_fb_table_desc pt_fb_layer_desc;
-extern const pt_fb_table_desc pt_fb_optimizer_desc;
-extern const pt_fb_table_desc pt_fb_sample_shape_desc;
-extern const pt_fb_table_desc pt_fb_stage_config_desc;
 
 /* Most layers a model may have (bounds what a received message can ask). */
 #define PT_MAX_LAYERS 4096
