@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "pipe_fixture.h"
+#include "fb_schema.h"
 #include "wire.h"
 #include "pt_test.h"
 #include "runtime.h"
@@ -635,6 +636,49 @@ static void test_pipeline_control_matches_schema(void)
 	pt_msg_fini(&m);
 }
 
+/* Defect 1 of issue 11: a Configure whose StageConfig (or its layers) points
+ * outside the buffer is refused as a whole by the verifier, naming the field,
+ * before any field is read (it used to be followed unverified: ASan
+ * heap-buffer-overflow in pt_fb_read_layers). The blob is malloc'd to its exact
+ * size, so any read past it is caught under ASan. */
+static void test_pipeline_configure_verifies_stage_config(void)
+{
+	static const struct {
+		int target; /* 0: Control.config, 1: StageConfig.layers, 2: its length */
+		uint32_t value;
+		const char *msg;
+	} cases[] = {
+	    {0, 0x40000000u, "table Control field config at byte"},
+	    {1, 0x40000000u, "table StageConfig field layers at byte"},
+	    {2, 0x10000000u, "table StageConfig field layers at byte"},
+	};
+	pt_stage_config sc[2];
+	fx_stage_configs(sc, 2, 4, PT_MODE_SYNC, false, NULL);
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		pt_msg m = {0};
+		pt_stage_config back;
+		pt_layer_spec *layers = (pt_layer_spec *)&back; /* must come back NULL */
+		uint8_t *blob, *slot, *conf;
+		PT_CHECK_OK(pt_wire_configure_encode(&m, &sc[1]));
+		blob = m.blob;
+		slot = (uint8_t *)pt_fb_field(pt_fb_root(blob), PT_FB_STAGE_CONTROL_CONFIG);
+		CU_ASSERT_PTR_NOT_NULL_FATAL(slot);
+		conf = (uint8_t *)pt_fb_deref(slot);
+		if (cases[i].target >= 1)
+			slot = (uint8_t *)pt_fb_field(conf, PT_FB_STAGE_STAGE_CONFIG_LAYERS);
+		if (cases[i].target == 2)
+			slot = (uint8_t *)pt_fb_deref(slot); /* the vector's length */
+		memcpy(slot, &cases[i].value, 4);
+		CU_ASSERT_EQUAL(pt_wire_configure_decode(&m, &back, &layers), PT_ERR_FORMAT);
+		CU_ASSERT_PTR_NULL(layers);
+		CU_ASSERT_PTR_NOT_NULL(strstr(pt_last_error(), "malformed Control message"));
+		if (strstr(pt_last_error(), cases[i].msg) == NULL)
+			printf("\n    case %zu: %s\n", i, pt_last_error());
+		CU_ASSERT_PTR_NOT_NULL(strstr(pt_last_error(), cases[i].msg));
+		pt_msg_fini(&m);
+	}
+}
+
 /* A timeline Reply carries the stage's communicator counters (Reply.comm,
  * appended to schema/stage.fbs): they read back exactly, a reply without
  * them reads as has_comm false, a cut buffer is refused by the verifier, and
@@ -706,6 +750,8 @@ static const pt_test_case tests[] = {
     {"test_pipeline_reply_carries_comm_stats", test_pipeline_reply_carries_comm_stats},
     {"test_pipeline_step_reports_stage_comm_stats", test_pipeline_step_reports_stage_comm_stats},
     {"test_pipeline_control_matches_schema", test_pipeline_control_matches_schema},
+    {"test_pipeline_configure_verifies_stage_config",
+     test_pipeline_configure_verifies_stage_config},
     {"test_pipeline_state_roundtrip_resumes_bitwise",
      test_pipeline_state_roundtrip_resumes_bitwise},
     {"test_pipeline_partition", test_pipeline_partition},
