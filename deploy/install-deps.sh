@@ -15,8 +15,8 @@ packages=(
 	libnng-dev nng-utils   # transport; nngcat for scripted pokes
 	libevent-dev           # HTTP endpoint
 	liblz4-dev             # wire compression
-	flatbuffers-compiler libflatbuffers-dev  # flatc interop tests, C++ reference verifier
-	python3 python3-flatbuffers python3-numpy  # data tools, Python client tests
+	flatbuffers-compiler libflatbuffers-dev  # flatc: lib/fb descriptors (build), interop tests
+	python3 python3-flatbuffers python3-numpy  # descriptor generator, data tools, client tests
 	python3-yaml           # tests/deploy_check.py reads the deploy/ YAML files
 	iproute2               # ip netns, veth and tc: tests/test_netns, bench/overlap_bench
 )
