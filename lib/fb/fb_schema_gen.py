@@ -103,7 +103,8 @@ class Gen:
         fail(where + ': base type %d (fixed-size array?) is not supported by lib/fb' % t.base)
 
     def enum_name(self, stem, obj, field):
-        return 'PT_FB_%s_%s_%s' % (stem.upper(), snake(obj.short).upper(), field.upper())
+        return 'PT_FB_%s_%s_%s' % (stem.upper(), snake(obj.short).upper(),
+                                   snake(field).upper())
 
     def run(self, out_h, out_c):
         h, c = [], []
@@ -158,7 +159,8 @@ class Gen:
                     h.append('/* struct %s */\n#define %s_SIZE %d\n#define %s_ALIGN %d\n' % (
                         o.short, up, o.bytesize, up, o.minalign))
                     for f in o.fields:
-                        h.append('#define %s_%s_OFFSET %d\n' % (up, f.name.upper(), f.offset))
+                        h.append('#define %s_%s_OFFSET %d\n' % (up, snake(f.name).upper(),
+                                                                 f.offset))
                     continue
                 fields = [f for f in o.fields if not f.deprecated]
                 h.append('/* table %s */\n' % o.short)
