@@ -520,7 +520,8 @@ static pt_err scan_checkpoints(const char *jdir, const ckpt *known, size_t n_kno
 		n++;
 	}
 	closedir(d);
-	qsort(v, n, sizeof(*v), ckpt_cmp);
+	if (n > 1) /* v is NULL when n is 0, and qsort's base must not be */
+		qsort(v, n, sizeof(*v), ckpt_cmp);
 	*out = v;
 	*n_out = n;
 	return PT_OK;
@@ -826,8 +827,12 @@ static void replay(job *jb, const uint8_t *d, size_t n, size_t *good)
 			memcpy(&step, p + 2, 8);
 			memcpy(&t, p + 10, 8);
 			memcpy(&ml, p + 18, 2);
+			/* Bounded by the record and by msg (a crafted record may
+			 * claim up to 65535 bytes; journal_state writes <= 900). */
 			if (ml > len - 20)
 				ml = (uint16_t)(len - 20);
+			if (ml > sizeof(msg) - 1)
+				ml = (uint16_t)(sizeof(msg) - 1);
 			memcpy(msg, p + 20, ml);
 			msg[ml] = '\0';
 			if (p[1] < PT_JOB_STATE_COUNT)

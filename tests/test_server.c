@@ -858,6 +858,99 @@ static void test_server_sigterm(void)
 	CU_ASSERT(check_checkpoint_files(dir) >= 1);
 }
 
+/* ------------------------------------------- journal, crash loop, memory -- */
+
+static uint32_t crc32_of(const uint8_t *p, size_t n)
+{
+	uint32_t c = 0xFFFFFFFFu;
+	for (size_t i = 0; i < n; i++) {
+		c ^= p[i];
+		for (int k = 0; k < 8; k++)
+			c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+	}
+	return c ^ 0xFFFFFFFFu;
+}
+
+/* put_state_record appends a state record (jobs.c's format: [len][crc]
+ * [1][state][step i64][time f64][ml u16][msg]) whose ml and length are
+ * what the caller says, not what journal_state would write. */
+static void put_state_record(FILE *f, pt_api_job_state st, uint16_t ml, const char *msg,
+                             size_t msg_len)
+{
+	size_t len = 20 + msg_len;
+	uint8_t *p = calloc(1, len);
+	int64_t step = 0;
+	double t = now_s();
+	uint32_t l32 = (uint32_t)len, crc;
+
+	p[0] = 1;
+	p[1] = (uint8_t)st;
+	memcpy(p + 2, &step, 8);
+	memcpy(p + 10, &t, 8);
+	memcpy(p + 18, &ml, 2);
+	memcpy(p + 20, msg, msg_len);
+	crc = crc32_of(p, len);
+	fwrite(&l32, 4, 1, f);
+	fwrite(&crc, 4, 1, f);
+	fwrite(p, 1, len, f);
+	free(p);
+}
+
+/* A journal record whose message claims 60,000 bytes (and has them) must not
+ * overflow replay's message buffer: the server starts (ASan: no
+ * stack-buffer-overflow; release: no crash), the job is listed with its
+ * message cut. Its job has no checkpoint: scanning its empty checkpoint
+ * directory must not qsort(NULL, 0) (UBSan). */
+static void test_server_journal_long_message(void)
+{
+	char dir[512], path[700];
+	server s;
+	client c;
+	pt_job_spec spec;
+	pt_api_job_info ji;
+	pt_fb_builder b;
+	pt_fb_ref ref;
+	const uint8_t *data;
+	size_t size, n = 60000;
+	char *msg = malloc(n);
+	FILE *f;
+
+	make_dir("journal", dir, sizeof(dir));
+	snprintf(path, sizeof(path), "%s/jobs", dir);
+	mkdir(path, 0755);
+	snprintf(path, sizeof(path), "%s/jobs/1", dir);
+	mkdir(path, 0755);
+	snprintf(path, sizeof(path), "%s/jobs/1/checkpoints", dir);
+	mkdir(path, 0755);
+	digits_spec(&spec, 5, 0, true);
+	PT_CHECK_OK(pt_fb_builder_init(&b, 0));
+	PT_CHECK_OK(pt_job_spec_build(&b, &spec, &ref));
+	PT_CHECK_OK(pt_fb_finish(&b, ref, NULL, &data, &size));
+	snprintf(path, sizeof(path), "%s/jobs/1/spec.job", dir);
+	pt_test_write_file(path, data, size);
+	pt_fb_builder_fini(&b);
+	pt_job_spec_fini(&spec);
+
+	memset(msg, 'A', n);
+	snprintf(path, sizeof(path), "%s/jobs/1/journal", dir);
+	f = fopen(path, "wb");
+	CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+	put_state_record(f, PT_JOB_QUEUED, 0, "", 0);
+	put_state_record(f, PT_JOB_FAILED, (uint16_t)n, msg, n);
+	fclose(f);
+	free(msg);
+
+	CU_ASSERT_TRUE_FATAL(server_start(&s, dir, NULL));
+	client_open(&c, &s, 30000);
+	CU_ASSERT_EQUAL(job_state(&c, 1, &ji), PT_JOB_FAILED);
+	CU_ASSERT_PTR_NOT_NULL_FATAL(ji.message);
+	/* Cut to replay's buffer (1023), then to the job's message (511). */
+	CU_ASSERT_EQUAL(strlen(ji.message), 511);
+	CU_ASSERT_EQUAL(strspn(ji.message, "A"), 511);
+	client_close(&c);
+	CU_ASSERT_EQUAL(server_stop(&s, SIGTERM), 0);
+}
+
 static const pt_test_case server_tests[] = {
     {"test_server_every_request", test_server_every_request},
     {"test_server_cancel", test_server_cancel},
@@ -865,6 +958,7 @@ static const pt_test_case server_tests[] = {
     {"test_server_auth", test_server_auth},
     {"test_server_kill9_resume", test_server_kill9_resume},
     {"test_server_sigterm", test_server_sigterm},
+    {"test_server_journal_long_message", test_server_journal_long_message},
     {NULL, NULL},
 };
 static const pt_test_suite suites[] = {
