@@ -31,7 +31,14 @@
 #define JOURNAL_MAX      (1u << 30) /* a journal over 1 GiB is not replayed whole */
 #define MAX_WATCH_POINTS 10000
 
-enum { REC_STATE = 1, REC_METRIC = 2 };
+/* Journal records. REC_DEATHS holds how many runs in a row died with the
+ * server (recovery found them Starting or Running): recovery writes n + 1,
+ * a run that ends any other way writes 0. Older servers skip it. */
+enum { REC_STATE = 1, REC_METRIC = 2, REC_DEATHS = 3 };
+
+/* Runs in a row that may die with the server before the job is failed
+ * instead of re-queued (a job that kills the server must not crash-loop it). */
+#define MAX_DEATHS 2
 enum { STOP_NONE, STOP_CANCEL, STOP_SHUTDOWN };
 
 typedef struct ckpt {
@@ -52,6 +59,7 @@ typedef struct job {
 	uint64_t queue_seq; /* FIFO order among queued jobs */
 	char *resume_from;  /* checkpoint to resume from when it runs next */
 	int restarts;       /* of the current run, after lost workers */
+	int deaths;         /* runs in a row that died with the server (REC_DEATHS) */
 
 	pt_api_metric_point *points; /* steps strictly increasing */
 	size_t n_points, cap_points;
@@ -320,6 +328,16 @@ static pt_err journal_state(job *jb, pt_api_job_state st, int64_t step, double t
 	if (ml)
 		put(&w, msg, ml);
 	return journal_append(jb, &w, true);
+}
+
+static pt_err journal_deaths(job *jb, int n, bool sync)
+{
+	wbuf w = {.n = 0};
+	uint8_t type = REC_DEATHS, v = (uint8_t)(n > 255 ? 255 : n);
+
+	put(&w, &type, 1);
+	put(&w, &v, 1);
+	return journal_append(jb, &w, sync);
 }
 
 static pt_err journal_metric(job *jb, const pt_api_metric_point *p)
@@ -752,6 +770,12 @@ static void run_one(pt_jobs *m, job *jb)
 	t = now_unix();
 	set_state(jb, final, msg, t);
 	pthread_mutex_unlock(&m->mu);
+	/* This run did not die with the server: the count starts over (fsynced
+	 * with the state record below). */
+	if (jb->deaths != 0) {
+		jb->deaths = 0;
+		journal_deaths(jb, 0, false);
+	}
 	journal_state(jb, final, last, t, msg);
 	journal_flush_close(jb);
 	pt_info("job %" PRIu64 " %s at step %" PRId64 "%s%s", jb->id, pt_api_job_state_name(final),
@@ -837,6 +861,8 @@ static void replay(job *jb, const uint8_t *d, size_t n, size_t *good)
 			msg[ml] = '\0';
 			if (p[1] < PT_JOB_STATE_COUNT)
 				apply_state(jb, (pt_api_job_state)p[1], step, t, msg);
+		} else if (p[0] == REC_DEATHS && len >= 2) {
+			jb->deaths = p[1];
 		} else if (p[0] == REC_METRIC && len >= 1 + 8 * 9 + 4 + 4) {
 			pt_api_metric_point pt;
 			const uint8_t *q = p + 1;
@@ -969,11 +995,26 @@ static pt_err recover(pt_jobs *m)
 		double t = now_unix();
 		char msg[600];
 		if (jb->state == PT_JOB_STARTING || jb->state == PT_JOB_RUNNING) {
-			snprintf(msg, sizeof(msg),
-			         "server stopped while the job was running (step %" PRId64 ")",
-			         jb->step);
-			apply_state(jb, PT_JOB_INTERRUPTED, jb->step, t, msg);
-			journal_state(jb, PT_JOB_INTERRUPTED, jb->step, t, msg);
+			/* The run died with the server (its Starting record is
+			 * fsynced before it trains). */
+			jb->deaths++;
+			journal_deaths(jb, jb->deaths, false);
+			if (jb->deaths >= MAX_DEATHS) {
+				snprintf(msg, sizeof(msg),
+				         "server died twice while running this job (last at step "
+				         "%" PRId64 "); not restarted",
+				         jb->step);
+				apply_state(jb, PT_JOB_FAILED, jb->step, t, msg);
+				journal_state(jb, PT_JOB_FAILED, jb->step, t, msg);
+				pt_warn("job %" PRIu64 ": %s", jb->id, msg);
+			} else {
+				snprintf(msg, sizeof(msg),
+				         "server stopped while the job was running (step %" PRId64
+				         ")",
+				         jb->step);
+				apply_state(jb, PT_JOB_INTERRUPTED, jb->step, t, msg);
+				journal_state(jb, PT_JOB_INTERRUPTED, jb->step, t, msg);
+			}
 		}
 		if (jb->state == PT_JOB_INTERRUPTED && jb->spec.resume) {
 			if (jb->n_ckpts > 0) {

@@ -951,6 +951,92 @@ static void test_server_journal_long_message(void)
 	CU_ASSERT_EQUAL(server_stop(&s, SIGTERM), 0);
 }
 
+/* A job whose run dies with the server (kill -9 while it trains) is
+ * re-queued once; when its run dies with the server a second time in a
+ * row it is Failed, not re-queued a third time (a job that kills the
+ * server would otherwise crash-loop it). */
+static void test_server_died_twice(void)
+{
+	char dir[512];
+	server s;
+	client c;
+	pt_job_spec spec;
+	pt_api_job_info ji;
+	pt_api_response r;
+	uint64_t id;
+	bool ended;
+
+	make_dir("died_twice", dir, sizeof(dir));
+	CU_ASSERT_TRUE_FATAL(server_start(&s, dir, NULL));
+	client_open(&c, &s, 30000);
+	digits_spec(&spec, 1000000, 0, true);
+	CU_ASSERT_EQUAL_FATAL(submit(&c, &spec, &id, &r), PT_API_OK);
+	for (int run = 1; run <= 2; run++) {
+		CU_ASSERT(watch_until(&c, id, 3, 60, &ended) >= 3);
+		CU_ASSERT_FALSE(ended);
+		CU_ASSERT_EQUAL(job_state(&c, id, &ji), PT_JOB_RUNNING);
+		client_close(&c);
+		CU_ASSERT_EQUAL(server_stop(&s, SIGKILL), -1);
+		CU_ASSERT_TRUE_FATAL(server_start(&s, dir, NULL));
+		client_open(&c, &s, 30000);
+		if (run == 1) {
+			/* Re-queued once ("restarting: no checkpoint ..."), then running. */
+			pt_api_job_state st = job_state(&c, id, &ji);
+			CU_ASSERT(st == PT_JOB_QUEUED || st == PT_JOB_STARTING ||
+			          st == PT_JOB_RUNNING);
+		}
+	}
+	CU_ASSERT_EQUAL(job_state(&c, id, &ji), PT_JOB_FAILED);
+	CU_ASSERT_PTR_NOT_NULL(
+	    ji.message ? strstr(ji.message, "server died twice while running this job") : NULL);
+	/* And it stays failed: no runner picks it up. */
+	usleep(300 * 1000);
+	CU_ASSERT_EQUAL(job_state(&c, id, &ji), PT_JOB_FAILED);
+	client_close(&c);
+	CU_ASSERT_EQUAL(server_stop(&s, SIGTERM), 0);
+	/* A third start keeps it failed (the journal says so). */
+	CU_ASSERT_TRUE_FATAL(server_start(&s, dir, NULL));
+	client_open(&c, &s, 30000);
+	CU_ASSERT_EQUAL(job_state(&c, id, &ji), PT_JOB_FAILED);
+	CU_ASSERT_PTR_NOT_NULL(ji.message ? strstr(ji.message, "server died twice") : NULL);
+	client_close(&c);
+	CU_ASSERT_EQUAL(server_stop(&s, SIGTERM), 0);
+	pt_job_spec_fini(&spec);
+}
+
+/* One death, then a run that ends another way (SIGTERM interrupts it with
+ * a checkpoint), then a death: not twice in a row, so it is re-queued. */
+static void test_server_died_not_in_a_row(void)
+{
+	char dir[512];
+	server s;
+	client c;
+	pt_job_spec spec;
+	pt_api_job_info ji;
+	pt_api_response r;
+	uint64_t id;
+	bool ended;
+	pt_api_job_state st;
+
+	make_dir("died_apart", dir, sizeof(dir));
+	CU_ASSERT_TRUE_FATAL(server_start(&s, dir, NULL));
+	client_open(&c, &s, 30000);
+	digits_spec(&spec, 1000000, 0, true);
+	CU_ASSERT_EQUAL_FATAL(submit(&c, &spec, &id, &r), PT_API_OK);
+	for (int run = 0; run < 3; run++) {
+		CU_ASSERT(watch_until(&c, id, 3, 60, &ended) >= 3);
+		client_close(&c);
+		CU_ASSERT_EQUAL(server_stop(&s, run == 1 ? SIGTERM : SIGKILL), run == 1 ? 0 : -1);
+		CU_ASSERT_TRUE_FATAL(server_start(&s, dir, NULL));
+		client_open(&c, &s, 30000);
+	}
+	st = job_state(&c, id, &ji);
+	CU_ASSERT(st == PT_JOB_QUEUED || st == PT_JOB_STARTING || st == PT_JOB_RUNNING);
+	client_close(&c);
+	CU_ASSERT_EQUAL(server_stop(&s, SIGTERM), 0);
+	pt_job_spec_fini(&spec);
+}
+
 static const pt_test_case server_tests[] = {
     {"test_server_every_request", test_server_every_request},
     {"test_server_cancel", test_server_cancel},
@@ -959,6 +1045,8 @@ static const pt_test_case server_tests[] = {
     {"test_server_kill9_resume", test_server_kill9_resume},
     {"test_server_sigterm", test_server_sigterm},
     {"test_server_journal_long_message", test_server_journal_long_message},
+    {"test_server_died_twice", test_server_died_twice},
+    {"test_server_died_not_in_a_row", test_server_died_not_in_a_row},
     {NULL, NULL},
 };
 static const pt_test_suite suites[] = {
