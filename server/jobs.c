@@ -1161,6 +1161,30 @@ static pt_err write_spec(job *jb)
 	return rv;
 }
 
+/* remove_job_dir removes what a failed submit made of jb's directory (a
+ * full disk must not leave an empty jobs/<id>/ that recovery would skip
+ * forever); nothing else is there yet. */
+static void remove_job_dir(job *jb)
+{
+	static const char *const files[] = {"journal", "spec.job"};
+	char p[MAX_PATH + 32];
+
+	if (jb->jfd >= 0) {
+		close(jb->jfd);
+		jb->jfd = -1;
+	}
+	for (size_t i = 0; i < sizeof(files) / sizeof(files[0]); i++) {
+		snprintf(p, sizeof(p), "%s/%s", jb->dir, files[i]);
+		if (unlink(p) != 0 && errno != ENOENT)
+			pt_warn("submit cleanup: unlink %s: %s", p, strerror(errno));
+	}
+	snprintf(p, sizeof(p), "%s/checkpoints", jb->dir);
+	if (rmdir(p) != 0 && errno != ENOENT)
+		pt_warn("submit cleanup: rmdir %s: %s", p, strerror(errno));
+	if (rmdir(jb->dir) != 0 && errno != ENOENT)
+		pt_warn("submit cleanup: rmdir %s: %s", jb->dir, strerror(errno));
+}
+
 pt_err pt_jobs_submit(pt_jobs *m, const uint8_t *spec_table, uint64_t *id)
 {
 	char ckdir[MAX_PATH + 16];
@@ -1240,11 +1264,8 @@ pt_err pt_jobs_submit(pt_jobs *m, const uint8_t *spec_table, uint64_t *id)
 fail_io:
 	pt_error("job %" PRIu64 ": submit failed: %s", nid, pt_last_error());
 fail:
-	if (jb->dir[0] && rv != PT_OK) {
-		char p[MAX_PATH + 32];
-		snprintf(p, sizeof(p), "%s/journal", jb->dir);
-		unlink(p);
-	}
+	if (rv != PT_OK)
+		remove_job_dir(jb);
 	job_free(jb);
 	return rv;
 }
@@ -1453,6 +1474,12 @@ pt_err pt_jobs_checkpoint(pt_jobs *m, uint64_t id, int64_t step, char *path, siz
 	if ((jb = find_job(m, id)) == NULL) {
 		pthread_mutex_unlock(&m->mu);
 		return pt_set_error(PT_ERR_NOTFOUND, "no job %" PRIu64, id);
+	}
+	if (step < -1) {
+		pthread_mutex_unlock(&m->mu);
+		return pt_set_error(PT_ERR_INVALID,
+		                    "step: %" PRId64 " is not a step (-1: the latest checkpoint)",
+		                    step);
 	}
 	if (step < 0) {
 		if (jb->n_ckpts)

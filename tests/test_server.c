@@ -1037,6 +1037,63 @@ static void test_server_died_not_in_a_row(void)
 	pt_job_spec_fini(&spec);
 }
 
+/* A submit that fails on a full disk (a 1 MiB tmpfs filled up) answers an
+ * error and leaves no jobs/<id>/ behind; after space is freed submits work
+ * and a restart lists only the real job. Needs root (mount): skipped
+ * otherwise, saying so. */
+static void test_server_full_disk(void)
+{
+	char dir[512], path[700], fill[700];
+	server s;
+	client c;
+	pt_job_spec spec;
+	pt_api_response r;
+	uint64_t id;
+	struct stat st;
+	char cmd[800];
+	int fd;
+
+	make_dir("fulldisk", dir, sizeof(dir));
+	snprintf(cmd, sizeof(cmd), "mount -t tmpfs -o size=1m tmpfs %s 2>/dev/null", dir);
+	if (geteuid() != 0 || system(cmd) != 0) {
+		printf("\n    skip: not root or cannot mount a tmpfs; full disk not checked");
+		return;
+	}
+	CU_ASSERT_TRUE_FATAL(server_start(&s, dir, NULL));
+	client_open(&c, &s, 30000);
+	snprintf(fill, sizeof(fill), "%s/fill", dir);
+	fd = open(fill, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+	CU_ASSERT_FATAL(fd >= 0);
+	{
+		char buf[4096];
+		memset(buf, 1, sizeof(buf));
+		while (write(fd, buf, sizeof(buf)) > 0)
+			;
+		while (write(fd, buf, 1) > 0)
+			;
+	}
+	close(fd);
+	digits_spec(&spec, 5, 0, true);
+	CU_ASSERT_EQUAL(submit(&c, &spec, &id, &r), PT_API_INTERNAL);
+	CU_ASSERT_PTR_NOT_NULL(r.message ? strstr(r.message, "No space left on device") : NULL);
+	snprintf(path, sizeof(path), "%s/jobs/1", dir);
+	CU_ASSERT_NOT_EQUAL(stat(path, &st), 0);
+	unlink(fill);
+	CU_ASSERT_EQUAL(submit(&c, &spec, &id, &r), PT_API_OK);
+	CU_ASSERT_EQUAL(id, 2);
+	client_close(&c);
+	CU_ASSERT_EQUAL(server_stop(&s, SIGTERM), 0);
+	CU_ASSERT_TRUE(server_start(&s, dir, NULL));
+	client_open(&c, &s, 30000);
+	CU_ASSERT_EQUAL(simple(&c, PT_API_LIST_JOBS, 0, &r), PT_API_OK);
+	CU_ASSERT_EQUAL(r.n_jobs, 1);
+	client_close(&c);
+	CU_ASSERT_EQUAL(server_stop(&s, SIGTERM), 0);
+	pt_job_spec_fini(&spec);
+	snprintf(cmd, sizeof(cmd), "umount %s", dir);
+	CU_ASSERT_EQUAL(system(cmd), 0);
+}
+
 static const pt_test_case server_tests[] = {
     {"test_server_every_request", test_server_every_request},
     {"test_server_cancel", test_server_cancel},
@@ -1047,6 +1104,7 @@ static const pt_test_case server_tests[] = {
     {"test_server_journal_long_message", test_server_journal_long_message},
     {"test_server_died_twice", test_server_died_twice},
     {"test_server_died_not_in_a_row", test_server_died_not_in_a_row},
+    {"test_server_full_disk", test_server_full_disk},
     {NULL, NULL},
 };
 static const pt_test_suite suites[] = {
