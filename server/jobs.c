@@ -102,7 +102,8 @@ struct pt_jobs {
 	runner *runners;
 	size_t n_runners, cap_runners;
 	bool stopping, shut;
-	int lock_fd; /* flock on data_dir/lock: one server per data dir */
+	int lock_fd;        /* flock on data_dir/lock: one server per data dir */
+	uint64_t mem_limit; /* admission: a job's host memory estimate at most this */
 };
 
 /* ------------------------------------------------------------- helpers -- */
@@ -1059,6 +1060,22 @@ static char *dup_or_null(const char *s)
 	return s && *s ? strdup(s) : NULL;
 }
 
+/* memory_limit_init sets the admission limit: --memory-limit, else what
+ * the cgroup or the machine allows. */
+static pt_err memory_limit_init(pt_jobs *m)
+{
+	const char *source = "--memory-limit";
+	char text[64];
+
+	if (m->cfg.memory_limit != NULL && m->cfg.memory_limit[0] != '\0')
+		PT_TRY(pt_job_memory_parse(m->cfg.memory_limit, &m->mem_limit));
+	else
+		PT_TRY(pt_job_memory_host_limit(&m->mem_limit, &source));
+	pt_job_memory_format(text, sizeof(text), m->mem_limit);
+	pt_info("jobs: memory limit %s (%s)", text, source);
+	return PT_OK;
+}
+
 pt_err pt_jobs_create(pt_jobs **out, const pt_jobs_config *cfg)
 {
 	pt_jobs *m;
@@ -1080,6 +1097,10 @@ pt_err pt_jobs_create(pt_jobs **out, const pt_jobs_config *cfg)
 	if (m->data_dir == NULL || m->device == NULL || m->runners == NULL) {
 		pt_jobs_destroy(m);
 		return pt_set_error(PT_ERR_NOMEM, "jobs");
+	}
+	if ((rv = memory_limit_init(m)) != PT_OK) {
+		pt_jobs_destroy(m);
+		return rv;
 	}
 	pthread_mutex_lock(&m->mu);
 	rv = recover(m);
@@ -1215,6 +1236,14 @@ pt_err pt_jobs_submit(pt_jobs *m, const uint8_t *spec_table, uint64_t *id)
 	}
 	if ((rv = pt_job_spec_validate(&jb->spec, m->files_root)) != PT_OK) {
 		/* A data file the spec names that cannot be read is the spec's fault. */
+		if (rv == PT_ERR_IO) {
+			char msg[1024];
+			snprintf(msg, sizeof(msg), "%s", pt_last_error());
+			rv = pt_set_error(PT_ERR_INVALID, "%s", msg);
+		}
+		goto fail;
+	}
+	if ((rv = pt_job_admit(&jb->spec, m->files_root, m->mem_limit, NULL)) != PT_OK) {
 		if (rv == PT_ERR_IO) {
 			char msg[1024];
 			snprintf(msg, sizeof(msg), "%s", pt_last_error());

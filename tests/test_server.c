@@ -1037,6 +1037,78 @@ static void test_server_died_not_in_a_row(void)
 	pt_job_spec_fini(&spec);
 }
 
+/* Admission: a job whose estimated memory exceeds --memory-limit is refused
+ * naming the estimate and the limit, and leaves no jobs/<id>/; one that fits
+ * runs. FetchCheckpoint's step is -1 (latest) or a step: -2 is an error
+ * naming the field. A bad --memory-limit stops the server at start. */
+static void test_server_admission(void)
+{
+	char dir[512], path[700];
+	const char *lim[] = {"--memory-limit", "64M", NULL};
+	server s;
+	client c;
+	pt_job_spec spec;
+	pt_api_response r;
+	pt_api_request q;
+	uint64_t id, big;
+	bool ended;
+	struct stat st;
+
+	make_dir("admission", dir, sizeof(dir));
+	CU_ASSERT_TRUE_FATAL(server_start(&s, dir, lim));
+	client_open(&c, &s, 30000);
+	/* 4.7 TB of parameters. */
+	digits_spec(&spec, 5, 0, true);
+	spec.stages = 1;
+	spec.layers[0].out_features = 1084000;
+	spec.layers[2].in_features = 1084000;
+	spec.layers[2].out_features = 1084000;
+	spec.layers[4].in_features = 1084000;
+	CU_ASSERT_EQUAL(submit(&c, &spec, &big, &r), PT_API_INVALID_JOB);
+	CU_ASSERT_PTR_NOT_NULL(r.message ? strstr(r.message, "memory: the job needs an estimated ")
+	                                 : NULL);
+	CU_ASSERT_PTR_NOT_NULL(r.message ? strstr(r.message, "TiB") : NULL);
+	CU_ASSERT_PTR_NOT_NULL(
+	    r.message ? strstr(r.message, "limit of 64.0 MiB (67108864 bytes) (--memory-limit)")
+	              : NULL);
+	if (r.message)
+		printf("\n  refused: %s", r.message);
+	snprintf(path, sizeof(path), "%s/jobs/1", dir);
+	CU_ASSERT_NOT_EQUAL(stat(path, &st), 0);
+	pt_job_spec_fini(&spec);
+
+	/* The digits example (about 15 MiB) fits. */
+	digits_spec(&spec, 5, 0, true);
+	CU_ASSERT_EQUAL_FATAL(submit(&c, &spec, &id, &r), PT_API_OK);
+	watch_until(&c, id, INT64_MAX, 60, &ended);
+	CU_ASSERT_TRUE(ended);
+	pt_api_request_init(&q, PT_API_FETCH_CHECKPOINT);
+	q.job = id;
+	q.length = 10;
+	q.step = -1;
+	CU_ASSERT_EQUAL_FATAL(call(&c, &q, &r), 0);
+	CU_ASSERT_EQUAL(r.code, PT_API_OK);
+	CU_ASSERT_EQUAL(r.step, 5);
+	q.step = -2;
+	CU_ASSERT_EQUAL_FATAL(call(&c, &q, &r), 0);
+	CU_ASSERT_EQUAL(r.code, PT_API_BAD_REQUEST);
+	CU_ASSERT_PTR_NOT_NULL(
+	    r.message ? strstr(r.message, "step: -2 is not a step (-1: the latest checkpoint)")
+	              : NULL);
+	q.step = INT64_MIN;
+	CU_ASSERT_EQUAL_FATAL(call(&c, &q, &r), 0);
+	CU_ASSERT_EQUAL(r.code, PT_API_BAD_REQUEST);
+	pt_job_spec_fini(&spec);
+	client_close(&c);
+	CU_ASSERT_EQUAL(server_stop(&s, SIGTERM), 0);
+
+	{
+		const char *bad[] = {"--memory-limit", "12X", NULL};
+		CU_ASSERT_FALSE(server_start(&s, dir, bad));
+		CU_ASSERT_EQUAL(server_stop(&s, 0), 2);
+	}
+}
+
 /* A submit that fails on a full disk (a 1 MiB tmpfs filled up) answers an
  * error and leaves no jobs/<id>/ behind; after space is freed submits work
  * and a restart lists only the real job. Needs root (mount): skipped
@@ -1104,6 +1176,7 @@ static const pt_test_case server_tests[] = {
     {"test_server_journal_long_message", test_server_journal_long_message},
     {"test_server_died_twice", test_server_died_twice},
     {"test_server_died_not_in_a_row", test_server_died_not_in_a_row},
+    {"test_server_admission", test_server_admission},
     {"test_server_full_disk", test_server_full_disk},
     {NULL, NULL},
 };

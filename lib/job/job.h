@@ -255,16 +255,14 @@ typedef struct pt_job_memory {
 
 /* pt_job_data_shape_read reads the headers (npy) or sizes (tokens) of a
  * validated spec's data files, relative paths under files_root. Blocking. */
-pt_err pt_job_data_shape_read(const pt_job_spec *s, const char *files_root,
-                              pt_job_data_shape *out);
+pt_err pt_job_data_shape_read(const pt_job_spec *s, const char *files_root, pt_job_data_shape *out);
 
 /* pt_job_memory_estimate gives the peak memory of a validated spec per stage
  * (parameters, gradients, optimizer state, async weight stashes, activations
  * of the schedule's live microbatches, workspace) and for this host (stages
  * on workers or devices are not charged to it). No allocation, no I/O;
  * never overflows (absurd sizes saturate at UINT64_MAX). */
-pt_err pt_job_memory_estimate(const pt_job_spec *s, const pt_job_data_shape *d,
-                              pt_job_memory *out);
+pt_err pt_job_memory_estimate(const pt_job_spec *s, const pt_job_data_shape *d, pt_job_memory *out);
 
 /* pt_job_admit estimates s (reading its data headers) and refuses it with
  * PT_ERR_RANGE, naming the estimate, the limit and the largest stage, when

@@ -358,11 +358,30 @@ pt_err pt_job_memory_host_limit(uint64_t *bytes, const char **source)
 			}
 		fclose(f);
 	}
-	/* cgroup v2, then v1; v1 says "no limit" with a huge page-rounded value. */
-	if (read_u64("/sys/fs/cgroup/memory.max", &cg) && cg > 0 && (total == 0 || cg < total)) {
-		*bytes = cg;
-		*source = "cgroup memory.max";
-		return PT_OK;
+	/* cgroup v2: this process's group and its ancestors ("max": none); then
+	 * v1, which says "no limit" with a huge page-rounded value. */
+	if ((f = fopen("/proc/self/cgroup", "r")) != NULL) {
+		char path[512] = "";
+		while (fgets(line, sizeof(line), f) != NULL)
+			if (strncmp(line, "0::", 3) == 0) {
+				line[strcspn(line, "\n")] = '\0';
+				snprintf(path, sizeof(path), "/sys/fs/cgroup%s", line + 3);
+			}
+		fclose(f);
+		for (size_t n = strlen(path); n > 0; n = strlen(path)) {
+			char file[600];
+			snprintf(file, sizeof(file), "%s/memory.max", path);
+			if (read_u64(file, &cg) && cg > 0 && (total == 0 || cg < total) &&
+			    (*bytes == 0 || cg < *bytes)) {
+				*bytes = cg;
+				*source = "cgroup memory.max";
+			}
+			if (strcmp(path, "/sys/fs/cgroup") == 0)
+				break;
+			*strrchr(path, '/') = '\0';
+		}
+		if (*bytes != 0)
+			return PT_OK;
 	}
 	if (read_u64("/sys/fs/cgroup/memory/memory.limit_in_bytes", &cg) && cg > 0 &&
 	    (total == 0 || cg < total)) {
