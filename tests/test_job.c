@@ -1337,8 +1337,14 @@ static void test_job_memory_estimate_examples(void)
 			       m / 1048576.0, b / 1048576.0,
 			       100.0 * ((double)e - (double)m) / (double)m);
 			CU_ASSERT(m > 0);
+#ifndef __SANITIZE_ADDRESS__
 			CU_ASSERT(fabs((double)e - (double)m) <= 0.25 * (double)m);
+#endif
 		}
+#ifdef __SANITIZE_ADDRESS__
+	/* ASan's redzones, quarantine and shadow memory are not the job's. */
+	printf("\n    skip: AddressSanitizer build: figures shown, not compared");
+#endif
 	globfree(&g);
 }
 
