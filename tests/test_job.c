@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "backend.h"
@@ -1399,10 +1400,75 @@ static void test_job_memory_parse(void)
 	CU_ASSERT(v > 0);
 }
 
+/* The default limit is the cgroup's when it is below MemTotal: a child
+ * moved into a new memory cgroup with a 300 MiB limit (v1
+ * memory.limit_in_bytes, or v2 memory.max) reads 300 MiB from it. Needs
+ * root and a writable cgroup mount: skipped otherwise, saying so. */
+static void test_job_memory_cgroup_default(void)
+{
+	/* Each kind only where its hierarchy is mounted (a v1 host has a tmpfs
+	 * at /sys/fs/cgroup, where a directory is no group). */
+	static const struct {
+		const char *mark, *dir, *limit, *source;
+	} kinds[] = {
+	    {"/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/pt_test_job_%d",
+	     "memory.limit_in_bytes", "cgroup memory.limit_in_bytes"},
+	    {"/sys/fs/cgroup/cgroup.controllers", "/sys/fs/cgroup/pt_test_job_%d", "memory.max",
+	     "cgroup memory.max"},
+	};
+	char dir[256], file[320];
+	bool tried = false;
+
+	for (size_t k = 0; k < 2; k++) {
+		FILE *f;
+		pid_t pid;
+		int st = 0, pfd[2];
+		uint64_t got = 0;
+		snprintf(dir, sizeof(dir), kinds[k].dir, (int)getpid());
+		if (geteuid() != 0 || access(kinds[k].mark, F_OK) != 0 || mkdir(dir, 0755) != 0)
+			continue;
+		snprintf(file, sizeof(file), "%s/%s", dir, kinds[k].limit);
+		if ((f = fopen(file, "w")) == NULL || fprintf(f, "%llu", 300ull << 20) < 0 ||
+		    fclose(f) != 0) {
+			rmdir(dir);
+			continue;
+		}
+		tried = true;
+		CU_ASSERT_EQUAL_FATAL(pipe(pfd), 0);
+		if ((pid = fork()) == 0) {
+			uint64_t v = 0;
+			const char *src = "";
+			char procs[320];
+			snprintf(procs, sizeof(procs), "%s/cgroup.procs", dir);
+			f = fopen(procs, "w");
+			if (f == NULL || fprintf(f, "%d", (int)getpid()) < 0 || fclose(f) != 0)
+				_exit(2);
+			if (pt_job_memory_host_limit(&v, &src) != PT_OK ||
+			    strcmp(src, kinds[k].source) != 0)
+				_exit(3);
+			if (write(pfd[1], &v, sizeof(v)) != sizeof(v))
+				_exit(4);
+			_exit(0);
+		}
+		close(pfd[1]);
+		CU_ASSERT_EQUAL(read(pfd[0], &got, sizeof(got)), (ssize_t)sizeof(got));
+		close(pfd[0]);
+		waitpid(pid, &st, 0);
+		CU_ASSERT(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+		CU_ASSERT_EQUAL(got, 300ull << 20);
+		printf("\n  %s: %llu bytes", kinds[k].source, (unsigned long long)got);
+		rmdir(dir);
+	}
+	if (!tried)
+		printf("\n    skip: not root or no writable memory cgroup; default limit not "
+		       "checked");
+}
+
 static const pt_test_case memory_tests[] = {
     {"test_job_memory_estimate_examples", test_job_memory_estimate_examples},
     {"test_job_memory_refuses_huge", test_job_memory_refuses_huge},
     {"test_job_memory_parse", test_job_memory_parse},
+    {"test_job_memory_cgroup_default", test_job_memory_cgroup_default},
     {NULL, NULL},
 };
 

@@ -342,10 +342,36 @@ static bool read_u64(const char *path, uint64_t *v)
 	return ok;
 }
 
+/* group_limit takes the smallest limit in file `name` of the group
+ * mount + path and its ancestors up to mount (limits nest), into *best
+ * when below it (0: none yet); true when one was found. */
+static bool group_limit(const char *mount, const char *path, const char *name, uint64_t *best)
+{
+	char dir[512], file[600];
+	bool found = false;
+	uint64_t v;
+
+	snprintf(dir, sizeof(dir), "%s%s", mount, path);
+	for (;;) {
+		size_t n = strlen(dir);
+		while (n > strlen(mount) && dir[n - 1] == '/')
+			dir[--n] = '\0';
+		snprintf(file, sizeof(file), "%s/%s", dir, name);
+		if (read_u64(file, &v) && v > 0 && (*best == 0 || v < *best)) {
+			*best = v;
+			found = true;
+		}
+		if (n <= strlen(mount))
+			break;
+		*strrchr(dir, '/') = '\0';
+	}
+	return found;
+}
+
 pt_err pt_job_memory_host_limit(uint64_t *bytes, const char **source)
 {
 	uint64_t total = 0, cg = 0;
-	char line[256];
+	char line[512];
 	FILE *f;
 
 	*bytes = 0;
@@ -358,37 +384,32 @@ pt_err pt_job_memory_host_limit(uint64_t *bytes, const char **source)
 			}
 		fclose(f);
 	}
-	/* cgroup v2: this process's group and its ancestors ("max": none); then
-	 * v1, which says "no limit" with a huge page-rounded value. */
+	/* This process's groups (/proc/self/cgroup): v2 "0::PATH" (memory.max,
+	 * "max": none), v1 "N:...memory...:PATH" (memory.limit_in_bytes, "no
+	 * limit" being a huge page-rounded value, above MemTotal). */
 	if ((f = fopen("/proc/self/cgroup", "r")) != NULL) {
-		char path[512] = "";
-		while (fgets(line, sizeof(line), f) != NULL)
-			if (strncmp(line, "0::", 3) == 0) {
-				line[strcspn(line, "\n")] = '\0';
-				snprintf(path, sizeof(path), "/sys/fs/cgroup%s", line + 3);
-			}
-		fclose(f);
-		for (size_t n = strlen(path); n > 0; n = strlen(path)) {
-			char file[600];
-			snprintf(file, sizeof(file), "%s/memory.max", path);
-			if (read_u64(file, &cg) && cg > 0 && (total == 0 || cg < total) &&
-			    (*bytes == 0 || cg < *bytes)) {
-				*bytes = cg;
+		while (fgets(line, sizeof(line), f) != NULL) {
+			char *path = strrchr(line, ':'), *ctl = strchr(line, ':');
+			if (path == NULL || ctl == NULL || path == ctl)
+				continue;
+			line[strcspn(line, "\n")] = '\0';
+			*path++ = '\0';
+			ctl++;
+			if (ctl[0] == '\0' &&
+			    group_limit("/sys/fs/cgroup", path, "memory.max", &cg))
 				*source = "cgroup memory.max";
-			}
-			if (strcmp(path, "/sys/fs/cgroup") == 0)
-				break;
-			*strrchr(path, '/') = '\0';
+			else if (strstr(ctl, "memory") != NULL &&
+			         group_limit("/sys/fs/cgroup/memory", path, "memory.limit_in_bytes",
+			                     &cg))
+				*source = "cgroup memory.limit_in_bytes";
 		}
-		if (*bytes != 0)
-			return PT_OK;
+		fclose(f);
 	}
-	if (read_u64("/sys/fs/cgroup/memory/memory.limit_in_bytes", &cg) && cg > 0 &&
-	    (total == 0 || cg < total)) {
+	if (cg > 0 && (total == 0 || cg < total)) {
 		*bytes = cg;
-		*source = "cgroup memory.limit_in_bytes";
 		return PT_OK;
 	}
+	*source = "MemTotal";
 	if (total == 0)
 		return pt_set_error(PT_ERR_IO, "memory limit: no cgroup limit and no MemTotal in "
 		                               "/proc/meminfo");
