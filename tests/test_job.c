@@ -1398,6 +1398,16 @@ static void test_job_memory_parse(void)
 	PT_CHECK_ERR_MSG(pt_job_memory_parse("99999999999T", &v), PT_ERR_RANGE, "too large");
 	PT_CHECK_OK(pt_job_memory_host_limit(&v, &(const char *){NULL}));
 	CU_ASSERT(v > 0);
+	/* Device memory, for CUDA stages: the CPU is no device; cuda:0 has
+	 * memory where there is one, else the registry says why not. */
+	PT_CHECK_ERR(pt_backend_device_memory(PT_CPU, &v), PT_ERR_INVALID);
+	if (pt_backend_available(PT_DEV_CUDA)) {
+		PT_CHECK_OK(pt_backend_device_memory((pt_device){PT_DEV_CUDA, 0}, &v));
+		CU_ASSERT(v > 0);
+	} else {
+		PT_CHECK_ERR(pt_backend_device_memory((pt_device){PT_DEV_CUDA, 0}, &v),
+		             PT_ERR_UNSUPPORTED);
+	}
 }
 
 /* The default limit is the cgroup's when it is below MemTotal: a child

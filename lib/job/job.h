@@ -266,8 +266,9 @@ pt_err pt_job_memory_estimate(const pt_job_spec *s, const pt_job_data_shape *d, 
 
 /* pt_job_admit estimates s (reading its data headers) and refuses it with
  * PT_ERR_RANGE, naming the estimate, the limit and the largest stage, when
- * the host estimate exceeds host_limit bytes (0: no limit). est (may be
- * NULL) gets the estimate. Blocking (file headers). */
+ * the host estimate exceeds host_limit bytes (0: no limit), or, for
+ * in-process CUDA stages, when a device's stages exceed its memory. est
+ * (may be NULL) gets the estimate. Blocking (file headers). */
 pt_err pt_job_admit(const pt_job_spec *s, const char *files_root, uint64_t host_limit,
                     pt_job_memory *est);
 

@@ -17,7 +17,8 @@
  * so absurd sizes give absurd figures, never an overflow. Limits: stages on
  * placement.workers live on the workers, whose memory is not known here
  * (only the coordinator's part is charged to this host); device (CUDA)
- * stages are charged to their device, which has no limit yet.
+ * stages are charged to their device (its global memory, whatever else
+ * uses it); the device figures have not been compared with a measurement.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -28,6 +29,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "backend.h"
 #include "job.h"
 #include "npy.h"
 
@@ -248,6 +250,39 @@ void pt_job_memory_format(char *buf, size_t cap, uint64_t bytes)
 		snprintf(buf, cap, "%.1f %s (%" PRIu64 " bytes)", v, units[u], bytes);
 }
 
+/* admit_devices checks in-process CUDA stages against their devices'
+ * memory: stage st runs on cuda:((N + st) mod devices), as runner.c places
+ * them, so a device holds the sum of its stages. */
+static pt_err admit_devices(const pt_job_spec *s, const pt_job_memory *e)
+{
+	pt_device dev;
+	int count = 0;
+
+	if (s->n_workers > 0 || s->device == NULL || strncmp(s->device, "cuda:", 5) != 0)
+		return PT_OK;
+	PT_TRY(pt_device_parse(s->device, &dev));
+	PT_TRY(pt_backend_device_count(PT_DEV_CUDA, &count));
+	for (int k = 0; k < count && k < e->n_stages; k++) {
+		double need = 0;
+		uint64_t total = 0;
+		char a[64], b[64];
+		for (int st = 0; st < e->n_stages; st++)
+			if ((dev.index + st) % count == (dev.index + k) % count)
+				need += (double)e->stages[st].total;
+		PT_TRY(pt_backend_device_memory((pt_device){PT_DEV_CUDA, (dev.index + k) % count},
+		                                &total));
+		if (to_bytes(need) <= total)
+			continue;
+		pt_job_memory_format(a, sizeof(a), to_bytes(need));
+		pt_job_memory_format(b, sizeof(b), total);
+		return pt_set_error(PT_ERR_RANGE,
+		                    "memory: the job's stages on cuda:%d need an estimated %s, "
+		                    "more than the device's %s",
+		                    (dev.index + k) % count, a, b);
+	}
+	return PT_OK;
+}
+
 pt_err pt_job_admit(const pt_job_spec *s, const char *files_root, uint64_t host_limit,
                     pt_job_memory *est)
 {
@@ -260,7 +295,7 @@ pt_err pt_job_admit(const pt_job_spec *s, const char *files_root, uint64_t host_
 	if (est != NULL)
 		*est = e;
 	if (host_limit == 0 || e.host <= host_limit)
-		return PT_OK;
+		return admit_devices(s, &e);
 	/* Name the biggest stage: that is what to split or shrink. */
 	{
 		int big = 0;
