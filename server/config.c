@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "fileio.h"
+#include "job/job.h"
 #include "log.h"
 
 typedef enum opt_type { OPT_STRING, OPT_INT, OPT_LIST, OPT_BOOL } opt_type;
@@ -88,6 +89,13 @@ static pt_err valid_http(const char *v)
 	return PT_OK;
 }
 
+/* valid_memory accepts "" (the cgroup's or the machine's memory) or a size. */
+static pt_err valid_memory(const char *v)
+{
+	uint64_t n;
+	return *v ? pt_job_memory_parse(v, &n) : PT_OK;
+}
+
 static pt_err valid_nonempty(const char *v)
 {
 	return *v ? PT_OK : pt_set_error(PT_ERR_INVALID, "empty value");
@@ -131,6 +139,10 @@ static const opt_desc options[] = {
     {"max_request_mb", OPT_INT, F(max_request_mb), "64", 1, 2047, NULL,
      "largest request in MiB; larger ones drop the connection"},
     {"threads", OPT_INT, F(threads), "0", 0, 4096, NULL, "CPU threads per job (0: all cores)"},
+    {"memory_limit", OPT_STRING, F(memory_limit), "", 0, 0, valid_memory,
+     "host memory a job may need (bytes, or K/M/G/T suffixes); a submitted job whose "
+     "estimated peak exceeds it is refused (empty: the cgroup's memory.max or "
+     "memory.limit_in_bytes, else MemTotal)"},
     {"watch_interval_ms", OPT_INT, F(watch_interval_ms), "100", 0, 60000, NULL,
      "parked WatchMetrics requests are woken at most this often while metrics arrive"},
     {"metrics_sync_ms", OPT_INT, F(metrics_sync_ms), "1000", 0, 60000, NULL,

@@ -41,6 +41,7 @@ typedef struct pt_server_config {
 	int threads;           /* CPU threads per job (0: all cores) */
 	int watch_interval_ms; /* parked WatchMetrics are woken at most this often */
 	int metrics_sync_ms;   /* metrics are fsynced at least this often */
+	char *memory_limit;    /* admission limit of a job's memory ("": cgroup or MemTotal) */
 	bool worker;           /* --worker: host stages for other servers' jobs (worker.h) */
 	char *advertise_host;  /* --worker: host peers dial for stage data ("": automatic) */
 	bool help;

@@ -31,7 +31,14 @@
 #define JOURNAL_MAX      (1u << 30) /* a journal over 1 GiB is not replayed whole */
 #define MAX_WATCH_POINTS 10000
 
-enum { REC_STATE = 1, REC_METRIC = 2 };
+/* Journal records. REC_DEATHS holds how many runs in a row died with the
+ * server (recovery found them Starting or Running): recovery writes n + 1,
+ * a run that ends any other way writes 0. Older servers skip it. */
+enum { REC_STATE = 1, REC_METRIC = 2, REC_DEATHS = 3 };
+
+/* Runs in a row that may die with the server before the job is failed
+ * instead of re-queued (a job that kills the server must not crash-loop it). */
+#define MAX_DEATHS 2
 enum { STOP_NONE, STOP_CANCEL, STOP_SHUTDOWN };
 
 typedef struct ckpt {
@@ -52,6 +59,7 @@ typedef struct job {
 	uint64_t queue_seq; /* FIFO order among queued jobs */
 	char *resume_from;  /* checkpoint to resume from when it runs next */
 	int restarts;       /* of the current run, after lost workers */
+	int deaths;         /* runs in a row that died with the server (REC_DEATHS) */
 
 	pt_api_metric_point *points; /* steps strictly increasing */
 	size_t n_points, cap_points;
@@ -94,7 +102,8 @@ struct pt_jobs {
 	runner *runners;
 	size_t n_runners, cap_runners;
 	bool stopping, shut;
-	int lock_fd; /* flock on data_dir/lock: one server per data dir */
+	int lock_fd;        /* flock on data_dir/lock: one server per data dir */
+	uint64_t mem_limit; /* admission: a job's host memory estimate at most this */
 };
 
 /* ------------------------------------------------------------- helpers -- */
@@ -322,6 +331,16 @@ static pt_err journal_state(job *jb, pt_api_job_state st, int64_t step, double t
 	return journal_append(jb, &w, true);
 }
 
+static pt_err journal_deaths(job *jb, int n, bool sync)
+{
+	wbuf w = {.n = 0};
+	uint8_t type = REC_DEATHS, v = (uint8_t)(n > 255 ? 255 : n);
+
+	put(&w, &type, 1);
+	put(&w, &v, 1);
+	return journal_append(jb, &w, sync);
+}
+
 static pt_err journal_metric(job *jb, const pt_api_metric_point *p)
 {
 	wbuf w = {.n = 0};
@@ -520,7 +539,8 @@ static pt_err scan_checkpoints(const char *jdir, const ckpt *known, size_t n_kno
 		n++;
 	}
 	closedir(d);
-	qsort(v, n, sizeof(*v), ckpt_cmp);
+	if (n > 1) /* v is NULL when n is 0, and qsort's base must not be */
+		qsort(v, n, sizeof(*v), ckpt_cmp);
 	*out = v;
 	*n_out = n;
 	return PT_OK;
@@ -751,6 +771,12 @@ static void run_one(pt_jobs *m, job *jb)
 	t = now_unix();
 	set_state(jb, final, msg, t);
 	pthread_mutex_unlock(&m->mu);
+	/* This run did not die with the server: the count starts over (fsynced
+	 * with the state record below). */
+	if (jb->deaths != 0) {
+		jb->deaths = 0;
+		journal_deaths(jb, 0, false);
+	}
 	journal_state(jb, final, last, t, msg);
 	journal_flush_close(jb);
 	pt_info("job %" PRIu64 " %s at step %" PRId64 "%s%s", jb->id, pt_api_job_state_name(final),
@@ -826,12 +852,18 @@ static void replay(job *jb, const uint8_t *d, size_t n, size_t *good)
 			memcpy(&step, p + 2, 8);
 			memcpy(&t, p + 10, 8);
 			memcpy(&ml, p + 18, 2);
+			/* Bounded by the record and by msg (a crafted record may
+			 * claim up to 65535 bytes; journal_state writes <= 900). */
 			if (ml > len - 20)
 				ml = (uint16_t)(len - 20);
+			if (ml > sizeof(msg) - 1)
+				ml = (uint16_t)(sizeof(msg) - 1);
 			memcpy(msg, p + 20, ml);
 			msg[ml] = '\0';
 			if (p[1] < PT_JOB_STATE_COUNT)
 				apply_state(jb, (pt_api_job_state)p[1], step, t, msg);
+		} else if (p[0] == REC_DEATHS && len >= 2) {
+			jb->deaths = p[1];
 		} else if (p[0] == REC_METRIC && len >= 1 + 8 * 9 + 4 + 4) {
 			pt_api_metric_point pt;
 			const uint8_t *q = p + 1;
@@ -964,11 +996,26 @@ static pt_err recover(pt_jobs *m)
 		double t = now_unix();
 		char msg[600];
 		if (jb->state == PT_JOB_STARTING || jb->state == PT_JOB_RUNNING) {
-			snprintf(msg, sizeof(msg),
-			         "server stopped while the job was running (step %" PRId64 ")",
-			         jb->step);
-			apply_state(jb, PT_JOB_INTERRUPTED, jb->step, t, msg);
-			journal_state(jb, PT_JOB_INTERRUPTED, jb->step, t, msg);
+			/* The run died with the server (its Starting record is
+			 * fsynced before it trains). */
+			jb->deaths++;
+			journal_deaths(jb, jb->deaths, false);
+			if (jb->deaths >= MAX_DEATHS) {
+				snprintf(msg, sizeof(msg),
+				         "server died twice while running this job (last at step "
+				         "%" PRId64 "); not restarted",
+				         jb->step);
+				apply_state(jb, PT_JOB_FAILED, jb->step, t, msg);
+				journal_state(jb, PT_JOB_FAILED, jb->step, t, msg);
+				pt_warn("job %" PRIu64 ": %s", jb->id, msg);
+			} else {
+				snprintf(msg, sizeof(msg),
+				         "server stopped while the job was running (step %" PRId64
+				         ")",
+				         jb->step);
+				apply_state(jb, PT_JOB_INTERRUPTED, jb->step, t, msg);
+				journal_state(jb, PT_JOB_INTERRUPTED, jb->step, t, msg);
+			}
 		}
 		if (jb->state == PT_JOB_INTERRUPTED && jb->spec.resume) {
 			if (jb->n_ckpts > 0) {
@@ -1013,6 +1060,22 @@ static char *dup_or_null(const char *s)
 	return s && *s ? strdup(s) : NULL;
 }
 
+/* memory_limit_init sets the admission limit: --memory-limit, else what
+ * the cgroup or the machine allows. */
+static pt_err memory_limit_init(pt_jobs *m)
+{
+	const char *source = "--memory-limit";
+	char text[64];
+
+	if (m->cfg.memory_limit != NULL && m->cfg.memory_limit[0] != '\0')
+		PT_TRY(pt_job_memory_parse(m->cfg.memory_limit, &m->mem_limit));
+	else
+		PT_TRY(pt_job_memory_host_limit(&m->mem_limit, &source));
+	pt_job_memory_format(text, sizeof(text), m->mem_limit);
+	pt_info("jobs: memory limit %s (%s)", text, source);
+	return PT_OK;
+}
+
 pt_err pt_jobs_create(pt_jobs **out, const pt_jobs_config *cfg)
 {
 	pt_jobs *m;
@@ -1034,6 +1097,10 @@ pt_err pt_jobs_create(pt_jobs **out, const pt_jobs_config *cfg)
 	if (m->data_dir == NULL || m->device == NULL || m->runners == NULL) {
 		pt_jobs_destroy(m);
 		return pt_set_error(PT_ERR_NOMEM, "jobs");
+	}
+	if ((rv = memory_limit_init(m)) != PT_OK) {
+		pt_jobs_destroy(m);
+		return rv;
 	}
 	pthread_mutex_lock(&m->mu);
 	rv = recover(m);
@@ -1115,6 +1182,30 @@ static pt_err write_spec(job *jb)
 	return rv;
 }
 
+/* remove_job_dir removes what a failed submit made of jb's directory (a
+ * full disk must not leave an empty jobs/<id>/ that recovery would skip
+ * forever); nothing else is there yet. */
+static void remove_job_dir(job *jb)
+{
+	static const char *const files[] = {"journal", "spec.job"};
+	char p[MAX_PATH + 32];
+
+	if (jb->jfd >= 0) {
+		close(jb->jfd);
+		jb->jfd = -1;
+	}
+	for (size_t i = 0; i < sizeof(files) / sizeof(files[0]); i++) {
+		snprintf(p, sizeof(p), "%s/%s", jb->dir, files[i]);
+		if (unlink(p) != 0 && errno != ENOENT)
+			pt_warn("submit cleanup: unlink %s: %s", p, strerror(errno));
+	}
+	snprintf(p, sizeof(p), "%s/checkpoints", jb->dir);
+	if (rmdir(p) != 0 && errno != ENOENT)
+		pt_warn("submit cleanup: rmdir %s: %s", p, strerror(errno));
+	if (rmdir(jb->dir) != 0 && errno != ENOENT)
+		pt_warn("submit cleanup: rmdir %s: %s", jb->dir, strerror(errno));
+}
+
 pt_err pt_jobs_submit(pt_jobs *m, const uint8_t *spec_table, uint64_t *id)
 {
 	char ckdir[MAX_PATH + 16];
@@ -1145,6 +1236,14 @@ pt_err pt_jobs_submit(pt_jobs *m, const uint8_t *spec_table, uint64_t *id)
 	}
 	if ((rv = pt_job_spec_validate(&jb->spec, m->files_root)) != PT_OK) {
 		/* A data file the spec names that cannot be read is the spec's fault. */
+		if (rv == PT_ERR_IO) {
+			char msg[1024];
+			snprintf(msg, sizeof(msg), "%s", pt_last_error());
+			rv = pt_set_error(PT_ERR_INVALID, "%s", msg);
+		}
+		goto fail;
+	}
+	if ((rv = pt_job_admit(&jb->spec, m->files_root, m->mem_limit, NULL)) != PT_OK) {
 		if (rv == PT_ERR_IO) {
 			char msg[1024];
 			snprintf(msg, sizeof(msg), "%s", pt_last_error());
@@ -1194,11 +1293,8 @@ pt_err pt_jobs_submit(pt_jobs *m, const uint8_t *spec_table, uint64_t *id)
 fail_io:
 	pt_error("job %" PRIu64 ": submit failed: %s", nid, pt_last_error());
 fail:
-	if (jb->dir[0] && rv != PT_OK) {
-		char p[MAX_PATH + 32];
-		snprintf(p, sizeof(p), "%s/journal", jb->dir);
-		unlink(p);
-	}
+	if (rv != PT_OK)
+		remove_job_dir(jb);
 	job_free(jb);
 	return rv;
 }
@@ -1407,6 +1503,12 @@ pt_err pt_jobs_checkpoint(pt_jobs *m, uint64_t id, int64_t step, char *path, siz
 	if ((jb = find_job(m, id)) == NULL) {
 		pthread_mutex_unlock(&m->mu);
 		return pt_set_error(PT_ERR_NOTFOUND, "no job %" PRIu64, id);
+	}
+	if (step < -1) {
+		pthread_mutex_unlock(&m->mu);
+		return pt_set_error(PT_ERR_INVALID,
+		                    "step: %" PRId64 " is not a step (-1: the latest checkpoint)",
+		                    step);
 	}
 	if (step < 0) {
 		if (jb->n_ckpts)

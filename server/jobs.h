@@ -39,6 +39,8 @@ typedef struct pt_jobs_config {
 	int metrics_sync_ms;        /* fsync metric records at least this often */
 	const char *worker_token;   /* token shown to `pipeserver --worker`s (NULL: none) */
 	const char *advertise_host; /* host workers dial for the coordinator (NULL: automatic) */
+	const char *memory_limit;   /* admission limit (pt_job_memory_parse; NULL or "": the
+	                             * cgroup's or the machine's memory) */
 } pt_jobs_config;
 
 /* pt_jobs_waiter is a parked WatchMetrics request, embedded by the caller.

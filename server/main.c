@@ -132,6 +132,7 @@ int main(int argc, char **argv)
 	jc.threads = cfg.threads;
 	jc.watch_interval_ms = cfg.watch_interval_ms;
 	jc.metrics_sync_ms = cfg.metrics_sync_ms;
+	jc.memory_limit = cfg.memory_limit;
 	/* Workers of a cluster share the server's token; --advertise-host names
 	 * the address they dial back (empty: the one they connected to). */
 	jc.worker_token = cfg.auth_token;

@@ -2,12 +2,14 @@
  * interop) and the job runner (metrics, evaluation, checkpoints, cancel,
  * bitwise resume) on the shipped examples. */
 #include <ftw.h>
+#include <glob.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "backend.h"
@@ -1234,17 +1236,272 @@ static const pt_test_case run_tests[] = {
     {"test_job_run_examples_as_shipped", test_job_run_examples_as_shipped},
     {NULL, NULL}};
 
+/* --------------------------------------------------------------- memory -- */
+
+/* proc_kb reads a "Name:  N kB" line of /proc/self/status. */
+static long long proc_kb(const char *name)
+{
+	char line[256];
+	long long v = -1;
+	size_t n = strlen(name);
+	FILE *f = fopen("/proc/self/status", "r");
+
+	while (f && fgets(line, sizeof(line), f) != NULL)
+		if (strncmp(line, name, n) == 0 && line[n] == ':')
+			v = strtoll(line + n + 1, NULL, 10);
+	if (f)
+		fclose(f);
+	return v;
+}
+
+/* measure_main runs the example job file path for a few steps (with an
+ * evaluation and checkpoints, as the server runs it) in this fresh process
+ * and prints "estimate E measured M baseline B" in bytes: M is VmHWM after
+ * the run minus the RSS before it (VmHWM reset just before). */
+static int measure_main(const char *path, const char *mode)
+{
+	pt_job_spec s;
+	pt_job_memory est;
+	pt_job_run_options o = {0};
+	int64_t last = 0;
+	long long base, hwm;
+	void *buf;
+	size_t len;
+	FILE *f;
+
+	if (pt_file_read(path, 1 << 20, &buf, &len) != PT_OK ||
+	    pt_job_spec_parse_json(buf, len, &s) != PT_OK) {
+		fprintf(stderr, "%s: %s\n", path, pt_last_error());
+		return 1;
+	}
+	free(buf);
+	if (mode != NULL)
+		s.mode = strcmp(mode, "sync") == 0    ? PT_MODE_SYNC
+		         : strcmp(mode, "async") == 0 ? PT_MODE_ASYNC
+		                                      : PT_MODE_SEMI_ASYNC;
+	s.steps = 6;
+	s.checkpoint_every = 3;
+	s.eval_every = 3;
+	if (pt_job_spec_validate(&s, PT_SOURCE_ROOT) != PT_OK ||
+	    pt_job_admit(&s, PT_SOURCE_ROOT, 0, &est) != PT_OK) {
+		fprintf(stderr, "%s: %s\n", path, pt_last_error());
+		return 1;
+	}
+	if ((f = fopen("/proc/self/clear_refs", "w")) == NULL || fputs("5", f) < 0 ||
+	    fclose(f) != 0) {
+		perror("clear_refs");
+		return 1;
+	}
+	base = proc_kb("VmRSS");
+	o.checkpoint_dir = tmp_path("measure");
+	o.files_root = PT_SOURCE_ROOT;
+	mkdir(o.checkpoint_dir, 0755);
+	if (pt_job_run(&s, &o, NULL, &last) != PT_OK) {
+		fprintf(stderr, "%s: %s\n", path, pt_last_error());
+		return 1;
+	}
+	hwm = proc_kb("VmHWM");
+	printf("estimate %llu measured %lld baseline %lld\n", (unsigned long long)est.host,
+	       (hwm - base) * 1024, base * 1024);
+	pt_job_spec_fini(&s);
+	return 0;
+}
+
+/* The estimate of every shipped example (each .json in examples/), in each mode, is
+ * within 25 % of the peak RSS its run adds to a fresh process (test_job
+ * --measure in a child). */
+static void test_job_memory_estimate_examples(void)
+{
+	static const char *const modes[] = {"sync", "semi", "async"};
+	char cmd[2048], line[256];
+	glob_t g;
+
+	CU_ASSERT_EQUAL_FATAL(glob(pt_test_path("examples/*.json"), 0, NULL, &g), 0);
+	CU_ASSERT(g.gl_pathc >= 2);
+	for (size_t i = 0; i < g.gl_pathc; i++)
+		for (size_t k = 0; k < 3; k++) {
+			unsigned long long e = 0;
+			long long m = 0, b = 0;
+			FILE *p;
+			/* Without meson's MALLOC_PERTURB_, which fills every malloc
+			 * and so touches pages a server never touches (+4 MiB). */
+			snprintf(cmd, sizeof(cmd),
+			         "env -u MALLOC_PERTURB_ /proc/%d/exe --measure %s %s",
+			         (int)getpid(), g.gl_pathv[i], modes[k]);
+			p = popen(cmd, "r");
+			CU_ASSERT_PTR_NOT_NULL_FATAL(p);
+			CU_ASSERT_PTR_NOT_NULL(fgets(line, sizeof(line), p));
+			CU_ASSERT_EQUAL(pclose(p), 0);
+			CU_ASSERT_EQUAL_FATAL(
+			    sscanf(line, "estimate %llu measured %lld baseline %lld", &e, &m, &b),
+			    3);
+			printf("\n  %s %-5s: estimate %6.2f MiB, measured peak RSS %6.2f MiB over "
+			       "a %.1f MiB baseline (%+.1f %%)",
+			       strrchr(g.gl_pathv[i], '/') + 1, modes[k], e / 1048576.0,
+			       m / 1048576.0, b / 1048576.0,
+			       100.0 * ((double)e - (double)m) / (double)m);
+			CU_ASSERT(m > 0);
+#ifndef __SANITIZE_ADDRESS__
+			CU_ASSERT(fabs((double)e - (double)m) <= 0.25 * (double)m);
+#endif
+		}
+#ifdef __SANITIZE_ADDRESS__
+	/* ASan's redzones, quarantine and shadow memory are not the job's. */
+	printf("\n    skip: AddressSanitizer build: figures shown, not compared");
+#endif
+	globfree(&g);
+}
+
+/* A 4.7 TB model (1.17e12 parameters) is refused at admission with the
+ * estimate and the limit; the digits example passes a 1 GiB limit. */
+static void test_job_memory_refuses_huge(void)
+{
+	pt_job_spec s;
+	pt_job_memory e;
+	char msg[1024];
+
+	pt_test_digits_spec(&s);
+	PT_CHECK_OK(pt_job_admit(&s, PT_SOURCE_ROOT, 1ull << 30, &e));
+	CU_ASSERT(e.host > 0 && e.host < (1ull << 30));
+	CU_ASSERT_EQUAL(e.n_stages, s.stages);
+	pt_job_spec_fini(&s);
+
+	pt_test_digits_spec(&s);
+	s.stages = 1;
+	s.layers[0].out_features = 1084000; /* 64 -> H -> H2 -> 10 */
+	s.layers[2].in_features = 1084000;
+	s.layers[2].out_features = 1084000;
+	s.layers[4].in_features = 1084000;
+	PT_CHECK_OK(pt_job_spec_validate(&s, PT_SOURCE_ROOT));
+	CU_ASSERT_EQUAL(pt_job_admit(&s, PT_SOURCE_ROOT, 400ull << 20, &e), PT_ERR_RANGE);
+	snprintf(msg, sizeof(msg), "%s", pt_last_error());
+	printf("\n  %s", msg);
+	/* Parameters alone: 4.7e12 bytes; with gradients and AdamW state 4x. */
+	CU_ASSERT(e.stages[0].params >= 4700000000000ull && e.stages[0].params < 4720000000000ull);
+	CU_ASSERT(e.host > 4 * e.stages[0].params);
+	CU_ASSERT_PTR_NOT_NULL(strstr(msg, "memory: the job needs an estimated "));
+	CU_ASSERT_PTR_NOT_NULL(strstr(msg, "limit of 400.0 MiB (419430400 bytes)"));
+	CU_ASSERT_PTR_NOT_NULL(strstr(msg, "TiB"));
+	pt_job_spec_fini(&s);
+}
+
+static void test_job_memory_parse(void)
+{
+	uint64_t v;
+	PT_CHECK_OK(pt_job_memory_parse("512M", &v));
+	CU_ASSERT_EQUAL(v, 512ull << 20);
+	PT_CHECK_OK(pt_job_memory_parse("3G", &v));
+	CU_ASSERT_EQUAL(v, 3ull << 30);
+	PT_CHECK_OK(pt_job_memory_parse("10KiB", &v));
+	CU_ASSERT_EQUAL(v, 10240u);
+	PT_CHECK_OK(pt_job_memory_parse("12345", &v));
+	CU_ASSERT_EQUAL(v, 12345u);
+	PT_CHECK_ERR_MSG(pt_job_memory_parse("12X", &v), PT_ERR_INVALID, "'12X' is not a size");
+	PT_CHECK_ERR_MSG(pt_job_memory_parse("-1G", &v), PT_ERR_INVALID, "'-1G' is not a size");
+	PT_CHECK_ERR_MSG(pt_job_memory_parse("99999999999T", &v), PT_ERR_RANGE, "too large");
+	PT_CHECK_OK(pt_job_memory_host_limit(&v, &(const char *){NULL}));
+	CU_ASSERT(v > 0);
+	/* Device memory, for CUDA stages: the CPU is no device; cuda:0 has
+	 * memory where there is one, else the registry says why not. */
+	PT_CHECK_ERR(pt_backend_device_memory(PT_CPU, &v), PT_ERR_INVALID);
+	if (pt_backend_available(PT_DEV_CUDA)) {
+		PT_CHECK_OK(pt_backend_device_memory((pt_device){PT_DEV_CUDA, 0}, &v));
+		CU_ASSERT(v > 0);
+	} else {
+		PT_CHECK_ERR(pt_backend_device_memory((pt_device){PT_DEV_CUDA, 0}, &v),
+		             PT_ERR_UNSUPPORTED);
+	}
+}
+
+/* The default limit is the cgroup's when it is below MemTotal: a child
+ * moved into a new memory cgroup with a 300 MiB limit (v1
+ * memory.limit_in_bytes, or v2 memory.max) reads 300 MiB from it. Needs
+ * root and a writable cgroup mount: skipped otherwise, saying so. */
+static void test_job_memory_cgroup_default(void)
+{
+	/* Each kind only where its hierarchy is mounted (a v1 host has a tmpfs
+	 * at /sys/fs/cgroup, where a directory is no group). */
+	static const struct {
+		const char *mark, *dir, *limit, *source;
+	} kinds[] = {
+	    {"/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/pt_test_job_%d",
+	     "memory.limit_in_bytes", "cgroup memory.limit_in_bytes"},
+	    {"/sys/fs/cgroup/cgroup.controllers", "/sys/fs/cgroup/pt_test_job_%d", "memory.max",
+	     "cgroup memory.max"},
+	};
+	char dir[256], file[320];
+	bool tried = false;
+
+	for (size_t k = 0; k < 2; k++) {
+		FILE *f;
+		pid_t pid;
+		int st = 0, pfd[2];
+		uint64_t got = 0;
+		snprintf(dir, sizeof(dir), kinds[k].dir, (int)getpid());
+		if (geteuid() != 0 || access(kinds[k].mark, F_OK) != 0 || mkdir(dir, 0755) != 0)
+			continue;
+		snprintf(file, sizeof(file), "%s/%s", dir, kinds[k].limit);
+		if ((f = fopen(file, "w")) == NULL || fprintf(f, "%llu", 300ull << 20) < 0 ||
+		    fclose(f) != 0) {
+			rmdir(dir);
+			continue;
+		}
+		tried = true;
+		CU_ASSERT_EQUAL_FATAL(pipe(pfd), 0);
+		if ((pid = fork()) == 0) {
+			uint64_t v = 0;
+			const char *src = "";
+			char procs[320];
+			snprintf(procs, sizeof(procs), "%s/cgroup.procs", dir);
+			f = fopen(procs, "w");
+			if (f == NULL || fprintf(f, "%d", (int)getpid()) < 0 || fclose(f) != 0)
+				_exit(2);
+			if (pt_job_memory_host_limit(&v, &src) != PT_OK ||
+			    strcmp(src, kinds[k].source) != 0)
+				_exit(3);
+			if (write(pfd[1], &v, sizeof(v)) != sizeof(v))
+				_exit(4);
+			_exit(0);
+		}
+		close(pfd[1]);
+		CU_ASSERT_EQUAL(read(pfd[0], &got, sizeof(got)), (ssize_t)sizeof(got));
+		close(pfd[0]);
+		waitpid(pid, &st, 0);
+		CU_ASSERT(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+		CU_ASSERT_EQUAL(got, 300ull << 20);
+		printf("\n  %s: %llu bytes", kinds[k].source, (unsigned long long)got);
+		rmdir(dir);
+	}
+	if (!tried)
+		printf("\n    skip: not root or no writable memory cgroup; default limit not "
+		       "checked");
+}
+
+static const pt_test_case memory_tests[] = {
+    {"test_job_memory_estimate_examples", test_job_memory_estimate_examples},
+    {"test_job_memory_refuses_huge", test_job_memory_refuses_huge},
+    {"test_job_memory_parse", test_job_memory_parse},
+    {"test_job_memory_cgroup_default", test_job_memory_cgroup_default},
+    {NULL, NULL},
+};
+
 int main(int argc, char **argv)
 {
 	static const pt_test_suite suites[] = {{"test_job_spec", spec_tests},
 	                                       {"test_job_files", file_tests},
 	                                       {"test_job_run", run_tests},
+	                                       {"test_job_memory", memory_tests},
 	                                       {NULL, NULL}};
 	int rv;
 	pt_runtime_ensure_passive_wait(argv);
 	if (mkdtemp(tmpdir) == NULL) {
 		perror("mkdtemp");
 		return 99;
+	}
+	if ((argc == 3 || argc == 4) && strcmp(argv[1], "--measure") == 0) {
+		rv = measure_main(argv[2], argc == 4 ? argv[3] : NULL);
+		rm_tree(tmpdir);
+		return rv;
 	}
 	rv = pt_test_main(suites);
 	rm_tree(tmpdir);

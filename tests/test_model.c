@@ -61,6 +61,36 @@ static void steps(rig *r, int from, int to)
 	}
 }
 
+/* Client sizes whose parameter count overflows int64 are an error, not
+ * undefined behaviour (UBSan) and a wrapped, too small arena. */
+static void test_model_param_overflow(void)
+{
+	const pt_layer_spec huge[] = {
+	    {.kind = PT_LAYER_LINEAR,
+	     .in_features = INT64_C(1) << 32,
+	     .out_features = INT64_C(1) << 32,
+	     .bias = true},
+	};
+	const pt_layer_spec two[] = {
+	    {.kind = PT_LAYER_LINEAR, .in_features = 8, .out_features = INT64_C(1) << 30},
+	    {.kind = PT_LAYER_LINEAR,
+	     .in_features = INT64_C(1) << 30,
+	     .out_features = INT64_C(1) << 31},
+	};
+	pt_model_config cfg = {.batch = 1, .input = {PT_F32, 0, INT64_C(1) << 32}, .n_slots = 1};
+	pt_model *m = NULL;
+
+	PT_CHECK_ERR_MSG(pt_model_create(&m, huge, 1, 0, 1, &cfg), PT_ERR_OVERFLOW,
+	                 "layer 0 (linear): parameter weight: 4294967296 x 4294967296 floats "
+	                 "overflow the parameter arena");
+	CU_ASSERT_PTR_NULL(m);
+	/* Each fits; their sum (2^61 + 2^33 floats, x4 bytes) does not. */
+	cfg.input.features = 8;
+	PT_CHECK_ERR_MSG(pt_model_create(&m, two, 2, 0, 2, &cfg), PT_ERR_OVERFLOW,
+	                 "layer 1 (linear): parameter weight: 2147483648 x 1073741824 floats");
+	CU_ASSERT_PTR_NULL(m);
+}
+
 static void test_model_state_dict_names(void)
 {
 	rig r;
@@ -169,6 +199,7 @@ static void test_model_checkpoint_roundtrip_and_resume(void)
 }
 
 static const pt_test_case tests[] = {
+    {"test_model_param_overflow", test_model_param_overflow},
     {"test_model_state_dict_names", test_model_state_dict_names},
     {"test_model_stage_weights_match_full_model", test_model_stage_weights_match_full_model},
     {"test_model_checkpoint_roundtrip_and_resume", test_model_checkpoint_roundtrip_and_resume},

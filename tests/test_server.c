@@ -858,6 +858,328 @@ static void test_server_sigterm(void)
 	CU_ASSERT(check_checkpoint_files(dir) >= 1);
 }
 
+/* ------------------------------------------- journal, crash loop, memory -- */
+
+static uint32_t crc32_of(const uint8_t *p, size_t n)
+{
+	uint32_t c = 0xFFFFFFFFu;
+	for (size_t i = 0; i < n; i++) {
+		c ^= p[i];
+		for (int k = 0; k < 8; k++)
+			c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+	}
+	return c ^ 0xFFFFFFFFu;
+}
+
+/* put_state_record appends a state record (jobs.c's format: [len][crc]
+ * [1][state][step i64][time f64][ml u16][msg]) whose ml and length are
+ * what the caller says, not what journal_state would write. */
+static void put_state_record(FILE *f, pt_api_job_state st, uint16_t ml, const char *msg,
+                             size_t msg_len)
+{
+	size_t len = 20 + msg_len;
+	uint8_t *p = calloc(1, len);
+	int64_t step = 0;
+	double t = now_s();
+	uint32_t l32 = (uint32_t)len, crc;
+
+	p[0] = 1;
+	p[1] = (uint8_t)st;
+	memcpy(p + 2, &step, 8);
+	memcpy(p + 10, &t, 8);
+	memcpy(p + 18, &ml, 2);
+	memcpy(p + 20, msg, msg_len);
+	crc = crc32_of(p, len);
+	fwrite(&l32, 4, 1, f);
+	fwrite(&crc, 4, 1, f);
+	fwrite(p, 1, len, f);
+	free(p);
+}
+
+/* A journal record whose message claims 60,000 bytes (and has them) must not
+ * overflow replay's message buffer: the server starts (ASan: no
+ * stack-buffer-overflow; release: no crash), the job is listed with its
+ * message cut. Its job has no checkpoint: scanning its empty checkpoint
+ * directory must not qsort(NULL, 0) (UBSan). */
+static void test_server_journal_long_message(void)
+{
+	char dir[512], path[700];
+	server s;
+	client c;
+	pt_job_spec spec;
+	pt_api_job_info ji;
+	pt_fb_builder b;
+	pt_fb_ref ref;
+	const uint8_t *data;
+	size_t size, n = 60000;
+	char *msg = malloc(n);
+	FILE *f;
+
+	make_dir("journal", dir, sizeof(dir));
+	snprintf(path, sizeof(path), "%s/jobs", dir);
+	mkdir(path, 0755);
+	snprintf(path, sizeof(path), "%s/jobs/1", dir);
+	mkdir(path, 0755);
+	snprintf(path, sizeof(path), "%s/jobs/1/checkpoints", dir);
+	mkdir(path, 0755);
+	digits_spec(&spec, 5, 0, true);
+	PT_CHECK_OK(pt_fb_builder_init(&b, 0));
+	PT_CHECK_OK(pt_job_spec_build(&b, &spec, &ref));
+	PT_CHECK_OK(pt_fb_finish(&b, ref, NULL, &data, &size));
+	snprintf(path, sizeof(path), "%s/jobs/1/spec.job", dir);
+	pt_test_write_file(path, data, size);
+	pt_fb_builder_fini(&b);
+	pt_job_spec_fini(&spec);
+
+	memset(msg, 'A', n);
+	snprintf(path, sizeof(path), "%s/jobs/1/journal", dir);
+	f = fopen(path, "wb");
+	CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+	put_state_record(f, PT_JOB_QUEUED, 0, "", 0);
+	put_state_record(f, PT_JOB_FAILED, (uint16_t)n, msg, n);
+	fclose(f);
+	free(msg);
+
+	CU_ASSERT_TRUE_FATAL(server_start(&s, dir, NULL));
+	client_open(&c, &s, 30000);
+	CU_ASSERT_EQUAL(job_state(&c, 1, &ji), PT_JOB_FAILED);
+	CU_ASSERT_PTR_NOT_NULL_FATAL(ji.message);
+	/* Cut to replay's buffer (1023), then to the job's message (511). */
+	CU_ASSERT_EQUAL(strlen(ji.message), 511);
+	CU_ASSERT_EQUAL(strspn(ji.message, "A"), 511);
+	client_close(&c);
+	CU_ASSERT_EQUAL(server_stop(&s, SIGTERM), 0);
+}
+
+/* A job whose run dies with the server (kill -9 while it trains) is
+ * re-queued once; when its run dies with the server a second time in a
+ * row it is Failed, not re-queued a third time (a job that kills the
+ * server would otherwise crash-loop it). */
+static void test_server_died_twice(void)
+{
+	char dir[512];
+	server s;
+	client c;
+	pt_job_spec spec;
+	pt_api_job_info ji;
+	pt_api_response r;
+	uint64_t id;
+	bool ended;
+
+	make_dir("died_twice", dir, sizeof(dir));
+	CU_ASSERT_TRUE_FATAL(server_start(&s, dir, NULL));
+	client_open(&c, &s, 30000);
+	digits_spec(&spec, 1000000, 0, true);
+	CU_ASSERT_EQUAL_FATAL(submit(&c, &spec, &id, &r), PT_API_OK);
+	for (int run = 1; run <= 2; run++) {
+		CU_ASSERT(watch_until(&c, id, 3, 60, &ended) >= 3);
+		CU_ASSERT_FALSE(ended);
+		CU_ASSERT_EQUAL(job_state(&c, id, &ji), PT_JOB_RUNNING);
+		client_close(&c);
+		CU_ASSERT_EQUAL(server_stop(&s, SIGKILL), -1);
+		CU_ASSERT_TRUE_FATAL(server_start(&s, dir, NULL));
+		client_open(&c, &s, 30000);
+		if (run == 1) {
+			/* Re-queued once ("restarting: no checkpoint ..."), then running. */
+			pt_api_job_state st = job_state(&c, id, &ji);
+			CU_ASSERT(st == PT_JOB_QUEUED || st == PT_JOB_STARTING ||
+			          st == PT_JOB_RUNNING);
+		}
+	}
+	CU_ASSERT_EQUAL(job_state(&c, id, &ji), PT_JOB_FAILED);
+	CU_ASSERT_PTR_NOT_NULL(
+	    ji.message ? strstr(ji.message, "server died twice while running this job") : NULL);
+	/* And it stays failed: no runner picks it up. */
+	usleep(300 * 1000);
+	CU_ASSERT_EQUAL(job_state(&c, id, &ji), PT_JOB_FAILED);
+	client_close(&c);
+	CU_ASSERT_EQUAL(server_stop(&s, SIGTERM), 0);
+	/* A third start keeps it failed (the journal says so). */
+	CU_ASSERT_TRUE_FATAL(server_start(&s, dir, NULL));
+	client_open(&c, &s, 30000);
+	CU_ASSERT_EQUAL(job_state(&c, id, &ji), PT_JOB_FAILED);
+	CU_ASSERT_PTR_NOT_NULL(ji.message ? strstr(ji.message, "server died twice") : NULL);
+	client_close(&c);
+	CU_ASSERT_EQUAL(server_stop(&s, SIGTERM), 0);
+	pt_job_spec_fini(&spec);
+}
+
+/* One death, then a run that ends another way (SIGTERM interrupts it with
+ * a checkpoint), then a death: not twice in a row, so it is re-queued. */
+static void test_server_died_not_in_a_row(void)
+{
+	char dir[512];
+	server s;
+	client c;
+	pt_job_spec spec;
+	pt_api_job_info ji;
+	pt_api_response r;
+	uint64_t id;
+	bool ended;
+	pt_api_job_state st;
+
+	make_dir("died_apart", dir, sizeof(dir));
+	CU_ASSERT_TRUE_FATAL(server_start(&s, dir, NULL));
+	client_open(&c, &s, 30000);
+	digits_spec(&spec, 1000000, 0, true);
+	CU_ASSERT_EQUAL_FATAL(submit(&c, &spec, &id, &r), PT_API_OK);
+	for (int run = 0; run < 3; run++) {
+		CU_ASSERT(watch_until(&c, id, 3, 60, &ended) >= 3);
+		client_close(&c);
+		CU_ASSERT_EQUAL(server_stop(&s, run == 1 ? SIGTERM : SIGKILL), run == 1 ? 0 : -1);
+		CU_ASSERT_TRUE_FATAL(server_start(&s, dir, NULL));
+		client_open(&c, &s, 30000);
+	}
+	st = job_state(&c, id, &ji);
+	CU_ASSERT(st == PT_JOB_QUEUED || st == PT_JOB_STARTING || st == PT_JOB_RUNNING);
+	client_close(&c);
+	CU_ASSERT_EQUAL(server_stop(&s, SIGTERM), 0);
+	pt_job_spec_fini(&spec);
+}
+
+/* Admission: a job whose estimated memory exceeds --memory-limit is refused
+ * naming the estimate and the limit, and leaves no jobs/<id>/; one that fits
+ * runs. FetchCheckpoint's step is -1 (latest) or a step: -2 is an error
+ * naming the field. A bad --memory-limit stops the server at start. */
+static void test_server_admission(void)
+{
+	char dir[512], path[700];
+	const char *lim[] = {"--memory-limit", "64M", NULL};
+	server s;
+	client c;
+	pt_job_spec spec;
+	pt_api_response r;
+	pt_api_request q;
+	uint64_t id, big;
+	bool ended;
+	struct stat st;
+
+	make_dir("admission", dir, sizeof(dir));
+	CU_ASSERT_TRUE_FATAL(server_start(&s, dir, lim));
+	client_open(&c, &s, 30000);
+	/* 4.7 TB of parameters. */
+	digits_spec(&spec, 5, 0, true);
+	spec.stages = 1;
+	spec.layers[0].out_features = 1084000;
+	spec.layers[2].in_features = 1084000;
+	spec.layers[2].out_features = 1084000;
+	spec.layers[4].in_features = 1084000;
+	CU_ASSERT_EQUAL(submit(&c, &spec, &big, &r), PT_API_INVALID_JOB);
+	CU_ASSERT_PTR_NOT_NULL(r.message ? strstr(r.message, "memory: the job needs an estimated ")
+	                                 : NULL);
+	CU_ASSERT_PTR_NOT_NULL(r.message ? strstr(r.message, "TiB") : NULL);
+	CU_ASSERT_PTR_NOT_NULL(
+	    r.message ? strstr(r.message, "limit of 64.0 MiB (67108864 bytes) (--memory-limit)")
+	              : NULL);
+	if (r.message)
+		printf("\n  refused: %s", r.message);
+	snprintf(path, sizeof(path), "%s/jobs/1", dir);
+	CU_ASSERT_NOT_EQUAL(stat(path, &st), 0);
+	pt_job_spec_fini(&spec);
+
+	/* The digits example (about 15 MiB) fits. */
+	digits_spec(&spec, 5, 0, true);
+	CU_ASSERT_EQUAL_FATAL(submit(&c, &spec, &id, &r), PT_API_OK);
+	watch_until(&c, id, INT64_MAX, 60, &ended);
+	CU_ASSERT_TRUE(ended);
+	pt_api_request_init(&q, PT_API_FETCH_CHECKPOINT);
+	q.job = id;
+	q.length = 10;
+	q.step = -1;
+	CU_ASSERT_EQUAL_FATAL(call(&c, &q, &r), 0);
+	CU_ASSERT_EQUAL(r.code, PT_API_OK);
+	CU_ASSERT_EQUAL(r.step, 5);
+	q.step = -2;
+	CU_ASSERT_EQUAL_FATAL(call(&c, &q, &r), 0);
+	CU_ASSERT_EQUAL(r.code, PT_API_BAD_REQUEST);
+	CU_ASSERT_PTR_NOT_NULL(
+	    r.message ? strstr(r.message, "step: -2 is not a step (-1: the latest checkpoint)")
+	              : NULL);
+	q.step = INT64_MIN;
+	CU_ASSERT_EQUAL_FATAL(call(&c, &q, &r), 0);
+	CU_ASSERT_EQUAL(r.code, PT_API_BAD_REQUEST);
+	pt_job_spec_fini(&spec);
+	client_close(&c);
+	CU_ASSERT_EQUAL(server_stop(&s, SIGTERM), 0);
+
+	{
+		const char *bad[] = {"--memory-limit", "12X", NULL};
+		CU_ASSERT_FALSE(server_start(&s, dir, bad));
+		CU_ASSERT_EQUAL(server_stop(&s, 0), 2);
+	}
+}
+
+/* A submit that fails on a full disk (a 1 MiB tmpfs filled up) answers an
+ * error and leaves no jobs/<id>/ behind; after space is freed submits work
+ * and a restart lists only the real job. Needs root (mount): skipped
+ * otherwise, saying so. */
+/* full_disk_body runs the test on the tmpfs at dir; no fatal asserts, so
+ * that the caller always unmounts. */
+static void full_disk_body(const char *dir)
+{
+	char path[700], fill[700];
+	server s;
+	client c;
+	pt_job_spec spec;
+	pt_api_response r;
+	uint64_t id;
+	struct stat st;
+	int fd;
+
+	if (!server_start(&s, dir, NULL)) {
+		CU_FAIL("pipeserver did not start");
+		return;
+	}
+	client_open(&c, &s, 30000);
+	snprintf(fill, sizeof(fill), "%s/fill", dir);
+	fd = open(fill, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+	CU_ASSERT(fd >= 0);
+	if (fd >= 0) {
+		char buf[4096];
+		memset(buf, 1, sizeof(buf));
+		while (write(fd, buf, sizeof(buf)) > 0)
+			;
+		while (write(fd, buf, 1) > 0)
+			;
+	}
+	close(fd);
+	digits_spec(&spec, 5, 0, true);
+	CU_ASSERT_EQUAL(submit(&c, &spec, &id, &r), PT_API_INTERNAL);
+	CU_ASSERT_PTR_NOT_NULL(r.message ? strstr(r.message, "No space left on device") : NULL);
+	snprintf(path, sizeof(path), "%s/jobs/1", dir);
+	CU_ASSERT_NOT_EQUAL(stat(path, &st), 0);
+	unlink(fill);
+	CU_ASSERT_EQUAL(submit(&c, &spec, &id, &r), PT_API_OK);
+	CU_ASSERT_EQUAL(id, 2);
+	client_close(&c);
+	CU_ASSERT_EQUAL(server_stop(&s, SIGTERM), 0);
+	pt_job_spec_fini(&spec);
+	if (!server_start(&s, dir, NULL)) {
+		CU_FAIL("pipeserver did not restart");
+		return;
+	}
+	client_open(&c, &s, 30000);
+	CU_ASSERT_EQUAL(simple(&c, PT_API_LIST_JOBS, 0, &r), PT_API_OK);
+	CU_ASSERT_EQUAL(r.n_jobs, 1);
+	client_close(&c);
+	CU_ASSERT_EQUAL(server_stop(&s, SIGTERM), 0);
+}
+
+static void test_server_full_disk(void)
+{
+	char dir[512], cmd[800];
+
+	make_dir("fulldisk", dir, sizeof(dir));
+	snprintf(cmd, sizeof(cmd), "mount -t tmpfs -o size=1m tmpfs %s 2>/dev/null", dir);
+	if (geteuid() != 0 || system(cmd) != 0) {
+		printf("\n    skip: not root or cannot mount a tmpfs; full disk not checked");
+		return;
+	}
+	full_disk_body(dir);
+	snprintf(cmd, sizeof(cmd), "umount %s", dir);
+	CU_ASSERT_EQUAL(system(cmd), 0);
+}
+
 static const pt_test_case server_tests[] = {
     {"test_server_every_request", test_server_every_request},
     {"test_server_cancel", test_server_cancel},
@@ -865,6 +1187,11 @@ static const pt_test_case server_tests[] = {
     {"test_server_auth", test_server_auth},
     {"test_server_kill9_resume", test_server_kill9_resume},
     {"test_server_sigterm", test_server_sigterm},
+    {"test_server_journal_long_message", test_server_journal_long_message},
+    {"test_server_died_twice", test_server_died_twice},
+    {"test_server_died_not_in_a_row", test_server_died_not_in_a_row},
+    {"test_server_admission", test_server_admission},
+    {"test_server_full_disk", test_server_full_disk},
     {NULL, NULL},
 };
 static const pt_test_suite suites[] = {

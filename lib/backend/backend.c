@@ -100,6 +100,21 @@ pt_err pt_backend_device_count(pt_device_kind kind, int *n)
 	return PT_OK;
 }
 
+pt_err pt_backend_device_memory(pt_device dev, uint64_t *total)
+{
+	size_t n = 0;
+
+	*total = 0;
+	if (dev.kind != PT_DEV_CUDA)
+		return pt_set_error(PT_ERR_INVALID, "pt_backend_device_memory: not a device");
+	PT_TRY(pt_backend_check_device(dev));
+	if (ptc_device_memory(dev.index, &n) != 0)
+		return pt_set_error(PT_ERR_UNSUPPORTED, "cuda:%d: memory: %s", dev.index,
+		                    ptc_last_error());
+	*total = n;
+	return PT_OK;
+}
+
 static pt_err cuda_fail(pt_device dev, const char *what)
 {
 	return pt_set_error(PT_ERR_BACKEND, "cuda:%d: %s: %s", dev.index, what, ptc_last_error());
@@ -187,6 +202,14 @@ pt_err pt_backend_device_count(pt_device_kind kind, int *n)
 {
 	*n = kind == PT_DEV_CPU ? 1 : 0;
 	return kind == PT_DEV_CPU ? PT_OK : pt_set_error(PT_ERR_UNSUPPORTED, NO_CUDA);
+}
+
+pt_err pt_backend_device_memory(pt_device dev, uint64_t *total)
+{
+	*total = 0;
+	if (dev.kind != PT_DEV_CUDA)
+		return pt_set_error(PT_ERR_INVALID, "pt_backend_device_memory: not a device");
+	return pt_set_error(PT_ERR_UNSUPPORTED, "cuda:%d: memory: " NO_CUDA, dev.index);
 }
 
 pt_err pt_backend_alloc(pt_device dev, size_t nbytes, void **out)

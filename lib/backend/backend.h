@@ -43,6 +43,12 @@ char *pt_device_str(char *buf, size_t len, pt_device dev);
  * "cuda:0: this build has no CUDA support (configure with -Dcuda=enabled)"). */
 pt_err pt_backend_check_device(pt_device dev);
 
+/* pt_backend_device_memory sets *total to the memory of device dev in
+ * bytes (a CUDA device's global memory). The CPU is no device here (the
+ * host's limit is the job manager's): PT_ERR_INVALID; CUDA not built or
+ * no such device: PT_ERR_UNSUPPORTED. */
+pt_err pt_backend_device_memory(pt_device dev, uint64_t *total);
+
 /* pt_backend_alloc allocates nbytes of zeroed memory on dev (a non-CPU
  * device; pt_storage_create serves the CPU itself). The caller owns *out and
  * frees it with pt_backend_free on the same device. */

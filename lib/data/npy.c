@@ -216,28 +216,23 @@ static pt_err descr_dtype(const char *descr, const char *path, pt_dtype *dt)
 	return pt_set_error(PT_ERR_FORMAT, "%s: unsupported npy dtype '%s'", path, descr);
 }
 
-pt_err pt_npy_read(pt_tensor *out, const char *path)
+/* read_header reads and checks the header of the open npy file fd (size
+ * bytes): *dt, h's shape and *data_off, the payload's offset; the payload
+ * must be exactly numel * itemsize bytes. */
+static pt_err read_header(int fd, size_t size, const char *path, npy_header *h, pt_dtype *dt,
+                          size_t *data_off)
 {
 	unsigned char pre[12];
-	size_t size, hstart, hlen, payload, nbytes;
+	size_t hstart, hlen, payload, nbytes;
 	char *header = NULL;
-	npy_header h;
-	pt_dtype dt = PT_DTYPE_COUNT;
-	int fd;
 	pt_err rv;
 
-	memset(out, 0, sizeof(*out));
-	PT_TRY(pt_file_open_read(path, &fd, &size));
-	if (size < 10) {
-		rv = pt_set_error(PT_ERR_FORMAT, "%s: truncated npy file (%zu bytes)", path, size);
-		goto done;
-	}
-	if ((rv = pt_read_full(fd, pre, size < 12 ? 10 : 12, 0, path)) != PT_OK)
-		goto done;
-	if (memcmp(pre, NPY_MAGIC, NPY_MAGIC_LEN) != 0) {
-		rv = pt_set_error(PT_ERR_FORMAT, "%s: bad magic: not an npy file", path);
-		goto done;
-	}
+	if (size < 10)
+		return pt_set_error(PT_ERR_FORMAT, "%s: truncated npy file (%zu bytes)", path,
+		                    size);
+	PT_TRY(pt_read_full(fd, pre, size < 12 ? 10 : 12, 0, path));
+	if (memcmp(pre, NPY_MAGIC, NPY_MAGIC_LEN) != 0)
+		return pt_set_error(PT_ERR_FORMAT, "%s: bad magic: not an npy file", path);
 	if (pre[6] == 1 && pre[7] == 0) {
 		hstart = 10;
 		hlen = (size_t)pre[8] | (size_t)pre[9] << 8;
@@ -246,43 +241,36 @@ pt_err pt_npy_read(pt_tensor *out, const char *path)
 		hlen = (size_t)pre[8] | (size_t)pre[9] << 8 | (size_t)pre[10] << 16 |
 		       (size_t)pre[11] << 24;
 	} else {
-		rv = pt_set_error(PT_ERR_FORMAT, "%s: unsupported npy format version %u.%u", path,
-		                  pre[6], pre[7]);
-		goto done;
+		return pt_set_error(PT_ERR_FORMAT, "%s: unsupported npy format version %u.%u", path,
+		                    pre[6], pre[7]);
 	}
-	if (hlen > size - hstart) {
-		rv = pt_set_error(
+	if (hlen > size - hstart)
+		return pt_set_error(
 		    PT_ERR_FORMAT,
 		    "%s: npy header length %zu runs past the end of the file (%zu bytes)", path,
 		    hlen, size);
-		goto done;
-	}
-	if (hlen > NPY_MAX_HEADER) {
-		rv = pt_set_error(PT_ERR_FORMAT, "%s: npy header of %zu bytes is absurd", path,
-		                  hlen);
-		goto done;
-	}
+	if (hlen > NPY_MAX_HEADER)
+		return pt_set_error(PT_ERR_FORMAT, "%s: npy header of %zu bytes is absurd", path,
+		                    hlen);
 	header = malloc(hlen + 1);
-	if (header == NULL) {
-		rv = pt_set_error(PT_ERR_NOMEM, "%s: npy header", path);
-		goto done;
-	}
+	if (header == NULL)
+		return pt_set_error(PT_ERR_NOMEM, "%s: npy header", path);
 	if ((rv = pt_read_full(fd, header, hlen, hstart, path)) != PT_OK)
 		goto done;
-	if ((rv = parse_header(header, hlen, path, &h)) != PT_OK)
+	if ((rv = parse_header(header, hlen, path, h)) != PT_OK)
 		goto done;
-	if ((rv = descr_dtype(h.descr, path, &dt)) != PT_OK)
+	if ((rv = descr_dtype(h->descr, path, dt)) != PT_OK)
 		goto done;
-	if (h.fortran) {
+	if (h->fortran) {
 		rv = pt_set_error(PT_ERR_FORMAT,
 		                  "%s: Fortran-order npy arrays are not supported (save a C-order "
 		                  "copy)",
 		                  path);
 		goto done;
 	}
-	nbytes = pt_dtype_size(dt);
-	for (int i = 0; i < h.ndim; i++) {
-		if (__builtin_mul_overflow(nbytes, (size_t)h.shape[i], &nbytes)) {
+	nbytes = pt_dtype_size(*dt);
+	for (int i = 0; i < h->ndim; i++) {
+		if (__builtin_mul_overflow(nbytes, (size_t)h->shape[i], &nbytes)) {
 			rv = pt_set_error(PT_ERR_FORMAT, "%s: npy shape overflows", path);
 			goto done;
 		}
@@ -293,17 +281,52 @@ pt_err pt_npy_read(pt_tensor *out, const char *path)
 		rv = pt_set_error(PT_ERR_FORMAT,
 		                  "%s: npy header says shape %s of '%s' (%zu bytes) but the file "
 		                  "holds %zu bytes of data",
-		                  path, pt_shape_str(sh, sizeof(sh), h.ndim, h.shape), h.descr,
+		                  path, pt_shape_str(sh, sizeof(sh), h->ndim, h->shape), h->descr,
 		                  nbytes, payload);
 		goto done;
 	}
+	*data_off = hstart + hlen;
+done:
+	free(header);
+	return rv;
+}
+
+pt_err pt_npy_read(pt_tensor *out, const char *path)
+{
+	size_t size, off;
+	npy_header h;
+	pt_dtype dt = PT_DTYPE_COUNT;
+	int fd;
+	pt_err rv;
+
+	memset(out, 0, sizeof(*out));
+	PT_TRY(pt_file_open_read(path, &fd, &size));
+	if ((rv = read_header(fd, size, path, &h, &dt, &off)) != PT_OK)
+		goto done;
 	if ((rv = pt_tensor_init(out, dt, h.ndim, h.shape)) != PT_OK)
 		goto done;
-	rv = pt_read_full(fd, pt_tensor_data(out), nbytes, hstart + hlen, path);
+	rv = pt_read_full(fd, pt_tensor_data(out), size - off, off, path);
 	if (rv != PT_OK)
 		pt_tensor_fini(out);
 done:
-	free(header);
+	close(fd);
+	return rv;
+}
+
+pt_err pt_npy_info(const char *path, pt_dtype *dtype, int *ndim, int64_t *shape)
+{
+	size_t size, off;
+	npy_header h;
+	pt_dtype dt = PT_DTYPE_COUNT;
+	int fd;
+	pt_err rv;
+
+	PT_TRY(pt_file_open_read(path, &fd, &size));
+	if ((rv = read_header(fd, size, path, &h, &dt, &off)) == PT_OK) {
+		*dtype = dt;
+		*ndim = h.ndim;
+		memcpy(shape, h.shape, sizeof(int64_t) * (size_t)h.ndim);
+	}
 	close(fd);
 	return rv;
 }

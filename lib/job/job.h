@@ -227,4 +227,62 @@ void pt_job_workers_stop_heartbeats(pt_job_workers *ws);
  * NULL-safe. */
 void pt_job_workers_end(pt_job_workers *ws);
 
+/* ------------------------------------------------------ memory (memory.c) */
+
+/* The shapes of a job's data that its memory depends on. */
+typedef struct pt_job_data_shape {
+	int64_t rows, features; /* Npy: features (rows, features) */
+	pt_dtype x_dtype, y_dtype;
+	int y_ndim;
+	int64_t y_cols;            /* labels: 1 for (N,), K for (N, K) */
+	uint64_t x_bytes, y_bytes; /* Npy payloads */
+	uint64_t token_bytes;      /* Tokens: the file's size */
+} pt_job_data_shape;
+
+/* Estimated peak bytes of one pipeline stage. */
+typedef struct pt_job_memory_stage {
+	int first, last; /* its layers [first, last) */
+	int n_slots;     /* activation slots: sync m, semi-async and async p */
+	uint64_t params, grads, optimizer, stash, activations, workspace, total;
+} pt_job_memory_stage;
+
+/* Estimated peak memory of a job. */
+typedef struct pt_job_memory {
+	int n_stages;
+	pt_job_memory_stage stages[PT_MAX_STAGES];
+	uint64_t coordinator; /* host: full model, data, gathered state, runtime */
+	uint64_t host;        /* this process: the coordinator plus its CPU stages */
+} pt_job_memory;
+
+/* pt_job_data_shape_read reads the headers (npy) or sizes (tokens) of a
+ * validated spec's data files, relative paths under files_root. Blocking. */
+pt_err pt_job_data_shape_read(const pt_job_spec *s, const char *files_root, pt_job_data_shape *out);
+
+/* pt_job_memory_estimate gives the peak memory of a validated spec per stage
+ * (parameters, gradients, optimizer state, async weight stashes, activations
+ * of the schedule's live microbatches, workspace) and for this host (stages
+ * on workers or devices are not charged to it). No allocation, no I/O;
+ * never overflows (absurd sizes saturate at UINT64_MAX). */
+pt_err pt_job_memory_estimate(const pt_job_spec *s, const pt_job_data_shape *d, pt_job_memory *out);
+
+/* pt_job_admit estimates s (reading its data headers) and refuses it with
+ * PT_ERR_RANGE, naming the estimate, the limit and the largest stage, when
+ * the host estimate exceeds host_limit bytes (0: no limit), or, for
+ * in-process CUDA stages, when a device's stages exceed its memory. est
+ * (may be NULL) gets the estimate. Blocking (file headers). */
+pt_err pt_job_admit(const pt_job_spec *s, const char *files_root, uint64_t host_limit,
+                    pt_job_memory *est);
+
+/* pt_job_memory_parse reads a size: bytes, or with a K, M, G or T suffix
+ * (binary: 1K = 1024; "KiB"/"KB" spellings accepted). */
+pt_err pt_job_memory_parse(const char *text, uint64_t *bytes);
+
+/* pt_job_memory_host_limit gives the memory this process may use: the
+ * cgroup's limit (v2 memory.max, v1 memory.limit_in_bytes) when set and
+ * below MemTotal, else MemTotal; *source names which. */
+pt_err pt_job_memory_host_limit(uint64_t *bytes, const char **source);
+
+/* pt_job_memory_format writes bytes as "1.5 GiB (1610612736 bytes)". */
+void pt_job_memory_format(char *buf, size_t cap, uint64_t bytes);
+
 #endif

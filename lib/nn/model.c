@@ -83,11 +83,23 @@ static pt_err alloc_params(pt_model *m)
 	int t = 0;
 	pt_err rv;
 
+	/* Sizes come from clients: checked, so an absurd model is an error. */
 	for (int i = 0; i < m->n_layers; i++)
 		for (int k = 0; k < m->layers[i].n_params; k++) {
 			pt_param_info *p = &m->layers[i].pinfo[k];
-			int64_t n = p->shape[0] * (p->ndim == 2 ? p->shape[1] : 1);
-			total += (n + 15) & ~(int64_t)15; /* 64-byte aligned tensors */
+			int64_t n;
+			if (p->shape[0] < 0 || (p->ndim == 2 && p->shape[1] < 0) ||
+			    __builtin_mul_overflow(p->shape[0], p->ndim == 2 ? p->shape[1] : 1,
+			                           &n) ||
+			    n > (INT64_MAX / 4 - 15) ||
+			    __builtin_add_overflow(total, (n + 15) & ~(int64_t)15, &total) ||
+			    total > INT64_MAX / 4 - 64)
+				return pt_set_error(
+				    PT_ERR_OVERFLOW,
+				    "layer %d (%s): parameter %s: %" PRId64 " x %" PRId64
+				    " floats overflow the parameter arena",
+				    m->layers[i].index, m->layers[i].vt->name, p->name, p->shape[0],
+				    p->ndim == 2 ? p->shape[1] : 1);
 			m->n_tensors++;
 		}
 	m->n_params = 0;

@@ -31,6 +31,10 @@ const char *ptc_last_error(void);
  * cudaGetDeviceCount message) when there is no driver or no device. */
 int ptc_device_count(int *n);
 
+/* ptc_device_memory sets *total to dev's global memory in bytes
+ * (cudaGetDeviceProperties; does not change the current device). */
+int ptc_device_memory(int dev, size_t *total);
+
 /* ptc_alloc allocates n bytes (zeroed) on dev from the device's caching pool
  * (CUDA's stream-ordered allocator, configured never to give memory back to
  * the driver on its own), ordered on dev's compute stream. */

@@ -133,6 +133,14 @@ extern "C" int ptc_device_count(int *n)
 	return 0;
 }
 
+extern "C" int ptc_device_memory(int dev, size_t *total)
+{
+	cudaDeviceProp p;
+	PTC_CUDA(cudaGetDeviceProperties(&p, dev));
+	*total = p.totalGlobalMem;
+	return 0;
+}
+
 extern "C" int ptc_alloc(int dev, size_t n, void **out)
 {
 	PTC_STREAM(dev, s);

@@ -1,0 +1,453 @@
+/* memory.c - admission control: the peak memory a job needs, estimated from
+ * its spec and the shapes of its data without allocating anything, and the
+ * memory limit of this host.
+ *
+ * The estimate restates what the code allocates (kept next to it here so a
+ * change there shows up in the figures of test_job's measurement test):
+ * model.c's parameter, gradient, activation-slot and work arenas (tensors
+ * rounded to 16 floats), optim.c's state (AdamW m and v, SGD momentum),
+ * stage.c's slots (sync: all m microbatches; semi-async and async: p, the
+ * most a 1F1B-like schedule keeps in flight; recompute keeps one in the
+ * model) and async weight stashes (one copy of the parameters per slot plus
+ * the live one), runner.c's full model for evaluation and checkpoints (batch
+ * of one microbatch), the data as loaded (npy: raw, converted, split;
+ * tokens: the whole file), the stages' gathered state at checkpoints, and a
+ * runtime constant per stage thread and per job (thread stacks, malloc
+ * arenas, oneDNN kernels), measured on this build. Arithmetic is in double,
+ * so absurd sizes give absurd figures, never an overflow. Limits: stages on
+ * placement.workers live on the workers, whose memory is not known here
+ * (only the coordinator's part is charged to this host); device (CUDA)
+ * stages are charged to their device (its global memory, whatever else
+ * uses it); the device figures have not been compared with a measurement.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "backend.h"
+#include "job.h"
+#include "npy.h"
+
+/* Measured on this build (test_job_memory_estimate, VmHWM over the process's
+ * RSS before the job): what a job costs beyond its tensors. */
+#define RUNTIME_JOB_BYTES   (3.0 * 1048576) /* coordinator, oneDNN, first arenas */
+#define RUNTIME_STAGE_BYTES (1.6 * 1048576) /* a stage thread: stack, arena, queues */
+#define EVAL_WINDOWS        64              /* runner.c's token evaluation windows */
+
+static double act_floats(pt_act_shape s, double B)
+{
+	double n = B * (double)(s.seq ? s.seq : 1);
+	return s.features ? n * (double)s.features : n;
+}
+
+static double round16(double n)
+{
+	return ceil(n / 16.0) * 16.0;
+}
+
+/* model_bytes sizes pt_model_create(layers [first, last), batch B, slots):
+ * *params the floats of one arena, *slot one activation slot's bytes,
+ * *work the work arena's bytes, *in and *out the stage's activations. */
+static void model_bytes(const pt_job_spec *s, pt_act_shape input, int first, int last, double B,
+                        double *params, double *slot, double *work, double *in, double *out)
+{
+	pt_act_shape cur = input;
+	double p = 0, sl = 0, mx = 0, scratch = 16;
+
+	for (int i = 0; i < last; i++) {
+		const pt_layer_spec *ls = &s->layers[i];
+		const pt_layer_vt *vt = pt_layer_vtable(ls->kind);
+		pt_param_info pinfo[PT_LAYER_MAX_PARAMS];
+		pt_saved_info info[PT_LAYER_MAX_SAVED];
+		pt_act_shape next = cur;
+		int np, ns;
+
+		vt->infer(ls, cur, &next);
+		if (i < first) {
+			cur = next;
+			continue;
+		}
+		if (i == first)
+			mx = *in = act_floats(cur, B);
+		np = vt->params(ls, pinfo);
+		for (int k = 0; k < np; k++)
+			p += round16((double)pinfo[k].shape[0] *
+			             (pinfo[k].ndim == 2 ? (double)pinfo[k].shape[1] : 1.0));
+		sl += round16(act_floats(next, B));
+		ns = vt->saved(ls, cur, (int64_t)B, info);
+		for (int k = 0; k < ns; k++) {
+			double sn = 1;
+			for (int d = 0; d < info[k].ndim; d++)
+				sn *= (double)info[k].shape[d];
+			sl += round16(floor(sn * (double)pt_dtype_size(info[k].dtype) / 4));
+		}
+		mx = fmax(mx, act_floats(next, B));
+		scratch = fmax(scratch, (double)vt->scratch(ls, cur, (int64_t)B));
+		cur = next;
+	}
+	*params = p;
+	*slot = sl * 4;
+	*work = (2 * round16(mx) + scratch) * 4;
+	*out = act_floats(cur, B);
+}
+
+static double data_bytes(const pt_job_spec *s, const pt_job_data_shape *d)
+{
+	double N = (double)d->rows, batch = (double)s->batch_size, b = 0;
+
+	if (s->data.format != PT_DATA_NPY) {
+		double T = (double)s->data.seq_len;
+		double n_eval = ceil(EVAL_WINDOWS / (double)(s->batch_size / s->microbatches)) *
+		                (double)(s->batch_size / s->microbatches);
+		/* The file, one batch and the evaluation windows (i64 inputs, targets). */
+		return (double)d->token_bytes + 2 * batch * T * 8 + 2 * n_eval * T * 8;
+	}
+	/* Raw arrays; a converted copy when the dtype is not the dataset's
+	 * (f32 features; i64 class labels or f32 targets); the train/held
+	 * subsets (a second copy); the split permutation and the epoch order;
+	 * one batch. */
+	b += (double)(d->x_bytes + d->y_bytes);
+	if (d->x_dtype != PT_F32)
+		b += N * (double)d->features * 4;
+	if (d->y_ndim == 1 ? d->y_dtype != PT_I64 : d->y_dtype != PT_F32)
+		b += N * (double)d->y_cols * (d->y_ndim == 1 ? 8 : 4);
+	b += N * (double)d->features * 4 + N * (double)d->y_cols * (d->y_ndim == 1 ? 8 : 4);
+	b += 2 * N * 8;
+	b += batch * (double)d->features * 4 + batch * (double)d->y_cols * 8;
+	return b;
+}
+
+static uint64_t to_bytes(double b)
+{
+	return b >= 1.8e19 ? UINT64_MAX : (uint64_t)ceil(b);
+}
+
+pt_err pt_job_memory_estimate(const pt_job_spec *s, const pt_job_data_shape *d, pt_job_memory *out)
+{
+	int first[PT_MAX_STAGES + 1];
+	int p = s->stages, m = s->microbatches;
+	double B, total_params = 0, host = 0, fp, fslot, fwork, fin, fout;
+	int opt_copies = s->optim.kind == PT_OPTIM_ADAMW ? 2 : s->optim.momentum != 0.0f ? 1 : 0;
+	bool remote = s->n_workers > 0, device = s->device && strncmp(s->device, "cuda:", 5) == 0;
+	pt_act_shape in = pt_job_spec_input_shape(s, d->features);
+
+	memset(out, 0, sizeof(*out));
+	if (p < 1 || p > PT_MAX_STAGES || m < 1 || s->batch_size < m)
+		return pt_set_error(PT_ERR_INVALID, "memory estimate: validate the spec first");
+	B = (double)(s->batch_size / m);
+	if (s->boundaries != NULL)
+		memcpy(first, s->boundaries, sizeof(int) * ((size_t)p + 1));
+	else
+		PT_TRY(pt_partition(s->layers, s->n_layers, in, p, first));
+	out->n_stages = p;
+	for (int st = 0; st < p; st++) {
+		pt_job_memory_stage *e = &out->stages[st];
+		int slots = s->mode == PT_MODE_SYNC ? m : p;
+		double P, state;
+
+		model_bytes(s, in, first[st], first[st + 1], B, &fp, &fslot, &fwork, &fin, &fout);
+		P = fp * 4;
+		e->first = first[st];
+		e->last = first[st + 1];
+		e->n_slots = slots;
+		e->params = to_bytes(P);
+		e->grads = to_bytes(P);
+		e->optimizer = to_bytes(P * opt_copies);
+		e->stash =
+		    to_bytes(s->mode == PT_MODE_ASYNC && s->weight_stashing ? P * (slots + 1) : 0);
+		/* The model's slots; per stage slot the received input and output
+		 * gradient it keeps until the backward. */
+		e->activations =
+		    to_bytes((s->recompute ? 1 : slots) * fslot + slots * (fin + fout) * 4);
+		/* The work arena; a forward output and an input gradient in flight;
+		 * the state copy a checkpoint gathers. */
+		state = P * (1 + opt_copies);
+		e->workspace = to_bytes(fwork + (fin + fout) * 4 + state);
+		e->total = to_bytes(P * (2 + opt_copies) + (double)e->stash +
+		                    (double)e->activations + (double)e->workspace);
+		total_params += fp;
+		if (!remote && !device)
+			host += (double)e->total + RUNTIME_STAGE_BYTES;
+	}
+	/* The coordinator: the full model (parameters, gradients, one slot of
+	 * one microbatch, work arena), every stage's gathered state, the data,
+	 * the last stage's outputs and loss gradients of m microbatches. */
+	model_bytes(s, in, 0, s->n_layers, B, &fp, &fslot, &fwork, &fin, &fout);
+	out->coordinator =
+	    to_bytes(fp * 8 + fslot + fwork + total_params * 4 * (1 + opt_copies) +
+	             data_bytes(s, d) + 2 * (double)m * fout * 4 + RUNTIME_JOB_BYTES);
+	out->host = to_bytes(host + (double)out->coordinator);
+	return PT_OK;
+}
+
+/* resolve joins files_root and a relative path into buf (as validate.c). */
+static const char *resolve(char *buf, size_t cap, const char *root, const char *path)
+{
+	if (root == NULL || root[0] == 0 || path[0] == '/')
+		return path;
+	snprintf(buf, cap, "%s/%s", root, path);
+	return buf;
+}
+
+pt_err pt_job_data_shape_read(const pt_job_spec *s, const char *files_root, pt_job_data_shape *out)
+{
+	char buf[4096];
+	int64_t shape[PT_MAX_DIMS];
+	int nd;
+	pt_dtype dt;
+	struct stat st;
+	pt_err rv;
+
+	memset(out, 0, sizeof(*out));
+	if (s->data.format != PT_DATA_NPY) {
+		if (s->data.tokens == NULL)
+			return pt_set_error(PT_ERR_INVALID, "data.tokens: required");
+		if (stat(resolve(buf, sizeof(buf), files_root, s->data.tokens), &st) != 0)
+			return pt_set_error(PT_ERR_IO, "data.tokens: cannot open '%s': %s",
+			                    s->data.tokens, strerror(errno));
+		out->token_bytes = (uint64_t)st.st_size;
+		return PT_OK;
+	}
+	if (s->data.features == NULL || s->data.labels == NULL)
+		return pt_set_error(PT_ERR_INVALID, "data.features, data.labels: required");
+	rv = pt_npy_info(resolve(buf, sizeof(buf), files_root, s->data.features), &dt, &nd, shape);
+	if (rv != PT_OK)
+		return pt_set_error(rv, "data.features: %s", pt_last_error());
+	if (nd != 2)
+		return pt_set_error(PT_ERR_SHAPE, "data.features: %d dimensions, expected 2", nd);
+	out->rows = shape[0];
+	out->features = shape[1];
+	out->x_dtype = dt;
+	out->x_bytes = (uint64_t)shape[0] * (uint64_t)shape[1] * pt_dtype_size(dt);
+	rv = pt_npy_info(resolve(buf, sizeof(buf), files_root, s->data.labels), &dt, &nd, shape);
+	if (rv != PT_OK)
+		return pt_set_error(rv, "data.labels: %s", pt_last_error());
+	out->y_dtype = dt;
+	out->y_ndim = nd;
+	out->y_cols = nd >= 2 ? shape[1] : 1;
+	out->y_bytes = (uint64_t)shape[0] * (uint64_t)out->y_cols * pt_dtype_size(dt);
+	return PT_OK;
+}
+
+void pt_job_memory_format(char *buf, size_t cap, uint64_t bytes)
+{
+	static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+	double v = (double)bytes;
+	int u = 0;
+
+	while (v >= 1024 && u < 6) {
+		v /= 1024;
+		u++;
+	}
+	if (u == 0)
+		snprintf(buf, cap, "%" PRIu64 " B", bytes);
+	else
+		snprintf(buf, cap, "%.1f %s (%" PRIu64 " bytes)", v, units[u], bytes);
+}
+
+/* admit_devices checks in-process CUDA stages against their devices'
+ * memory: stage st runs on cuda:((N + st) mod devices), as runner.c places
+ * them, so a device holds the sum of its stages. */
+static pt_err admit_devices(const pt_job_spec *s, const pt_job_memory *e)
+{
+	pt_device dev;
+	int count = 0;
+
+	if (s->n_workers > 0 || s->device == NULL || strncmp(s->device, "cuda:", 5) != 0)
+		return PT_OK;
+	PT_TRY(pt_device_parse(s->device, &dev));
+	PT_TRY(pt_backend_device_count(PT_DEV_CUDA, &count));
+	for (int k = 0; k < count && k < e->n_stages; k++) {
+		double need = 0;
+		uint64_t total = 0;
+		char a[64], b[64];
+		for (int st = 0; st < e->n_stages; st++)
+			if ((dev.index + st) % count == (dev.index + k) % count)
+				need += (double)e->stages[st].total;
+		PT_TRY(pt_backend_device_memory((pt_device){PT_DEV_CUDA, (dev.index + k) % count},
+		                                &total));
+		if (to_bytes(need) <= total)
+			continue;
+		pt_job_memory_format(a, sizeof(a), to_bytes(need));
+		pt_job_memory_format(b, sizeof(b), total);
+		return pt_set_error(PT_ERR_RANGE,
+		                    "memory: the job's stages on cuda:%d need an estimated %s, "
+		                    "more than the device's %s",
+		                    (dev.index + k) % count, a, b);
+	}
+	return PT_OK;
+}
+
+pt_err pt_job_admit(const pt_job_spec *s, const char *files_root, uint64_t host_limit,
+                    pt_job_memory *est)
+{
+	pt_job_data_shape d;
+	pt_job_memory e;
+	char need[64], lim[64], where[96] = "";
+
+	PT_TRY(pt_job_data_shape_read(s, files_root, &d));
+	PT_TRY(pt_job_memory_estimate(s, &d, &e));
+	if (est != NULL)
+		*est = e;
+	if (host_limit == 0 || e.host <= host_limit)
+		return admit_devices(s, &e);
+	/* Name the biggest stage: that is what to split or shrink. */
+	{
+		int big = 0;
+		for (int i = 1; i < e.n_stages; i++)
+			if (e.stages[i].total > e.stages[big].total)
+				big = i;
+		pt_job_memory_format(need, sizeof(need), e.stages[big].total);
+		snprintf(where, sizeof(where), "; the largest stage, %d, needs %s", big, need);
+	}
+	pt_job_memory_format(need, sizeof(need), e.host);
+	pt_job_memory_format(lim, sizeof(lim), host_limit);
+	return pt_set_error(PT_ERR_RANGE,
+	                    "memory: the job needs an estimated %s of host memory, more than "
+	                    "the server's limit of %s (--memory-limit)%s",
+	                    need, lim, where);
+}
+
+pt_err pt_job_memory_parse(const char *text, uint64_t *bytes)
+{
+	char *end;
+	unsigned long long n;
+	uint64_t mul = 1;
+
+	*bytes = 0;
+	errno = 0;
+	if (text == NULL || text[0] < '0' || text[0] > '9')
+		return pt_set_error(PT_ERR_INVALID, "'%s' is not a size (bytes, or K, M, G, T)",
+		                    text ? text : "");
+	n = strtoull(text, &end, 10);
+	if (errno != 0)
+		return pt_set_error(PT_ERR_RANGE, "'%s': too large", text);
+	switch (*end) {
+	case '\0':
+		break;
+	case 'K':
+	case 'k':
+		mul = 1ull << 10;
+		break;
+	case 'M':
+	case 'm':
+		mul = 1ull << 20;
+		break;
+	case 'G':
+	case 'g':
+		mul = 1ull << 30;
+		break;
+	case 'T':
+	case 't':
+		mul = 1ull << 40;
+		break;
+	default:
+		return pt_set_error(PT_ERR_INVALID, "'%s' is not a size (bytes, or K, M, G, T)",
+		                    text);
+	}
+	if (*end != '\0' && end[1] != '\0' && !(end[1] == 'i' && end[2] == 'B' && !end[3]) &&
+	    !(end[1] == 'B' && !end[2]))
+		return pt_set_error(PT_ERR_INVALID, "'%s' is not a size (bytes, or K, M, G, T)",
+		                    text);
+	if (n > UINT64_MAX / mul)
+		return pt_set_error(PT_ERR_RANGE, "'%s': too large", text);
+	*bytes = (uint64_t)n * mul;
+	return PT_OK;
+}
+
+/* read_u64 reads the first number of a one-line file ("max": none). */
+static bool read_u64(const char *path, uint64_t *v)
+{
+	char line[64];
+	FILE *f = fopen(path, "r");
+	bool ok = false;
+
+	if (f == NULL)
+		return false;
+	if (fgets(line, sizeof(line), f) != NULL && line[0] >= '0' && line[0] <= '9') {
+		*v = strtoull(line, NULL, 10);
+		ok = true;
+	}
+	fclose(f);
+	return ok;
+}
+
+/* group_limit takes the smallest limit in file `name` of the group
+ * mount + path and its ancestors up to mount (limits nest), into *best
+ * when below it (0: none yet); true when one was found. */
+static bool group_limit(const char *mount, const char *path, const char *name, uint64_t *best)
+{
+	char dir[512], file[600];
+	bool found = false;
+	uint64_t v;
+
+	snprintf(dir, sizeof(dir), "%s%s", mount, path);
+	for (;;) {
+		size_t n = strlen(dir);
+		while (n > strlen(mount) && dir[n - 1] == '/')
+			dir[--n] = '\0';
+		snprintf(file, sizeof(file), "%s/%s", dir, name);
+		if (read_u64(file, &v) && v > 0 && (*best == 0 || v < *best)) {
+			*best = v;
+			found = true;
+		}
+		if (n <= strlen(mount))
+			break;
+		*strrchr(dir, '/') = '\0';
+	}
+	return found;
+}
+
+pt_err pt_job_memory_host_limit(uint64_t *bytes, const char **source)
+{
+	uint64_t total = 0, cg = 0;
+	char line[512];
+	FILE *f;
+
+	*bytes = 0;
+	*source = "MemTotal";
+	if ((f = fopen("/proc/meminfo", "r")) != NULL) {
+		while (fgets(line, sizeof(line), f) != NULL)
+			if (sscanf(line, "MemTotal: %" SCNu64 " kB", &total) == 1) {
+				total *= 1024;
+				break;
+			}
+		fclose(f);
+	}
+	/* This process's groups (/proc/self/cgroup): v2 "0::PATH" (memory.max,
+	 * "max": none), v1 "N:...memory...:PATH" (memory.limit_in_bytes, "no
+	 * limit" being a huge page-rounded value, above MemTotal). */
+	if ((f = fopen("/proc/self/cgroup", "r")) != NULL) {
+		while (fgets(line, sizeof(line), f) != NULL) {
+			char *path = strrchr(line, ':'), *ctl = strchr(line, ':');
+			if (path == NULL || ctl == NULL || path == ctl)
+				continue;
+			line[strcspn(line, "\n")] = '\0';
+			*path++ = '\0';
+			ctl++;
+			if (ctl[0] == '\0' &&
+			    group_limit("/sys/fs/cgroup", path, "memory.max", &cg))
+				*source = "cgroup memory.max";
+			else if (strstr(ctl, "memory") != NULL &&
+			         group_limit("/sys/fs/cgroup/memory", path, "memory.limit_in_bytes",
+			                     &cg))
+				*source = "cgroup memory.limit_in_bytes";
+		}
+		fclose(f);
+	}
+	if (cg > 0 && (total == 0 || cg < total)) {
+		*bytes = cg;
+		return PT_OK;
+	}
+	*source = "MemTotal";
+	if (total == 0)
+		return pt_set_error(PT_ERR_IO, "memory limit: no cgroup limit and no MemTotal in "
+		                               "/proc/meminfo");
+	*bytes = total;
+	return PT_OK;
+}
