@@ -314,6 +314,9 @@ static bool server_start(server *s, const char *name, const char *listen, const 
 	argv[n++] = listen ? listen : "tcp://127.0.0.1:0";
 	argv[n++] = "--data-dir";
 	argv[n++] = s->dir;
+	/* The jobs name their data relative to tmpdir. */
+	argv[n++] = "--files-root";
+	argv[n++] = tmpdir;
 	for (int i = 0; extra && extra[i] && n < 31; i++)
 		argv[n++] = extra[i];
 	argv[n] = NULL;
@@ -1191,21 +1194,18 @@ static bool setup(void)
 	snprintf(job_bad, sizeof(job_bad), "%s", tpath("bad.json"));
 	snprintf(job_long, sizeof(job_long), "%s", tpath("long.json"));
 	snprintf(job_fail, sizeof(job_fail), "%s", tpath("fail.json"));
-	write_job(job_json, "client-test", STEPS, false,
-	          PT_SOURCE_ROOT "/examples/data/digits_x.npy",
-	          PT_SOURCE_ROOT "/examples/data/digits_y.npy");
-	write_job(job_bad, "client-bad", STEPS, true, PT_SOURCE_ROOT "/examples/data/digits_x.npy",
-	          PT_SOURCE_ROOT "/examples/data/digits_y.npy");
-	write_job(job_long, "client-long", LONG_JOB, false,
-	          PT_SOURCE_ROOT "/examples/data/digits_x.npy",
-	          PT_SOURCE_ROOT "/examples/data/digits_y.npy");
-	/* The failing job reads copies of the data, which the test removes. */
+	/* The server's files root is tmpdir: the jobs name copies of the data
+	 * there; the failing job's copies are removed by the test. */
 	snprintf(cmd, sizeof(cmd),
-	         "cp %s/examples/data/digits_x.npy %s && cp %s/examples/data/digits_y.npy %s",
-	         PT_SOURCE_ROOT, tpath("fail_x.npy"), PT_SOURCE_ROOT, tpath("fail_y.npy"));
+	         "for f in digits_x digits_y; do cp %s/examples/data/$f.npy %s/$f.npy; done && "
+	         "cp %s/digits_x.npy %s && cp %s/digits_y.npy %s",
+	         PT_SOURCE_ROOT, tmpdir, tmpdir, tpath("fail_x.npy"), tmpdir, tpath("fail_y.npy"));
 	if (system(cmd) != 0)
 		return false;
-	write_job(job_fail, "client-fail", STEPS, false, tpath("fail_x.npy"), tpath("fail_y.npy"));
+	write_job(job_json, "client-test", STEPS, false, "digits_x.npy", "digits_y.npy");
+	write_job(job_bad, "client-bad", STEPS, true, "digits_x.npy", "digits_y.npy");
+	write_job(job_long, "client-long", LONG_JOB, false, "digits_x.npy", "digits_y.npy");
+	write_job(job_fail, "client-fail", STEPS, false, "fail_x.npy", "fail_y.npy");
 
 	/* The same job as a FlatBuffers binary, named like JSON on purpose. */
 	if (have_program("flatc")) {

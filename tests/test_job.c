@@ -1,6 +1,7 @@
 /* test_job.c - job specs (decode, build, validate, JSON, job files, flatc
  * interop) and the job runner (metrics, evaluation, checkpoints, cancel,
  * bitwise resume) on the shipped examples. */
+#include <errno.h>
 #include <ftw.h>
 #include <math.h>
 #include <stdarg.h>
@@ -61,13 +62,18 @@ static pt_err decode_json(const char *json, pt_job_spec *out)
 	return rv;
 }
 
-/* check_json: the first error of decode + validate (files under the source root). */
+/* The files root check_json validates against (the source root unless a test
+ * sets another) and whether paths may leave it. */
+static const char *check_root = PT_SOURCE_ROOT;
+static bool check_any_path;
+
+/* check_json: the first error of decode + validate (files under check_root). */
 static pt_err check_json(const char *json)
 {
 	pt_job_spec s;
 	pt_err rv = decode_json(json, &s);
 	if (rv == PT_OK)
-		rv = pt_job_spec_validate(&s, PT_SOURCE_ROOT);
+		rv = pt_job_spec_validate(&s, check_root, check_any_path);
 	pt_job_spec_fini(&s);
 	return rv;
 }
@@ -263,7 +269,7 @@ static void test_job_spec_examples_roundtrip(void)
 	for (int f = 0; f < 2; f++) {
 		pt_job_spec a, b;
 		load_spec(pt_test_path(files[f]), &a);
-		PT_CHECK_OK(pt_job_spec_validate(&a, PT_SOURCE_ROOT));
+		PT_CHECK_OK(pt_job_spec_validate(&a, PT_SOURCE_ROOT, false));
 		build_decode(&a, &b);
 		CU_ASSERT(spec_equal(&a, &b, 0));
 		pt_job_spec_fini(&a);
@@ -488,10 +494,11 @@ static void test_job_spec_validation_of_data_files(void)
 		big[i] = (uint16_t)(i == 150 ? 300 : i % 50);
 	pt_test_write_file(tmp_path("big.u16"), big, sizeof(big));
 
+	/* Files named relative to the files root, tmpdir here. */
+	check_root = tmpdir;
 #define NPY(x, y)                                                                                  \
 	(snprintf(data, sizeof(data),                                                              \
-	          "{\"features\": \"%s\", \"labels\": \"%s\", \"held_out\": 0.1}", tmp_path(x),    \
-	          tmp_path(y)),                                                                    \
+	          "{\"features\": \"%s\", \"labels\": \"%s\", \"held_out\": 0.1}", x, y),        \
 	 data)
 	const char *rest = "\"optimizer\": {\"lr\": 0.1}, \"batch_size\": 16, \"steps\": 1";
 	const char *mse =
@@ -515,20 +522,74 @@ static void test_job_spec_validation_of_data_files(void)
 	EXPECT(NULL, NPY("x64.npy", "missing.npy"), rest, PT_ERR_IO, "data.labels: cannot open '");
 #undef NPY
 	snprintf(data, sizeof(data),
-	         "{\"format\": \"Tokens16\", \"tokens\": \"%s\", \"seq_len\": 32}",
-	         tmp_path("few.u16"));
+	         "{\"format\": \"Tokens16\", \"tokens\": \"%s\", \"seq_len\": 32}", "few.u16");
 	EXPECT(GPT_MODEL, data, "\"optimizer\": {\"lr\": 0.1}, \"batch_size\": 4, \"steps\": 1",
 	       PT_ERR_RANGE, "holds 10 tokens, fewer than seq_len + 1 = 33");
 	snprintf(data, sizeof(data),
-	         "{\"format\": \"Tokens16\", \"tokens\": \"%s\", \"seq_len\": 32}",
-	         tmp_path("big.u16"));
+	         "{\"format\": \"Tokens16\", \"tokens\": \"%s\", \"seq_len\": 32}", "big.u16");
 	EXPECT(GPT_MODEL, data, "\"optimizer\": {\"lr\": 0.1}, \"batch_size\": 4, \"steps\": 1",
 	       PT_ERR_RANGE, "data.tokens: token 300 is outside the embedding's vocab 256");
 	snprintf(data, sizeof(data),
 	         "{\"format\": \"Tokens16\", \"tokens\": \"%s\", \"seq_len\": 32, \"vocab\": 256}",
-	         tmp_path("big.u16"));
+	         "big.u16");
 	EXPECT(GPT_MODEL, data, "\"optimizer\": {\"lr\": 0.1}, \"batch_size\": 4, \"steps\": 1",
 	       PT_ERR_FORMAT, "data.tokens: ");
+	check_root = PT_SOURCE_ROOT;
+}
+
+/* Data paths stay beneath the files root, symlinks followed: absolute paths,
+ * ".." that climbs out and symlinks that lead out all get one message,
+ * decided without looking outside, so an existing and a missing file
+ * outside are refused alike; any_path lets them through. */
+static void test_job_spec_data_paths_are_confined(void)
+{
+	static const char *const outside[] = {
+	    "/etc/passwd",         "/nonexistent/x.npy", "../x64.npy", "sub/../../x64.npy",
+	    "up/x64.npy",          "up/none.npy",        "abs/passwd", "abs/none",
+	    "loop/x64.npy",        "sub/../../root/x64.npy"};
+	const char *rest = "\"optimizer\": {\"lr\": 0.1}, \"batch_size\": 16, \"steps\": 1";
+	char root[600], data[1024];
+	int64_t x64[2] = {100, 64}, ys[1] = {100};
+
+	/* tmpdir/root is the files root; tmpdir/x64.npy lies just outside it. */
+	snprintf(root, sizeof(root), "%s/root", tmpdir);
+	CU_ASSERT_FATAL(mkdir(root, 0700) == 0 || errno == EEXIST);
+	CU_ASSERT_FATAL(mkdir(tmp_path("root/sub"), 0700) == 0 || errno == EEXIST);
+	write_npy(tmp_path("x64.npy"), PT_F32, 2, x64, fill_small);
+	write_npy(tmp_path("root/y.npy"), PT_I64, 1, ys, fill_label);
+	write_npy(tmp_path("root/sub/x.npy"), PT_F32, 2, x64, fill_small);
+	CU_ASSERT(symlink("..", tmp_path("root/up")) == 0);
+	CU_ASSERT(symlink("/etc", tmp_path("root/abs")) == 0);
+	CU_ASSERT(symlink(root, tmp_path("root/loop"))== 0);
+	CU_ASSERT(symlink("sub/x.npy", tmp_path("root/inside.npy")) == 0);
+	check_root = root;
+	for (size_t i = 0; i < sizeof(outside) / sizeof(outside[0]); i++) {
+		snprintf(data, sizeof(data), "{\"features\": \"%s\", \"labels\": \"y.npy\"}",
+		         outside[i]);
+		char *j = job_json(NULL, data, rest);
+		CU_ASSERT_EQUAL(check_json(j), PT_ERR_INVALID);
+		CU_ASSERT_STRING_EQUAL(pt_last_error(), "data.features: " PT_FILE_OUTSIDE_ROOT);
+		free(j);
+	}
+	/* Inside, symlinks that stay inside are followed and errors say more. */
+	EXPECT(NULL, "{\"features\": \"inside.npy\", \"labels\": \"y.npy\"}", rest, PT_OK, "");
+	EXPECT(NULL, "{\"features\": \"sub/./x.npy\", \"labels\": \"sub/../y.npy\"}", rest,
+	       PT_OK, "");
+	EXPECT(NULL, "{\"features\": \"sub/none.npy\", \"labels\": \"y.npy\"}", rest,
+	       PT_ERR_IO, "data.features: cannot open 'sub/none.npy': No such file or directory");
+	EXPECT(NULL, "{\"features\": \"sub\", \"labels\": \"y.npy\"}", rest, PT_ERR_IO,
+	       "data.features: sub: not a regular file");
+	/* any_path: absolute paths and ".." are read. */
+	check_any_path = true;
+	snprintf(data, sizeof(data), "{\"features\": \"%s\", \"labels\": \"y.npy\"}",
+	         tmp_path("x64.npy"));
+	EXPECT(NULL, data, rest, PT_OK, "");
+	EXPECT(NULL, "{\"features\": \"../x64.npy\", \"labels\": \"y.npy\"}", rest, PT_OK, "");
+	EXPECT(NULL, "{\"features\": \"up/x64.npy\", \"labels\": \"y.npy\"}", rest, PT_OK, "");
+	EXPECT(NULL, "{\"features\": \"/etc/passwd\", \"labels\": \"y.npy\"}", rest,
+	       PT_ERR_FORMAT, "data.features: /etc/passwd: bad magic: not an npy file");
+	check_any_path = false;
+	check_root = PT_SOURCE_ROOT;
 }
 
 /* Specs built in C reach validation with what JSON cannot express. */
@@ -538,11 +599,11 @@ static void test_job_spec_validation_of_c_specs(void)
 	load_spec(pt_test_path("examples/digits.json"), &s);
 	int n = s.n_layers;
 	s.n_layers = 0;
-	PT_CHECK_ERR_MSG(pt_job_spec_validate(&s, PT_SOURCE_ROOT), PT_ERR_INVALID,
+	PT_CHECK_ERR_MSG(pt_job_spec_validate(&s, PT_SOURCE_ROOT, false), PT_ERR_INVALID,
 	                 "model: no layers");
 	s.n_layers = n;
 	s.layers[1].kind = (pt_layer_kind)20;
-	PT_CHECK_ERR_MSG(pt_job_spec_validate(&s, PT_SOURCE_ROOT), PT_ERR_INVALID,
+	PT_CHECK_ERR_MSG(pt_job_spec_validate(&s, PT_SOURCE_ROOT, false), PT_ERR_INVALID,
 	                 "model[1].kind: unknown layer kind 20");
 	{
 		/* An unknown kind that arrives in a binary is refused by decode. */
@@ -560,25 +621,25 @@ static void test_job_spec_validation_of_c_specs(void)
 	}
 	s.layers[1].kind = PT_LAYER_RELU;
 	s.data.held_out = -0.5f;
-	PT_CHECK_ERR_MSG(pt_job_spec_validate(&s, PT_SOURCE_ROOT), PT_ERR_RANGE, "data.held_out");
+	PT_CHECK_ERR_MSG(pt_job_spec_validate(&s, PT_SOURCE_ROOT, false), PT_ERR_RANGE, "data.held_out");
 	s.data.held_out = 0.2f;
 	s.optim.eps = 0;
-	PT_CHECK_ERR_MSG(pt_job_spec_validate(&s, PT_SOURCE_ROOT), PT_ERR_RANGE,
+	PT_CHECK_ERR_MSG(pt_job_spec_validate(&s, PT_SOURCE_ROOT, false), PT_ERR_RANGE,
 	                 "optimizer.eps must be > 0");
 	s.optim.eps = 1e-8f;
 	CU_ASSERT_EQUAL(s.worker_timeout_ms, PT_JOB_WORKER_TIMEOUT_MS);
 	s.worker_timeout_ms = 50;
-	PT_CHECK_ERR_MSG(pt_job_spec_validate(&s, PT_SOURCE_ROOT), PT_ERR_RANGE,
+	PT_CHECK_ERR_MSG(pt_job_spec_validate(&s, PT_SOURCE_ROOT, false), PT_ERR_RANGE,
 	                 "placement.worker_timeout_ms: 50 (100 to 3600000)");
 	s.worker_timeout_ms = PT_JOB_WORKER_TIMEOUT_MS;
 	s.max_restarts = -1;
-	PT_CHECK_ERR_MSG(pt_job_spec_validate(&s, PT_SOURCE_ROOT), PT_ERR_RANGE,
+	PT_CHECK_ERR_MSG(pt_job_spec_validate(&s, PT_SOURCE_ROOT, false), PT_ERR_RANGE,
 	                 "max_restarts: -1 (0 to 1000)");
 	s.max_restarts = 0;
-	PT_CHECK_OK(pt_job_spec_validate(&s, PT_SOURCE_ROOT));
+	PT_CHECK_OK(pt_job_spec_validate(&s, PT_SOURCE_ROOT, false));
 	/* Relative data paths resolve against files_root. */
-	PT_CHECK_ERR_MSG(pt_job_spec_validate(&s, "/nonexistent"), PT_ERR_IO,
-	                 "data.features: cannot open 'examples/data/digits_x.npy'");
+	PT_CHECK_ERR_MSG(pt_job_spec_validate(&s, "/nonexistent", false), PT_ERR_IO,
+	                 "data.features: files root '/nonexistent': No such file or directory");
 	pt_job_spec_fini(&s);
 	pt_job_spec_fini(&s); /* fini twice is safe */
 }
@@ -1216,6 +1277,7 @@ static const pt_test_case spec_tests[] = {
     {"test_job_spec_roundtrip_all_fields", test_job_spec_roundtrip_all_fields},
     {"test_job_spec_validation_names_fields", test_job_spec_validation_names_fields},
     {"test_job_spec_validation_of_data_files", test_job_spec_validation_of_data_files},
+    {"test_job_spec_data_paths_are_confined", test_job_spec_data_paths_are_confined},
     {"test_job_spec_validation_of_c_specs", test_job_spec_validation_of_c_specs},
     {"test_job_spec_json_errors_name_the_path", test_job_spec_json_errors_name_the_path},
     {NULL, NULL}};

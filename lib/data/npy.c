@@ -218,16 +218,28 @@ static pt_err descr_dtype(const char *descr, const char *path, pt_dtype *dt)
 
 pt_err pt_npy_read(pt_tensor *out, const char *path)
 {
+	int fd;
+	size_t size;
+	pt_err rv;
+
+	memset(out, 0, sizeof(*out));
+	PT_TRY(pt_file_open_read(path, &fd, &size));
+	rv = pt_npy_read_fd(out, fd, path);
+	close(fd);
+	return rv;
+}
+
+pt_err pt_npy_read_fd(pt_tensor *out, int fd, const char *path)
+{
 	unsigned char pre[12];
 	size_t size, hstart, hlen, payload, nbytes;
 	char *header = NULL;
 	npy_header h;
 	pt_dtype dt = PT_DTYPE_COUNT;
-	int fd;
 	pt_err rv;
 
 	memset(out, 0, sizeof(*out));
-	PT_TRY(pt_file_open_read(path, &fd, &size));
+	PT_TRY(pt_file_fd_size(fd, path, &size));
 	if (size < 10) {
 		rv = pt_set_error(PT_ERR_FORMAT, "%s: truncated npy file (%zu bytes)", path, size);
 		goto done;
@@ -304,7 +316,6 @@ pt_err pt_npy_read(pt_tensor *out, const char *path)
 		pt_tensor_fini(out);
 done:
 	free(header);
-	close(fd);
 	return rv;
 }
 

@@ -19,6 +19,10 @@
  * Blocking (file I/O); thread-safe. */
 pt_err pt_npy_read(pt_tensor *out, const char *path);
 
+/* pt_npy_read_fd is pt_npy_read on the open file fd (read with pread; the
+ * caller still owns fd); path is only used in messages. */
+pt_err pt_npy_read_fd(pt_tensor *out, int fd, const char *path);
+
 /* pt_npy_write writes t (any strides; synced first) to path as a version 1.0
  * file, atomically (temp file, fsync, rename). bf16 has no NumPy dtype and is
  * refused with PT_ERR_DTYPE. Blocking; thread-safe for distinct paths. */
