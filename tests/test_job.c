@@ -537,6 +537,65 @@ static void test_job_spec_validation_of_data_files(void)
 	check_root = PT_SOURCE_ROOT;
 }
 
+/* allowed tells whether --worker-allow `allow` lets a job name worker url. */
+static bool allowed(const char *allow, const char *url)
+{
+	char *urls[1] = {(char *)url};
+	pt_job_spec s = {.workers = urls, .n_workers = 1};
+	pt_err rv = pt_job_spec_check_workers(&s, allow);
+	if (rv != PT_OK) {
+		char want[300];
+		snprintf(want, sizeof(want),
+		         "placement.workers[0]: '%s' is not allowed by --worker-allow", url);
+		CU_ASSERT_EQUAL(rv, PT_ERR_INVALID);
+		CU_ASSERT_STRING_EQUAL(pt_last_error(), want);
+	}
+	return rv == PT_OK;
+}
+
+/* --worker-allow: CIDRs (IPv4, IPv6, IPv4-mapped), addresses and names;
+ * names are matched as names, never resolved. */
+static void test_job_spec_worker_allow(void)
+{
+	const char *list = "10.0.0.0/8, fd00::/8,host-1.example,192.168.1.7,172.16.0.0/12";
+	static const char *const bad[] = {"10.0.0.0/33", "a b", "host/8", "1.2.3.4/", "::/129",
+	                                  "1.2.3.4/x"};
+
+	PT_CHECK_OK(pt_job_worker_allow_parse(""));
+	PT_CHECK_OK(pt_job_worker_allow_parse(list));
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		char want[100];
+		snprintf(want, sizeof(want), "'%s' is not a CIDR, an address or a host name", bad[i]);
+		PT_CHECK_ERR_MSG(pt_job_worker_allow_parse(bad[i]), PT_ERR_INVALID, want);
+	}
+	CU_ASSERT(allowed(NULL, "ipc:///anything"));
+	CU_ASSERT(allowed("", "tcp://1.2.3.4:5"));
+	CU_ASSERT(allowed(list, "tcp://10.200.3.4:1"));
+	CU_ASSERT(allowed(list, "tcp4://10.0.0.1:2"));
+	CU_ASSERT(!allowed(list, "tcp://11.0.0.1:1"));
+	CU_ASSERT(allowed(list, "tcp://[fd00::5]:7"));
+	CU_ASSERT(allowed(list, "tcp6://[fdff:1::5]:7"));
+	CU_ASSERT(!allowed(list, "tcp://[fe00::5]:7"));
+	CU_ASSERT(allowed(list, "tcp://[::ffff:10.1.1.1]:5"));
+	CU_ASSERT(!allowed(list, "tcp://[::ffff:11.1.1.1]:5"));
+	CU_ASSERT(allowed(list, "tcp://HOST-1.example:9"));
+	CU_ASSERT(!allowed(list, "tcp://host-2.example:9"));
+	CU_ASSERT(!allowed(list, "tcp://host-1.example.evil:9"));
+	CU_ASSERT(allowed(list, "tcp://192.168.1.7:1"));
+	CU_ASSERT(!allowed(list, "tcp://192.168.1.8:1"));
+	CU_ASSERT(allowed(list, "tcp://172.31.255.255:1"));
+	CU_ASSERT(!allowed(list, "tcp://172.32.0.0:1"));
+	CU_ASSERT(!allowed(list, "tcp://127.1:5"));         /* a name to us, 127.0.0.1 to the resolver */
+	CU_ASSERT(!allowed(list, "tcp://10.0.0.1;8.8.8.8:5")); /* a local address; the remote */
+	CU_ASSERT(!allowed(list, "tcp://10.0.0.1"));          /* no port */
+	CU_ASSERT(!allowed(list, "tcp://:5"));
+	CU_ASSERT(!allowed(list, "ipc:///tmp/w.sock"));
+	CU_ASSERT(!allowed(list, "abstract://w"));
+	CU_ASSERT(allowed("0.0.0.0/0", "tcp://8.8.8.8:1"));
+	CU_ASSERT(!allowed("0.0.0.0/0", "tcp://[2001:db8::1]:1"));
+	CU_ASSERT(allowed("::/0", "tcp://[2001:db8::1]:1"));
+}
+
 /* Data paths stay beneath the files root, symlinks followed: absolute paths,
  * ".." that climbs out and symlinks that lead out all get one message,
  * decided without looking outside, so an existing and a missing file
@@ -1278,6 +1337,7 @@ static const pt_test_case spec_tests[] = {
     {"test_job_spec_validation_names_fields", test_job_spec_validation_names_fields},
     {"test_job_spec_validation_of_data_files", test_job_spec_validation_of_data_files},
     {"test_job_spec_data_paths_are_confined", test_job_spec_data_paths_are_confined},
+    {"test_job_spec_worker_allow", test_job_spec_worker_allow},
     {"test_job_spec_validation_of_c_specs", test_job_spec_validation_of_c_specs},
     {"test_job_spec_json_errors_name_the_path", test_job_spec_json_errors_name_the_path},
     {NULL, NULL}};
