@@ -97,9 +97,11 @@ static int usage_error(const char *fmt, ...)
  * code point, or 0 for a byte that starts none (overlong, surrogate, cut). */
 static int utf8_seq(const unsigned char *p, uint32_t *cp)
 {
-	int n = p[0] < 0x80 ? 1 : p[0] >= 0xc2 && p[0] <= 0xdf ? 2 : (p[0] & 0xf0) == 0xe0 ? 3
-	                                      : p[0] >= 0xf0 && p[0] <= 0xf4               ? 4
-	                                                                                  : 0;
+	int n = p[0] < 0x80                    ? 1
+	        : p[0] >= 0xc2 && p[0] <= 0xdf ? 2
+	        : (p[0] & 0xf0) == 0xe0        ? 3
+	        : p[0] >= 0xf0 && p[0] <= 0xf4 ? 4
+	                                       : 0;
 	uint32_t c = n == 1 ? p[0] : n == 2 ? p[0] & 0x1fu : n == 3 ? p[0] & 0x0fu : p[0] & 0x07u;
 	for (int i = 1; i < n; i++) {
 		if ((p[i] & 0xc0) != 0x80)
@@ -141,7 +143,10 @@ static const char *esc(const char *s)
 			snprintf(tmp, sizeof(tmp), "\\x%02x", *p);
 		else if (c == '\\' || c == '\n' || c == '\r' || c == '\t')
 			snprintf(tmp, sizeof(tmp), "\\%c",
-			         c == '\\' ? '\\' : c == '\n' ? 'n' : c == '\r' ? 'r' : 't');
+			         c == '\\'   ? '\\'
+			         : c == '\n' ? 'n'
+			         : c == '\r' ? 'r'
+			                     : 't');
 		else if (is_control(c))
 			snprintf(tmp, sizeof(tmp), c < 0x80 ? "\\x%02x" : "\\u%04x", (unsigned)c);
 		else

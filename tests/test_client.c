@@ -766,7 +766,8 @@ static void test_client_names_escaped(void)
 	 * CLI must print it. */
 	static const char json_name[] =
 	    "evil\\n\\u001b[2J\\u001b[31mred\\tx\\\\y\\u009b\\u202eend\\u0007";
-	static const char raw_name[] = "evil\n\x1b[2J\x1b[31mred\tx\\y\xc2\x9b\xe2\x80\xae" "end\x07";
+	static const char raw_name[] = "evil\n\x1b[2J\x1b[31mred\tx\\y\xc2\x9b\xe2\x80\xae"
+	                               "end\x07";
 	static const char shown[] = "evil\\n\\x1b[2J\\x1b[31mred\\tx\\\\y\\u009b\\u202eend\\x07";
 	pipeclient *c = connect_lib();
 	pipeclient_job *jobs;
@@ -808,8 +809,7 @@ static void test_client_names_escaped(void)
 	CU_ASSERT_EQUAL(strncmp(out, want, strlen(want)), 0);
 	CU_ASSERT_PTR_NULL(strchr(out, '\x1b'));
 	free(out);
-	CU_ASSERT_EQUAL(run_cli(&out, "--server", srv.url, "--json", "status", buf, NULL),
-	                CLI_OK);
+	CU_ASSERT_EQUAL(run_cli(&out, "--server", srv.url, "--json", "status", buf, NULL), CLI_OK);
 	CU_ASSERT_PTR_NOT_NULL(strstr(out, "\"name\":\"evil\\n\\u001b[2J\\u001b[31mred\\tx\\\\y"
 	                                   "\\u009b\\u202eend\\u0007\""));
 	CU_ASSERT_FATAL(parse_line(out, 0, &v));

@@ -498,7 +498,7 @@ static void test_job_spec_validation_of_data_files(void)
 	check_root = tmpdir;
 #define NPY(x, y)                                                                                  \
 	(snprintf(data, sizeof(data),                                                              \
-	          "{\"features\": \"%s\", \"labels\": \"%s\", \"held_out\": 0.1}", x, y),        \
+	          "{\"features\": \"%s\", \"labels\": \"%s\", \"held_out\": 0.1}", x, y),          \
 	 data)
 	const char *rest = "\"optimizer\": {\"lr\": 0.1}, \"batch_size\": 16, \"steps\": 1";
 	const char *mse =
@@ -558,14 +558,15 @@ static bool allowed(const char *allow, const char *url)
 static void test_job_spec_worker_allow(void)
 {
 	const char *list = "10.0.0.0/8, fd00::/8,host-1.example,192.168.1.7,172.16.0.0/12";
-	static const char *const bad[] = {"10.0.0.0/33", "a b", "host/8", "1.2.3.4/", "::/129",
-	                                  "1.2.3.4/x"};
+	static const char *const bad[] = {"10.0.0.0/33", "a b",    "host/8",
+	                                  "1.2.3.4/",    "::/129", "1.2.3.4/x"};
 
 	PT_CHECK_OK(pt_job_worker_allow_parse(""));
 	PT_CHECK_OK(pt_job_worker_allow_parse(list));
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
 		char want[100];
-		snprintf(want, sizeof(want), "'%s' is not a CIDR, an address or a host name", bad[i]);
+		snprintf(want, sizeof(want), "'%s' is not a CIDR, an address or a host name",
+		         bad[i]);
 		PT_CHECK_ERR_MSG(pt_job_worker_allow_parse(bad[i]), PT_ERR_INVALID, want);
 	}
 	CU_ASSERT(allowed(NULL, "ipc:///anything"));
@@ -585,9 +586,9 @@ static void test_job_spec_worker_allow(void)
 	CU_ASSERT(!allowed(list, "tcp://192.168.1.8:1"));
 	CU_ASSERT(allowed(list, "tcp://172.31.255.255:1"));
 	CU_ASSERT(!allowed(list, "tcp://172.32.0.0:1"));
-	CU_ASSERT(!allowed(list, "tcp://127.1:5"));         /* a name to us, 127.0.0.1 to the resolver */
+	CU_ASSERT(!allowed(list, "tcp://127.1:5")); /* a name to us, 127.0.0.1 to the resolver */
 	CU_ASSERT(!allowed(list, "tcp://10.0.0.1;8.8.8.8:5")); /* a local address; the remote */
-	CU_ASSERT(!allowed(list, "tcp://10.0.0.1"));          /* no port */
+	CU_ASSERT(!allowed(list, "tcp://10.0.0.1"));           /* no port */
 	CU_ASSERT(!allowed(list, "tcp://:5"));
 	CU_ASSERT(!allowed(list, "ipc:///tmp/w.sock"));
 	CU_ASSERT(!allowed(list, "abstract://w"));
@@ -603,9 +604,9 @@ static void test_job_spec_worker_allow(void)
 static void test_job_spec_data_paths_are_confined(void)
 {
 	static const char *const outside[] = {
-	    "/etc/passwd",         "/nonexistent/x.npy", "../x64.npy", "sub/../../x64.npy",
-	    "up/x64.npy",          "up/none.npy",        "abs/passwd", "abs/none",
-	    "loop/x64.npy",        "sub/../../root/x64.npy"};
+	    "/etc/passwd",  "/nonexistent/x.npy",    "../x64.npy", "sub/../../x64.npy",
+	    "up/x64.npy",   "up/none.npy",           "abs/passwd", "abs/none",
+	    "loop/x64.npy", "sub/../../root/x64.npy"};
 	const char *rest = "\"optimizer\": {\"lr\": 0.1}, \"batch_size\": 16, \"steps\": 1";
 	char root[600], data[1024];
 	int64_t x64[2] = {100, 64}, ys[1] = {100};
@@ -619,7 +620,7 @@ static void test_job_spec_data_paths_are_confined(void)
 	write_npy(tmp_path("root/sub/x.npy"), PT_F32, 2, x64, fill_small);
 	CU_ASSERT(symlink("..", tmp_path("root/up")) == 0);
 	CU_ASSERT(symlink("/etc", tmp_path("root/abs")) == 0);
-	CU_ASSERT(symlink(root, tmp_path("root/loop"))== 0);
+	CU_ASSERT(symlink(root, tmp_path("root/loop")) == 0);
 	CU_ASSERT(symlink("sub/x.npy", tmp_path("root/inside.npy")) == 0);
 	check_root = root;
 	for (size_t i = 0; i < sizeof(outside) / sizeof(outside[0]); i++) {
@@ -632,10 +633,10 @@ static void test_job_spec_data_paths_are_confined(void)
 	}
 	/* Inside, symlinks that stay inside are followed and errors say more. */
 	EXPECT(NULL, "{\"features\": \"inside.npy\", \"labels\": \"y.npy\"}", rest, PT_OK, "");
-	EXPECT(NULL, "{\"features\": \"sub/./x.npy\", \"labels\": \"sub/../y.npy\"}", rest,
-	       PT_OK, "");
-	EXPECT(NULL, "{\"features\": \"sub/none.npy\", \"labels\": \"y.npy\"}", rest,
-	       PT_ERR_IO, "data.features: cannot open 'sub/none.npy': No such file or directory");
+	EXPECT(NULL, "{\"features\": \"sub/./x.npy\", \"labels\": \"sub/../y.npy\"}", rest, PT_OK,
+	       "");
+	EXPECT(NULL, "{\"features\": \"sub/none.npy\", \"labels\": \"y.npy\"}", rest, PT_ERR_IO,
+	       "data.features: cannot open 'sub/none.npy': No such file or directory");
 	EXPECT(NULL, "{\"features\": \"sub\", \"labels\": \"y.npy\"}", rest, PT_ERR_IO,
 	       "data.features: sub: not a regular file");
 	/* any_path: absolute paths and ".." are read. */
@@ -645,8 +646,8 @@ static void test_job_spec_data_paths_are_confined(void)
 	EXPECT(NULL, data, rest, PT_OK, "");
 	EXPECT(NULL, "{\"features\": \"../x64.npy\", \"labels\": \"y.npy\"}", rest, PT_OK, "");
 	EXPECT(NULL, "{\"features\": \"up/x64.npy\", \"labels\": \"y.npy\"}", rest, PT_OK, "");
-	EXPECT(NULL, "{\"features\": \"/etc/passwd\", \"labels\": \"y.npy\"}", rest,
-	       PT_ERR_FORMAT, "data.features: /etc/passwd: bad magic: not an npy file");
+	EXPECT(NULL, "{\"features\": \"/etc/passwd\", \"labels\": \"y.npy\"}", rest, PT_ERR_FORMAT,
+	       "data.features: /etc/passwd: bad magic: not an npy file");
 	check_any_path = false;
 	check_root = PT_SOURCE_ROOT;
 }
@@ -680,7 +681,8 @@ static void test_job_spec_validation_of_c_specs(void)
 	}
 	s.layers[1].kind = PT_LAYER_RELU;
 	s.data.held_out = -0.5f;
-	PT_CHECK_ERR_MSG(pt_job_spec_validate(&s, PT_SOURCE_ROOT, false), PT_ERR_RANGE, "data.held_out");
+	PT_CHECK_ERR_MSG(pt_job_spec_validate(&s, PT_SOURCE_ROOT, false), PT_ERR_RANGE,
+	                 "data.held_out");
 	s.data.held_out = 0.2f;
 	s.optim.eps = 0;
 	PT_CHECK_ERR_MSG(pt_job_spec_validate(&s, PT_SOURCE_ROOT, false), PT_ERR_RANGE,

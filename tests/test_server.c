@@ -692,18 +692,18 @@ static pt_api_code submit_features(client *c, const char *path, const char **msg
  * --allow-any-path lets them through. */
 static void test_server_data_paths(void)
 {
-	static const char *const outside[] = {
-	    PT_SOURCE_ROOT "/examples/data/digits_x.npy", /* exists */
-	    "/etc/shadow",                                 /* exists, unreadable */
-	    "/etc/passwd",                                 /* exists, not npy */
-	    "/nonexistent/x.npy",
-	    "../outside.npy", /* exists */
-	    "../none.npy",
-	    "sub/../../outside.npy",
-	    "up/outside.npy", /* symlink to .. */
-	    "up/none.npy",
-	    "link.npy", /* absolute symlink to ../outside.npy */
-	    "dangling.npy"};
+	static const char *const outside[] = {PT_SOURCE_ROOT
+	                                      "/examples/data/digits_x.npy", /* exists */
+	                                      "/etc/shadow", /* exists, unreadable */
+	                                      "/etc/passwd", /* exists, not npy */
+	                                      "/nonexistent/x.npy",
+	                                      "../outside.npy", /* exists */
+	                                      "../none.npy",
+	                                      "sub/../../outside.npy",
+	                                      "up/outside.npy", /* symlink to .. */
+	                                      "up/none.npy",
+	                                      "link.npy", /* absolute symlink to ../outside.npy */
+	                                      "dangling.npy"};
 	const char *want = "data.features: " PT_FILE_OUTSIDE_ROOT;
 	char dir[512], root[600], path[700], cmd[2000], defroot[700];
 	const char *root_args[] = {"--files-root", root, NULL};
@@ -716,10 +716,11 @@ static void test_server_data_paths(void)
 
 	make_dir("paths", dir, sizeof(dir));
 	snprintf(root, sizeof(root), "%s/paths-root", tmpdir);
-	snprintf(cmd, sizeof(cmd),
-	         "mkdir -p %s/sub && cp %s/examples/data/digits_x.npy %s/examples/data/digits_y.npy "
-	         "%s/ && cp %s/examples/data/digits_x.npy %s/outside.npy",
-	         root, PT_SOURCE_ROOT, PT_SOURCE_ROOT, root, PT_SOURCE_ROOT, tmpdir);
+	snprintf(
+	    cmd, sizeof(cmd),
+	    "mkdir -p %s/sub && cp %s/examples/data/digits_x.npy %s/examples/data/digits_y.npy "
+	    "%s/ && cp %s/examples/data/digits_x.npy %s/outside.npy",
+	    root, PT_SOURCE_ROOT, PT_SOURCE_ROOT, root, PT_SOURCE_ROOT, tmpdir);
 	CU_ASSERT_EQUAL_FATAL(system(cmd), 0);
 	snprintf(path, sizeof(path), "%s/up", root);
 	CU_ASSERT_EQUAL(symlink("..", path), 0);
@@ -818,15 +819,14 @@ static const char *wait_failed(client *c, uint64_t id)
  * worker). */
 static void test_server_worker_allow(void)
 {
-	static const char *const refused[][4] = {
-	    {"tcp://10.1.2.3:7700", "tcp://10.1.2.4:7700", "tcp://127.0.0.2:7700",
-	     "tcp://10.1.2.5:7700"},
-	    {"tcp://10.1.2.3:7700", "tcp://10.1.2.4:7700", "tcp://10.1.2.5:7700",
-	     "tcp://evil.example:7700"},
-	    {"tcp://10.1.2.3:7700", "tcp://10.1.2.4:7700", "tcp://10.1.2.5:7700",
-	     "ipc:///tmp/x.sock"},
-	    {"tcp://[fe80::1]:7700", "tcp://10.1.2.4:7700", "tcp://10.1.2.5:7700",
-	     "tcp://10.1.2.6:7700"}};
+	static const char *const refused[][4] = {{"tcp://10.1.2.3:7700", "tcp://10.1.2.4:7700",
+	                                          "tcp://127.0.0.2:7700", "tcp://10.1.2.5:7700"},
+	                                         {"tcp://10.1.2.3:7700", "tcp://10.1.2.4:7700",
+	                                          "tcp://10.1.2.5:7700", "tcp://evil.example:7700"},
+	                                         {"tcp://10.1.2.3:7700", "tcp://10.1.2.4:7700",
+	                                          "tcp://10.1.2.5:7700", "ipc:///tmp/x.sock"},
+	                                         {"tcp://[fe80::1]:7700", "tcp://10.1.2.4:7700",
+	                                          "tcp://10.1.2.5:7700", "tcp://10.1.2.6:7700"}};
 	const char *allowed[4] = {"tcp://127.0.0.1:1", "tcp://WORKERS.example:7700",
 	                          "tcp://[::ffff:10.9.9.9]:7700", "tcp://10.255.255.254:7700"};
 	const char *allow_args[] = {"--worker-allow", "127.0.0.1, 10.0.0.0/8,workers.example",

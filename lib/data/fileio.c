@@ -135,7 +135,8 @@ pt_err pt_file_open_under(const char *root, const char *path, bool any_path, int
 	if (!(any_path && path[0] == '/') && root != NULL && root[0] != '\0') {
 		dirfd = open(root, O_PATH | O_DIRECTORY | O_CLOEXEC);
 		if (dirfd < 0)
-			return pt_set_error(PT_ERR_IO, "files root '%s': %s", root, strerror(errno));
+			return pt_set_error(PT_ERR_IO, "files root '%s': %s", root,
+			                    strerror(errno));
 	}
 	if (any_path) {
 		*fd = openat(dirfd, path, flags);

@@ -27,8 +27,8 @@ uint32_t pt_tokens_at(const pt_tokens *tk, int64_t i)
 	return ((const uint32_t *)tk->data)[i];
 }
 
-static pt_err tokens_adopt(pt_tokens *tk, void *data, size_t len, const char *path,
-                           pt_dtype dtype, int64_t vocab_size);
+static pt_err tokens_adopt(pt_tokens *tk, void *data, size_t len, const char *path, pt_dtype dtype,
+                           int64_t vocab_size);
 
 pt_err pt_tokens_load(pt_tokens *tk, const char *path, pt_dtype dtype, int64_t vocab_size)
 {
@@ -54,8 +54,8 @@ pt_err pt_tokens_load_fd(pt_tokens *tk, int fd, const char *path, pt_dtype dtype
 }
 
 /* tokens_adopt checks the len bytes read from path and takes data. */
-static pt_err tokens_adopt(pt_tokens *tk, void *data, size_t len, const char *path,
-                           pt_dtype dtype, int64_t vocab_size)
+static pt_err tokens_adopt(pt_tokens *tk, void *data, size_t len, const char *path, pt_dtype dtype,
+                           int64_t vocab_size)
 {
 	size_t es = pt_dtype_size(dtype);
 

@@ -222,10 +222,11 @@ typedef struct pt_job_workers pt_job_workers;
  * rank 0's nng communicator (pt_job_workers_comm: listening on
  * tcp://<host>:0, owned by *out) and starts the heartbeats; the workers then
  * wait for pt_coordinator_configure. On error (naming the stage and the
- * worker URL, and for a worker's failed handshake saying no more than
- * PT_JOB_WORKER_UNREACHABLE, PT_ERR_IO, the reason logged; *failed, when not NULL, gets that stage, or -1 when the
- * coordinator's side failed) nothing is left: sessions made so far are
- * ended. Blocking (up to timeout_ms per request); thread-safe. */
+ * worker URL - for a worker's failed handshake PT_ERR_IO saying no more
+ * than PT_JOB_WORKER_UNREACHABLE, the reason logged; *failed, when not
+ * NULL, gets that stage, or -1 when the coordinator's side failed) nothing
+ * is left: sessions made so far are ended. Blocking (up to timeout_ms per
+ * request); thread-safe. */
 pt_err pt_job_workers_join(const pt_job_workers_options *o, pt_job_workers **out, int *failed);
 
 /* pt_job_workers_comm returns rank 0's communicator (owned by ws). */

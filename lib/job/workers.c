@@ -438,8 +438,8 @@ static pt_err join_one(link *l, pt_fb_builder *b, const pt_worker_request *q, pt
 static pt_err handshake_failed(const link *l)
 {
 	pt_warn("worker handshake failed: %s", pt_last_error());
-	return pt_set_error(PT_ERR_IO, "stage %d (worker %s): " PT_JOB_WORKER_UNREACHABLE,
-	                    l->stage, l->url);
+	return pt_set_error(PT_ERR_IO, "stage %d (worker %s): " PT_JOB_WORKER_UNREACHABLE, l->stage,
+	                    l->url);
 }
 
 pt_err pt_job_workers_join(const pt_job_workers_options *o, pt_job_workers **out, int *failed)
@@ -679,8 +679,8 @@ pt_err pt_job_worker_allow_parse(const char *allow)
 	while (allow_next(&p, &e, &n))
 		if (!parse_addr(e, n, true, &a))
 			return pt_set_error(PT_ERR_INVALID,
-			                    "'%.*s' is not a CIDR, an address or a host name", (int)n,
-			                    e);
+			                    "'%.*s' is not a CIDR, an address or a host name",
+			                    (int)n, e);
 	return PT_OK;
 }
 
