@@ -520,7 +520,8 @@ static pt_err scan_checkpoints(const char *jdir, const ckpt *known, size_t n_kno
 		n++;
 	}
 	closedir(d);
-	qsort(v, n, sizeof(*v), ckpt_cmp);
+	if (n > 1) /* v is NULL when n is 0, and qsort's base must not be */
+		qsort(v, n, sizeof(*v), ckpt_cmp);
 	*out = v;
 	*n_out = n;
 	return PT_OK;

@@ -639,6 +639,10 @@ static void test_job_spec_data_paths_are_confined(void)
 	       "data.features: cannot open 'sub/none.npy': No such file or directory");
 	EXPECT(NULL, "{\"features\": \"sub\", \"labels\": \"y.npy\"}", rest, PT_ERR_IO,
 	       "data.features: sub: not a regular file");
+	/* A FIFO is refused at once (opened O_NONBLOCK: no writer needed). */
+	CU_ASSERT(mkfifo(tmp_path("root/fifo"), 0600) == 0);
+	EXPECT(NULL, "{\"features\": \"fifo\", \"labels\": \"y.npy\"}", rest, PT_ERR_IO,
+	       "data.features: fifo: not a regular file");
 	/* any_path: absolute paths and ".." are read. */
 	check_any_path = true;
 	snprintf(data, sizeof(data), "{\"features\": \"%s\", \"labels\": \"y.npy\"}",

@@ -664,12 +664,11 @@ static void test_server_auth(void)
 /* submit_features submits the digits job reading its features from path
  * (labels: "digits_y.npy") and returns the code; *msg gets the reply message
  * (a static copy, "" for none). Accepted jobs are cancelled at once. */
-static pt_api_code submit_features(client *c, const char *path, const char **msg)
+static pt_api_code submit_features_id(client *c, const char *path, const char **msg, uint64_t *id)
 {
 	static char copy[1024];
 	pt_job_spec spec;
 	pt_api_response r;
-	uint64_t id;
 	pt_api_code code;
 
 	digits_spec(&spec, 1000000, 0, false);
@@ -677,12 +676,20 @@ static pt_api_code submit_features(client *c, const char *path, const char **msg
 	free(spec.data.labels);
 	spec.data.features = strdup(path);
 	spec.data.labels = strdup("digits_y.npy");
-	code = submit(c, &spec, &id, &r);
+	code = submit(c, &spec, id, &r);
 	snprintf(copy, sizeof(copy), "%s", r.message ? r.message : "");
 	*msg = copy;
+	pt_job_spec_fini(&spec);
+	return code;
+}
+
+static pt_api_code submit_features(client *c, const char *path, const char **msg)
+{
+	pt_api_response r;
+	uint64_t id;
+	pt_api_code code = submit_features_id(c, path, msg, &id);
 	if (code == PT_API_OK)
 		CU_ASSERT_EQUAL(simple(c, PT_API_CANCEL_JOB, id, &r), PT_API_OK);
-	pt_job_spec_fini(&spec);
 	return code;
 }
 
@@ -747,6 +754,31 @@ static void test_server_data_paths(void)
 	CU_ASSERT_EQUAL(submit_features(&c, "none.npy", &msg), PT_API_INVALID_JOB);
 	CU_ASSERT_STRING_EQUAL(msg,
 	                       "data.features: cannot open 'none.npy': No such file or directory");
+	/* Checked again when the job runs: a file swapped for a symlink out
+	 * while the job waits in the queue (behind a running one) fails it. */
+	{
+		uint64_t busy, queued;
+		pt_api_response r;
+		pt_api_job_info ji;
+		double t0;
+		snprintf(cmd, sizeof(cmd), "cp %s/digits_x.npy %s/swap.npy", root, root);
+		CU_ASSERT_EQUAL_FATAL(system(cmd), 0);
+		CU_ASSERT_EQUAL_FATAL(submit_features_id(&c, "digits_x.npy", &msg, &busy),
+		                      PT_API_OK);
+		CU_ASSERT_EQUAL_FATAL(submit_features_id(&c, "swap.npy", &msg, &queued), PT_API_OK);
+		CU_ASSERT_EQUAL(job_state(&c, queued, &ji), PT_JOB_QUEUED);
+		snprintf(path, sizeof(path), "%s/swap.npy", root);
+		CU_ASSERT_EQUAL(unlink(path), 0);
+		CU_ASSERT_EQUAL(symlink("../outside.npy", path), 0);
+		CU_ASSERT_EQUAL(simple(&c, PT_API_CANCEL_JOB, busy, &r), PT_API_OK);
+		t0 = now_s();
+		while (job_state(&c, queued, &ji) != PT_JOB_FAILED && now_s() - t0 < 30)
+			usleep(20000);
+		CU_ASSERT_EQUAL(ji.state, PT_JOB_FAILED);
+		CU_ASSERT_PTR_NOT_NULL(ji.message ? strstr(ji.message, want) : NULL);
+		if (ji.message == NULL || strstr(ji.message, want) == NULL)
+			fprintf(stderr, "swapped: \"%s\"\n", ji.message ? ji.message : "");
+	}
 	client_close(&c);
 	CU_ASSERT_EQUAL(server_stop(&s, SIGTERM), 0);
 
