@@ -93,32 +93,101 @@ static int usage_error(const char *fmt, ...)
 	return EXIT_USAGE;
 }
 
+/* utf8_seq gives the length (1..4) of the valid UTF-8 sequence at p and its
+ * code point, or 0 for a byte that starts none (overlong, surrogate, cut). */
+static int utf8_seq(const unsigned char *p, uint32_t *cp)
+{
+	int n = p[0] < 0x80                    ? 1
+	        : p[0] >= 0xc2 && p[0] <= 0xdf ? 2
+	        : (p[0] & 0xf0) == 0xe0        ? 3
+	        : p[0] >= 0xf0 && p[0] <= 0xf4 ? 4
+	                                       : 0;
+	uint32_t c = n == 1 ? p[0] : n == 2 ? p[0] & 0x1fu : n == 3 ? p[0] & 0x0fu : p[0] & 0x07u;
+	for (int i = 1; i < n; i++) {
+		if ((p[i] & 0xc0) != 0x80)
+			return 0;
+		c = c << 6 | (p[i] & 0x3fu);
+	}
+	if ((n == 3 && (c < 0x800 || (c >= 0xd800 && c <= 0xdfff))) ||
+	    (n == 4 && (c < 0x10000 || c > 0x10ffff)))
+		return 0;
+	*cp = c;
+	return n;
+}
+
+/* is_control: a code point that moves the cursor, recolours or reorders a
+ * terminal's text - C0, DEL, C1 (0x9b is CSI) and the bidi overrides. */
+static bool is_control(uint32_t c)
+{
+	return c < 0x20 || (c >= 0x7f && c <= 0x9f) || (c >= 0x202a && c <= 0x202e) ||
+	       (c >= 0x2066 && c <= 0x2069);
+}
+
+/* esc returns s (from the server: a job name, a message) with every control
+ * character and invalid byte written as an escape (\n, \t, \r, \xHH, \uHHHH)
+ * and '\' as "\\", so a name cannot drive the terminal. The result lives in
+ * one of four static buffers (the CLI is single-threaded); a longer result
+ * is cut, ending in "...". */
+static const char *esc(const char *s)
+{
+	static char bufs[4][16384];
+	static unsigned next;
+	char *b = bufs[next++ % 4];
+	size_t cap = sizeof(bufs[0]) - 4, n = 0;
+
+	for (const unsigned char *p = (const unsigned char *)(s ? s : ""); *p && n < cap;) {
+		char tmp[16];
+		uint32_t c = 0;
+		int k = utf8_seq(p, &c);
+		if (k == 0)
+			snprintf(tmp, sizeof(tmp), "\\x%02x", *p);
+		else if (c == '\\' || c == '\n' || c == '\r' || c == '\t')
+			snprintf(tmp, sizeof(tmp), "\\%c",
+			         c == '\\'   ? '\\'
+			         : c == '\n' ? 'n'
+			         : c == '\r' ? 'r'
+			                     : 't');
+		else if (is_control(c))
+			snprintf(tmp, sizeof(tmp), c < 0x80 ? "\\x%02x" : "\\u%04x", (unsigned)c);
+		else
+			snprintf(tmp, sizeof(tmp), "%.*s", k, (const char *)p);
+		size_t t = strlen(tmp);
+		if (n + t > cap) {
+			memcpy(b + n, "...", 3);
+			n += 3;
+			break;
+		}
+		memcpy(b + n, tmp, t);
+		n += t;
+		p += k ? k : 1;
+	}
+	b[n] = '\0';
+	return b;
+}
+
+/* json_str prints s as a JSON string: controls (C1 and bidi overrides too)
+ * as \uHHHH, invalid UTF-8 as U+FFFD. */
 static void json_str(FILE *f, const char *s)
 {
 	fputc('"', f);
-	for (const unsigned char *p = (const unsigned char *)(s ? s : ""); *p; p++) {
-		switch (*p) {
-		case '"':
-			fputs("\\\"", f);
-			break;
-		case '\\':
-			fputs("\\\\", f);
-			break;
-		case '\n':
+	for (const unsigned char *p = (const unsigned char *)(s ? s : ""); *p;) {
+		uint32_t c = 0;
+		int k = utf8_seq(p, &c);
+		if (k == 0)
+			fputs("\\ufffd", f);
+		else if (c == '"' || c == '\\')
+			fprintf(f, "\\%c", (char)c);
+		else if (c == '\n')
 			fputs("\\n", f);
-			break;
-		case '\r':
+		else if (c == '\r')
 			fputs("\\r", f);
-			break;
-		case '\t':
+		else if (c == '\t')
 			fputs("\\t", f);
-			break;
-		default:
-			if (*p < 0x20)
-				fprintf(f, "\\u%04x", *p);
-			else
-				fputc(*p, f);
-		}
+		else if (is_control(c))
+			fprintf(f, "\\u%04x", (unsigned)c);
+		else
+			fwrite(p, 1, (size_t)k, f);
+		p += k ? k : 1;
 	}
 	fputc('"', f);
 }
@@ -139,7 +208,7 @@ static int report(const cli *a, pipeclient_err e)
 
 	if (msg[0] == '\0')
 		msg = pipeclient_strerror(e);
-	fprintf(stderr, "pipeclient: %s\n", msg);
+	fprintf(stderr, "pipeclient: %s\n", esc(msg));
 	if (a->json) {
 		fputs("{\"type\":\"error\",\"error\":", stdout);
 		json_str(stdout, pipeclient_err_name(e));
@@ -236,10 +305,10 @@ static void print_job_text(const pipeclient_job *j)
 {
 	char sub[32], start[32], fin[32];
 
-	printf("job %" PRIu64 " %s: %s\n", j->id, j->name[0] ? j->name : "(unnamed)",
+	printf("job %" PRIu64 " %s: %s\n", j->id, j->name[0] ? esc(j->name) : "(unnamed)",
 	       pipeclient_state_name(j->state));
 	if (j->message[0])
-		printf("  message: %s\n", j->message);
+		printf("  message: %s\n", esc(j->message));
 	printf("  step %" PRId64 "/%" PRId64 "\n", j->step, j->steps);
 	if (j->has_last) {
 		const pipeclient_metric *m = &j->last;
@@ -463,7 +532,7 @@ static int follow(cli *a, uint64_t id)
 	rv = j.state == PIPECLIENT_SUCCEEDED ? EXIT_OK : EXIT_JOB_FAILED;
 	if (rv != EXIT_OK && !a->json)
 		fprintf(stderr, "pipeclient: job %" PRIu64 " %s%s%s\n", id,
-		        pipeclient_state_name(j.state), j.message[0] ? ": " : "", j.message);
+		        pipeclient_state_name(j.state), j.message[0] ? ": " : "", esc(j.message));
 	pipeclient_job_fini(&j);
 	return rv;
 }
@@ -603,7 +672,7 @@ static int cmd_list(cli *a)
 			else
 				snprintf(loss, sizeof(loss), "-");
 			printf("%-6" PRIu64 " %-12s %-13s %-10s %s\n", jobs[i].id,
-			       pipeclient_state_name(jobs[i].state), step, loss, jobs[i].name);
+			       pipeclient_state_name(jobs[i].state), step, loss, esc(jobs[i].name));
 		}
 	}
 	pipeclient_jobs_free(jobs, n);
@@ -683,7 +752,7 @@ static int cmd_checkpoint(cli *a, uint64_t id)
 	} else {
 		printf("checkpoint of job %" PRIu64 " at step %" PRId64 ": %s (%" PRIu64
 		       " bytes, sha256 %s)\n",
-		       id, ck.step, a->output, ck.size, ck.sha256);
+		       id, ck.step, esc(a->output), ck.size, esc(ck.sha256));
 	}
 	return EXIT_OK;
 }
@@ -708,7 +777,7 @@ static int cmd_checkpoints(cli *a, uint64_t id)
 			fputc('}', stdout);
 		} else {
 			printf("%-10" PRId64 " %-12" PRIu64 " %s\n", cks[i].step, cks[i].size,
-			       cks[i].sha256);
+			       esc(cks[i].sha256));
 		}
 	}
 	if (a->json)
@@ -742,8 +811,8 @@ static int cmd_info(cli *a)
 		format_duration(si.uptime_seconds, up, sizeof(up));
 		printf("server   %s\nversion  %s (protocol %d; client %s, protocol %d)\n"
 		       "device   %s\njobs     %d running, %d queued\nuptime   %s\n",
-		       pipeclient_url(a->c), si.version, si.protocol, PIPECLIENT_VERSION,
-		       PIPECLIENT_PROTOCOL, si.device, si.jobs_running, si.jobs_queued, up);
+		       esc(pipeclient_url(a->c)), esc(si.version), si.protocol, PIPECLIENT_VERSION,
+		       PIPECLIENT_PROTOCOL, esc(si.device), si.jobs_running, si.jobs_queued, up);
 	}
 	return EXIT_OK;
 }

@@ -14,7 +14,7 @@
 #include <string.h>
 
 #include "fileio.h"
-#include "job/job.h"
+#include "job.h"
 #include "log.h"
 
 typedef enum opt_type { OPT_STRING, OPT_INT, OPT_LIST, OPT_BOOL } opt_type;
@@ -96,6 +96,11 @@ static pt_err valid_memory(const char *v)
 	return *v ? pt_job_memory_parse(v, &n) : PT_OK;
 }
 
+static pt_err valid_worker_allow(const char *v)
+{
+	return pt_job_worker_allow_parse(v);
+}
+
 static pt_err valid_nonempty(const char *v)
 {
 	return *v ? PT_OK : pt_set_error(PT_ERR_INVALID, "empty value");
@@ -115,8 +120,12 @@ static const opt_desc options[] = {
     {"device", OPT_STRING, F(device), "cpu", 0, 0, valid_device,
      "device of jobs that do not name one: cpu or cuda:N"},
     {"files_root", OPT_STRING, F(files_root), "", 0, 0, NULL,
-     "directory that relative data paths in job specs resolve against (empty: the working "
-     "directory)"},
+     "directory that data paths in job specs are relative to and must stay inside, symlinks "
+     "followed (empty: <data-dir>/files)"},
+    {"allow_any_path", OPT_BOOL, F(allow_any_path), "false", 0, 0, NULL,
+     "let job specs name data files outside files_root (absolute paths, '..')"},
+    {"worker_allow", OPT_STRING, F(worker_allow), "", 0, 0, valid_worker_allow,
+     "CIDR|host[,...]: the only worker addresses placement.workers may name (empty: any)"},
     {"tls_cert", OPT_STRING, F(tls_cert), "", 0, 0, NULL,
      "PEM certificate for tls+tcp:// listeners"},
     {"tls_key", OPT_STRING, F(tls_key), "", 0, 0, NULL,

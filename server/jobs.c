@@ -720,6 +720,8 @@ static void run_one(pt_jobs *m, job *jb)
 	memset(&o, 0, sizeof(o));
 	o.checkpoint_dir = ckdir;
 	o.files_root = m->files_root;
+	o.any_path = m->cfg.any_path;
+	o.worker_allow = m->cfg.worker_allow;
 	o.resume_from = jb->resume_from;
 	o.threads = m->cfg.threads;
 	o.worker_token = m->cfg.worker_token;
@@ -1234,7 +1236,7 @@ pt_err pt_jobs_submit(pt_jobs *m, const uint8_t *spec_table, uint64_t *id)
 			goto fail;
 		}
 	}
-	if ((rv = pt_job_spec_validate(&jb->spec, m->files_root)) != PT_OK) {
+	if ((rv = pt_job_spec_validate(&jb->spec, m->files_root, m->cfg.any_path)) != PT_OK) {
 		/* A data file the spec names that cannot be read is the spec's fault. */
 		if (rv == PT_ERR_IO) {
 			char msg[1024];
@@ -1243,7 +1245,10 @@ pt_err pt_jobs_submit(pt_jobs *m, const uint8_t *spec_table, uint64_t *id)
 		}
 		goto fail;
 	}
-	if ((rv = pt_job_admit(&jb->spec, m->files_root, m->mem_limit, NULL)) != PT_OK) {
+	if ((rv = pt_job_spec_check_workers(&jb->spec, m->cfg.worker_allow)) != PT_OK)
+		goto fail;
+	if ((rv = pt_job_admit(&jb->spec, m->files_root, m->cfg.any_path, m->mem_limit,
+	                       NULL)) != PT_OK) {
 		if (rv == PT_ERR_IO) {
 			char msg[1024];
 			snprintf(msg, sizeof(msg), "%s", pt_last_error());

@@ -33,7 +33,9 @@ typedef struct pt_jobs pt_jobs;
 typedef struct pt_jobs_config {
 	const char *data_dir;
 	const char *device;         /* default device of jobs that name none */
-	const char *files_root;     /* relative data paths resolve here (NULL: cwd) */
+	const char *files_root;     /* data paths resolve beneath it (NULL: cwd) */
+	bool any_path;              /* --allow-any-path: data paths may leave files_root */
+	const char *worker_allow;   /* --worker-allow list (NULL: any worker URL) */
 	int threads;                /* CPU threads per job (0: all cores) */
 	int watch_interval_ms;      /* wake parked watchers at most this often */
 	int metrics_sync_ms;        /* fsync metric records at least this often */

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "api_server.h"
 #include "backend.h"
@@ -57,6 +58,7 @@ int main(int argc, char **argv)
 	pt_log_format log_format = PT_LOG_FORMAT_TEXT;
 	pt_log_level log_level = PT_LOG_INFO;
 	sigset_t set;
+	char files_root[4200];
 	int sig = 0, status = 1;
 
 	/* Every thread (nng's included) inherits the mask: only sigwait sees them. */
@@ -128,7 +130,15 @@ int main(int argc, char **argv)
 	memset(&jc, 0, sizeof(jc));
 	jc.data_dir = cfg.data_dir;
 	jc.device = cfg.device;
-	jc.files_root = cfg.files_root[0] ? cfg.files_root : NULL;
+	/* Data paths in job specs stay beneath the files root; the default is
+	 * <data-dir>/files, made below once the data directory exists. */
+	if (cfg.files_root[0])
+		snprintf(files_root, sizeof(files_root), "%s", cfg.files_root);
+	else
+		snprintf(files_root, sizeof(files_root), "%s/files", cfg.data_dir);
+	jc.files_root = files_root;
+	jc.any_path = cfg.allow_any_path;
+	jc.worker_allow = cfg.worker_allow[0] ? cfg.worker_allow : NULL;
 	jc.threads = cfg.threads;
 	jc.watch_interval_ms = cfg.watch_interval_ms;
 	jc.metrics_sync_ms = cfg.metrics_sync_ms;
@@ -141,6 +151,10 @@ int main(int argc, char **argv)
 		fprintf(stderr, "pipeserver: %s\n", pt_last_error());
 		goto out;
 	}
+	if (!cfg.files_root[0] && mkdir(files_root, 0750) != 0 && errno != EEXIST)
+		pt_warn("files root %s: %s", files_root, strerror(errno));
+	pt_info("data files: beneath %s%s", files_root,
+	        cfg.allow_any_path ? " or anywhere (--allow-any-path)" : "");
 
 	memset(&ac, 0, sizeof(ac));
 	ac.urls = (const char *const *)cfg.listen;

@@ -314,6 +314,9 @@ static bool server_start(server *s, const char *name, const char *listen, const 
 	argv[n++] = listen ? listen : "tcp://127.0.0.1:0";
 	argv[n++] = "--data-dir";
 	argv[n++] = s->dir;
+	/* The jobs name their data relative to tmpdir. */
+	argv[n++] = "--files-root";
+	argv[n++] = tmpdir;
 	for (int i = 0; extra && extra[i] && n < 31; i++)
 		argv[n++] = extra[i];
 	argv[n] = NULL;
@@ -750,6 +753,68 @@ static void test_client_get_list(void)
 	free(out);
 	CU_ASSERT_EQUAL(run_cli(&out, "--server", srv.url, "list", NULL), CLI_OK);
 	CU_ASSERT_PTR_NOT_NULL(strstr(out, "client-test"));
+	free(out);
+	pipeclient_close(c);
+}
+
+/* A job name with control characters (newline, ESC sequences, C1 CSI, a
+ * bidi override, BEL) reaches the terminal escaped in `list` and `status`,
+ * and as \u escapes in --json, which parse back to the same bytes. */
+static void test_client_names_escaped(void)
+{
+	/* The name as JSON in the job file, as the server stores it, and as the
+	 * CLI must print it. */
+	static const char json_name[] =
+	    "evil\\n\\u001b[2J\\u001b[31mred\\tx\\\\y\\u009b\\u202eend\\u0007";
+	static const char raw_name[] = "evil\n\x1b[2J\x1b[31mred\tx\\y\xc2\x9b\xe2\x80\xae"
+	                               "end\x07";
+	static const char shown[] = "evil\\n\\x1b[2J\\x1b[31mred\\tx\\\\y\\u009b\\u202eend\\x07";
+	pipeclient *c = connect_lib();
+	pipeclient_job *jobs;
+	size_t n;
+	uint64_t id;
+	char *out, buf[64], want[512], step[32], loss[16];
+	pt_json v;
+	bool found = false;
+
+	write_job(tpath("evil.json"), json_name, STEPS, false, "digits_x.npy", "digits_y.npy");
+	CHECK_LIB(pipeclient_submit_file(c, tpath("evil.json"), &id));
+	CHECK_LIB(pipeclient_cancel(c, id, NULL));
+	wait_final(c, id, NULL);
+	CHECK_LIB(pipeclient_list(c, &jobs, &n));
+	for (size_t i = 0; i < n; i++) {
+		if (jobs[i].id != id)
+			continue;
+		found = true;
+		CU_ASSERT_STRING_EQUAL(jobs[i].name, raw_name);
+		snprintf(step, sizeof(step), "%" PRId64 "/%" PRId64, jobs[i].step, jobs[i].steps);
+		if (jobs[i].has_last)
+			snprintf(loss, sizeof(loss), "%.4f", jobs[i].last.loss);
+		else
+			snprintf(loss, sizeof(loss), "-");
+		snprintf(want, sizeof(want), "\n%-6" PRIu64 " %-12s %-13s %-10s %s\n", id,
+		         pipeclient_state_name(jobs[i].state), step, loss, shown);
+	}
+	pipeclient_jobs_free(jobs, n);
+	CU_ASSERT_FATAL(found);
+
+	CU_ASSERT_EQUAL(run_cli(&out, "--server", srv.url, "list", NULL), CLI_OK);
+	CU_ASSERT_PTR_NOT_NULL(strstr(out, want));
+	CU_ASSERT_PTR_NULL(strchr(out, '\x1b'));
+	CU_ASSERT_PTR_NULL(strstr(out, "\xc2\x9b"));
+	free(out);
+	snprintf(buf, sizeof(buf), "%" PRIu64, id);
+	CU_ASSERT_EQUAL(run_cli(&out, "--server", srv.url, "status", buf, NULL), CLI_OK);
+	snprintf(want, sizeof(want), "job %" PRIu64 " %s: Cancelled\n", id, shown);
+	CU_ASSERT_EQUAL(strncmp(out, want, strlen(want)), 0);
+	CU_ASSERT_PTR_NULL(strchr(out, '\x1b'));
+	free(out);
+	CU_ASSERT_EQUAL(run_cli(&out, "--server", srv.url, "--json", "status", buf, NULL), CLI_OK);
+	CU_ASSERT_PTR_NOT_NULL(strstr(out, "\"name\":\"evil\\n\\u001b[2J\\u001b[31mred\\tx\\\\y"
+	                                   "\\u009b\\u202eend\\u0007\""));
+	CU_ASSERT_FATAL(parse_line(out, 0, &v));
+	CU_ASSERT_STRING_EQUAL(jstr(&v, "name"), raw_name);
+	pt_json_fini(&v);
 	free(out);
 	pipeclient_close(c);
 }
@@ -1191,21 +1256,18 @@ static bool setup(void)
 	snprintf(job_bad, sizeof(job_bad), "%s", tpath("bad.json"));
 	snprintf(job_long, sizeof(job_long), "%s", tpath("long.json"));
 	snprintf(job_fail, sizeof(job_fail), "%s", tpath("fail.json"));
-	write_job(job_json, "client-test", STEPS, false,
-	          PT_SOURCE_ROOT "/examples/data/digits_x.npy",
-	          PT_SOURCE_ROOT "/examples/data/digits_y.npy");
-	write_job(job_bad, "client-bad", STEPS, true, PT_SOURCE_ROOT "/examples/data/digits_x.npy",
-	          PT_SOURCE_ROOT "/examples/data/digits_y.npy");
-	write_job(job_long, "client-long", LONG_JOB, false,
-	          PT_SOURCE_ROOT "/examples/data/digits_x.npy",
-	          PT_SOURCE_ROOT "/examples/data/digits_y.npy");
-	/* The failing job reads copies of the data, which the test removes. */
+	/* The server's files root is tmpdir: the jobs name copies of the data
+	 * there; the failing job's copies are removed by the test. */
 	snprintf(cmd, sizeof(cmd),
-	         "cp %s/examples/data/digits_x.npy %s && cp %s/examples/data/digits_y.npy %s",
-	         PT_SOURCE_ROOT, tpath("fail_x.npy"), PT_SOURCE_ROOT, tpath("fail_y.npy"));
+	         "for f in digits_x digits_y; do cp %s/examples/data/$f.npy %s/$f.npy; done && "
+	         "cp %s/digits_x.npy %s && cp %s/digits_y.npy %s",
+	         PT_SOURCE_ROOT, tmpdir, tmpdir, tpath("fail_x.npy"), tmpdir, tpath("fail_y.npy"));
 	if (system(cmd) != 0)
 		return false;
-	write_job(job_fail, "client-fail", STEPS, false, tpath("fail_x.npy"), tpath("fail_y.npy"));
+	write_job(job_json, "client-test", STEPS, false, "digits_x.npy", "digits_y.npy");
+	write_job(job_bad, "client-bad", STEPS, true, "digits_x.npy", "digits_y.npy");
+	write_job(job_long, "client-long", LONG_JOB, false, "digits_x.npy", "digits_y.npy");
+	write_job(job_fail, "client-fail", STEPS, false, "fail_x.npy", "fail_y.npy");
 
 	/* The same job as a FlatBuffers binary, named like JSON on purpose. */
 	if (have_program("flatc")) {
@@ -1229,6 +1291,7 @@ int main(void)
 	    {"test_client_cli_submit_follow", test_client_cli_submit_follow},
 	    {"test_client_lib_submit_watch", test_client_lib_submit_watch},
 	    {"test_client_get_list", test_client_get_list},
+	    {"test_client_names_escaped", test_client_names_escaped},
 	    {"test_client_rejected", test_client_rejected},
 	    {"test_client_cancel", test_client_cancel},
 	    {"test_client_failed_job", test_client_failed_job},

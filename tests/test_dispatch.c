@@ -6,6 +6,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "cpu/cpu_math.h"
 #include "ops.h"
 #include "pt_test.h"
 #include "safetensors.h"
@@ -344,7 +345,55 @@ static void test_dispatch_eager_equals_deferred_gpt_step(void)
 	pt_tensor_fini(&y);
 }
 
+/* expf_before is pt_expf as it was before NaN was handled, for finite x. */
+static float expf_before(float x)
+{
+	x = x > 88.7f ? 88.7f : x;
+	x = x < -87.3f ? -87.3f : x;
+	float n = __builtin_rintf(x * 1.44269504088896341f);
+	float r = x - n * 0.693145751953125f;
+	r = r - n * 1.428606765330187045e-06f;
+	float p = 1.9875691500e-4f;
+	p = p * r + 1.3981999507e-3f;
+	p = p * r + 8.3334519073e-3f;
+	p = p * r + 4.1665795894e-2f;
+	p = p * r + 1.6666665459e-1f;
+	p = p * r + 5.0000001201e-1f;
+	p = p * r * r + r + 1.0f;
+	union {
+		int32_t i;
+		float f;
+	} two_n = {.i = ((int32_t)n + 127) << 23};
+	return p * two_n.f;
+}
+
+/* pt_expf of NaN (what a run with lr 1e38 feeds softmax) is NaN without
+ * undefined behaviour (it shifted INT_MIN + 127 left: UBSan "left shift of
+ * negative value"); infinities saturate; finite values are bitwise as before. */
+static void test_dispatch_cpu_expf_non_finite(void)
+{
+	volatile float nan = NAN, inf = INFINITY;
+	CU_ASSERT(isnan(pt_expf(nan)));
+	CU_ASSERT(isnan(pt_expf(-nan)));
+	CU_ASSERT(isnan(pt_sigmoidf(nan)));
+	CU_ASSERT(isnan(pt_tanhf(nan)));
+	CU_ASSERT_EQUAL(pt_expf(inf), expf_before(88.7f));
+	CU_ASSERT_EQUAL(pt_expf(-inf), expf_before(-87.3f));
+	CU_ASSERT(pt_expf(-inf) > 0.0f && pt_expf(-inf) < 1e-37f);
+	CU_ASSERT_EQUAL(pt_expf(1e38f), pt_expf(inf));
+	CU_ASSERT_EQUAL(pt_expf(0.0f), 1.0f);
+	for (int i = -20000; i <= 20000; i++) {
+		float x = (float)i * 0.00457f;
+		float a = pt_expf(x), b = expf_before(x);
+		if (memcmp(&a, &b, sizeof(a)) != 0) {
+			CU_FAIL("pt_expf changed for a finite input");
+			break;
+		}
+	}
+}
+
 static const pt_test_case eager_tests[] = {
+    {"test_dispatch_cpu_expf_non_finite", test_dispatch_cpu_expf_non_finite},
     {"test_dispatch_eager_runs_at_once", test_dispatch_eager_runs_at_once},
     {"test_dispatch_eager_failure_reports", test_dispatch_eager_failure_reports},
     {NULL, NULL},

@@ -1,6 +1,7 @@
 /* test_job.c - job specs (decode, build, validate, JSON, job files, flatc
  * interop) and the job runner (metrics, evaluation, checkpoints, cancel,
  * bitwise resume) on the shipped examples. */
+#include <errno.h>
 #include <ftw.h>
 #include <glob.h>
 #include <math.h>
@@ -63,13 +64,18 @@ static pt_err decode_json(const char *json, pt_job_spec *out)
 	return rv;
 }
 
-/* check_json: the first error of decode + validate (files under the source root). */
+/* The files root check_json validates against (the source root unless a test
+ * sets another) and whether paths may leave it. */
+static const char *check_root = PT_SOURCE_ROOT;
+static bool check_any_path;
+
+/* check_json: the first error of decode + validate (files under check_root). */
 static pt_err check_json(const char *json)
 {
 	pt_job_spec s;
 	pt_err rv = decode_json(json, &s);
 	if (rv == PT_OK)
-		rv = pt_job_spec_validate(&s, PT_SOURCE_ROOT);
+		rv = pt_job_spec_validate(&s, check_root, check_any_path);
 	pt_job_spec_fini(&s);
 	return rv;
 }
@@ -265,7 +271,7 @@ static void test_job_spec_examples_roundtrip(void)
 	for (int f = 0; f < 2; f++) {
 		pt_job_spec a, b;
 		load_spec(pt_test_path(files[f]), &a);
-		PT_CHECK_OK(pt_job_spec_validate(&a, PT_SOURCE_ROOT));
+		PT_CHECK_OK(pt_job_spec_validate(&a, PT_SOURCE_ROOT, false));
 		build_decode(&a, &b);
 		CU_ASSERT(spec_equal(&a, &b, 0));
 		pt_job_spec_fini(&a);
@@ -490,10 +496,11 @@ static void test_job_spec_validation_of_data_files(void)
 		big[i] = (uint16_t)(i == 150 ? 300 : i % 50);
 	pt_test_write_file(tmp_path("big.u16"), big, sizeof(big));
 
+	/* Files named relative to the files root, tmpdir here. */
+	check_root = tmpdir;
 #define NPY(x, y)                                                                                  \
 	(snprintf(data, sizeof(data),                                                              \
-	          "{\"features\": \"%s\", \"labels\": \"%s\", \"held_out\": 0.1}", tmp_path(x),    \
-	          tmp_path(y)),                                                                    \
+	          "{\"features\": \"%s\", \"labels\": \"%s\", \"held_out\": 0.1}", x, y),          \
 	 data)
 	const char *rest = "\"optimizer\": {\"lr\": 0.1}, \"batch_size\": 16, \"steps\": 1";
 	const char *mse =
@@ -517,20 +524,138 @@ static void test_job_spec_validation_of_data_files(void)
 	EXPECT(NULL, NPY("x64.npy", "missing.npy"), rest, PT_ERR_IO, "data.labels: cannot open '");
 #undef NPY
 	snprintf(data, sizeof(data),
-	         "{\"format\": \"Tokens16\", \"tokens\": \"%s\", \"seq_len\": 32}",
-	         tmp_path("few.u16"));
+	         "{\"format\": \"Tokens16\", \"tokens\": \"%s\", \"seq_len\": 32}", "few.u16");
 	EXPECT(GPT_MODEL, data, "\"optimizer\": {\"lr\": 0.1}, \"batch_size\": 4, \"steps\": 1",
 	       PT_ERR_RANGE, "holds 10 tokens, fewer than seq_len + 1 = 33");
 	snprintf(data, sizeof(data),
-	         "{\"format\": \"Tokens16\", \"tokens\": \"%s\", \"seq_len\": 32}",
-	         tmp_path("big.u16"));
+	         "{\"format\": \"Tokens16\", \"tokens\": \"%s\", \"seq_len\": 32}", "big.u16");
 	EXPECT(GPT_MODEL, data, "\"optimizer\": {\"lr\": 0.1}, \"batch_size\": 4, \"steps\": 1",
 	       PT_ERR_RANGE, "data.tokens: token 300 is outside the embedding's vocab 256");
 	snprintf(data, sizeof(data),
 	         "{\"format\": \"Tokens16\", \"tokens\": \"%s\", \"seq_len\": 32, \"vocab\": 256}",
-	         tmp_path("big.u16"));
+	         "big.u16");
 	EXPECT(GPT_MODEL, data, "\"optimizer\": {\"lr\": 0.1}, \"batch_size\": 4, \"steps\": 1",
 	       PT_ERR_FORMAT, "data.tokens: ");
+	check_root = PT_SOURCE_ROOT;
+}
+
+/* allowed tells whether --worker-allow `allow` lets a job name worker url. */
+static bool allowed(const char *allow, const char *url)
+{
+	char *urls[1] = {(char *)url};
+	pt_job_spec s = {.workers = urls, .n_workers = 1};
+	pt_err rv = pt_job_spec_check_workers(&s, allow);
+	if (rv != PT_OK) {
+		char want[300];
+		snprintf(want, sizeof(want),
+		         "placement.workers[0]: '%s' is not allowed by --worker-allow", url);
+		CU_ASSERT_EQUAL(rv, PT_ERR_INVALID);
+		CU_ASSERT_STRING_EQUAL(pt_last_error(), want);
+	}
+	return rv == PT_OK;
+}
+
+/* --worker-allow: CIDRs (IPv4, IPv6, IPv4-mapped), addresses and names;
+ * names are matched as names, never resolved. */
+static void test_job_spec_worker_allow(void)
+{
+	const char *list = "10.0.0.0/8, fd00::/8,host-1.example,192.168.1.7,172.16.0.0/12";
+	static const char *const bad[] = {"10.0.0.0/33", "a b",    "host/8",
+	                                  "1.2.3.4/",    "::/129", "1.2.3.4/x"};
+
+	PT_CHECK_OK(pt_job_worker_allow_parse(""));
+	PT_CHECK_OK(pt_job_worker_allow_parse(list));
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		char want[100];
+		snprintf(want, sizeof(want), "'%s' is not a CIDR, an address or a host name",
+		         bad[i]);
+		PT_CHECK_ERR_MSG(pt_job_worker_allow_parse(bad[i]), PT_ERR_INVALID, want);
+	}
+	CU_ASSERT(allowed(NULL, "ipc:///anything"));
+	CU_ASSERT(allowed("", "tcp://1.2.3.4:5"));
+	CU_ASSERT(allowed(list, "tcp://10.200.3.4:1"));
+	CU_ASSERT(allowed(list, "tcp4://10.0.0.1:2"));
+	CU_ASSERT(!allowed(list, "tcp://11.0.0.1:1"));
+	CU_ASSERT(allowed(list, "tcp://[fd00::5]:7"));
+	CU_ASSERT(allowed(list, "tcp6://[fdff:1::5]:7"));
+	CU_ASSERT(!allowed(list, "tcp://[fe00::5]:7"));
+	CU_ASSERT(allowed(list, "tcp://[::ffff:10.1.1.1]:5"));
+	CU_ASSERT(!allowed(list, "tcp://[::ffff:11.1.1.1]:5"));
+	CU_ASSERT(allowed(list, "tcp://HOST-1.example:9"));
+	CU_ASSERT(!allowed(list, "tcp://host-2.example:9"));
+	CU_ASSERT(!allowed(list, "tcp://host-1.example.evil:9"));
+	CU_ASSERT(allowed(list, "tcp://192.168.1.7:1"));
+	CU_ASSERT(!allowed(list, "tcp://192.168.1.8:1"));
+	CU_ASSERT(allowed(list, "tcp://172.31.255.255:1"));
+	CU_ASSERT(!allowed(list, "tcp://172.32.0.0:1"));
+	CU_ASSERT(!allowed(list, "tcp://127.1:5")); /* a name to us, 127.0.0.1 to the resolver */
+	CU_ASSERT(!allowed(list, "tcp://10.0.0.1;8.8.8.8:5")); /* a local address; the remote */
+	CU_ASSERT(!allowed(list, "tcp://10.0.0.1"));           /* no port */
+	CU_ASSERT(!allowed(list, "tcp://:5"));
+	CU_ASSERT(!allowed(list, "ipc:///tmp/w.sock"));
+	CU_ASSERT(!allowed(list, "abstract://w"));
+	CU_ASSERT(allowed("0.0.0.0/0", "tcp://8.8.8.8:1"));
+	CU_ASSERT(!allowed("0.0.0.0/0", "tcp://[2001:db8::1]:1"));
+	CU_ASSERT(allowed("::/0", "tcp://[2001:db8::1]:1"));
+}
+
+/* Data paths stay beneath the files root, symlinks followed: absolute paths,
+ * ".." that climbs out and symlinks that lead out all get one message,
+ * decided without looking outside, so an existing and a missing file
+ * outside are refused alike; any_path lets them through. */
+static void test_job_spec_data_paths_are_confined(void)
+{
+	static const char *const outside[] = {
+	    "/etc/passwd",  "/nonexistent/x.npy",    "../x64.npy", "sub/../../x64.npy",
+	    "up/x64.npy",   "up/none.npy",           "abs/passwd", "abs/none",
+	    "loop/x64.npy", "sub/../../root/x64.npy"};
+	const char *rest = "\"optimizer\": {\"lr\": 0.1}, \"batch_size\": 16, \"steps\": 1";
+	char root[600], data[1024];
+	int64_t x64[2] = {100, 64}, ys[1] = {100};
+
+	/* tmpdir/root is the files root; tmpdir/x64.npy lies just outside it. */
+	snprintf(root, sizeof(root), "%s/root", tmpdir);
+	CU_ASSERT_FATAL(mkdir(root, 0700) == 0 || errno == EEXIST);
+	CU_ASSERT_FATAL(mkdir(tmp_path("root/sub"), 0700) == 0 || errno == EEXIST);
+	write_npy(tmp_path("x64.npy"), PT_F32, 2, x64, fill_small);
+	write_npy(tmp_path("root/y.npy"), PT_I64, 1, ys, fill_label);
+	write_npy(tmp_path("root/sub/x.npy"), PT_F32, 2, x64, fill_small);
+	CU_ASSERT(symlink("..", tmp_path("root/up")) == 0);
+	CU_ASSERT(symlink("/etc", tmp_path("root/abs")) == 0);
+	CU_ASSERT(symlink(root, tmp_path("root/loop")) == 0);
+	CU_ASSERT(symlink("sub/x.npy", tmp_path("root/inside.npy")) == 0);
+	check_root = root;
+	for (size_t i = 0; i < sizeof(outside) / sizeof(outside[0]); i++) {
+		snprintf(data, sizeof(data), "{\"features\": \"%s\", \"labels\": \"y.npy\"}",
+		         outside[i]);
+		char *j = job_json(NULL, data, rest);
+		CU_ASSERT_EQUAL(check_json(j), PT_ERR_INVALID);
+		CU_ASSERT_STRING_EQUAL(pt_last_error(), "data.features: " PT_FILE_OUTSIDE_ROOT);
+		free(j);
+	}
+	/* Inside, symlinks that stay inside are followed and errors say more. */
+	EXPECT(NULL, "{\"features\": \"inside.npy\", \"labels\": \"y.npy\"}", rest, PT_OK, "");
+	EXPECT(NULL, "{\"features\": \"sub/./x.npy\", \"labels\": \"sub/../y.npy\"}", rest, PT_OK,
+	       "");
+	EXPECT(NULL, "{\"features\": \"sub/none.npy\", \"labels\": \"y.npy\"}", rest, PT_ERR_IO,
+	       "data.features: cannot open 'sub/none.npy': No such file or directory");
+	EXPECT(NULL, "{\"features\": \"sub\", \"labels\": \"y.npy\"}", rest, PT_ERR_IO,
+	       "data.features: sub: not a regular file");
+	/* A FIFO is refused at once (opened O_NONBLOCK: no writer needed). */
+	CU_ASSERT(mkfifo(tmp_path("root/fifo"), 0600) == 0);
+	EXPECT(NULL, "{\"features\": \"fifo\", \"labels\": \"y.npy\"}", rest, PT_ERR_IO,
+	       "data.features: fifo: not a regular file");
+	/* any_path: absolute paths and ".." are read. */
+	check_any_path = true;
+	snprintf(data, sizeof(data), "{\"features\": \"%s\", \"labels\": \"y.npy\"}",
+	         tmp_path("x64.npy"));
+	EXPECT(NULL, data, rest, PT_OK, "");
+	EXPECT(NULL, "{\"features\": \"../x64.npy\", \"labels\": \"y.npy\"}", rest, PT_OK, "");
+	EXPECT(NULL, "{\"features\": \"up/x64.npy\", \"labels\": \"y.npy\"}", rest, PT_OK, "");
+	EXPECT(NULL, "{\"features\": \"/etc/passwd\", \"labels\": \"y.npy\"}", rest, PT_ERR_FORMAT,
+	       "data.features: /etc/passwd: bad magic: not an npy file");
+	check_any_path = false;
+	check_root = PT_SOURCE_ROOT;
 }
 
 /* Specs built in C reach validation with what JSON cannot express. */
@@ -540,11 +665,11 @@ static void test_job_spec_validation_of_c_specs(void)
 	load_spec(pt_test_path("examples/digits.json"), &s);
 	int n = s.n_layers;
 	s.n_layers = 0;
-	PT_CHECK_ERR_MSG(pt_job_spec_validate(&s, PT_SOURCE_ROOT), PT_ERR_INVALID,
+	PT_CHECK_ERR_MSG(pt_job_spec_validate(&s, PT_SOURCE_ROOT, false), PT_ERR_INVALID,
 	                 "model: no layers");
 	s.n_layers = n;
 	s.layers[1].kind = (pt_layer_kind)20;
-	PT_CHECK_ERR_MSG(pt_job_spec_validate(&s, PT_SOURCE_ROOT), PT_ERR_INVALID,
+	PT_CHECK_ERR_MSG(pt_job_spec_validate(&s, PT_SOURCE_ROOT, false), PT_ERR_INVALID,
 	                 "model[1].kind: unknown layer kind 20");
 	{
 		/* An unknown kind that arrives in a binary is refused by decode. */
@@ -562,25 +687,26 @@ static void test_job_spec_validation_of_c_specs(void)
 	}
 	s.layers[1].kind = PT_LAYER_RELU;
 	s.data.held_out = -0.5f;
-	PT_CHECK_ERR_MSG(pt_job_spec_validate(&s, PT_SOURCE_ROOT), PT_ERR_RANGE, "data.held_out");
+	PT_CHECK_ERR_MSG(pt_job_spec_validate(&s, PT_SOURCE_ROOT, false), PT_ERR_RANGE,
+	                 "data.held_out");
 	s.data.held_out = 0.2f;
 	s.optim.eps = 0;
-	PT_CHECK_ERR_MSG(pt_job_spec_validate(&s, PT_SOURCE_ROOT), PT_ERR_RANGE,
+	PT_CHECK_ERR_MSG(pt_job_spec_validate(&s, PT_SOURCE_ROOT, false), PT_ERR_RANGE,
 	                 "optimizer.eps must be > 0");
 	s.optim.eps = 1e-8f;
 	CU_ASSERT_EQUAL(s.worker_timeout_ms, PT_JOB_WORKER_TIMEOUT_MS);
 	s.worker_timeout_ms = 50;
-	PT_CHECK_ERR_MSG(pt_job_spec_validate(&s, PT_SOURCE_ROOT), PT_ERR_RANGE,
+	PT_CHECK_ERR_MSG(pt_job_spec_validate(&s, PT_SOURCE_ROOT, false), PT_ERR_RANGE,
 	                 "placement.worker_timeout_ms: 50 (100 to 3600000)");
 	s.worker_timeout_ms = PT_JOB_WORKER_TIMEOUT_MS;
 	s.max_restarts = -1;
-	PT_CHECK_ERR_MSG(pt_job_spec_validate(&s, PT_SOURCE_ROOT), PT_ERR_RANGE,
+	PT_CHECK_ERR_MSG(pt_job_spec_validate(&s, PT_SOURCE_ROOT, false), PT_ERR_RANGE,
 	                 "max_restarts: -1 (0 to 1000)");
 	s.max_restarts = 0;
-	PT_CHECK_OK(pt_job_spec_validate(&s, PT_SOURCE_ROOT));
+	PT_CHECK_OK(pt_job_spec_validate(&s, PT_SOURCE_ROOT, false));
 	/* Relative data paths resolve against files_root. */
-	PT_CHECK_ERR_MSG(pt_job_spec_validate(&s, "/nonexistent"), PT_ERR_IO,
-	                 "data.features: cannot open 'examples/data/digits_x.npy'");
+	PT_CHECK_ERR_MSG(pt_job_spec_validate(&s, "/nonexistent", false), PT_ERR_IO,
+	                 "data.features: files root '/nonexistent': No such file or directory");
 	pt_job_spec_fini(&s);
 	pt_job_spec_fini(&s); /* fini twice is safe */
 }
@@ -1218,6 +1344,8 @@ static const pt_test_case spec_tests[] = {
     {"test_job_spec_roundtrip_all_fields", test_job_spec_roundtrip_all_fields},
     {"test_job_spec_validation_names_fields", test_job_spec_validation_names_fields},
     {"test_job_spec_validation_of_data_files", test_job_spec_validation_of_data_files},
+    {"test_job_spec_data_paths_are_confined", test_job_spec_data_paths_are_confined},
+    {"test_job_spec_worker_allow", test_job_spec_worker_allow},
     {"test_job_spec_validation_of_c_specs", test_job_spec_validation_of_c_specs},
     {"test_job_spec_json_errors_name_the_path", test_job_spec_json_errors_name_the_path},
     {NULL, NULL}};
@@ -1282,8 +1410,8 @@ static int measure_main(const char *path, const char *mode)
 	s.steps = 6;
 	s.checkpoint_every = 3;
 	s.eval_every = 3;
-	if (pt_job_spec_validate(&s, PT_SOURCE_ROOT) != PT_OK ||
-	    pt_job_admit(&s, PT_SOURCE_ROOT, 0, &est) != PT_OK) {
+	if (pt_job_spec_validate(&s, PT_SOURCE_ROOT, false) != PT_OK ||
+	    pt_job_admit(&s, PT_SOURCE_ROOT, false, 0, &est) != PT_OK) {
 		fprintf(stderr, "%s: %s\n", path, pt_last_error());
 		return 1;
 	}
@@ -1361,7 +1489,7 @@ static void test_job_memory_refuses_huge(void)
 	char msg[1024];
 
 	pt_test_digits_spec(&s);
-	PT_CHECK_OK(pt_job_admit(&s, PT_SOURCE_ROOT, 1ull << 30, &e));
+	PT_CHECK_OK(pt_job_admit(&s, PT_SOURCE_ROOT, false, 1ull << 30, &e));
 	CU_ASSERT(e.host > 0 && e.host < (1ull << 30));
 	CU_ASSERT_EQUAL(e.n_stages, s.stages);
 	pt_job_spec_fini(&s);
@@ -1372,8 +1500,8 @@ static void test_job_memory_refuses_huge(void)
 	s.layers[2].in_features = 1084000;
 	s.layers[2].out_features = 1084000;
 	s.layers[4].in_features = 1084000;
-	PT_CHECK_OK(pt_job_spec_validate(&s, PT_SOURCE_ROOT));
-	CU_ASSERT_EQUAL(pt_job_admit(&s, PT_SOURCE_ROOT, 400ull << 20, &e), PT_ERR_RANGE);
+	PT_CHECK_OK(pt_job_spec_validate(&s, PT_SOURCE_ROOT, false));
+	CU_ASSERT_EQUAL(pt_job_admit(&s, PT_SOURCE_ROOT, false, 400ull << 20, &e), PT_ERR_RANGE);
 	snprintf(msg, sizeof(msg), "%s", pt_last_error());
 	printf("\n  %s", msg);
 	/* Parameters alone: 4.7e12 bytes; with gradients and AdamW state 4x. */

@@ -582,12 +582,14 @@ static void test_netns_handshake_refusals(void)
 	wf_hs_call(&b, &join, &r);
 	wf_expect_refusal(&r, "worker busy with another job");
 
-	/* A job that names the busy worker (and has no spare) fails saying so. */
+	/* A job that names the busy worker (and has no spare) fails, its error
+	 * naming the stage and worker but not what the worker answered (that
+	 * is in the server's log). */
 	api_open(&api);
 	digits_spec(&spec, ws, 4, 1);
 	id = wf_api_submit(&api, &spec);
 	CU_ASSERT_EQUAL(wf_api_wait_final(&api, id, 30, &ji), PT_JOB_FAILED);
-	snprintf(want, sizeof(want), "stage 3 (worker %s): worker busy with another job",
+	snprintf(want, sizeof(want), "stage 3 (worker %s): " PT_JOB_WORKER_UNREACHABLE,
 	         workers[4].url);
 	expect_contains(ji.message, want);
 	for (int i = 0; i < 3; i++)

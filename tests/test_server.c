@@ -9,6 +9,8 @@
  * and resume, SIGTERM.
  */
 #include "api/api.h"
+#include "fileio.h"
+#include "job.h"
 #include "pt_test.h"
 #include "safetensors.h"
 #include "sha256.h"
@@ -659,6 +661,259 @@ static void test_server_auth(void)
 	CU_ASSERT_EQUAL(server_stop(&s, SIGTERM), 0);
 }
 
+/* submit_features submits the digits job reading its features from path
+ * (labels: "digits_y.npy") and returns the code; *msg gets the reply message
+ * (a static copy, "" for none). Accepted jobs are cancelled at once. */
+static pt_api_code submit_features_id(client *c, const char *path, const char **msg, uint64_t *id)
+{
+	static char copy[1024];
+	pt_job_spec spec;
+	pt_api_response r;
+	pt_api_code code;
+
+	digits_spec(&spec, 1000000, 0, false);
+	free(spec.data.features);
+	free(spec.data.labels);
+	spec.data.features = strdup(path);
+	spec.data.labels = strdup("digits_y.npy");
+	code = submit(c, &spec, id, &r);
+	snprintf(copy, sizeof(copy), "%s", r.message ? r.message : "");
+	*msg = copy;
+	pt_job_spec_fini(&spec);
+	return code;
+}
+
+static pt_api_code submit_features(client *c, const char *path, const char **msg)
+{
+	pt_api_response r;
+	uint64_t id;
+	pt_api_code code = submit_features_id(c, path, msg, &id);
+	if (code == PT_API_OK)
+		CU_ASSERT_EQUAL(simple(c, PT_API_CANCEL_JOB, id, &r), PT_API_OK);
+	return code;
+}
+
+/* Data paths: beneath --files-root (default <data-dir>/files), symlinks
+ * followed. Absolute paths, ".." and symlinks out are refused with one
+ * message, the same for a file that exists and one that does not;
+ * --allow-any-path lets them through. */
+static void test_server_data_paths(void)
+{
+	static const char *const outside[] = {PT_SOURCE_ROOT
+	                                      "/examples/data/digits_x.npy", /* exists */
+	                                      "/etc/shadow", /* exists, unreadable */
+	                                      "/etc/passwd", /* exists, not npy */
+	                                      "/nonexistent/x.npy",
+	                                      "../outside.npy", /* exists */
+	                                      "../none.npy",
+	                                      "sub/../../outside.npy",
+	                                      "up/outside.npy", /* symlink to .. */
+	                                      "up/none.npy",
+	                                      "link.npy", /* absolute symlink to ../outside.npy */
+	                                      "dangling.npy"};
+	const char *want = "data.features: " PT_FILE_OUTSIDE_ROOT;
+	char dir[512], root[600], path[700], cmd[2000], defroot[700];
+	const char *root_args[] = {"--files-root", root, NULL};
+	const char *any_args[] = {"--files-root", root, "--allow-any-path", NULL};
+	const char *default_args[] = {"--files-root", "", NULL};
+	const char *msg;
+	struct stat st;
+	server s;
+	client c;
+
+	make_dir("paths", dir, sizeof(dir));
+	snprintf(root, sizeof(root), "%s/paths-root", tmpdir);
+	snprintf(
+	    cmd, sizeof(cmd),
+	    "mkdir -p %s/sub && cp %s/examples/data/digits_x.npy %s/examples/data/digits_y.npy "
+	    "%s/ && cp %s/examples/data/digits_x.npy %s/outside.npy",
+	    root, PT_SOURCE_ROOT, PT_SOURCE_ROOT, root, PT_SOURCE_ROOT, tmpdir);
+	CU_ASSERT_EQUAL_FATAL(system(cmd), 0);
+	snprintf(path, sizeof(path), "%s/up", root);
+	CU_ASSERT_EQUAL(symlink("..", path), 0);
+	snprintf(path, sizeof(path), "%s/link.npy", root);
+	snprintf(cmd, sizeof(cmd), "%s/outside.npy", tmpdir);
+	CU_ASSERT_EQUAL(symlink(cmd, path), 0);
+	snprintf(path, sizeof(path), "%s/dangling.npy", root);
+	CU_ASSERT_EQUAL(symlink("/nonexistent/x.npy", path), 0);
+	snprintf(path, sizeof(path), "%s/inside.npy", root);
+	CU_ASSERT_EQUAL(symlink("sub/../digits_x.npy", path), 0);
+
+	CU_ASSERT_TRUE_FATAL(server_start(&s, dir, root_args));
+	client_open(&c, &s, 30000);
+	for (size_t i = 0; i < sizeof(outside) / sizeof(outside[0]); i++) {
+		CU_ASSERT_EQUAL(submit_features(&c, outside[i], &msg), PT_API_INVALID_JOB);
+		if (strcmp(msg, want) != 0)
+			fprintf(stderr, "%s: \"%s\"\n", outside[i], msg);
+		CU_ASSERT_STRING_EQUAL(msg, want);
+	}
+	/* Inside: relative paths and symlinks that stay inside. */
+	CU_ASSERT_EQUAL(submit_features(&c, "digits_x.npy", &msg), PT_API_OK);
+	CU_ASSERT_EQUAL(submit_features(&c, "inside.npy", &msg), PT_API_OK);
+	CU_ASSERT_EQUAL(submit_features(&c, "sub/../digits_x.npy", &msg), PT_API_OK);
+	CU_ASSERT_EQUAL(submit_features(&c, "none.npy", &msg), PT_API_INVALID_JOB);
+	CU_ASSERT_STRING_EQUAL(msg,
+	                       "data.features: cannot open 'none.npy': No such file or directory");
+	/* Checked again when the job runs: a file swapped for a symlink out
+	 * while the job waits in the queue (behind a running one) fails it. */
+	{
+		uint64_t busy, queued;
+		pt_api_response r;
+		pt_api_job_info ji;
+		double t0;
+		snprintf(cmd, sizeof(cmd), "cp %s/digits_x.npy %s/swap.npy", root, root);
+		CU_ASSERT_EQUAL_FATAL(system(cmd), 0);
+		CU_ASSERT_EQUAL_FATAL(submit_features_id(&c, "digits_x.npy", &msg, &busy),
+		                      PT_API_OK);
+		CU_ASSERT_EQUAL_FATAL(submit_features_id(&c, "swap.npy", &msg, &queued), PT_API_OK);
+		CU_ASSERT_EQUAL(job_state(&c, queued, &ji), PT_JOB_QUEUED);
+		snprintf(path, sizeof(path), "%s/swap.npy", root);
+		CU_ASSERT_EQUAL(unlink(path), 0);
+		CU_ASSERT_EQUAL(symlink("../outside.npy", path), 0);
+		CU_ASSERT_EQUAL(simple(&c, PT_API_CANCEL_JOB, busy, &r), PT_API_OK);
+		t0 = now_s();
+		while (job_state(&c, queued, &ji) != PT_JOB_FAILED && now_s() - t0 < 30)
+			usleep(20000);
+		CU_ASSERT_EQUAL(ji.state, PT_JOB_FAILED);
+		CU_ASSERT_PTR_NOT_NULL(ji.message ? strstr(ji.message, want) : NULL);
+		if (ji.message == NULL || strstr(ji.message, want) == NULL)
+			fprintf(stderr, "swapped: \"%s\"\n", ji.message ? ji.message : "");
+	}
+	client_close(&c);
+	CU_ASSERT_EQUAL(server_stop(&s, SIGTERM), 0);
+
+	/* --allow-any-path: the old reach. */
+	CU_ASSERT_TRUE_FATAL(server_start(&s, dir, any_args));
+	client_open(&c, &s, 30000);
+	CU_ASSERT_EQUAL(submit_features(&c, outside[0], &msg), PT_API_OK);
+	CU_ASSERT_EQUAL(submit_features(&c, "../outside.npy", &msg), PT_API_OK);
+	CU_ASSERT_EQUAL(submit_features(&c, "up/outside.npy", &msg), PT_API_OK);
+	CU_ASSERT_EQUAL(submit_features(&c, "link.npy", &msg), PT_API_OK);
+	CU_ASSERT_EQUAL(submit_features(&c, "/etc/passwd", &msg), PT_API_INVALID_JOB);
+	CU_ASSERT_STRING_EQUAL(msg, "data.features: /etc/passwd: bad magic: not an npy file");
+	client_close(&c);
+	CU_ASSERT_EQUAL(server_stop(&s, SIGTERM), 0);
+
+	/* The default root is <data-dir>/files, made at start; the shipped
+	 * relative paths are looked up there. */
+	CU_ASSERT_TRUE_FATAL(server_start(&s, dir, default_args));
+	snprintf(defroot, sizeof(defroot), "%s/files", dir);
+	CU_ASSERT(stat(defroot, &st) == 0 && S_ISDIR(st.st_mode));
+	client_open(&c, &s, 30000);
+	CU_ASSERT_EQUAL(submit_features(&c, "digits_x.npy", &msg), PT_API_INVALID_JOB);
+	CU_ASSERT_STRING_EQUAL(
+	    msg, "data.features: cannot open 'digits_x.npy': No such file or directory");
+	CU_ASSERT_EQUAL(submit_features(&c, outside[0], &msg), PT_API_INVALID_JOB);
+	CU_ASSERT_STRING_EQUAL(msg, want);
+	client_close(&c);
+	CU_ASSERT_EQUAL(server_stop(&s, SIGTERM), 0);
+}
+
+/* submit_workers submits the digits job (4 stages) on the worker URLs. */
+static pt_api_code submit_workers(client *c, const char *const urls[4], uint64_t *id,
+                                  const char **msg)
+{
+	static char copy[1024];
+	pt_job_spec spec;
+	pt_api_response r;
+	pt_api_code code;
+
+	digits_spec(&spec, 2, 0, false);
+	spec.workers = calloc(4, sizeof(char *));
+	for (int i = 0; i < 4; i++)
+		spec.workers[i] = strdup(urls[i]);
+	spec.n_workers = 4;
+	spec.worker_timeout_ms = 500;
+	code = submit(c, &spec, id, &r);
+	snprintf(copy, sizeof(copy), "%s", r.message ? r.message : "");
+	*msg = copy;
+	pt_job_spec_fini(&spec);
+	return code;
+}
+
+/* wait_failed waits for job id to end and returns its message. */
+static const char *wait_failed(client *c, uint64_t id)
+{
+	static char copy[1024];
+	pt_api_job_info ji;
+	double t0 = now_s();
+
+	while (job_state(c, id, &ji) != PT_JOB_FAILED && now_s() - t0 < 30)
+		usleep(20000);
+	CU_ASSERT_EQUAL(ji.state, PT_JOB_FAILED);
+	snprintf(copy, sizeof(copy), "%s", ji.message ? ji.message : "");
+	return copy;
+}
+
+/* --worker-allow: placement.workers outside the list are refused at submit
+ * naming the field; and whatever answers at a worker URL, the job's error
+ * says only that the handshake failed (not refused vs timed out vs not a
+ * worker). */
+static void test_server_worker_allow(void)
+{
+	static const char *const refused[][4] = {{"tcp://10.1.2.3:7700", "tcp://10.1.2.4:7700",
+	                                          "tcp://127.0.0.2:7700", "tcp://10.1.2.5:7700"},
+	                                         {"tcp://10.1.2.3:7700", "tcp://10.1.2.4:7700",
+	                                          "tcp://10.1.2.5:7700", "tcp://evil.example:7700"},
+	                                         {"tcp://10.1.2.3:7700", "tcp://10.1.2.4:7700",
+	                                          "tcp://10.1.2.5:7700", "ipc:///tmp/x.sock"},
+	                                         {"tcp://[fe80::1]:7700", "tcp://10.1.2.4:7700",
+	                                          "tcp://10.1.2.5:7700", "tcp://10.1.2.6:7700"}};
+	const char *allowed[4] = {"tcp://127.0.0.1:1", "tcp://WORKERS.example:7700",
+	                          "tcp://[::ffff:10.9.9.9]:7700", "tcp://10.255.255.254:7700"};
+	const char *allow_args[] = {"--worker-allow", "127.0.0.1, 10.0.0.0/8,workers.example",
+	                            NULL};
+	const char *const idx[] = {"[2]", "[3]", "[3]", "[0]"};
+	char dir[512], want[600], url[300], want2[600];
+	const char *msg;
+	uint64_t id;
+	server s;
+	client c;
+
+	make_dir("worker-allow", dir, sizeof(dir));
+	CU_ASSERT_TRUE_FATAL(server_start(&s, dir, allow_args));
+	client_open(&c, &s, 30000);
+	for (size_t i = 0; i < sizeof(refused) / sizeof(refused[0]); i++) {
+		int k = idx[i][1] - '0';
+		CU_ASSERT_EQUAL(submit_workers(&c, refused[i], &id, &msg), PT_API_INVALID_JOB);
+		snprintf(want, sizeof(want),
+		         "placement.workers%s: '%s' is not allowed by --worker-allow", idx[i],
+		         refused[i][k]);
+		if (strcmp(msg, want) != 0)
+			fprintf(stderr, "workers %zu: \"%s\"\n", i, msg);
+		CU_ASSERT_STRING_EQUAL(msg, want);
+	}
+	/* Allowed: accepted; port 1 refuses the connection. */
+	CU_ASSERT_EQUAL(submit_workers(&c, allowed, &id, &msg), PT_API_OK);
+	snprintf(want, sizeof(want), "stage 0 (worker tcp://127.0.0.1:1): %s",
+	         PT_JOB_WORKER_UNREACHABLE);
+	msg = wait_failed(&c, id);
+	CU_ASSERT_PTR_NOT_NULL(strstr(msg, want));
+	CU_ASSERT_PTR_NULL(strstr(msg, "refused)"));
+	CU_ASSERT_PTR_NULL(strstr(msg, "Connection"));
+	client_close(&c);
+	CU_ASSERT_EQUAL(server_stop(&s, SIGTERM), 0);
+
+	/* Default: any URL. A URL where something else answers (this server's
+	 * own API socket: a reply that is no handshake) fails the same way. */
+	CU_ASSERT_TRUE_FATAL(server_start(&s, dir, NULL));
+	client_open(&c, &s, 30000);
+	snprintf(url, sizeof(url), "%s", s.url);
+	{
+		const char *self[4] = {url, url, url, url};
+		CU_ASSERT_EQUAL(submit_workers(&c, self, &id, &msg), PT_API_OK);
+		snprintf(want2, sizeof(want2), "stage 0 (worker %s): %s", url,
+		         PT_JOB_WORKER_UNREACHABLE);
+		msg = wait_failed(&c, id);
+		CU_ASSERT_PTR_NOT_NULL(strstr(msg, want2));
+		/* Apart from the URL, the same words as a refused connection. */
+		CU_ASSERT_STRING_EQUAL(msg + strlen(msg) - strlen(PT_JOB_WORKER_UNREACHABLE),
+		                       PT_JOB_WORKER_UNREACHABLE);
+	}
+	client_close(&c);
+	CU_ASSERT_EQUAL(server_stop(&s, SIGTERM), 0);
+}
+
 /* check_checkpoint_files opens every .safetensors under data_dir/jobs. */
 static int tmp_files;
 
@@ -1185,6 +1440,8 @@ static const pt_test_case server_tests[] = {
     {"test_server_cancel", test_server_cancel},
     {"test_server_bad_input", test_server_bad_input},
     {"test_server_auth", test_server_auth},
+    {"test_server_data_paths", test_server_data_paths},
+    {"test_server_worker_allow", test_server_worker_allow},
     {"test_server_kill9_resume", test_server_kill9_resume},
     {"test_server_sigterm", test_server_sigterm},
     {"test_server_journal_long_message", test_server_journal_long_message},

@@ -38,8 +38,10 @@ trap 'exit 130' INT TERM
 
 # Spinning OpenMP threads fight on small machines; the server's stages share cores.
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
+# The job names its data relative to the checkout (examples/data/...): the
+# checkout is the server's files root, so the job reads nothing outside it.
 "$server_bin" --listen tcp://127.0.0.1:0 --http 127.0.0.1:0 --data-dir "$tmp/data" \
-	>"$tmp/server.out" 2>"$tmp/server.log" &
+	--files-root "$root" >"$tmp/server.out" 2>"$tmp/server.log" &
 server_pid=$!
 
 url=

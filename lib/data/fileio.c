@@ -4,10 +4,13 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <linux/openat2.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 pt_err pt_read_full(int fd, void *buf, size_t len, size_t off, const char *path)
@@ -31,51 +34,48 @@ pt_err pt_read_full(int fd, void *buf, size_t len, size_t off, const char *path)
 	return PT_OK;
 }
 
-pt_err pt_file_open_read(const char *path, int *fd, size_t *size)
+pt_err pt_file_fd_size(int fd, const char *path, size_t *size)
 {
 	struct stat st;
 
-	*fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (*fd < 0)
-		return pt_set_error(PT_ERR_IO, "%s: open: %s", path, strerror(errno));
-	if (fstat(*fd, &st) != 0) {
-		int e = errno;
-		close(*fd);
-		*fd = -1;
-		return pt_set_error(PT_ERR_IO, "%s: stat: %s", path, strerror(e));
-	}
-	if (!S_ISREG(st.st_mode)) {
-		close(*fd);
-		*fd = -1;
+	if (fstat(fd, &st) != 0)
+		return pt_set_error(PT_ERR_IO, "%s: stat: %s", path, strerror(errno));
+	if (!S_ISREG(st.st_mode))
 		return pt_set_error(PT_ERR_IO, "%s: not a regular file", path);
-	}
 	*size = (size_t)st.st_size;
 	return PT_OK;
 }
 
-pt_err pt_file_read(const char *path, size_t max_bytes, void **data, size_t *len)
+pt_err pt_file_open_read(const char *path, int *fd, size_t *size)
 {
-	int fd;
+	pt_err rv;
+
+	*fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (*fd < 0)
+		return pt_set_error(PT_ERR_IO, "%s: open: %s", path, strerror(errno));
+	if ((rv = pt_file_fd_size(*fd, path, size)) != PT_OK) {
+		close(*fd);
+		*fd = -1;
+	}
+	return rv;
+}
+
+pt_err pt_file_read_fd(int fd, const char *path, size_t max_bytes, void **data, size_t *len)
+{
 	size_t size;
 	char *buf;
 	pt_err rv;
 
 	*data = NULL;
 	*len = 0;
-	PT_TRY(pt_file_open_read(path, &fd, &size));
-	if (size > max_bytes) {
-		close(fd);
+	PT_TRY(pt_file_fd_size(fd, path, &size));
+	if (size > max_bytes)
 		return pt_set_error(PT_ERR_RANGE, "%s: %zu bytes, more than the limit of %zu", path,
 		                    size, max_bytes);
-	}
 	buf = malloc(size + 1);
-	if (buf == NULL) {
-		close(fd);
+	if (buf == NULL)
 		return pt_set_error(PT_ERR_NOMEM, "%s: buffer of %zu bytes", path, size);
-	}
-	rv = pt_read_full(fd, buf, size, 0, path);
-	close(fd);
-	if (rv != PT_OK) {
+	if ((rv = pt_read_full(fd, buf, size, 0, path)) != PT_OK) {
 		free(buf);
 		return rv;
 	}
@@ -83,6 +83,84 @@ pt_err pt_file_read(const char *path, size_t max_bytes, void **data, size_t *len
 	*data = buf;
 	*len = size;
 	return PT_OK;
+}
+
+pt_err pt_file_read(const char *path, size_t max_bytes, void **data, size_t *len)
+{
+	int fd;
+	size_t size;
+	pt_err rv;
+
+	*data = NULL;
+	*len = 0;
+	PT_TRY(pt_file_open_read(path, &fd, &size));
+	rv = pt_file_read_fd(fd, path, max_bytes, data, len);
+	close(fd);
+	return rv;
+}
+
+/* lexically_beneath: path is relative and no ".." climbs above its start
+ * ("a/../b" stays, "a/../../b" leaves). Decided on the text alone. */
+static bool lexically_beneath(const char *path)
+{
+	int depth = 0;
+
+	if (path[0] == '/')
+		return false;
+	for (const char *p = path; *p;) {
+		size_t n = strcspn(p, "/");
+		if (n == 2 && p[0] == '.' && p[1] == '.') {
+			if (--depth < 0)
+				return false;
+		} else if (n > 0 && !(n == 1 && p[0] == '.')) {
+			depth++;
+		}
+		p += n;
+		p += *p == '/';
+	}
+	return true;
+}
+
+pt_err pt_file_open_under(const char *root, const char *path, bool any_path, int *fd)
+{
+	/* O_NONBLOCK: a FIFO must not hang the caller before the regular-file check. */
+	const int flags = O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK;
+	int dirfd = AT_FDCWD, e;
+
+	*fd = -1;
+	if (path == NULL || path[0] == '\0')
+		return pt_set_error(PT_ERR_INVALID, "empty path");
+	if (!any_path && !lexically_beneath(path))
+		return pt_set_error(PT_ERR_INVALID, PT_FILE_OUTSIDE_ROOT);
+	if (!(any_path && path[0] == '/') && root != NULL && root[0] != '\0') {
+		dirfd = open(root, O_PATH | O_DIRECTORY | O_CLOEXEC);
+		if (dirfd < 0)
+			return pt_set_error(PT_ERR_IO, "files root '%s': %s", root,
+			                    strerror(errno));
+	}
+	if (any_path) {
+		*fd = openat(dirfd, path, flags);
+	} else {
+		/* The kernel resolves every component, symlinks included, beneath
+		 * dirfd and fails with EXDEV the moment one would leave it - before
+		 * looking at anything outside, so existence outside never shows. */
+		struct open_how how = {.flags = (uint64_t)flags,
+		                       .resolve = RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS};
+		*fd = (int)syscall(SYS_openat2, dirfd, path, &how, sizeof(how));
+	}
+	e = errno;
+	if (dirfd != AT_FDCWD)
+		close(dirfd);
+	if (*fd >= 0)
+		return PT_OK;
+	if (!any_path && e == EXDEV)
+		return pt_set_error(PT_ERR_INVALID, PT_FILE_OUTSIDE_ROOT);
+	if (!any_path && (e == ENOSYS || e == EPERM))
+		return pt_set_error(PT_ERR_UNSUPPORTED,
+		                    "cannot confine '%s' to the files root: openat2: %s (needs "
+		                    "Linux 5.6; or allow any path)",
+		                    path, strerror(e));
+	return pt_set_error(PT_ERR_IO, "cannot open '%s': %s", path, strerror(e));
 }
 
 static pt_err write_full(int fd, const void *buf, size_t len, const char *path)

@@ -7,6 +7,7 @@
 #ifndef PT_FILEIO_H
 #define PT_FILEIO_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "error.h"
@@ -17,6 +18,10 @@
  * ("truncated"); path is only used in messages. */
 pt_err pt_read_full(int fd, void *buf, size_t len, size_t off, const char *path);
 
+/* pt_file_fd_size gives the size of the regular file open as fd (anything
+ * else is PT_ERR_IO "not a regular file"); path is only used in messages. */
+pt_err pt_file_fd_size(int fd, const char *path, size_t *size);
+
 /* pt_file_open_read opens path read-only and returns its descriptor and size.
  * The caller closes *fd. */
 pt_err pt_file_open_read(const char *path, int *fd, size_t *size);
@@ -25,6 +30,26 @@ pt_err pt_file_open_read(const char *path, int *fd, size_t *size);
  * byte after the data, not counted in *len). Files larger than max_bytes are
  * refused with PT_ERR_RANGE. The caller frees *data. */
 pt_err pt_file_read(const char *path, size_t max_bytes, void **data, size_t *len);
+
+/* pt_file_read_fd is pt_file_read on an open descriptor (read with pread; the
+ * caller still owns and closes fd). */
+pt_err pt_file_read_fd(int fd, const char *path, size_t max_bytes, void **data, size_t *len);
+
+/* The message of every path refused by pt_file_open_under for leaving its
+ * root: the same text whatever lies outside. */
+#define PT_FILE_OUTSIDE_ROOT "outside the files root (absolute paths and '..' are refused)"
+
+/* pt_file_open_under opens a file named by a client, read-only: a relative
+ * path resolves against root (NULL or "": the working directory). Unless
+ * any_path, the file must lie beneath root after every symlink is followed:
+ * an absolute path, a ".." that climbs out, or a symlink that leads out is
+ * PT_ERR_INVALID PT_FILE_OUTSIDE_ROOT, decided on the text and by the kernel
+ * during resolution (openat2 RESOLVE_BENEATH) without opening or looking at
+ * anything outside, so that answer never tells whether such a file exists.
+ * Errors inside root are PT_ERR_IO "cannot open 'PATH': REASON". The file is
+ * opened O_NONBLOCK (a FIFO does not block); check it with pt_file_fd_size.
+ * The caller closes *fd. Thread-safe. */
+pt_err pt_file_open_under(const char *root, const char *path, bool any_path, int *fd);
 
 /* One piece of a file to write. */
 typedef struct pt_file_part {

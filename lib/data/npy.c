@@ -293,42 +293,46 @@ done:
 
 pt_err pt_npy_read(pt_tensor *out, const char *path)
 {
-	size_t size, off;
-	npy_header h;
-	pt_dtype dt = PT_DTYPE_COUNT;
 	int fd;
+	size_t size;
 	pt_err rv;
 
 	memset(out, 0, sizeof(*out));
 	PT_TRY(pt_file_open_read(path, &fd, &size));
-	if ((rv = read_header(fd, size, path, &h, &dt, &off)) != PT_OK)
-		goto done;
-	if ((rv = pt_tensor_init(out, dt, h.ndim, h.shape)) != PT_OK)
-		goto done;
-	rv = pt_read_full(fd, pt_tensor_data(out), size - off, off, path);
-	if (rv != PT_OK)
-		pt_tensor_fini(out);
-done:
+	rv = pt_npy_read_fd(out, fd, path);
 	close(fd);
 	return rv;
 }
 
-pt_err pt_npy_info(const char *path, pt_dtype *dtype, int *ndim, int64_t *shape)
+pt_err pt_npy_read_fd(pt_tensor *out, int fd, const char *path)
 {
 	size_t size, off;
 	npy_header h;
 	pt_dtype dt = PT_DTYPE_COUNT;
-	int fd;
 	pt_err rv;
 
-	PT_TRY(pt_file_open_read(path, &fd, &size));
-	if ((rv = read_header(fd, size, path, &h, &dt, &off)) == PT_OK) {
-		*dtype = dt;
-		*ndim = h.ndim;
-		memcpy(shape, h.shape, sizeof(int64_t) * (size_t)h.ndim);
-	}
-	close(fd);
+	memset(out, 0, sizeof(*out));
+	PT_TRY(pt_file_fd_size(fd, path, &size));
+	PT_TRY(read_header(fd, size, path, &h, &dt, &off));
+	PT_TRY(pt_tensor_init(out, dt, h.ndim, h.shape));
+	rv = pt_read_full(fd, pt_tensor_data(out), size - off, off, path);
+	if (rv != PT_OK)
+		pt_tensor_fini(out);
 	return rv;
+}
+
+pt_err pt_npy_info_fd(int fd, const char *path, pt_dtype *dtype, int *ndim, int64_t *shape)
+{
+	size_t size, off;
+	npy_header h;
+	pt_dtype dt = PT_DTYPE_COUNT;
+
+	PT_TRY(pt_file_fd_size(fd, path, &size));
+	PT_TRY(read_header(fd, size, path, &h, &dt, &off));
+	*dtype = dt;
+	*ndim = h.ndim;
+	memcpy(shape, h.shape, sizeof(int64_t) * (size_t)h.ndim);
+	return PT_OK;
 }
 
 pt_err pt_npy_write(const char *path, const pt_tensor *t)

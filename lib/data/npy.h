@@ -19,10 +19,14 @@
  * Blocking (file I/O); thread-safe. */
 pt_err pt_npy_read(pt_tensor *out, const char *path);
 
-/* pt_npy_info reads only the header of path, checked as pt_npy_read checks
- * it (the payload size included): dtype, ndim and shape (PT_MAX_DIMS
- * entries at most). Blocking (file I/O); thread-safe. */
-pt_err pt_npy_info(const char *path, pt_dtype *dtype, int *ndim, int64_t *shape);
+/* pt_npy_read_fd is pt_npy_read on the open file fd (read with pread; the
+ * caller still owns fd); path is only used in messages. */
+pt_err pt_npy_read_fd(pt_tensor *out, int fd, const char *path);
+
+/* pt_npy_info_fd reads only the header of the open file fd, checked as
+ * pt_npy_read checks it (the payload size included): dtype, ndim and shape
+ * (PT_MAX_DIMS entries at most). The caller still owns fd. */
+pt_err pt_npy_info_fd(int fd, const char *path, pt_dtype *dtype, int *ndim, int64_t *shape);
 
 /* pt_npy_write writes t (any strides; synced first) to path as a version 1.0
  * file, atomically (temp file, fsync, rename). bf16 has no NumPy dtype and is

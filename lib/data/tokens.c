@@ -27,15 +27,38 @@ uint32_t pt_tokens_at(const pt_tokens *tk, int64_t i)
 	return ((const uint32_t *)tk->data)[i];
 }
 
+static pt_err tokens_adopt(pt_tokens *tk, void *data, size_t len, const char *path, pt_dtype dtype,
+                           int64_t vocab_size);
+
 pt_err pt_tokens_load(pt_tokens *tk, const char *path, pt_dtype dtype, int64_t vocab_size)
 {
-	size_t len, es;
+	size_t len;
 	void *data;
 
 	memset(tk, 0, sizeof(*tk));
 	PT_TRY(check_token_dtype(dtype, path));
-	es = pt_dtype_size(dtype);
 	PT_TRY(pt_file_read(path, SIZE_MAX - 1, &data, &len));
+	return tokens_adopt(tk, data, len, path, dtype, vocab_size);
+}
+
+pt_err pt_tokens_load_fd(pt_tokens *tk, int fd, const char *path, pt_dtype dtype,
+                         int64_t vocab_size)
+{
+	size_t len;
+	void *data;
+
+	memset(tk, 0, sizeof(*tk));
+	PT_TRY(check_token_dtype(dtype, path));
+	PT_TRY(pt_file_read_fd(fd, path, SIZE_MAX - 1, &data, &len));
+	return tokens_adopt(tk, data, len, path, dtype, vocab_size);
+}
+
+/* tokens_adopt checks the len bytes read from path and takes data. */
+static pt_err tokens_adopt(pt_tokens *tk, void *data, size_t len, const char *path, pt_dtype dtype,
+                           int64_t vocab_size)
+{
+	size_t es = pt_dtype_size(dtype);
+
 	if (len % es != 0) {
 		free(data);
 		return pt_set_error(PT_ERR_FORMAT,

@@ -27,6 +27,11 @@ typedef struct pt_tokens {
  * The caller releases tk with pt_tokens_fini. Blocking. */
 pt_err pt_tokens_load(pt_tokens *tk, const char *path, pt_dtype dtype, int64_t vocab_size);
 
+/* pt_tokens_load_fd is pt_tokens_load on the open file fd (the caller still
+ * owns fd); path is only used in messages. */
+pt_err pt_tokens_load_fd(pt_tokens *tk, int fd, const char *path, pt_dtype dtype,
+                         int64_t vocab_size);
+
 /* pt_tokens_fini frees the tokens. NULL-safe; safe after a failed load. */
 void pt_tokens_fini(pt_tokens *tk);
 

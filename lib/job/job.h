@@ -68,9 +68,12 @@ pt_err pt_job_spec_decode(const void *buf, size_t len, pt_job_spec *out);
 
 /* pt_job_spec_validate checks everything a run needs: model shapes for the
  * data's sample shape, batch and microbatches, stages vs layers, optimizer
- * fields, device, and that the data files exist and agree (files are
- * resolved against files_root when relative; NULL: the working directory). */
-pt_err pt_job_spec_validate(const pt_job_spec *s, const char *files_root);
+ * fields, device, and that the data files exist and agree. Data paths are
+ * relative to files_root (NULL: the working directory) and must stay beneath
+ * it, symlinks followed, unless any_path (pt_file_open_under): a path that
+ * leaves it is PT_ERR_INVALID "data.features: " PT_FILE_OUTSIDE_ROOT, the
+ * same answer whether or not it exists. */
+pt_err pt_job_spec_validate(const pt_job_spec *s, const char *files_root, bool any_path);
 
 /* pt_job_spec_build writes s as a JobSpec table into b (to nest it in a
  * Request or a reply, or as a root with pt_fb_finish). */
@@ -143,7 +146,10 @@ typedef struct pt_job_hooks {
 
 typedef struct pt_job_run_options {
 	const char *checkpoint_dir; /* where step-N.safetensors files go (NULL: none) */
-	const char *files_root;     /* for relative data paths (NULL: cwd) */
+	const char *files_root;     /* data paths are beneath it (NULL: cwd) */
+	bool any_path;              /* allow data paths outside files_root (absolute, "..") */
+	const char *worker_allow;   /* placement.workers must match (pt_job_spec_check_workers;
+	                             * NULL: any) */
 	const char *resume_from;    /* a checkpoint to resume from, or NULL */
 	int threads;                /* CPU threads for the whole job (0: all cores) */
 	/* Jobs with placement.workers: */
@@ -178,6 +184,25 @@ typedef struct pt_job_run_options {
 pt_err pt_job_run(const pt_job_spec *spec, const pt_job_run_options *o, const pt_job_hooks *h,
                   int64_t *last_step);
 
+/* The whole reason a job's error gives for a worker whose handshake failed
+ * ("stage 1 (worker tcp://h:7700): " this): whatever answered, or did not,
+ * stays in the server log. */
+#define PT_JOB_WORKER_UNREACHABLE "unreachable or refused the handshake (reason in the server log)"
+
+/* pt_job_worker_allow_parse checks a --worker-allow list: entries separated
+ * by commas, each an IPv4 or IPv6 CIDR ("10.0.0.0/8", "fd00::/8"), an address,
+ * or a host name. PT_ERR_INVALID names the bad entry. */
+pt_err pt_job_worker_allow_parse(const char *allow);
+
+/* pt_job_spec_check_workers checks every placement.workers URL against allow
+ * (NULL or "": any URL passes). An IP literal host must lie in a listed
+ * CIDR or equal a listed address; a host name must equal a listed name
+ * (case-insensitive; names are never resolved here, so a name is allowed
+ * only by name). ipc:// and abstract:// URLs pass only without a list.
+ * Otherwise PT_ERR_INVALID "placement.workers[i]: 'URL' is not allowed by
+ * --worker-allow". No network access; thread-safe. */
+pt_err pt_job_spec_check_workers(const pt_job_spec *s, const char *allow);
+
 /* Options of pt_job_workers_join. */
 typedef struct pt_job_workers_options {
 	const char *const *urls; /* control URLs of the workers of stages 0..n-1 (borrowed:
@@ -198,9 +223,11 @@ typedef struct pt_job_workers pt_job_workers;
  * rank 0's nng communicator (pt_job_workers_comm: listening on
  * tcp://<host>:0, owned by *out) and starts the heartbeats; the workers then
  * wait for pt_coordinator_configure. On error (naming the stage and the
- * worker URL; *failed, when not NULL, gets that stage, or -1 when the
- * coordinator's side failed) nothing is left: sessions made so far are
- * ended. Blocking (up to timeout_ms per request); thread-safe. */
+ * worker URL - for a worker's failed handshake PT_ERR_IO saying no more
+ * than PT_JOB_WORKER_UNREACHABLE, the reason logged; *failed, when not
+ * NULL, gets that stage, or -1 when the coordinator's side failed) nothing
+ * is left: sessions made so far are ended. Blocking (up to timeout_ms per
+ * request); thread-safe. */
 pt_err pt_job_workers_join(const pt_job_workers_options *o, pt_job_workers **out, int *failed);
 
 /* pt_job_workers_comm returns rank 0's communicator (owned by ws). */
@@ -255,8 +282,10 @@ typedef struct pt_job_memory {
 } pt_job_memory;
 
 /* pt_job_data_shape_read reads the headers (npy) or sizes (tokens) of a
- * validated spec's data files, relative paths under files_root. Blocking. */
-pt_err pt_job_data_shape_read(const pt_job_spec *s, const char *files_root, pt_job_data_shape *out);
+ * validated spec's data files, opened as pt_job_spec_validate opens them
+ * (beneath files_root unless any_path). Blocking. */
+pt_err pt_job_data_shape_read(const pt_job_spec *s, const char *files_root, bool any_path,
+                              pt_job_data_shape *out);
 
 /* pt_job_memory_estimate gives the peak memory of a validated spec per stage
  * (parameters, gradients, optimizer state, async weight stashes, activations
@@ -270,8 +299,8 @@ pt_err pt_job_memory_estimate(const pt_job_spec *s, const pt_job_data_shape *d, 
  * the host estimate exceeds host_limit bytes (0: no limit), or, for
  * in-process CUDA stages, when a device's stages exceed its memory. est
  * (may be NULL) gets the estimate. Blocking (file headers). */
-pt_err pt_job_admit(const pt_job_spec *s, const char *files_root, uint64_t host_limit,
-                    pt_job_memory *est);
+pt_err pt_job_admit(const pt_job_spec *s, const char *files_root, bool any_path,
+                    uint64_t host_limit, pt_job_memory *est);
 
 /* pt_job_memory_parse reads a size: bytes, or with a K, M, G or T suffix
  * (binary: 1K = 1024; "KiB"/"KB" spellings accepted). */

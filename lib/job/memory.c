@@ -30,7 +30,9 @@
 #include <unistd.h>
 
 #include "backend.h"
+#include "fileio.h"
 #include "job.h"
+#include "job_internal.h"
 #include "npy.h"
 
 /* Measured on this build (test_job_memory_estimate, VmHWM over the process's
@@ -185,48 +187,54 @@ pt_err pt_job_memory_estimate(const pt_job_spec *s, const pt_job_data_shape *d, 
 	return PT_OK;
 }
 
-/* resolve joins files_root and a relative path into buf (as validate.c). */
-static const char *resolve(char *buf, size_t cap, const char *root, const char *path)
+/* header_info reads the npy header of the file a spec field names, opened
+ * confined as validation opens it (pt_job_open_data). */
+static pt_err header_info(const char *field, const char *path, const char *root, bool any_path,
+                          pt_dtype *dt, int *nd, int64_t *shape)
 {
-	if (root == NULL || root[0] == 0 || path[0] == '/')
-		return path;
-	snprintf(buf, cap, "%s/%s", root, path);
-	return buf;
+	int fd;
+	pt_err rv;
+
+	PT_TRY(pt_job_open_data(field, path, root, any_path, &fd));
+	rv = pt_npy_info_fd(fd, path, dt, nd, shape);
+	close(fd);
+	if (rv != PT_OK)
+		return pt_set_error(rv, "%s: %s", field, pt_last_error());
+	return PT_OK;
 }
 
-pt_err pt_job_data_shape_read(const pt_job_spec *s, const char *files_root, pt_job_data_shape *out)
+pt_err pt_job_data_shape_read(const pt_job_spec *s, const char *files_root, bool any_path,
+                              pt_job_data_shape *out)
 {
-	char buf[4096];
 	int64_t shape[PT_MAX_DIMS];
-	int nd;
+	int nd, fd;
 	pt_dtype dt;
-	struct stat st;
+	size_t size;
 	pt_err rv;
 
 	memset(out, 0, sizeof(*out));
 	if (s->data.format != PT_DATA_NPY) {
 		if (s->data.tokens == NULL)
 			return pt_set_error(PT_ERR_INVALID, "data.tokens: required");
-		if (stat(resolve(buf, sizeof(buf), files_root, s->data.tokens), &st) != 0)
-			return pt_set_error(PT_ERR_IO, "data.tokens: cannot open '%s': %s",
-			                    s->data.tokens, strerror(errno));
-		out->token_bytes = (uint64_t)st.st_size;
+		PT_TRY(pt_job_open_data("data.tokens", s->data.tokens, files_root, any_path, &fd));
+		rv = pt_file_fd_size(fd, s->data.tokens, &size);
+		close(fd);
+		if (rv != PT_OK)
+			return pt_set_error(rv, "data.tokens: %s", pt_last_error());
+		out->token_bytes = (uint64_t)size;
 		return PT_OK;
 	}
 	if (s->data.features == NULL || s->data.labels == NULL)
 		return pt_set_error(PT_ERR_INVALID, "data.features, data.labels: required");
-	rv = pt_npy_info(resolve(buf, sizeof(buf), files_root, s->data.features), &dt, &nd, shape);
-	if (rv != PT_OK)
-		return pt_set_error(rv, "data.features: %s", pt_last_error());
+	PT_TRY(header_info("data.features", s->data.features, files_root, any_path, &dt, &nd,
+	                   shape));
 	if (nd != 2)
 		return pt_set_error(PT_ERR_SHAPE, "data.features: %d dimensions, expected 2", nd);
 	out->rows = shape[0];
 	out->features = shape[1];
 	out->x_dtype = dt;
 	out->x_bytes = (uint64_t)shape[0] * (uint64_t)shape[1] * pt_dtype_size(dt);
-	rv = pt_npy_info(resolve(buf, sizeof(buf), files_root, s->data.labels), &dt, &nd, shape);
-	if (rv != PT_OK)
-		return pt_set_error(rv, "data.labels: %s", pt_last_error());
+	PT_TRY(header_info("data.labels", s->data.labels, files_root, any_path, &dt, &nd, shape));
 	out->y_dtype = dt;
 	out->y_ndim = nd;
 	out->y_cols = nd >= 2 ? shape[1] : 1;
@@ -283,14 +291,14 @@ static pt_err admit_devices(const pt_job_spec *s, const pt_job_memory *e)
 	return PT_OK;
 }
 
-pt_err pt_job_admit(const pt_job_spec *s, const char *files_root, uint64_t host_limit,
-                    pt_job_memory *est)
+pt_err pt_job_admit(const pt_job_spec *s, const char *files_root, bool any_path,
+                    uint64_t host_limit, pt_job_memory *est)
 {
 	pt_job_data_shape d;
 	pt_job_memory e;
 	char need[64], lim[64], where[96] = "";
 
-	PT_TRY(pt_job_data_shape_read(s, files_root, &d));
+	PT_TRY(pt_job_data_shape_read(s, files_root, any_path, &d));
 	PT_TRY(pt_job_memory_estimate(s, &d, &e));
 	if (est != NULL)
 		*est = e;

@@ -65,8 +65,10 @@
 #include "checkpoint.h"
 #include "fileio.h"
 #include "job.h"
+#include "job_internal.h"
 #include "nccl_comm.h"
 #include "log.h"
+#include "npy.h"
 #include "runtime.h"
 #include "safetensors.h"
 #include "tokens.h"
@@ -80,6 +82,7 @@
 typedef struct runner {
 	const pt_job_spec *s;
 	const char *root, *ckdir;
+	bool any_path; /* data paths may leave root (pt_job_run_options) */
 	const pt_job_hooks *h;
 	const pt_job_run_options *o;
 	int p, m, threads, tps;
@@ -115,12 +118,19 @@ typedef struct runner {
 	int64_t last_ckpt; /* step of the newest checkpoint written or resumed (-1: none) */
 } runner;
 
-static const char *resolve(char *buf, size_t cap, const char *root, const char *path)
+/* load_npy reads the .npy file a data field names, confined as at submit
+ * (opened again here, so a file swapped since validation cannot escape). */
+static pt_err load_npy(runner *r, pt_tensor *t, const char *field, const char *path)
 {
-	if (root == NULL || root[0] == 0 || path[0] == '/')
-		return path;
-	snprintf(buf, cap, "%s/%s", root, path);
-	return buf;
+	int fd;
+	pt_err rv;
+
+	PT_TRY(pt_job_open_data(field, path, r->root, r->any_path, &fd));
+	rv = pt_npy_read_fd(t, fd, path);
+	close(fd);
+	if (rv != PT_OK)
+		return pt_set_error(rv, "%s: %s", field, pt_last_error());
+	return PT_OK;
 }
 
 /* ----------------------------------------------------------------- data -- */
@@ -129,14 +139,18 @@ static pt_err data_up(runner *r)
 {
 	const pt_job_spec *s = r->s;
 	int64_t batch = s->batch_size;
-	char b1[4096], b2[4096];
+	int fd;
 	pt_err rv;
 
 	if (s->data.format == PT_DATA_NPY) {
 		int64_t n_eval, yshape[2];
-		PT_TRY(pt_dataset_load_npy(&r->all,
-		                           resolve(b1, sizeof(b1), r->root, s->data.features),
-		                           resolve(b2, sizeof(b2), r->root, s->data.labels), true));
+		pt_tensor fx = {0}, fy = {0};
+		if ((rv = load_npy(r, &fx, "data.features", s->data.features)) == PT_OK &&
+		    (rv = load_npy(r, &fy, "data.labels", s->data.labels)) == PT_OK)
+			rv = pt_dataset_init(&r->all, &fx, &fy, true);
+		pt_tensor_fini(&fx);
+		pt_tensor_fini(&fy);
+		PT_TRY(rv);
 		PT_TRY(pt_dataset_split(&r->train, &r->held, &r->all, (double)s->data.held_out,
 		                        s->seed));
 		PT_TRY(
@@ -159,8 +173,10 @@ static pt_err data_up(runner *r)
 		return PT_OK;
 	}
 	int64_t T = s->data.seq_len, n_eval = (EVAL_WINDOWS + r->B - 1) / r->B * r->B;
-	rv = pt_tokens_load(&r->tk, resolve(b1, sizeof(b1), r->root, s->data.tokens),
-	                    s->data.format == PT_DATA_TOKENS16 ? PT_U16 : PT_U32, s->data.vocab);
+	PT_TRY(pt_job_open_data("data.tokens", s->data.tokens, r->root, r->any_path, &fd));
+	rv = pt_tokens_load_fd(&r->tk, fd, s->data.tokens,
+	                       s->data.format == PT_DATA_TOKENS16 ? PT_U16 : PT_U32, s->data.vocab);
+	close(fd);
 	if (rv != PT_OK)
 		return pt_set_error(rv, "data.tokens: %s", pt_last_error());
 	r->in = pt_job_spec_input_shape(s, 0);
@@ -772,11 +788,13 @@ pt_err pt_job_run(const pt_job_spec *spec, const pt_job_run_options *o, const pt
 		*last_step = 0;
 	if (o == NULL)
 		o = &none;
-	PT_TRY(pt_job_spec_validate(spec, o->files_root));
+	PT_TRY(pt_job_spec_validate(spec, o->files_root, o->any_path));
+	PT_TRY(pt_job_spec_check_workers(spec, o->worker_allow));
 	if ((r = calloc(1, sizeof(*r))) == NULL)
 		return pt_set_error(PT_ERR_NOMEM, "job runner");
 	r->s = spec;
 	r->root = o->files_root;
+	r->any_path = o->any_path;
 	r->ckdir = o->checkpoint_dir;
 	r->h = h;
 	r->o = o;

@@ -12,6 +12,7 @@
 
 #include "backend.h"
 #include "batch.h"
+#include "fileio.h"
 #include "job.h"
 #include "job_internal.h"
 #include "model_wire.h"
@@ -27,23 +28,33 @@ pt_act_shape pt_job_spec_input_shape(const pt_job_spec *s, int64_t n_features)
 	return (pt_act_shape){PT_I64, s->data.seq_len, 0};
 }
 
-/* resolve joins files_root and a relative path into buf. */
-static const char *resolve(char *buf, size_t cap, const char *root, const char *path)
+/* ---------------------------------------------------------- data files -- */
+
+pt_err pt_job_open_data(const char *field, const char *path, const char *root, bool any_path,
+                        int *fd)
 {
-	if (root == NULL || root[0] == 0 || path[0] == '/')
-		return path;
-	snprintf(buf, cap, "%s/%s", root, path);
-	return buf;
+	pt_err rv = pt_file_open_under(root, path, any_path, fd);
+	if (rv != PT_OK) {
+		char why[600];
+		snprintf(why, sizeof(why), "%s", pt_last_error());
+		return pt_set_error(rv, "%s: %s", field, why);
+	}
+	return PT_OK;
 }
 
-/* check_readable reports a missing or unreadable file under the field's name. */
-static pt_err check_readable(const char *field, const char *shown, const char *path)
+/* read_npy reads the .npy file a field names, confined as pt_job_open_data. */
+static pt_err read_npy(pt_tensor *t, const char *field, const char *path, const char *root,
+                       bool any_path)
 {
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
-		return pt_set_error(PT_ERR_IO, "%s: cannot open '%s': %s", field, shown,
-		                    strerror(errno));
+	int fd;
+	pt_err rv;
+
+	memset(t, 0, sizeof(*t));
+	PT_TRY(pt_job_open_data(field, path, root, any_path, &fd));
+	rv = pt_npy_read_fd(t, fd, path);
 	close(fd);
+	if (rv != PT_OK)
+		return pt_set_error(rv, "%s: %s", field, pt_last_error());
 	return PT_OK;
 }
 
@@ -70,10 +81,9 @@ static bool is_int_dtype(pt_dtype dt)
 	return dt == PT_I32 || dt == PT_I64 || dt == PT_U8 || dt == PT_U16 || dt == PT_U32;
 }
 
-static pt_err validate_npy(const pt_job_spec *s, const char *root)
+static pt_err validate_npy(const pt_job_spec *s, const char *root, bool any_path)
 {
-	char fb[4096], lb[4096], shape[64];
-	const char *fpath, *lpath;
+	char shape[64];
 	pt_tensor x = {0}, y = {0};
 	pt_act_shape out;
 	int64_t n, f, train;
@@ -88,16 +98,9 @@ static pt_err validate_npy(const pt_job_spec *s, const char *root)
 	if (!(s->data.held_out >= 0.0f && s->data.held_out < 1.0f))
 		return pt_set_error(PT_ERR_RANGE, "data.held_out: %g is not in [0, 1)",
 		                    (double)s->data.held_out);
-	fpath = resolve(fb, sizeof(fb), root, s->data.features);
-	lpath = resolve(lb, sizeof(lb), root, s->data.labels);
-	PT_TRY(check_readable("data.features", s->data.features, fpath));
-	PT_TRY(check_readable("data.labels", s->data.labels, lpath));
-	if ((rv = pt_npy_read(&x, fpath)) != PT_OK)
-		return pt_set_error(rv, "data.features: %s", pt_last_error());
-	if ((rv = pt_npy_read(&y, lpath)) != PT_OK) {
-		pt_set_error(rv, "data.labels: %s", pt_last_error());
+	PT_TRY(read_npy(&x, "data.features", s->data.features, root, any_path));
+	if ((rv = read_npy(&y, "data.labels", s->data.labels, root, any_path)) != PT_OK)
 		goto out;
-	}
 	if (x.ndim != 2 || x.shape[0] < 1 || x.shape[1] < 1 ||
 	    !(x.dtype == PT_F32 || x.dtype == PT_F64 || x.dtype == PT_F16 ||
 	      is_int_dtype(x.dtype))) {
@@ -183,14 +186,13 @@ out:
 	return rv;
 }
 
-static pt_err validate_tokens(const pt_job_spec *s, const char *root)
+static pt_err validate_tokens(const pt_job_spec *s, const char *root, bool any_path)
 {
 	const pt_layer_spec *emb = &s->layers[0];
-	char tb[4096];
-	const char *tpath;
 	pt_tokens tk = {0};
 	pt_act_shape in = pt_job_spec_input_shape(s, 0), out;
 	int64_t vocab;
+	int fd;
 	pt_err rv;
 
 	if (s->data.tokens == NULL || s->data.tokens[0] == 0)
@@ -231,10 +233,10 @@ static pt_err validate_tokens(const pt_job_spec *s, const char *root)
 		                    "need (%ld, >= %ld)",
 		                    s->n_layers - 1, (long)out.seq, (long)out.features,
 		                    (long)s->data.seq_len, (long)vocab);
-	tpath = resolve(tb, sizeof(tb), root, s->data.tokens);
-	PT_TRY(check_readable("data.tokens", s->data.tokens, tpath));
-	rv = pt_tokens_load(&tk, tpath, s->data.format == PT_DATA_TOKENS16 ? PT_U16 : PT_U32,
-	                    s->data.vocab);
+	PT_TRY(pt_job_open_data("data.tokens", s->data.tokens, root, any_path, &fd));
+	rv = pt_tokens_load_fd(&tk, fd, s->data.tokens,
+	                       s->data.format == PT_DATA_TOKENS16 ? PT_U16 : PT_U32, s->data.vocab);
+	close(fd);
 	if (rv != PT_OK)
 		return pt_set_error(rv, "data.tokens: %s", pt_last_error());
 	if (tk.count < s->data.seq_len + 1)
@@ -278,7 +280,7 @@ static pt_err validate_device(const char *dev)
 	return PT_OK;
 }
 
-pt_err pt_job_spec_validate(const pt_job_spec *s, const char *files_root)
+pt_err pt_job_spec_validate(const pt_job_spec *s, const char *files_root, bool any_path)
 {
 	pt_err rv;
 
@@ -381,10 +383,10 @@ pt_err pt_job_spec_validate(const pt_job_spec *s, const char *files_root)
 	/* Data: fields for the format, files, shapes against the model. */
 	switch (s->data.format) {
 	case PT_DATA_NPY:
-		return validate_npy(s, files_root);
+		return validate_npy(s, files_root, any_path);
 	case PT_DATA_TOKENS16:
 	case PT_DATA_TOKENS32:
-		return validate_tokens(s, files_root);
+		return validate_tokens(s, files_root, any_path);
 	}
 	return pt_set_error(PT_ERR_INVALID, "data.format: unknown data format %d",
 	                    (int)s->data.format);

@@ -18,10 +18,12 @@
  * Limits: plain tcp and ipc control URLs (no TLS), one stage per worker.
  */
 #include <arpa/inet.h>
+#include <ctype.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 
 #include <nng/nng.h>
@@ -428,6 +430,18 @@ static pt_err join_one(link *l, pt_fb_builder *b, const pt_worker_request *q, pt
 	return rv;
 }
 
+/* handshake_failed logs why l's handshake failed and replaces the error with
+ * one that says no more than that: a job may name any address, and its
+ * submitter must not learn from the error what answers there (connection
+ * refused or timed out, a token refused, a worker busy, a reply that is no
+ * handshake). The operator reads the reason in the log. */
+static pt_err handshake_failed(const link *l)
+{
+	pt_warn("worker handshake failed: %s", pt_last_error());
+	return pt_set_error(PT_ERR_IO, "stage %d (worker %s): " PT_JOB_WORKER_UNREACHABLE, l->stage,
+	                    l->url);
+}
+
 pt_err pt_job_workers_join(const pt_job_workers_options *o, pt_job_workers **out, int *failed)
 {
 	const char *urls[PT_MAX_STAGES + 1];
@@ -495,8 +509,11 @@ pt_err pt_job_workers_join(const pt_job_workers_options *o, pt_job_workers **out
 			if (s == 0 && (o->advertise_host == NULL || o->advertise_host[0] == '\0'))
 				local_host(msg, host, sizeof(host));
 		}
-		if (rv != PT_OK && failed)
-			*failed = s;
+		if (rv != PT_OK) {
+			rv = handshake_failed(l);
+			if (failed)
+				*failed = s;
+		}
 		nng_msg_free(msg);
 	}
 	if (rv == PT_OK) {
@@ -529,8 +546,10 @@ pt_err pt_job_workers_join(const pt_job_workers_options *o, pt_job_workers **out
 		if (rv == PT_OK) {
 			l->joined = false;
 			l->running = true;
-		} else if (failed) {
-			*failed = s;
+		} else {
+			rv = handshake_failed(l);
+			if (failed)
+				*failed = s;
 		}
 	}
 	if (rv == PT_OK && (rv = pt_nng_comm_connect(ws->comm, urls)) != PT_OK)
@@ -548,5 +567,164 @@ pt_err pt_job_workers_join(const pt_job_workers_options *o, pt_job_workers **out
 		return pt_set_error(rv, "%s", msg_copy);
 	}
 	*out = ws;
+	return PT_OK;
+}
+
+/* ---------------------------------------------------------- allow list -- */
+
+/* An allow-list entry or a URL host: an address (family AF_INET or AF_INET6,
+ * addr in network order; IPv4-mapped IPv6 counts as IPv4) or a name. */
+typedef struct net_addr {
+	int family; /* AF_INET, AF_INET6, or 0 for a name */
+	uint8_t addr[16];
+	int prefix; /* CIDR prefix length (the full length for an address) */
+	char name[256];
+} net_addr;
+
+static bool is_name(const char *s)
+{
+	if (s[0] == '\0' || strlen(s) > 253)
+		return false;
+	for (const char *p = s; *p; p++)
+		if (!(isalnum((unsigned char)*p) || *p == '-' || *p == '.'))
+			return false;
+	return true;
+}
+
+/* parse_addr reads "ADDR", "ADDR/LEN" (when cidr) or a host name from the n
+ * bytes at s. */
+static bool parse_addr(const char *s, size_t n, bool cidr, net_addr *a)
+{
+	char buf[300], *slash, *end;
+	long len = -1;
+
+	memset(a, 0, sizeof(*a));
+	if (n == 0 || n >= sizeof(buf))
+		return false;
+	memcpy(buf, s, n);
+	buf[n] = '\0';
+	if (cidr && (slash = strchr(buf, '/')) != NULL) {
+		*slash = '\0';
+		if (!isdigit((unsigned char)slash[1]))
+			return false;
+		len = strtol(slash + 1, &end, 10);
+		if (*end != '\0')
+			return false;
+	}
+	if (inet_pton(AF_INET, buf, a->addr) == 1) {
+		a->family = AF_INET;
+		a->prefix = 32;
+	} else if (inet_pton(AF_INET6, buf, a->addr) == 1) {
+		static const uint8_t mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+		a->family = AF_INET6;
+		a->prefix = 128;
+		if (memcmp(a->addr, mapped, 12) == 0 && (len < 0 || len >= 96)) {
+			memmove(a->addr, a->addr + 12, 4);
+			a->family = AF_INET;
+			a->prefix = 32;
+			if (len >= 0)
+				len -= 96;
+		}
+	} else {
+		if (len >= 0 || !is_name(buf))
+			return false;
+		snprintf(a->name, sizeof(a->name), "%s", buf);
+		return true;
+	}
+	if (len >= 0) {
+		if (len > a->prefix)
+			return false;
+		a->prefix = (int)len;
+	}
+	return true;
+}
+
+static bool addr_match(const net_addr *net, const net_addr *host)
+{
+	int full, rest;
+
+	if (net->family == 0 || host->family == 0)
+		return net->family == host->family && strcasecmp(net->name, host->name) == 0;
+	if (net->family != host->family)
+		return false;
+	full = net->prefix / 8;
+	rest = net->prefix % 8;
+	if (memcmp(net->addr, host->addr, (size_t)full) != 0)
+		return false;
+	return rest == 0 ||
+	       ((net->addr[full] ^ host->addr[full]) & (uint8_t)(0xff << (8 - rest))) == 0;
+}
+
+/* allow_next splits the next comma-separated entry off *p (spaces trimmed). */
+static bool allow_next(const char **p, const char **e, size_t *n)
+{
+	while (**p == ',' || **p == ' ')
+		(*p)++;
+	if (**p == '\0')
+		return false;
+	*e = *p;
+	*n = strcspn(*p, ",");
+	*p += *n;
+	while (*n > 0 && (*e)[*n - 1] == ' ')
+		(*n)--;
+	return true;
+}
+
+pt_err pt_job_worker_allow_parse(const char *allow)
+{
+	const char *p = allow, *e;
+	size_t n;
+	net_addr a;
+
+	while (allow_next(&p, &e, &n))
+		if (!parse_addr(e, n, true, &a))
+			return pt_set_error(PT_ERR_INVALID,
+			                    "'%.*s' is not a CIDR, an address or a host name",
+			                    (int)n, e);
+	return PT_OK;
+}
+
+/* url_host finds the host of a tcp:// URL ("tcp://h:p", "tcp://[v6]:p").
+ * Anything else - another scheme, a local address ("tcp://a;h:p"), no
+ * port - is false. */
+static bool url_host(const char *url, net_addr *host)
+{
+	static const char *const schemes[] = {"tcp://", "tcp4://", "tcp6://"};
+	const char *h = NULL, *end;
+
+	for (size_t k = 0; k < sizeof(schemes) / sizeof(schemes[0]); k++)
+		if (strncmp(url, schemes[k], strlen(schemes[k])) == 0)
+			h = url + strlen(schemes[k]);
+	if (h == NULL || strchr(h, ';') != NULL || strchr(h, '@') != NULL)
+		return false;
+	if (h[0] == '[') {
+		if ((end = strchr(h, ']')) == NULL || end[1] != ':')
+			return false;
+		return parse_addr(h + 1, (size_t)(end - h - 1), false, host) && host->family != 0;
+	}
+	if ((end = strrchr(h, ':')) == NULL || memchr(h, ':', (size_t)(end - h)) != NULL)
+		return false;
+	return parse_addr(h, (size_t)(end - h), false, host);
+}
+
+pt_err pt_job_spec_check_workers(const pt_job_spec *s, const char *allow)
+{
+	if (allow == NULL || allow[0] == '\0')
+		return PT_OK;
+	for (int i = 0; i < s->n_workers; i++) {
+		const char *u = s->workers[i] ? s->workers[i] : "", *p = allow, *e;
+		bool ok = false;
+		net_addr host, net;
+		size_t n;
+
+		if (url_host(u, &host))
+			while (!ok && allow_next(&p, &e, &n))
+				ok = parse_addr(e, n, true, &net) && addr_match(&net, &host);
+		if (!ok)
+			return pt_set_error(PT_ERR_INVALID,
+			                    "placement.workers[%d]: '%s' is not allowed by "
+			                    "--worker-allow",
+			                    i, u);
+	}
 	return PT_OK;
 }

@@ -2,7 +2,8 @@
  *
  * glibc's expf/tanhf are scalar calls that stop GCC from vectorising loops;
  * these inline versions are branch-free arithmetic so `#pragma omp simd`
- * loops compile to AVX2. Accuracy: pt_expf within 2 ulp over [-87, 88].
+ * loops compile to AVX2. Accuracy: pt_expf within 2 ulp over [-87, 88]; it
+ * saturates outside and gives NaN for NaN.
  */
 #ifndef PT_CPU_MATH_H
 #define PT_CPU_MATH_H
@@ -15,6 +16,9 @@ static inline float pt_expf(float x)
 	x = x > 88.7f ? 88.7f : x; /* two selects, so loops stay branch-free */
 	x = x < -87.3f ? -87.3f : x;
 	float n = __builtin_rintf(x * 1.44269504088896341f); /* nearest-even mode */
+	/* NaN (a diverged run: lr 1e38) would reach the shift below as INT_MIN,
+	 * a shift of a negative value; any finite n will do, p carries the NaN. */
+	n = n == n ? n : 0.0f;
 	float r = x - n * 0.693145751953125f;
 	r = r - n * 1.428606765330187045e-06f;
 	float p = 1.9875691500e-4f;
