@@ -14,7 +14,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <pthread.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include "api_server.h"
 #include "backend.h"
@@ -84,6 +86,20 @@ static int connection_limit(int asked, long nofile)
 	if (asked > 0)
 		return asked;
 	return room > MAX_CONNECTIONS_AUTO ? MAX_CONNECTIONS_AUTO : (int)room;
+}
+
+/* exit_watchdog ends the process 15 s after shutdown began, when tearing
+ * the API socket down hangs: nng 1.5.2's pipe reaper can wait for ever on a
+ * pipe closed while its replies were blocked (a client that did not read).
+ * It runs after the jobs were shut down, so checkpoints and the journal are
+ * already on disk. */
+static void *exit_watchdog(void *arg)
+{
+	(void)arg;
+	sleep(15);
+	pt_error("API socket teardown hung for 15 s (nng); exiting with the journal flushed");
+	_exit(0);
+	return NULL;
 }
 
 /* is_local tells whether url can only be reached from this machine. */
@@ -266,6 +282,11 @@ int main(int argc, char **argv)
 	http = NULL;
 	pt_api_server_drain(srv);
 	pt_jobs_shutdown(jobs);
+	{
+		pthread_t wd;
+		if (pthread_create(&wd, NULL, exit_watchdog, NULL) == 0)
+			pthread_detach(wd);
+	}
 	status = 0;
 out:
 	pt_http_destroy(http);
