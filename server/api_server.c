@@ -883,11 +883,12 @@ static void ctx_cb(void *arg)
 			if (m)
 				nng_msg_free(m);
 			if (rv == NNG_ETIMEDOUT) {
-				/* The client has not read a reply for reply_timeout_ms. */
-				pt_warn("connection %d: reply not taken in %d ms; dropped",
-				        nng_pipe_id(c->pipe),
-				        s->cfg.reply_timeout_ms > 0 ? s->cfg.reply_timeout_ms
-				                                    : REPLY_TIMEOUT_MS);
+				/* The client has not read a reply for reply_timeout_ms
+				 * (debug: a flood of these must not flood the log). */
+				pt_debug("connection %d: reply not taken in %d ms; dropped",
+				         nng_pipe_id(c->pipe),
+				         s->cfg.reply_timeout_ms > 0 ? s->cfg.reply_timeout_ms
+				                                     : REPLY_TIMEOUT_MS);
 				conn_stall(s, c->pipe);
 			} else if (rv != NNG_ECLOSED) {
 				pt_debug("send: %s", nng_strerror(rv));
