@@ -5,12 +5,19 @@
  * held by a worker), PARK (nng_sleep_aio pending, linked as a job waiter),
  * SEND (nng_ctx_send pending), IDLE (stopped). Its aio callback never blocks:
  * it takes only short-held mutexes and hands anything slow to the workers.
+ *
+ * Connections: a hash table of the socket's pipes (pipe notifications add
+ * and remove them), each with its requests in progress and the time of its
+ * last request or reply; a housekeeping thread closes idle ones. A context
+ * counts its request against the pipe from receipt until the reply was handed
+ * to nng (or dropped), so a parked WatchMetrics keeps its connection active.
  */
 #include "api_server.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -28,8 +35,10 @@
 #include "metrics.h"
 #include "sha256.h"
 
-#define MAX_WAIT_MS 300000
-#define DEDUP_SLOTS 64
+#define MAX_WAIT_MS      300000
+#define DEDUP_SLOTS      64
+#define CONN_BUCKETS     4096
+#define REPLY_TIMEOUT_MS 10000 /* when the config says 0 */
 
 typedef enum ctx_state { CTX_RECV, CTX_WORK, CTX_PARK, CTX_SEND, CTX_IDLE } ctx_state;
 
@@ -58,10 +67,23 @@ struct srv_ctx {
 	pt_fb_builder b;
 	pt_jobs_waiter waiter;
 	double t0;          /* monotonic seconds when the request arrived (metrics) */
+	nng_pipe pipe;      /* the connection the request came on */
+	bool counted;       /* counted in that connection's outstanding */
 	pthread_mutex_t mu; /* sleeping/woken, between a waker and the callback */
 	bool sleeping, woken;
 	srv_ctx *next_all, *next_work;
 };
+
+/* One open connection (nng pipe); guarded by pt_api_server.cmu. */
+typedef struct conn {
+	nng_pipe pipe;
+	int outstanding; /* requests received and not yet answered */
+	double last;     /* monotonic seconds of the last request or reply */
+	bool closing;    /* being closed: no longer counted as open */
+	bool kick;       /* to be closed by the housekeeping thread */
+	bool stalled;    /* does not take its replies: never closed by us (see kick_locked) */
+	struct conn *next;
+} conn;
 
 typedef struct dedup_entry {
 	uint32_t pipe;
@@ -95,6 +117,17 @@ struct pt_api_server {
 	pthread_mutex_t dmu;
 	dedup_entry dedup[DEDUP_SLOTS];
 	size_t dedup_next;
+
+	pthread_mutex_t cmu; /* connections */
+	conn *conns[CONN_BUCKETS];
+	int n_open;                                    /* connections not closing */
+	uint64_t n_evicted, n_refused, n_idle, n_over; /* closed since the last log line */
+	double logged;                                 /* when that line was written */
+
+	pthread_mutex_t hmu; /* housekeeping thread */
+	pthread_cond_t hcv;
+	pthread_t housekeeper;
+	bool hk_started, hk_stop, hk_wake;
 };
 
 static __thread uint8_t *fetch_buf; /* a worker's checkpoint read buffer */
@@ -108,6 +141,9 @@ static double now_mono(void)
 
 static void ctx_cb(void *arg);
 static void start_recv(srv_ctx *c);
+static void keep_receiving(pt_api_server *s);
+static void conn_end(srv_ctx *c);
+static conn **conn_slot(pt_api_server *s, uint32_t id);
 
 /* ------------------------------------------------------------ handlers -- */
 
@@ -276,7 +312,9 @@ _Static_assert(PT_API_KIND_COUNT == 9, "a handler for every request kind");
 /* send_bytes replies with data (copied into a new message) and moves c to SEND. */
 static void send_bytes(srv_ctx *c, const uint8_t *data, size_t size)
 {
+	pt_api_server *s = c->srv;
 	nng_msg *msg;
+	conn *x;
 	int rv;
 
 	if (c->req) {
@@ -291,9 +329,27 @@ static void send_bytes(srv_ctx *c, const uint8_t *data, size_t size)
 		return;
 	}
 	memcpy(nng_msg_body(msg), data, size);
+	/* No reply to a connection being closed: nng 1.5.2 can queue a reply on
+	 * a pipe it has closed but not yet reaped, and never complete it. The
+	 * check and the send are one step under cmu, which kick_locked takes to
+	 * mark a connection closing before it is closed. */
+	pthread_mutex_lock(&s->cmu);
+	if (c->counted && (x = *conn_slot(s, (uint32_t)nng_pipe_id(c->pipe))) != NULL &&
+	    x->closing) {
+		pthread_mutex_unlock(&s->cmu);
+		nng_msg_free(msg);
+		start_recv(c);
+		return;
+	}
 	c->state = CTX_SEND;
+	/* nng queues the reply behind the connection's send in progress: when the
+	 * client does not read, this context waits, so keep others receiving. */
+	nng_aio_set_timeout(c->aio, s->cfg.reply_timeout_ms > 0 ? s->cfg.reply_timeout_ms
+	                                                        : REPLY_TIMEOUT_MS);
 	nng_aio_set_msg(c->aio, msg);
 	nng_ctx_send(c->ctx, c->aio);
+	pthread_mutex_unlock(&s->cmu);
+	keep_receiving(s);
 }
 
 static void send_error(srv_ctx *c, uint64_t id, pt_api_code code, const char *msg)
@@ -388,6 +444,229 @@ static void enqueue_work(srv_ctx *c)
 	pthread_mutex_unlock(&s->wmu);
 }
 
+/* --------------------------------------------------------- connections -- */
+
+static conn **conn_slot(pt_api_server *s, uint32_t id)
+{
+	conn **p = &s->conns[id % CONN_BUCKETS];
+
+	while (*p && (uint32_t)nng_pipe_id((*p)->pipe) != id)
+		p = &(*p)->next;
+	return p;
+}
+
+/* kick_locked hands x to the housekeeping thread to close (cmu held): it
+ * stops counting as open at once, and pipe_cb forgets it when nng removed
+ * it. Callbacks never close pipes themselves (only a new pipe is refused in
+ * place, ADD_PRE): nng 1.5.2 can hang closing a pipe from one.
+ *
+ * A stalled connection (it sent more than max_outstanding requests, or left
+ * a reply untaken for reply_timeout_ms) is never closed: with nng 1.5.2,
+ * closing a pipe while replies queue behind its blocked send leaves nng's
+ * pipe reaper waiting for ever, which stops every later close and
+ * nng_close. It is contained instead: its requests beyond the cap are
+ * dropped unanswered, so it holds at most max_outstanding contexts, each
+ * for at most reply_timeout_ms; it leaves when its client disconnects. */
+static void kick_locked(pt_api_server *s, conn *x)
+{
+	if (x->closing || x->stalled)
+		return;
+	x->closing = true;
+	s->n_open--;
+	x->kick = true;
+	pthread_mutex_lock(&s->hmu);
+	s->hk_wake = true;
+	pthread_cond_signal(&s->hcv);
+	pthread_mutex_unlock(&s->hmu);
+}
+
+/* conn_stall marks connection p stalled (see kick_locked). */
+static void conn_stall(pt_api_server *s, nng_pipe p)
+{
+	conn *x;
+
+	pthread_mutex_lock(&s->cmu);
+	if ((x = *conn_slot(s, (uint32_t)nng_pipe_id(p))) != NULL)
+		x->stalled = true;
+	pthread_mutex_unlock(&s->cmu);
+}
+
+/* pipe_cb runs on nng's threads when a connection is about to be added
+ * (ADD_PRE: closing it there refuses it) and after one was removed. */
+static void pipe_cb(nng_pipe p, nng_pipe_ev ev, void *arg)
+{
+	pt_api_server *s = arg;
+	conn *x, *victim = NULL, **slot;
+	bool refuse = false;
+
+	if (ev == NNG_PIPE_EV_REM_POST) {
+		pthread_mutex_lock(&s->cmu);
+		if ((x = *(slot = conn_slot(s, nng_pipe_id(p)))) != NULL) {
+			*slot = x->next;
+			if (!x->closing)
+				s->n_open--;
+		}
+		pthread_mutex_unlock(&s->cmu);
+		free(x);
+		return;
+	}
+	if (ev != NNG_PIPE_EV_ADD_PRE)
+		return;
+	if ((x = calloc(1, sizeof(*x))) == NULL) {
+		nng_pipe_close(p);
+		return;
+	}
+	x->pipe = p;
+	x->last = now_mono();
+	pthread_mutex_lock(&s->cmu);
+	if (s->n_open >= s->cfg.max_connections) {
+		/* Make room by closing the connection idle the longest. */
+		for (size_t b = 0; b < CONN_BUCKETS; b++)
+			for (conn *y = s->conns[b]; y; y = y->next)
+				if (!y->closing && !y->stalled && y->outstanding == 0 &&
+				    (victim == NULL || y->last < victim->last))
+					victim = y;
+		if (victim) {
+			kick_locked(s, victim);
+			s->n_evicted++;
+		} else {
+			refuse = true;
+			s->n_refused++;
+		}
+	}
+	if (!refuse) {
+		slot = &s->conns[nng_pipe_id(p) % CONN_BUCKETS];
+		x->next = *slot;
+		*slot = x;
+		s->n_open++;
+	}
+	pthread_mutex_unlock(&s->cmu);
+	if (refuse) {
+		free(x);
+		nng_pipe_close(p); /* nng's way to refuse a pipe in ADD_PRE */
+	}
+}
+
+/* conn_begin counts c's new request against its connection; false when the
+ * connection has max_outstanding requests in progress already: drop it. */
+static bool conn_begin(srv_ctx *c)
+{
+	pt_api_server *s = c->srv;
+	conn *x;
+	bool over = false;
+
+	c->pipe = nng_msg_get_pipe(c->req);
+	c->counted = false;
+	pthread_mutex_lock(&s->cmu);
+	if ((x = *conn_slot(s, nng_pipe_id(c->pipe))) != NULL) {
+		x->last = c->t0;
+		if (x->outstanding >= s->cfg.max_outstanding) {
+			over = true;
+			x->stalled = true;
+			s->n_over++;
+		} else {
+			x->outstanding++;
+			c->counted = true;
+		}
+	}
+	pthread_mutex_unlock(&s->cmu);
+	return !over;
+}
+
+/* conn_end ends the count of c's request (its reply went to nng or was
+ * dropped); the connection is active until now. */
+static void conn_end(srv_ctx *c)
+{
+	pt_api_server *s = c->srv;
+	conn *x;
+
+	if (!c->counted)
+		return;
+	c->counted = false;
+	pthread_mutex_lock(&s->cmu);
+	if ((x = *conn_slot(s, nng_pipe_id(c->pipe))) != NULL) {
+		x->outstanding--;
+		x->last = now_mono();
+	}
+	pthread_mutex_unlock(&s->cmu);
+}
+
+/* close_conns closes the kicked connections and, when idle_timeout_ms is
+ * set, every one without a request in progress for that long; it logs what
+ * was closed for any reason (at most every 10 s). */
+static void close_conns(pt_api_server *s)
+{
+	double now = now_mono(), idle = s->cfg.idle_timeout_ms / 1000.0;
+	nng_pipe batch[256];
+	size_t n;
+
+	do {
+		n = 0;
+		pthread_mutex_lock(&s->cmu);
+		for (size_t b = 0; b < CONN_BUCKETS && n < 256; b++)
+			for (conn *x = s->conns[b]; x && n < 256; x = x->next) {
+				if (s->cfg.idle_timeout_ms > 0 && !x->closing && !x->stalled &&
+				    x->outstanding == 0 && now - x->last >= idle) {
+					x->closing = true;
+					x->kick = true;
+					s->n_open--;
+					s->n_idle++;
+				}
+				if (x->kick) {
+					x->kick = false;
+					batch[n++] = x->pipe;
+				}
+			}
+		pthread_mutex_unlock(&s->cmu);
+		for (size_t i = 0; i < n; i++)
+			nng_pipe_close(batch[i]);
+	} while (n == 256);
+
+	pthread_mutex_lock(&s->cmu);
+	if ((s->n_evicted || s->n_refused || s->n_idle || s->n_over) && now - s->logged >= 10) {
+		pt_info("connections: %d open; closed %" PRIu64 " idle, %" PRIu64
+		        " to make room (--max-connections %d); dropped %" PRIu64 " requests over "
+		        "--max-outstanding %d; refused %" PRIu64,
+		        s->n_open, s->n_idle, s->n_evicted, s->cfg.max_connections, s->n_over,
+		        s->cfg.max_outstanding, s->n_refused);
+		s->n_evicted = s->n_refused = s->n_idle = s->n_over = 0;
+		s->logged = now;
+	}
+	pthread_mutex_unlock(&s->cmu);
+}
+
+/* housekeeper_main closes kicked connections at once and scans for idle
+ * ones every idle_timeout_ms / 4 (50 ms to 1 s). */
+static void *housekeeper_main(void *arg)
+{
+	pt_api_server *s = arg;
+	int period = s->cfg.idle_timeout_ms / 4;
+
+	if (period < 50)
+		period = 50;
+	if (period > 1000)
+		period = 1000;
+	pthread_mutex_lock(&s->hmu);
+	while (!s->hk_stop) {
+		struct timespec ts;
+		clock_gettime(CLOCK_MONOTONIC, &ts);
+		ts.tv_nsec += (long)period * 1000000L;
+		ts.tv_sec += ts.tv_nsec / 1000000000L;
+		ts.tv_nsec %= 1000000000L;
+		while (!s->hk_wake && !s->hk_stop &&
+		       pthread_cond_timedwait(&s->hcv, &s->hmu, &ts) == 0)
+			;
+		if (s->hk_stop)
+			break;
+		s->hk_wake = false;
+		pthread_mutex_unlock(&s->hmu);
+		close_conns(s);
+		pthread_mutex_lock(&s->hmu);
+	}
+	pthread_mutex_unlock(&s->hmu);
+	return NULL;
+}
+
 /* ------------------------------------------------------------ contexts -- */
 
 static void waiter_wake(pt_jobs_waiter *w)
@@ -462,12 +741,15 @@ static void keep_receiving(pt_api_server *s)
 
 static void start_recv(srv_ctx *c)
 {
+	conn_end(c);
 	if (atomic_load(&c->srv->stopping)) {
 		c->state = CTX_IDLE;
 		return;
 	}
 	c->state = CTX_RECV;
 	atomic_fetch_add(&c->srv->receiving, 1);
+	/* Receiving waits for ever; the timeout also bounds nng_sleep_aio (PARK). */
+	nng_aio_set_timeout(c->aio, NNG_DURATION_INFINITE);
 	nng_ctx_recv(c->ctx, c->aio);
 }
 
@@ -561,6 +843,12 @@ static void ctx_cb(void *arg)
 		}
 		c->req = nng_aio_get_msg(c->aio);
 		c->t0 = now_mono();
+		if (!conn_begin(c)) {
+			nng_msg_free(c->req);
+			c->req = NULL;
+			start_recv(c);
+			return;
+		}
 		handle_request(c);
 		return;
 	case CTX_PARK: {
@@ -594,8 +882,17 @@ static void ctx_cb(void *arg)
 			nng_msg *m = nng_aio_get_msg(c->aio);
 			if (m)
 				nng_msg_free(m);
-			if (rv != NNG_ECLOSED)
+			if (rv == NNG_ETIMEDOUT) {
+				/* The client has not read a reply for reply_timeout_ms
+				 * (debug: a flood of these must not flood the log). */
+				pt_debug("connection %d: reply not taken in %d ms; dropped",
+				         nng_pipe_id(c->pipe),
+				         s->cfg.reply_timeout_ms > 0 ? s->cfg.reply_timeout_ms
+				                                     : REPLY_TIMEOUT_MS);
+				conn_stall(s, c->pipe);
+			} else if (rv != NNG_ECLOSED) {
 				pt_debug("send: %s", nng_strerror(rv));
+			}
 		}
 		start_recv(c);
 		return;
@@ -667,7 +964,20 @@ pt_err pt_api_server_start(pt_api_server **out, const pt_api_server_config *cfg,
 	pthread_mutex_init(&s->mu, NULL);
 	pthread_mutex_init(&s->wmu, NULL);
 	pthread_mutex_init(&s->dmu, NULL);
+	pthread_mutex_init(&s->cmu, NULL);
+	pthread_mutex_init(&s->hmu, NULL);
 	pthread_cond_init(&s->wcv, NULL);
+	{
+		pthread_condattr_t ca;
+		pthread_condattr_init(&ca);
+		pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+		pthread_cond_init(&s->hcv, &ca);
+		pthread_condattr_destroy(&ca);
+	}
+	if (s->cfg.max_connections <= 0)
+		s->cfg.max_connections = INT_MAX;
+	if (s->cfg.max_outstanding <= 0)
+		s->cfg.max_outstanding = INT_MAX;
 	if ((rv = nng_rep0_open(&s->sock)) != 0) {
 		e = pt_set_error(PT_ERR_BACKEND, "nng_rep0_open: %s", nng_strerror(rv));
 		goto fail;
@@ -677,6 +987,16 @@ pt_err pt_api_server_start(pt_api_server **out, const pt_api_server_config *cfg,
 		e = pt_set_error(PT_ERR_BACKEND, "recv-size-max: %s", nng_strerror(rv));
 		goto fail;
 	}
+	if ((rv = nng_pipe_notify(s->sock, NNG_PIPE_EV_ADD_PRE, pipe_cb, s)) != 0 ||
+	    (rv = nng_pipe_notify(s->sock, NNG_PIPE_EV_REM_POST, pipe_cb, s)) != 0) {
+		e = pt_set_error(PT_ERR_BACKEND, "nng_pipe_notify: %s", nng_strerror(rv));
+		goto fail;
+	}
+	if (pthread_create(&s->housekeeper, NULL, housekeeper_main, s) != 0) {
+		e = pt_set_error(PT_ERR_NOMEM, "housekeeping thread");
+		goto fail;
+	}
+	s->hk_started = true;
 	if ((s->workers = calloc((size_t)cfg->workers, sizeof(*s->workers))) == NULL) {
 		e = pt_set_error(PT_ERR_NOMEM, "workers");
 		goto fail;
@@ -740,6 +1060,13 @@ void pt_api_server_destroy(pt_api_server *s)
 	if (s == NULL)
 		return;
 	atomic_store(&s->closing, true);
+	if (s->hk_started) {
+		pthread_mutex_lock(&s->hmu);
+		s->hk_stop = true;
+		pthread_cond_signal(&s->hcv);
+		pthread_mutex_unlock(&s->hmu);
+		pthread_join(s->housekeeper, NULL);
+	}
 	pthread_mutex_lock(&s->wmu);
 	s->wstop = true;
 	pthread_cond_broadcast(&s->wcv);
@@ -770,8 +1097,18 @@ void pt_api_server_destroy(pt_api_server *s)
 		pthread_mutex_destroy(&c->mu);
 		free(c);
 	}
+	/* nng_close waited for every pipe: no pipe_cb runs any more. */
+	for (size_t b = 0; b < CONN_BUCKETS; b++)
+		while (s->conns[b]) {
+			conn *x = s->conns[b];
+			s->conns[b] = x->next;
+			free(x);
+		}
 	if (s->tls)
 		nng_tls_config_free(s->tls);
+	pthread_mutex_destroy(&s->cmu);
+	pthread_mutex_destroy(&s->hmu);
+	pthread_cond_destroy(&s->hcv);
 	pthread_mutex_destroy(&s->mu);
 	pthread_mutex_destroy(&s->wmu);
 	pthread_mutex_destroy(&s->dmu);

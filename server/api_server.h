@@ -10,6 +10,17 @@
  * max_contexts) so that `contexts` are always receiving: one slow request
  * never blocks the others.
  *
+ * Connections (nng pipes) are tracked through pipe notifications: at most
+ * max_connections are open; one more closes the connection idle the longest
+ * (no request in progress) or, when none is idle, the new one. A connection
+ * with no request in progress for idle_timeout_ms is closed (a parked
+ * WatchMetrics is a request in progress). Requests beyond max_outstanding
+ * in progress on one connection are dropped unanswered, and a reply not
+ * taken in reply_timeout_ms (the client does not read) is dropped: nng
+ * queues a context's reply behind the connection's blocked send, so such a
+ * client would otherwise hold contexts every other client needs. Such a
+ * connection is not closed (api_server.c, kick_locked: nng 1.5.2 hangs).
+ *
  * REQ resend: a SubmitJob that arrives twice on the same connection with the
  * same bytes and a non-zero request id (REQ's resend timer,
  * NNG_OPT_REQ_RESENDTIME) returns the first job's id (the last 64 submits are
@@ -38,6 +49,11 @@ typedef struct pt_api_server_config {
 	int max_contexts;                        /* at most */
 	int workers;                             /* worker threads */
 	size_t max_request;                      /* NNG_OPT_RECVMAXSZ, bytes */
+	int max_connections;                     /* open connections at most (> 0) */
+	int idle_timeout_ms;                     /* close connections idle this long; 0: never */
+	int max_outstanding;                     /* requests in progress per connection */
+	int reply_timeout_ms;                    /* a reply not taken this long is dropped;
+	                                            0: 10 s */
 	const char *device;                      /* reported by ServerInfo */
 	const char *version;
 	pt_jobs *jobs; /* not owned */

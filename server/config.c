@@ -147,6 +147,15 @@ static const opt_desc options[] = {
      "worker threads for requests that block (submit, cancel, checkpoint reads)"},
     {"max_request_mb", OPT_INT, F(max_request_mb), "64", 1, 2047, NULL,
      "largest request in MiB; larger ones drop the connection"},
+    {"max_connections", OPT_INT, F(max_connections), "0", 0, 1000000, NULL,
+     "open API connections at most; one more closes the one idle the longest (0: the "
+     "RLIMIT_NOFILE soft limit less 128 + 1/8 of it for jobs, at most 65536)"},
+    {"idle_timeout", OPT_INT, F(idle_timeout), "60", 0, 86400, NULL,
+     "seconds an API connection may stay without a request in progress before it is closed "
+     "(a parked WatchMetrics is in progress); 0: never"},
+    {"max_outstanding", OPT_INT, F(max_outstanding), "32", 1, 65536, NULL,
+     "requests in progress per API connection (parked WatchMetrics included); requests beyond "
+     "it, and replies left unread for 10 s, are dropped"},
     {"threads", OPT_INT, F(threads), "0", 0, 4096, NULL, "CPU threads per job (0: all cores)"},
     {"memory_limit", OPT_STRING, F(memory_limit), "", 0, 0, valid_memory,
      "host memory a job may need (bytes, or K/M/G/T suffixes); a submitted job whose "

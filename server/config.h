@@ -40,6 +40,9 @@ typedef struct pt_server_config {
 	int max_contexts;      /* contexts at most (parked long polls included) */
 	int workers;           /* worker threads for blocking requests */
 	int max_request_mb;    /* NNG_OPT_RECVMAXSZ in MiB */
+	int max_connections;   /* open API connections at most (0: from RLIMIT_NOFILE) */
+	int idle_timeout;      /* seconds before an idle API connection is closed (0: never) */
+	int max_outstanding;   /* requests in progress per API connection */
 	int threads;           /* CPU threads per job (0: all cores) */
 	int watch_interval_ms; /* parked WatchMetrics are woken at most this often */
 	int metrics_sync_ms;   /* metrics are fsynced at least this often */

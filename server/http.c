@@ -325,6 +325,32 @@ static bool is_loopback(const char *host)
 	       strcmp(host, "::1") == 0;
 }
 
+/* addr_host copies HOST of "HOST:PORT" or "[HOST]:PORT" into host; false
+ * when there is no colon or the host does not fit. */
+static bool addr_host(const char *addr, char *host, size_t n)
+{
+	const char *colon = addr ? strrchr(addr, ':') : NULL;
+	size_t hl;
+
+	if (colon == NULL || colon == addr || (hl = (size_t)(colon - addr)) >= n)
+		return false;
+	if (addr[0] == '[' && colon[-1] == ']' && hl >= 2) {
+		memcpy(host, addr + 1, hl - 2);
+		host[hl - 2] = '\0';
+	} else {
+		memcpy(host, addr, hl);
+		host[hl] = '\0';
+	}
+	return true;
+}
+
+bool pt_http_addr_is_loopback(const char *addr)
+{
+	char host[256];
+
+	return addr_host(addr, host, sizeof(host)) && is_loopback(host);
+}
+
 static pthread_once_t evthread_once = PTHREAD_ONCE_INIT;
 static int evthread_rv;
 
@@ -355,13 +381,7 @@ pt_err pt_http_start(pt_http **out, const pt_http_config *cfg, FILE *announce)
 	hl = (size_t)(colon - cfg->addr);
 	if (*end != '\0' || colon[1] == '\0' || port < 0 || port > 65535 || hl >= sizeof(host))
 		return pt_set_error(PT_ERR_INVALID, "http address \"%s\": bad port", cfg->addr);
-	if (cfg->addr[0] == '[' && colon[-1] == ']') { /* [::1]:8080 */
-		memcpy(host, cfg->addr + 1, hl - 2);
-		host[hl - 2] = '\0';
-	} else {
-		memcpy(host, cfg->addr, hl);
-		host[hl] = '\0';
-	}
+	addr_host(cfg->addr, host, sizeof(host)); /* [::1]:8080 -> ::1 */
 	if (!is_loopback(host) && (cfg->auth_token == NULL || !*cfg->auth_token))
 		return pt_set_error(PT_ERR_INVALID,
 		                    "http address %s is not loopback: an auth token is required",

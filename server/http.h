@@ -24,6 +24,7 @@
 #ifndef PT_SERVER_HTTP_H
 #define PT_SERVER_HTTP_H
 
+#include <stdbool.h>
 #include <stdio.h>
 
 #include "error.h"
@@ -41,6 +42,10 @@ typedef struct pt_http_config {
 	pt_metrics *metrics;    /* not owned */
 	int timeout_s;          /* per-connection read/write timeout (0: 10 s) */
 } pt_http_config;
+
+/* pt_http_addr_is_loopback tells whether "HOST:PORT" names a loopback host
+ * (127.x, localhost, ::1), i.e. one that serves without an auth token. */
+bool pt_http_addr_is_loopback(const char *addr);
 
 /* pt_http_start binds addr, starts the HTTP thread and prints
  * `pipeserver http on http://HOST:PORT` (the bound port) to announce,

@@ -4,6 +4,8 @@
  * stdout (tests and scripts parse it); everything else is logged to stderr.
  * SIGTERM/SIGINT: stop taking requests, stop running jobs (each writes a
  * checkpoint and is marked Interrupted), flush the journal, exit 0.
+ * At start the soft RLIMIT_NOFILE is raised to the hard limit, and API
+ * connections are capped below it so that jobs always have descriptors.
  * With --worker the process serves pipeline stages for other servers' jobs
  * instead of the job API (server/worker.h); SIGTERM ends a running stage.
  */
@@ -12,7 +14,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <pthread.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "api_server.h"
 #include "backend.h"
@@ -26,6 +31,77 @@
 #ifndef PT_VERSION
 #define PT_VERSION "0.0.0"
 #endif
+
+/* Descriptors kept for jobs and the server itself (journal, checkpoint
+ * temporaries and their directory, data files, worker sockets, nng and
+ * libevent internals, HTTP clients): FD_RESERVE_MIN plus 1/FD_RESERVE_DIV of
+ * the limit. API connections get the rest, at most MAX_CONNECTIONS_AUTO. */
+#define FD_RESERVE_MIN       128
+#define FD_RESERVE_DIV       8
+#define MAX_CONNECTIONS_AUTO 65536
+#define MIN_CONNECTIONS      16
+
+/* raise_nofile raises the soft RLIMIT_NOFILE to the hard limit (to 2^20 when
+ * that is unlimited) and returns the soft limit in force. */
+static long raise_nofile(void)
+{
+	struct rlimit rl;
+	rlim_t want;
+
+	if (getrlimit(RLIMIT_NOFILE, &rl) != 0)
+		return 1024;
+	want = rl.rlim_max == RLIM_INFINITY ? (rlim_t)1 << 20 : rl.rlim_max;
+	if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < want) {
+		rlim_t old = rl.rlim_cur;
+		rl.rlim_cur = want;
+		if (setrlimit(RLIMIT_NOFILE, &rl) == 0)
+			pt_info("RLIMIT_NOFILE soft limit raised from %llu to %llu",
+			        (unsigned long long)old, (unsigned long long)want);
+		else
+			rl.rlim_cur = old;
+	}
+	return rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur > (rlim_t)1 << 30 ? 1L << 30
+	                                                                     : (long)rl.rlim_cur;
+}
+
+/* connection_limit checks --max-connections against the descriptors left
+ * for jobs, or derives it (0); -1 with a message on stderr when too few. */
+static int connection_limit(int asked, long nofile)
+{
+	long reserve = FD_RESERVE_MIN + nofile / FD_RESERVE_DIV, room = nofile - reserve;
+
+	if (asked == 0 && room < MIN_CONNECTIONS) {
+		fprintf(stderr,
+		        "pipeserver: RLIMIT_NOFILE is %ld: jobs need %ld descriptors and API "
+		        "connections at least %d; raise it (ulimit -n, LimitNOFILE=)\n",
+		        nofile, reserve, MIN_CONNECTIONS);
+		return -1;
+	}
+	if (asked > room) {
+		fprintf(stderr,
+		        "pipeserver: --max-connections %d: RLIMIT_NOFILE is %ld and jobs need %ld "
+		        "descriptors: at most %ld\n",
+		        asked, nofile, reserve, room > 0 ? room : 0);
+		return -1;
+	}
+	if (asked > 0)
+		return asked;
+	return room > MAX_CONNECTIONS_AUTO ? MAX_CONNECTIONS_AUTO : (int)room;
+}
+
+/* exit_watchdog ends the process 15 s after shutdown began, when tearing
+ * the API socket down hangs: nng 1.5.2's pipe reaper can wait for ever on a
+ * pipe closed while its replies were blocked (a client that did not read).
+ * It runs after the jobs were shut down, so checkpoints and the journal are
+ * already on disk. */
+static void *exit_watchdog(void *arg)
+{
+	(void)arg;
+	sleep(15);
+	pt_error("API socket teardown hung for 15 s (nng); exiting with the journal flushed");
+	_exit(0);
+	return NULL;
+}
 
 /* is_local tells whether url can only be reached from this machine. */
 static int is_local(const char *url)
@@ -59,7 +135,8 @@ int main(int argc, char **argv)
 	pt_log_level log_level = PT_LOG_INFO;
 	sigset_t set;
 	char files_root[4200];
-	int sig = 0, status = 1;
+	int sig = 0, status = 1, max_connections = 0;
+	long nofile;
 
 	/* Every thread (nng's included) inherits the mask: only sigwait sees them. */
 	sigemptyset(&set);
@@ -92,6 +169,26 @@ int main(int argc, char **argv)
 			pt_server_config_fini(&cfg);
 			return 2;
 		}
+	/* The HTTP endpoint: refused here, before any listener or job starts. */
+	if (!cfg.worker && cfg.http[0] && !pt_http_addr_is_loopback(cfg.http) &&
+	    cfg.auth_token == NULL) {
+		fprintf(
+		    stderr,
+		    "pipeserver: --http %s is not a loopback address: an auth token is required "
+		    "(--auth-token-file)\n",
+		    cfg.http);
+		pt_server_config_fini(&cfg);
+		return 2;
+	}
+	nofile = raise_nofile();
+	if (!cfg.worker && (max_connections = connection_limit(cfg.max_connections, nofile)) < 0) {
+		pt_server_config_fini(&cfg);
+		return 2;
+	}
+	if (!cfg.worker)
+		pt_info("API connections at most %d (RLIMIT_NOFILE %ld), idle timeout %d s, %d "
+		        "requests in progress each",
+		        max_connections, nofile, cfg.idle_timeout, cfg.max_outstanding);
 	/* --device cuda:N on a machine (or build) without that GPU: say so now. */
 	{
 		pt_device dev;
@@ -167,6 +264,9 @@ int main(int argc, char **argv)
 	ac.max_contexts = cfg.max_contexts;
 	ac.workers = cfg.workers;
 	ac.max_request = (size_t)cfg.max_request_mb << 20;
+	ac.max_connections = max_connections;
+	ac.idle_timeout_ms = cfg.idle_timeout * 1000;
+	ac.max_outstanding = cfg.max_outstanding;
 	ac.device = cfg.device;
 	ac.version = PT_VERSION;
 	ac.jobs = jobs;
@@ -197,6 +297,11 @@ int main(int argc, char **argv)
 	http = NULL;
 	pt_api_server_drain(srv);
 	pt_jobs_shutdown(jobs);
+	{
+		pthread_t wd;
+		if (pthread_create(&wd, NULL, exit_watchdog, NULL) == 0)
+			pthread_detach(wd);
+	}
 	status = 0;
 out:
 	pt_http_destroy(http);

@@ -16,6 +16,10 @@
   stage runs deploy/install-deps.sh, deploy/build.sh and deploy/stage.sh,
   non-root USER, HEALTHCHECK, VOLUME of the data directory, ENTRYPOINT
   pipeserver.
+- systemd units that run pipeserver set LimitNOFILE, leaving at least 16
+  API connections after the descriptors kept for jobs (server/main.c), and
+  no PIPETRAIN_MAX_CONNECTIONS beyond that; the Kubernetes server manifest
+  says what RLIMIT_NOFILE the runtime gives (there is no ulimit field).
 - Drift: every PIPETRAIN_* name in Dockerfile, deploy/ and the READMEs is an
   option of server/config.c's table or a getenv() of our C sources, and
   every --flag given to pipeserver (pipeclient) is in its option table.
@@ -127,6 +131,33 @@ for path in DRIFT_FILES:
     text = read(path)
     check_env_in_text(path, text)
     check_flags_in_text(path, text)
+
+
+# ---- descriptors (server/main.c: connection_limit) --------------------------
+
+FD_RESERVE_MIN, FD_RESERVE_DIV, MIN_CONNECTIONS = 128, 8, 16
+
+
+def connection_room(nofile):
+    """API connections pipeserver allows under RLIMIT_NOFILE nofile."""
+    return nofile - (FD_RESERVE_MIN + nofile // FD_RESERVE_DIV)
+
+
+for path in sorted(glob.glob(os.path.join(ROOT, "deploy/*.service"))):
+    text = read(path)
+    if "pipeserver" not in text:
+        continue
+    m = re.search(r"^LimitNOFILE=(\d+)(?::(\d+))?\s*$", text, re.MULTILINE)
+    if not m:
+        bad(path, "no LimitNOFILE=N (pipeserver raises its soft limit to it)")
+        continue
+    nofile = int(m.group(2) or m.group(1))
+    if connection_room(nofile) < MIN_CONNECTIONS:
+        bad(path, f"LimitNOFILE={nofile} leaves fewer than {MIN_CONNECTIONS} API connections")
+    for want in re.findall(r"PIPETRAIN_MAX_CONNECTIONS=(\d+)", text):
+        if int(want) > connection_room(nofile):
+            bad(path, f"PIPETRAIN_MAX_CONNECTIONS={want} exceeds what LimitNOFILE={nofile} "
+                      f"leaves ({connection_room(nofile)})")
 
 
 # ---- YAML -----------------------------------------------------------------
@@ -306,6 +337,9 @@ for path, w in workloads:
                     bad(path, f"{who}: {kind} probe must GET {want}, not {get.get('path')}")
                 elif probe_port(path, who, p, ports) != http:
                     bad(path, f"{who}: {kind} probe is not on PIPETRAIN_HTTP's port {http}")
+            if "RLIMIT_NOFILE" not in read(path):
+                bad(path, f"{who}: no word on RLIMIT_NOFILE (Kubernetes has no ulimit "
+                          f"field: say what the runtime gives)")
             data = env.get("PIPETRAIN_DATA_DIR")
             mounts = {m["mountPath"]: m["name"] for m in c.get("volumeMounts", [])}
             if not data or "persistentVolumeClaim" not in volumes.get(mounts.get(data), {}):
