@@ -26,6 +26,7 @@
 #include "api/api.h"
 #include "error.h"
 #include "fb.h"
+#include "job.h"
 #include "sha256.h"
 
 typedef struct pt_jobs pt_jobs;
@@ -39,6 +40,7 @@ typedef struct pt_jobs_config {
 	int metrics_sync_ms;        /* fsync metric records at least this often */
 	const char *worker_token;   /* token shown to `pipeserver --worker`s (NULL: none) */
 	const char *advertise_host; /* host workers dial for the coordinator (NULL: automatic) */
+	pt_job_tls worker_tls;      /* for tls+tcp:// workers */
 } pt_jobs_config;
 
 /* pt_jobs_waiter is a parked WatchMetrics request, embedded by the caller.

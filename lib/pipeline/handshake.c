@@ -5,7 +5,7 @@
 #include <string.h>
 
 /* Field ids follow the declaration order in schema/stage.fbs. */
-enum { JOIN_PROTOCOL, JOIN_TOKEN, JOIN_RANK, JOIN_WORLD, JOIN_COMPRESS, JOIN_TIMEOUT };
+enum { JOIN_PROTOCOL, JOIN_TOKEN, JOIN_RANK, JOIN_WORLD, JOIN_COMPRESS, JOIN_TIMEOUT, JOIN_KEY };
 enum { JREPLY_OK, JREPLY_MESSAGE, JREPLY_DATA_URL, JREPLY_SESSION, JREPLY_BUSY };
 enum { PEERS_URLS, PEERS_SESSION };
 enum { PREPLY_OK, PREPLY_MESSAGE };
@@ -20,6 +20,7 @@ static const pt_fb_field_desc join_fields[] = {
     PT_FB_FIELD_SCALAR(JOIN_WORLD, "world", 4),
     PT_FB_FIELD_SCALAR(JOIN_COMPRESS, "compress", 1),
     PT_FB_FIELD_SCALAR(JOIN_TIMEOUT, "timeout_ms", 4),
+    PT_FB_FIELD_VECTOR(JOIN_KEY, "session_key", 1, 1, false),
 };
 static const pt_fb_table_desc join_desc = PT_FB_TABLE_DESC("StageJoin", join_fields);
 
@@ -77,7 +78,7 @@ static const int request_field[] = {
 pt_err pt_handshake_encode_request(pt_fb_builder *b, const pt_worker_request *q,
                                    const uint8_t **data, size_t *size)
 {
-	pt_fb_ref token = 0, urls = 0, inner = 0, root = 0;
+	pt_fb_ref token = 0, key = 0, urls = 0, inner = 0, root = 0;
 	pt_fb_ref refs[PT_MAX_STAGES + 1];
 
 	if (q->n_urls < 0 || q->n_urls > PT_MAX_STAGES + 1)
@@ -89,8 +90,11 @@ pt_err pt_handshake_encode_request(pt_fb_builder *b, const pt_worker_request *q,
 	if (q->kind == PT_WORKER_JOIN) {
 		if (q->token != NULL)
 			pt_fb_create_cstring(b, q->token, &token);
+		if (q->key != NULL)
+			pt_fb_create_vector(b, q->key, PT_COMM_KEY_BYTES, 1, 1, &key);
 		pt_fb_start_table(b);
 		pt_fb_add_offset(b, JOIN_TOKEN, token);
+		pt_fb_add_offset(b, JOIN_KEY, key);
 		pt_fb_force_i32(b, JOIN_PROTOCOL, q->protocol);
 		pt_fb_force_i32(b, JOIN_RANK, q->rank);
 		pt_fb_force_i32(b, JOIN_WORLD, q->world);
@@ -140,6 +144,12 @@ pt_err pt_handshake_decode_request(const void *buf, size_t len, pt_worker_reques
 		q->world = pt_fb_get_i32(join, JOIN_WORLD, 0);
 		q->compress = pt_fb_get_bool(join, JOIN_COMPRESS, false);
 		q->timeout_ms = pt_fb_get_i32(join, JOIN_TIMEOUT, 0);
+		vec = pt_fb_get_vector(join, JOIN_KEY, &n);
+		if (vec != NULL && n != PT_COMM_KEY_BYTES)
+			return pt_set_error(PT_ERR_FORMAT,
+			                    "StageJoin: session_key of %u bytes (%d)", n,
+			                    PT_COMM_KEY_BYTES);
+		q->key = vec;
 		return PT_OK;
 	}
 	if (ping != NULL) {
