@@ -15,6 +15,9 @@
  *   bench nng_tcp_gbps_<size> <GB/s>, bench plain_tcp_gbps_<size> <GB/s>
  *   bench nng_tcp_ratio_4mib_noauth, bench nng_tcp_gbps_4mib_noauth
  *   bench nng_auth_cost <1 - GB/s with authentication / GB/s without>
+ *   bench nng_auth_cpu_cost <CPU seconds (all threads, user + system) per
+ *     byte with authentication / without, - 1>: what the MAC adds to the
+ *     process's work; unlike GB/s it hardly depends on other load.
  */
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -22,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -203,20 +207,34 @@ static double run_nng(void *p, int count)
 	return nng_run(c->tx, c->rx, c->t, count);
 }
 
+static double cpu_s(void)
+{
+	struct rusage u;
+	getrusage(RUSAGE_SELF, &u);
+	return (double)u.ru_utime.tv_sec + u.ru_utime.tv_usec * 1e-6 + (double)u.ru_stime.tv_sec +
+	       u.ru_stime.tv_usec * 1e-6;
+}
+
 /* auth_pair measures the authenticated pair against the unauthenticated
- * one, alternating runs of the same count; best GB/s of each. */
-static void auth_pair(ctx *c, size_t bytes, double *on, double *off)
+ * one, alternating runs of the same count; best GB/s of each, and the CPU
+ * time of all runs of each (*cpu_on, *cpu_off). */
+static void auth_pair(ctx *c, size_t bytes, double *on, double *off, double *cpu_on,
+                      double *cpu_off)
 {
 	int count = 1;
 	double s;
 
 	while ((s = nng_run(c->tx, c->rx, c->t, count)) < MIN_SECONDS)
 		count = s < MIN_SECONDS / 8 ? count * 8 : (int)(count * 1.2 * MIN_SECONDS / s) + 1;
-	*on = *off = 0;
+	*on = *off = *cpu_on = *cpu_off = 0;
 	for (int k = 0; k < AUTH_ROUNDS; k++) {
+		double c0 = cpu_s();
 		double a = (double)bytes * count / nng_run(c->tx, c->rx, c->t, count) / 1e9;
+		double c1 = cpu_s();
 		double b =
 		    (double)bytes * count / nng_run(c->tx_noauth, c->rx_noauth, c->t, count) / 1e9;
+		*cpu_on += c1 - c0;
+		*cpu_off += cpu_s() - c1;
 		*on = a > *on ? a : *on;
 		*off = b > *off ? b : *off;
 	}
@@ -281,9 +299,9 @@ int main(void)
 		if ((x.buf = malloc(sizes[k])) == NULL)
 			die("buffer");
 		double plain = best_gbps(run_plain, &x, sizes[k]);
-		double nng, off = 0;
+		double nng, off = 0, cpu_on = 0, cpu_off = 0;
 		if (sizes[k] == (size_t)4 << 20)
-			auth_pair(&x, sizes[k], &nng, &off);
+			auth_pair(&x, sizes[k], &nng, &off, &cpu_on, &cpu_off);
 		else
 			nng = best_gbps(run_nng, &x, sizes[k]);
 		printf("bench nng_tcp_ratio_%s %.2f\n", names[k], nng / plain);
@@ -293,6 +311,7 @@ int main(void)
 			printf("bench nng_tcp_ratio_%s_noauth %.2f\n", names[k], off / plain);
 			printf("bench nng_tcp_gbps_%s_noauth %.2f\n", names[k], off);
 			printf("bench nng_auth_cost %.3f\n", 1 - nng / off);
+			printf("bench nng_auth_cpu_cost %.3f\n", cpu_on / cpu_off - 1);
 		}
 		fflush(stdout);
 		free(x.buf);
