@@ -707,10 +707,11 @@ static void test_workers_forged_frames_ignored(void)
 	CU_ASSERT_EQUAL(wf_proc_stop(&w1), 0);
 }
 
-/* Workers on tls+tcp:// (control and stage data), with a CA and a worker
+/* Workers on tls+tcp:// (control and stage data), with a CA and a node
  * certificate made by the openssl command at test time (mbed TLS in nng
- * matches the URL's host against DNS names, hence DNS:127.0.0.1): the job
- * gives the local run's losses, bitwise. A coordinator without the CA is
+ * matches the URL's host against DNS names, hence DNS:127.0.0.1); the
+ * workers ask for a client certificate (--tls-ca), which the coordinator
+ * presents: the job gives the local run's losses, bitwise. A coordinator without the CA is
  * refused before any worker is joined, naming the option. */
 static void test_workers_tls_job(void)
 {
@@ -745,9 +746,9 @@ static void test_workers_tls_job(void)
 	}
 	{
 		const char *args[] = {
-		    server_bin,        "--worker", "--listen",  "tls+tcp://127.0.0.1:0",
-		    "--tls-cert",      cert,       "--tls-key", key,
-		    "--worker-tls-ca", ca,         NULL};
+		    server_bin, "--worker",  "--listen", "tls+tcp://127.0.0.1:0", "--tls-cert",
+		    cert,       "--tls-key", key,        "--worker-tls-ca",       ca,
+		    "--tls-ca", ca,          NULL};
 		snprintf(log1, sizeof(log1), "%s/tls-w1.log", tmpdir);
 		CU_ASSERT_FATAL(wf_proc_start(&w0, args, log_path()));
 		CU_ASSERT_FATAL(wf_proc_start(&w1, args, log1));
