@@ -1275,9 +1275,10 @@ static uint64_t errors_reach(pt_comm *c, uint64_t n)
 /* Issue 11, defect 2: frames from outside the session. A stranger's PUSH
  * socket sends forward frames claiming rank 1, then rank 0, with a sequence
  * number far ahead: without a MAC, with a zero tag, under another key, sealed
- * for another rank, tampered after sealing; junk; and a replay of rank 1's
- * first frame. Each is dropped and counted in errors, exactly; none reaches
- * the receiver, and rank 1's real frames go on in sequence. */
+ * for another rank, tampered after sealing; junk; and replays of rank 1's
+ * first frame and of a middle fragment. Each is dropped and counted in
+ * errors, exactly; none reaches the receiver, and rank 1's real frames go on
+ * in sequence. */
 static void test_comm_forged(void)
 {
 	group g;
@@ -1322,7 +1323,14 @@ static void test_comm_forged(void)
 	f.source = 1;
 	f.seq = 0; /* authentic, but rank 1 sent seq 0 already */
 	fake_send(s, &f, SEAL_KEY, g.key);
-	CU_ASSERT_EQUAL(errors_reach(g.c[0], e0 + 9) - e0, 9);
+	f.frag_index = 1; /* a replayed middle fragment: no error either */
+	f.frag_count = 2;
+	f.frag_size = 4096;
+	f.frag_offset = 4096;
+	f.raw = 8192;
+	f.dim = 8192;
+	fake_send(s, &f, SEAL_KEY, g.key);
+	CU_ASSERT_EQUAL(errors_reach(g.c[0], e0 + 10) - e0, 10);
 	PT_CHECK_ERR(pt_comm_recv(g.c[0], PT_ANY_RANK, PT_CH_ANY, 0, &r), PT_ERR_TIMEOUT);
 	nng_close(s);
 	sleep_ms(200); /* the stranger's disconnect marks nobody lost */
@@ -1339,7 +1347,7 @@ static void test_comm_forged(void)
 	CU_ASSERT(r.meta.seq == 0 && r.meta.step == 7);
 	pt_msg_fini(&r);
 	PT_CHECK_ERR(pt_comm_recv(g.c[0], PT_ANY_RANK, PT_CH_ANY, 0, &r), PT_ERR_TIMEOUT);
-	CU_ASSERT_EQUAL(pt_comm_get_stats(g.c[0]).errors - e0, 9);
+	CU_ASSERT_EQUAL(pt_comm_get_stats(g.c[0]).errors - e0, 10);
 	CU_ASSERT_EQUAL(pt_comm_get_stats(g.c[1]).errors, 0);
 	pt_tensor_fini(&t);
 	group_free(&g);

@@ -1249,6 +1249,12 @@ static void io_handle(nng_comm *c, nng_msg *msg)
 		deliver_error(c, pipe_rank, rv);
 		goto done;
 	}
+	/* Genuine senders never repeat a sequence number: an authentic frame
+	 * that does is a replay, dropped before it can touch any state. */
+	if (c->auth && f.meta.seq < c->expect_seq[f.meta.source]) {
+		mac_reject(c, "repeats an earlier sequence number (a replay)", len);
+		goto done;
+	}
 	if (pipe_rank >= 0 && pipe_rank != f.meta.source) {
 		deliver_error(c, pipe_rank,
 		              pt_set_error(PT_ERR_FORMAT,
@@ -1265,12 +1271,6 @@ static void io_handle(nng_comm *c, nng_msg *msg)
 		              pt_set_error(PT_ERR_FORMAT,
 		                           "fragment %u claiming rank %d on a new connection",
 		                           f.frag_index, f.meta.source));
-		goto done;
-	}
-	/* Genuine senders never repeat a sequence number: an authentic frame
-	 * that does is a replay, dropped before it can touch any state. */
-	if (c->auth && f.meta.seq < c->expect_seq[f.meta.source]) {
-		mac_reject(c, "repeats an earlier sequence number (a replay)", len);
 		goto done;
 	}
 	if (pipe_rank >= 0 && !check_seq(c, &f))
