@@ -34,7 +34,8 @@ FROM nvidia/cuda:${CUDA_VERSION}-runtime-${DISTRO}
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 COPY --from=build /stage/ /
 # runtime-packages.txt: the packages that own the libraries the binaries link
-# (oneDNN, nng, libevent, lz4, ...), listed by stage.sh on the build stage.
+# (oneDNN, nng, libevent, lz4, libcrypto from libssl3, ...), listed by stage.sh
+# on the build stage.
 # Versions follow the distribution release the CUDA tag pins.
 # hadolint ignore=DL3008
 RUN apt-get update \

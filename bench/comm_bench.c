@@ -7,9 +7,17 @@
  * length and the same bytes with blocking send(), the receiver reads the
  * length and the bytes into one reused buffer with blocking recv() - no
  * copies beyond the kernel's. Each measurement runs for at least MIN_SECONDS;
- * the best of 3 counts. Prints `bench <name> <value>` lines:
+ * the best of 3 counts. The nng ranks authenticate every frame (the default);
+ * at 4 MiB a second pair with authentication off runs too, interleaved with
+ * the first (AUTH_ROUNDS each, best counts) so that both see the same noise.
+ * Prints `bench <name> <value>` lines:
  *   bench nng_tcp_ratio_<size> <nng GB/s / plain GB/s>
  *   bench nng_tcp_gbps_<size> <GB/s>, bench plain_tcp_gbps_<size> <GB/s>
+ *   bench nng_tcp_ratio_4mib_noauth, bench nng_tcp_gbps_4mib_noauth
+ *   bench nng_auth_cost <1 - GB/s with authentication / GB/s without>
+ *   bench nng_auth_cpu_cost <CPU seconds (all threads, user + system) per
+ *     byte with authentication / without, - 1>: what the MAC adds to the
+ *     process's work; unlike GB/s it hardly depends on other load.
  */
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -17,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -25,6 +34,7 @@
 
 #define MIN_SECONDS 1.0
 #define TRIES       3
+#define AUTH_ROUNDS 6
 
 static double now_s(void)
 {
@@ -184,6 +194,7 @@ static double best_gbps(run_fn run, void *ctx, size_t bytes)
 
 typedef struct ctx {
 	pt_comm *tx, *rx;
+	pt_comm *tx_noauth, *rx_noauth;
 	pt_tensor *t;
 	int ptx, prx;
 	void *buf;
@@ -196,6 +207,64 @@ static double run_nng(void *p, int count)
 	return nng_run(c->tx, c->rx, c->t, count);
 }
 
+static double cpu_s(void)
+{
+	struct rusage u;
+	getrusage(RUSAGE_SELF, &u);
+	return (double)u.ru_utime.tv_sec + u.ru_utime.tv_usec * 1e-6 + (double)u.ru_stime.tv_sec +
+	       u.ru_stime.tv_usec * 1e-6;
+}
+
+/* auth_pair measures the authenticated pair against the unauthenticated
+ * one, alternating runs of the same count; best GB/s of each, and the CPU
+ * time of all runs of each (*cpu_on, *cpu_off). */
+static void auth_pair(ctx *c, size_t bytes, double *on, double *off, double *cpu_on,
+                      double *cpu_off)
+{
+	int count = 1;
+	double s;
+
+	while ((s = nng_run(c->tx, c->rx, c->t, count)) < MIN_SECONDS)
+		count = s < MIN_SECONDS / 8 ? count * 8 : (int)(count * 1.2 * MIN_SECONDS / s) + 1;
+	*on = *off = *cpu_on = *cpu_off = 0;
+	for (int k = 0; k < AUTH_ROUNDS; k++) {
+		double c0 = cpu_s();
+		double a = (double)bytes * count / nng_run(c->tx, c->rx, c->t, count) / 1e9;
+		double c1 = cpu_s();
+		double b =
+		    (double)bytes * count / nng_run(c->tx_noauth, c->rx_noauth, c->t, count) / 1e9;
+		*cpu_on += c1 - c0;
+		*cpu_off += cpu_s() - c1;
+		*on = a > *on ? a : *on;
+		*off = b > *off ? b : *off;
+	}
+}
+
+/* make_pair connects two nng ranks on loopback; key NULL: no authentication. */
+static void make_pair(pt_comm **tx, pt_comm **rx, const uint8_t *key)
+{
+	pt_comm *c[2];
+	const char *urls[2];
+	char u[2][64];
+
+	for (int r = 0; r < 2; r++) {
+		pt_nng_options o = {.listen_url = "tcp://127.0.0.1:0",
+		                    .world = 2,
+		                    .rank = r,
+		                    .key = key,
+		                    .no_auth = key == NULL};
+		if (pt_nng_comm_create(&c[r], &o) != PT_OK)
+			die("nng create");
+		snprintf(u[r], sizeof(u[r]), "%s", pt_nng_comm_url(c[r]));
+		urls[r] = u[r];
+	}
+	for (int r = 0; r < 2; r++)
+		if (pt_nng_comm_connect(c[r], urls) != PT_OK)
+			die("nng connect");
+	*tx = c[0];
+	*rx = c[1];
+}
+
 static double run_plain(void *p, int count)
 {
 	ctx *c = p;
@@ -206,24 +275,14 @@ int main(void)
 {
 	const size_t sizes[] = {(size_t)1 << 20, (size_t)4 << 20, (size_t)64 << 20};
 	const char *names[] = {"1mib", "4mib", "64mib"};
-	pt_comm *c[2];
-	const char *urls[2];
-	char u[2][64];
+	uint8_t key[PT_COMM_KEY_BYTES];
 	ctx x = {0};
 
-	for (int r = 0; r < 2; r++) {
-		pt_nng_options o = {.listen_url = "tcp://127.0.0.1:0", .world = 2, .rank = r};
-		if (pt_nng_comm_create(&c[r], &o) != PT_OK)
-			die("nng create");
-		snprintf(u[r], sizeof(u[r]), "%s", pt_nng_comm_url(c[r]));
-		urls[r] = u[r];
-	}
-	for (int r = 0; r < 2; r++)
-		if (pt_nng_comm_connect(c[r], urls) != PT_OK)
-			die("nng connect");
+	if (pt_comm_key_generate(key) != PT_OK)
+		die("session key");
+	make_pair(&x.tx, &x.rx, key);
+	make_pair(&x.tx_noauth, &x.rx_noauth, NULL);
 	plain_connect(&x.ptx, &x.prx);
-	x.tx = c[0];
-	x.rx = c[1];
 
 	for (size_t k = 0; k < sizeof(sizes) / sizeof(sizes[0]); k++) {
 		const char *only = getenv("COMM_BENCH_ONLY"); /* e.g. "4mib" */
@@ -240,17 +299,29 @@ int main(void)
 		if ((x.buf = malloc(sizes[k])) == NULL)
 			die("buffer");
 		double plain = best_gbps(run_plain, &x, sizes[k]);
-		double nng = best_gbps(run_nng, &x, sizes[k]);
+		double nng, off = 0, cpu_on = 0, cpu_off = 0;
+		if (sizes[k] == (size_t)4 << 20)
+			auth_pair(&x, sizes[k], &nng, &off, &cpu_on, &cpu_off);
+		else
+			nng = best_gbps(run_nng, &x, sizes[k]);
 		printf("bench nng_tcp_ratio_%s %.2f\n", names[k], nng / plain);
 		printf("bench nng_tcp_gbps_%s %.2f\n", names[k], nng);
 		printf("bench plain_tcp_gbps_%s %.2f\n", names[k], plain);
+		if (off > 0) {
+			printf("bench nng_tcp_ratio_%s_noauth %.2f\n", names[k], off / plain);
+			printf("bench nng_tcp_gbps_%s_noauth %.2f\n", names[k], off);
+			printf("bench nng_auth_cost %.3f\n", 1 - nng / off);
+			printf("bench nng_auth_cpu_cost %.3f\n", cpu_on / cpu_off - 1);
+		}
 		fflush(stdout);
 		free(x.buf);
 		pt_tensor_fini(&t);
 	}
 	close(x.ptx);
 	close(x.prx);
-	pt_comm_destroy(c[0]);
-	pt_comm_destroy(c[1]);
+	pt_comm_destroy(x.tx);
+	pt_comm_destroy(x.rx);
+	pt_comm_destroy(x.tx_noauth);
+	pt_comm_destroy(x.rx_noauth);
 	return 0;
 }

@@ -132,11 +132,17 @@ static const pt_layer_spec layers[] = {
     {.kind = PT_LAYER_LINEAR, .in_features = WIDTH, .out_features = 10, .bias = true},
 };
 
+static uint8_t session_key[PT_COMM_KEY_BYTES]; /* the child gets it as hex in argv */
+
 static pt_comm *make_comm(int rank, const char *url, const char *const *urls)
 {
 	pt_comm *c;
-	pt_nng_options no = {
-	    .listen_url = url, .world = 3, .rank = rank, .timeout_ms = 60000, .compress = false};
+	pt_nng_options no = {.listen_url = url,
+	                     .world = 3,
+	                     .rank = rank,
+	                     .timeout_ms = 60000,
+	                     .compress = false,
+	                     .key = session_key};
 	if (pt_nng_comm_create(&c, &no) != PT_OK || pt_nng_comm_connect(c, urls) != PT_OK)
 		die("nng communicator");
 	return c;
@@ -176,7 +182,7 @@ static int cmp_double(const void *a, const void *b)
  * the coordinator here. */
 static figures run(const char *self, int delay_ms, bool sync_sends, int port)
 {
-	char u0[64], u1[64], u2[64], dms[16];
+	char u0[64], u1[64], u2[64], dms[16], hex[2 * PT_COMM_KEY_BYTES + 1];
 	const char *urls[3] = {u0, u1, u2};
 	pt_stage_config sc[2];
 	pt_pipeline_config pc = {.n_stages = 2,
@@ -202,11 +208,12 @@ static figures run(const char *self, int delay_ms, bool sync_sends, int port)
 	snprintf(u1, sizeof(u1), "tcp://" HOST_A ":%d", port + 1);
 	snprintf(u2, sizeof(u2), "tcp://" HOST_B ":%d", port + 2);
 	snprintf(dms, sizeof(dms), "%d", delay_ms);
+	pt_comm_key_format(session_key, hex);
 	if ((pid = fork()) < 0)
 		die("fork");
 	if (pid == 0) {
 		prctl(PR_SET_PDEATHSIG, SIGKILL);
-		execlp("ip", "ip", "netns", "exec", ns, self, "--serve", u0, u1, u2, dms,
+		execlp("ip", "ip", "netns", "exec", ns, self, "--serve", u0, u1, u2, dms, hex,
 		       (char *)NULL);
 		_exit(127);
 	}
@@ -270,8 +277,13 @@ int main(int argc, char **argv)
 	double X, C;
 	int port = 20000 + (int)(getpid() % 4000) * 3;
 
-	if (argc == 6 && strcmp(argv[1], "--serve") == 0)
+	if (argc == 7 && strcmp(argv[1], "--serve") == 0) {
+		if (pt_comm_key_parse(argv[6], session_key) != PT_OK)
+			die("session key");
 		return serve((const char *const *)&argv[2], atoi(argv[5]));
+	}
+	if (pt_comm_key_generate(session_key) != PT_OK)
+		die("session key");
 	if (geteuid() != 0) {
 		fprintf(stderr, "overlap_bench: skipped: needs root for a network namespace, a "
 		                "veth pair and tc tbf\n");

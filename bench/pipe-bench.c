@@ -131,11 +131,15 @@ static pipe_run run_pipe(const model_desc *d, int p, int m, bool use_nng, int wa
 		die("partition");
 	if (use_nng) {
 		const char *urls[PT_MAX_STAGES + 1];
+		uint8_t key[PT_COMM_KEY_BYTES];
+		if (pt_comm_key_generate(key) != PT_OK)
+			die("session key");
 		for (int i = 0; i <= p; i++) {
 			pt_nng_options no = {.listen_url = "tcp://127.0.0.1:0",
 			                     .world = p + 1,
 			                     .rank = i,
-			                     .timeout_ms = 60000};
+			                     .timeout_ms = 60000,
+			                     .key = key};
 			if (pt_nng_comm_create(&comms[i], &no) != PT_OK)
 				die("nng communicator");
 			urls[i] = pt_nng_comm_url(comms[i]);

@@ -15,6 +15,7 @@ packages=(
 	libnng-dev nng-utils   # transport; nngcat for scripted pokes
 	libevent-dev           # HTTP endpoint
 	liblz4-dev             # wire compression
+	libssl-dev openssl     # libcrypto: MAC of every stage frame; openssl: test certificates
 	flatbuffers-compiler libflatbuffers-dev  # flatc: lib/fb descriptors (build), interop tests
 	python3 python3-flatbuffers python3-numpy  # descriptor generator, data tools, client tests
 	python3-yaml           # tests/deploy_check.py reads the deploy/ YAML files

@@ -132,6 +132,9 @@ static const opt_desc options[] = {
      "PEM private key for tls+tcp:// listeners (may be the tls_cert file)"},
     {"tls_ca", OPT_STRING, F(tls_ca), "", 0, 0, NULL,
      "PEM CA bundle: when set, TLS clients must present a certificate it signed"},
+    {"worker_tls_ca", OPT_STRING, F(worker_tls_ca), "", 0, 0, NULL,
+     "PEM CA bundle that verifies tls+tcp:// workers' certificates and the stage data "
+     "ports of jobs on them (set on the server and on each tls+tcp:// worker)"},
     {"log_level", OPT_STRING, F(log_level), "info", 0, 0, valid_level,
      "debug, info, warn, error or off"},
     {"log_format", OPT_STRING, F(log_format), "text", 0, 0, valid_log_format,

@@ -33,6 +33,7 @@ typedef struct pt_server_config {
 	char *tls_cert;   /* PEM certificate (chain) for tls+tcp:// listeners */
 	char *tls_key;    /* PEM private key (may be the same file as tls_cert) */
 	char *tls_ca;     /* PEM CA: when set, clients must present a certificate */
+	char *worker_tls_ca; /* PEM CA verifying tls+tcp:// workers and stage data ports */
 	char *log_level;
 	char *log_format;      /* text or json */
 	char *http;            /* --http HOST:PORT of the metrics/dashboard endpoint ("": off) */

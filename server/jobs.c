@@ -726,6 +726,7 @@ static void run_one(pt_jobs *m, job *jb)
 	o.threads = m->cfg.threads;
 	o.worker_token = m->cfg.worker_token;
 	o.advertise_host = m->cfg.advertise_host;
+	o.worker_tls = m->cfg.worker_tls;
 	journal_state(jb, PT_JOB_STARTING, jb->step, jb->started, NULL);
 	pt_info("job %" PRIu64 " (%s) starting on %s%s%s", jb->id,
 	        jb->spec.name ? jb->spec.name : "", jb->device,

@@ -26,6 +26,7 @@
 #include "api/api.h"
 #include "error.h"
 #include "fb.h"
+#include "job.h"
 #include "sha256.h"
 
 typedef struct pt_jobs pt_jobs;
@@ -43,6 +44,7 @@ typedef struct pt_jobs_config {
 	const char *advertise_host; /* host workers dial for the coordinator (NULL: automatic) */
 	const char *memory_limit;   /* admission limit (pt_job_memory_parse; NULL or "": the
 	                             * cgroup's or the machine's memory) */
+	pt_job_tls worker_tls;      /* for tls+tcp:// workers */
 } pt_jobs_config;
 
 /* pt_jobs_waiter is a parked WatchMetrics request, embedded by the caller.

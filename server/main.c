@@ -210,7 +210,11 @@ int main(int argc, char **argv)
 		pt_worker_config wc = {.urls = (const char *const *)cfg.listen,
 		                       .n_urls = cfg.n_listen,
 		                       .auth_token = cfg.auth_token,
-		                       .advertise_host = cfg.advertise_host};
+		                       .advertise_host = cfg.advertise_host,
+		                       .tls_cert = cfg.tls_cert,
+		                       .tls_key = cfg.tls_key,
+		                       .tls_ca = cfg.tls_ca,
+		                       .peer_ca = cfg.worker_tls_ca};
 		pt_worker *w = NULL;
 		if (pt_worker_start(&w, &wc, stdout) != PT_OK) {
 			fprintf(stderr, "pipeserver: %s\n", pt_last_error());
@@ -244,6 +248,7 @@ int main(int argc, char **argv)
 	 * the address they dial back (empty: the one they connected to). */
 	jc.worker_token = cfg.auth_token;
 	jc.advertise_host = cfg.advertise_host[0] ? cfg.advertise_host : NULL;
+	jc.worker_tls = (pt_job_tls){cfg.tls_cert, cfg.tls_key, cfg.worker_tls_ca};
 	if (pt_jobs_create(&jobs, &jc) != PT_OK) {
 		fprintf(stderr, "pipeserver: %s\n", pt_last_error());
 		goto out;

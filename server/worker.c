@@ -21,8 +21,10 @@
  * the worker is idle for the next coordinator. The REP thread reaps finished
  * stages and expired joins before each request it handles. Its receive has
  * no timeout: nng 1.5.2 can lose a receive timeout, or fire one on a socket
- * that close is freeing; close wakes it. Limits: no TLS on the control
- * socket.
+ * that close is freeing; close wakes it. tls+tcp:// control URLs take the
+ * configured certificate (and ask for a client's when tls_ca is set); the
+ * stage data port is then tls+tcp:// too. Frames on it are authenticated
+ * with the key the coordinator sent in StageJoin either way.
  */
 #include "worker.h"
 
@@ -38,8 +40,10 @@
 
 #include <nng/nng.h>
 #include <nng/protocol/reqrep0/rep.h>
+#include <nng/supplemental/tls/tls.h>
 
 #include "comm.h"
+#include "fileio.h"
 #include "handshake.h"
 #include "log.h"
 #include "runtime.h"
@@ -61,6 +65,7 @@ struct pt_worker {
 	pt_worker_config cfg;
 	nng_socket sock;
 	bool sock_open;
+	bool tls_data; /* stage data on tls+tcp:// (a control URL is) */
 	pthread_t thread, watchdog;
 	bool thread_started, watchdog_started;
 	atomic_bool stopping;
@@ -237,7 +242,13 @@ static void on_join(pt_worker *w, nng_msg *req, const pt_worker_request *q, pt_w
 	int timeout = q->timeout_ms > 0 ? q->timeout_ms : DEFAULT_HEARTBEAT_MS;
 	/* A send to a peer that stopped reading fails after the heartbeat
 	 * timeout: a stage is never stuck longer than its coordinator waits. */
-	pt_nng_options o = {.listen_url = url, .compress = q->compress, .send_timeout_ms = timeout};
+	pt_nng_options o = {.listen_url = url,
+	                    .compress = q->compress,
+	                    .send_timeout_ms = timeout,
+	                    .key = q->key,
+	                    .tls_cert_key_file = w->cfg.tls_cert,
+	                    .tls_key_file = w->cfg.tls_key,
+	                    .tls_ca_file = w->cfg.peer_ca};
 	pt_err rv;
 
 	r->message = msg;
@@ -249,6 +260,10 @@ static void on_join(pt_worker *w, nng_msg *req, const pt_worker_request *q, pt_w
 	if (w->cfg.auth_token != NULL &&
 	    (q->token == NULL || !ct_equal(q->token, w->cfg.auth_token))) {
 		snprintf(msg, n, "unauthorized");
+		return;
+	}
+	if (q->key == NULL) {
+		snprintf(msg, n, "StageJoin without a session key");
 		return;
 	}
 	if (timeout < MIN_HEARTBEAT_MS || timeout > MAX_HEARTBEAT_MS) {
@@ -272,7 +287,7 @@ static void on_join(pt_worker *w, nng_msg *req, const pt_worker_request *q, pt_w
 		return;
 	}
 	data_host(w, req, host, sizeof(host));
-	snprintf(url, sizeof(url), "tcp://%s:0", host);
+	snprintf(url, sizeof(url), "%s://%s:0", w->tls_data ? "tls+tcp" : "tcp", host);
 	o.world = q->world;
 	o.rank = q->rank;
 	if ((rv = pt_nng_comm_create(&w->comm, &o)) != PT_OK) {
@@ -440,6 +455,50 @@ static void *rep_main(void *arg)
 	return NULL;
 }
 
+/* tls_listener gives listener l the worker's certificate (and asks clients
+ * for theirs when tls_ca is set). */
+static pt_err tls_listener(pt_worker *w, nng_listener l, const char *url)
+{
+	const pt_worker_config *c = &w->cfg;
+	nng_tls_config *t = NULL;
+	char *cert = NULL, *key = NULL;
+	size_t n;
+	pt_err e;
+	int rv;
+
+	if (c->tls_cert == NULL || !*c->tls_cert || c->tls_key == NULL || !*c->tls_key ||
+	    c->peer_ca == NULL || !*c->peer_ca)
+		return pt_set_error(
+		    PT_ERR_INVALID,
+		    "listen %s: a tls+tcp:// worker needs --tls-cert, --tls-key and "
+		    "--worker-tls-ca",
+		    url);
+	if ((e = pt_file_read(c->tls_cert, 1 << 20, (void **)&cert, &n)) != PT_OK)
+		return pt_set_error(e, "tls_cert: %s", pt_last_error());
+	if ((e = pt_file_read(c->tls_key, 1 << 20, (void **)&key, &n)) != PT_OK) {
+		free(cert);
+		return pt_set_error(e, "tls_key: %s", pt_last_error());
+	}
+	if ((rv = nng_tls_config_alloc(&t, NNG_TLS_MODE_SERVER)) != 0 ||
+	    (rv = nng_tls_config_own_cert(t, cert, key, NULL)) != 0)
+		e = pt_set_error(PT_ERR_INVALID, "listen %s: TLS certificate/key: %s", url,
+		                 nng_strerror(rv));
+	else if (c->tls_ca && *c->tls_ca &&
+	         ((rv = nng_tls_config_ca_file(t, c->tls_ca)) != 0 ||
+	          (rv = nng_tls_config_auth_mode(t, NNG_TLS_AUTH_MODE_REQUIRED)) != 0))
+		e = pt_set_error(PT_ERR_INVALID, "tls_ca %s: %s", c->tls_ca, nng_strerror(rv));
+	else if ((rv = nng_listener_set_ptr(l, NNG_OPT_TLS_CONFIG, t)) != 0)
+		e = pt_set_error(PT_ERR_INVALID, "listen %s: TLS: %s", url, nng_strerror(rv));
+	free(cert);
+	memset(key, 0, n);
+	free(key);
+	if (t != NULL)
+		nng_tls_config_free(t); /* the listener holds its own reference */
+	if (e == PT_OK)
+		w->tls_data = true;
+	return e;
+}
+
 static void resolved_url(nng_listener l, const char *url, char *out, size_t n)
 {
 	int port = 0;
@@ -478,15 +537,12 @@ pt_err pt_worker_start(pt_worker **out, const pt_worker_config *cfg, FILE *annou
 		const char *url = cfg->urls[i];
 		nng_listener l;
 		char shown[512];
-		if (strncmp(url, "tls+", 4) == 0) {
-			e = pt_set_error(PT_ERR_UNSUPPORTED,
-			                 "listen %s: TLS is not supported by --worker yet", url);
-			goto fail;
-		}
 		if ((rv = nng_listener_create(&l, w->sock, url)) != 0) {
 			e = pt_set_error(PT_ERR_INVALID, "listen %s: %s", url, nng_strerror(rv));
 			goto fail;
 		}
+		if (strncmp(url, "tls+", 4) == 0 && (e = tls_listener(w, l, url)) != PT_OK)
+			goto fail;
 		if ((rv = nng_listener_start(l, 0)) != 0) {
 			e = pt_set_error(PT_ERR_IO, "listen %s: %s", url, nng_strerror(rv));
 			goto fail;

@@ -14,6 +14,8 @@
  * again. While a session is joined or running, another StageJoin is refused
  * ("worker busy with another job"); a joined session that gets no
  * StagePeers expires after 30 s. StagePing with session 0 reports the state.
+ * The StageJoin carries the session's data-plane key (protocol 3): the
+ * stage's communicator accepts only frames authenticated with it.
  */
 #ifndef PT_SERVER_WORKER_H
 #define PT_SERVER_WORKER_H
@@ -29,6 +31,13 @@ typedef struct pt_worker_config {
 	const char *advertise_host; /* host peers dial for stage data (NULL or "": this
 	                             * host's address on the coordinator's connection) */
 	int configure_timeout_ms;   /* wait for the coordinator's Configure (0: 60 s) */
+	/* tls+tcp:// control URLs (files): the worker's certificate and key (one
+	 * file may hold both); tls_ca: coordinators must present a certificate
+	 * it signed (NULL or "": none asked); peer_ca verifies the stage data
+	 * ports this worker dials. A worker with a tls+tcp:// control URL serves
+	 * its stage data on tls+tcp:// too (same certificate) and needs all
+	 * but tls_ca. */
+	const char *tls_cert, *tls_key, *tls_ca, *peer_ca;
 } pt_worker_config;
 
 typedef struct pt_worker pt_worker;

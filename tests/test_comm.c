@@ -14,6 +14,7 @@
 #include <nng/nng.h>
 #include <nng/protocol/pipeline0/pull.h>
 #include <nng/protocol/pipeline0/push.h>
+#include <openssl/evp.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -91,7 +92,8 @@ typedef struct group {
 	int world;
 	pt_comm *c[MAX_WORLD];
 	pt_local_group *lg;
-	char dir[64]; /* ipc socket folder */
+	char dir[64];                   /* ipc socket folder */
+	uint8_t key[PT_COMM_KEY_BYTES]; /* the session key of nng ranks */
 } group;
 
 static long long now_ms(void)
@@ -117,6 +119,7 @@ static void nng_options(pt_nng_options *o, const group *g, int rank, char *url, 
 	o->timeout_ms = TIMEOUT_MS;
 	o->send_timeout_ms = TIMEOUT_MS;
 	o->compress = cur->compress;
+	o->key = g->key;
 	if (strcmp(cur->scheme, "tcp") == 0) {
 		snprintf(url, url_len, "tcp://127.0.0.1:0");
 	} else if (strcmp(cur->scheme, "ipc") == 0) {
@@ -161,6 +164,7 @@ static void group_make(group *g, int world)
 			nccl_wrap(g);
 		return;
 	}
+	PT_CHECK_OK(pt_comm_key_generate(g->key));
 	if (strcmp(cur->scheme, "ipc") == 0) {
 		snprintf(g->dir, sizeof(g->dir), "/tmp/ptcomm.XXXXXX");
 		CU_ASSERT_PTR_NOT_NULL_FATAL(mkdtemp(g->dir));
@@ -1032,6 +1036,60 @@ enum {
 	F_FRAG_SIZE
 };
 
+/* The MAC trailer of lib/comm/nng.c, written here from its file comment with
+ * libcrypto directly: "PTMC", nonce (u32 instance, u64 counter), and the
+ * ChaCha20-Poly1305 tag of everything before the tag plus the destination
+ * rank (u32 LE), all associated data. */
+#define TRAILER 32
+
+static void mac_of(const uint8_t *body, size_t len, const uint8_t *key, int dst, uint8_t tag[16])
+{
+	EVP_CIPHER_CTX *x = EVP_CIPHER_CTX_new();
+	uint8_t d[4] = {(uint8_t)dst, (uint8_t)(dst >> 8), (uint8_t)(dst >> 16),
+	                (uint8_t)(dst >> 24)};
+	uint8_t out[16];
+	int ol;
+
+	CU_ASSERT_FATAL(x != NULL);
+	CU_ASSERT_EQUAL(EVP_EncryptInit_ex2(x, EVP_chacha20_poly1305(), key, body + len - 28, NULL),
+	                1);
+	CU_ASSERT_EQUAL(EVP_EncryptUpdate(x, NULL, &ol, body, (int)(len - 16)), 1);
+	CU_ASSERT_EQUAL(EVP_EncryptUpdate(x, NULL, &ol, d, 4), 1);
+	CU_ASSERT_EQUAL(EVP_EncryptFinal_ex(x, out, &ol), 1);
+	CU_ASSERT_EQUAL(EVP_CIPHER_CTX_ctrl(x, EVP_CTRL_AEAD_GET_TAG, 16, tag), 1);
+	EVP_CIPHER_CTX_free(x);
+}
+
+/* seal appends a trailer to msg for rank dst: tagged under key, or with
+ * key NULL an all-zero tag (all a sender without the key can do). */
+static void seal(nng_msg *msg, const uint8_t *key, int dst)
+{
+	static atomic_uint_fast64_t counter;
+	uint8_t tr[TRAILER] = "PTMC";
+	uint64_t n = atomic_fetch_add(&counter, 1);
+
+	memcpy(tr + 4, "test", 4);
+	memcpy(tr + 8, &n, 8);
+	CU_ASSERT_EQUAL_FATAL(nng_msg_append(msg, tr, sizeof(tr)), 0);
+	if (key != NULL)
+		mac_of(nng_msg_body(msg), nng_msg_len(msg), key, dst,
+		       (uint8_t *)nng_msg_body(msg) + nng_msg_len(msg) - 16);
+}
+
+/* How fake_send and send_raw end a message. */
+typedef enum sealing {
+	SEAL_NONE,  /* no trailer: a sender that knows nothing of sessions */
+	SEAL_ZERO,  /* a trailer with a zero tag */
+	SEAL_KEY,   /* tagged with the given key for rank 0 */
+	SEAL_RANK1, /* tagged with the given key, but for rank 1 */
+} sealing;
+
+static void seal_as(nng_msg *msg, sealing how, const uint8_t *key)
+{
+	if (how != SEAL_NONE)
+		seal(msg, how == SEAL_ZERO ? NULL : key, how == SEAL_RANK1 ? 1 : 0);
+}
+
 typedef struct fake_frame {
 	int source;
 	uint64_t seq;
@@ -1044,8 +1102,8 @@ typedef struct fake_frame {
 	uint64_t frag_offset, frag_size;
 } fake_frame;
 
-/* fake_send builds a frame by hand and sends it from a raw PUSH socket. */
-static void fake_send(nng_socket s, const fake_frame *f)
+/* fake_build builds the message of a frame by hand (no trailer). */
+static nng_msg *fake_build(const fake_frame *f)
 {
 	pt_fb_builder b;
 	pt_fb_ref shape, root;
@@ -1082,13 +1140,28 @@ static void fake_send(nng_socket s, const fake_frame *f)
 	uint8_t *t = (uint8_t *)pt_fb_root(nng_msg_body(msg));
 	uint64_t poff = f->poff_override ? f->poff_override : padded;
 	memcpy((uint8_t *)pt_fb_field(t, F_POFF), &poff, 8);
-	CU_ASSERT_EQUAL(nng_sendmsg(s, msg, 0), 0);
 	pt_fb_builder_fini(&b);
+	return msg;
 }
 
-static void send_raw(nng_socket s, const void *data, size_t n)
+/* fake_send sends frame f, sealed as told, from a raw PUSH socket. */
+static void fake_send(nng_socket s, const fake_frame *f, sealing how, const uint8_t *key)
 {
-	CU_ASSERT_EQUAL(nng_send(s, (void *)data, n, 0), 0);
+	nng_msg *msg = fake_build(f);
+
+	seal_as(msg, how, key);
+	CU_ASSERT_EQUAL(nng_sendmsg(s, msg, 0), 0);
+}
+
+static void send_raw(nng_socket s, const void *data, size_t n, sealing how, const uint8_t *key)
+{
+	nng_msg *msg;
+
+	CU_ASSERT_EQUAL_FATAL(nng_msg_alloc(&msg, n), 0);
+	if (n > 0)
+		memcpy(nng_msg_body(msg), data, n);
+	seal_as(msg, how, key);
+	CU_ASSERT_EQUAL(nng_sendmsg(s, msg, 0), 0);
 }
 
 static void expect_format_error(pt_comm *c, const char *words)
@@ -1097,6 +1170,8 @@ static void expect_format_error(pt_comm *c, const char *words)
 	PT_CHECK_ERR_MSG(pt_comm_recv(c, PT_ANY_RANK, PT_CH_ANY, 5000, &r), PT_ERR_FORMAT, words);
 }
 
+/* Malformed frames that authenticate (a member of the session gone wrong)
+ * reach the parser: each is reported to the receiver, never a crash. */
 static void test_comm_corrupt(void)
 {
 	group g;
@@ -1114,14 +1189,14 @@ static void test_comm_corrupt(void)
 	CU_ASSERT_EQUAL_FATAL(nng_dial(s, pt_nng_comm_url(g.c[0]), NULL, 0), 0);
 
 	fill_random(junk, sizeof(junk), 9);
-	send_raw(s, junk, sizeof(junk));
+	send_raw(s, junk, sizeof(junk), SEAL_KEY, g.key);
 	expect_format_error(g.c[0], "malformed");
-	send_raw(s, junk, 5);
+	send_raw(s, junk, 5, SEAL_KEY, g.key);
 	expect_format_error(g.c[0], "too short");
-	send_raw(s, "", 0);
+	send_raw(s, "", 0, SEAL_KEY, g.key);
 	expect_format_error(g.c[0], "malformed");
 	memcpy(junk + 4, "PTTF", 4); /* the right identifier on garbage */
-	send_raw(s, junk, 64);
+	send_raw(s, junk, 64, SEAL_KEY, g.key);
 	expect_format_error(g.c[0], "flatbuffer");
 
 	fake_frame ok = {.source = 1, .dtype = PT_U8, .dim = 4096, .raw = 4096, .payload = 4096};
@@ -1130,34 +1205,34 @@ static void test_comm_corrupt(void)
 	f.codec = 1;
 	f.dim = (int64_t)1 << 40;
 	f.payload = 100;
-	fake_send(s, &f);
+	fake_send(s, &f, SEAL_KEY, g.key);
 	expect_format_error(g.c[0], "raw size");
 	f = ok;
 	f.codec = 1;
 	f.payload = 1000;
 	f.fill = 0xff; /* not an lz4 block */
-	fake_send(s, &f);
+	fake_send(s, &f, SEAL_KEY, g.key);
 	expect_format_error(g.c[0], "lz4");
 	f = ok;
 	f.dtype = 77;
-	fake_send(s, &f);
+	fake_send(s, &f, SEAL_KEY, g.key);
 	expect_format_error(g.c[0], "dtype");
 	f = ok;
 	f.poff_override = 8;
-	fake_send(s, &f);
+	fake_send(s, &f, SEAL_KEY, g.key);
 	expect_format_error(g.c[0], "payload");
 	f = ok;
 	f.kind = PT_MSG_FORWARD;
 	f.channel = PT_CH_BACKWARD;
-	fake_send(s, &f);
+	fake_send(s, &f, SEAL_KEY, g.key);
 	expect_format_error(g.c[0], "channel");
 	f = ok;
 	f.source = 9;
-	fake_send(s, &f);
+	fake_send(s, &f, SEAL_KEY, g.key);
 	expect_format_error(g.c[0], "source rank 9");
 	f = ok;
 	f.raw = 4095;
-	fake_send(s, &f);
+	fake_send(s, &f, SEAL_KEY, g.key);
 	expect_format_error(g.c[0], "raw size");
 	f = ok;
 	f.frag_index = 1;
@@ -1166,10 +1241,10 @@ static void test_comm_corrupt(void)
 	f.raw = 8192;
 	f.dim = 8192;
 	f.frag_offset = 4096;
-	fake_send(s, &f); /* a middle fragment from nowhere */
+	fake_send(s, &f, SEAL_KEY, g.key); /* a middle fragment from nowhere */
 	expect_format_error(g.c[0], "fragment 1");
 	f.frag_offset = 8000; /* past the end */
-	fake_send(s, &f);
+	fake_send(s, &f, SEAL_KEY, g.key);
 	expect_format_error(g.c[0], "fragment");
 	CU_ASSERT(pt_comm_get_stats(g.c[0]).errors >= 13);
 	nng_close(s);
@@ -1187,15 +1262,159 @@ static void test_comm_corrupt(void)
 	group_free(&g);
 }
 
+/* errors_reach polls c's errors counter until it is at least n (5 s at
+ * most), then waits a little for more, and returns it. */
+static uint64_t errors_reach(pt_comm *c, uint64_t n)
+{
+	for (int i = 0; i < 500 && pt_comm_get_stats(c).errors < n; i++)
+		sleep_ms(10);
+	sleep_ms(100);
+	return pt_comm_get_stats(c).errors;
+}
+
+/* Issue 11, defect 2: frames from outside the session. A stranger's PUSH
+ * socket sends forward frames claiming rank 1, then rank 0, with a sequence
+ * number far ahead: without a MAC, with a zero tag, under another key, sealed
+ * for another rank, tampered after sealing; junk; and replays of rank 1's
+ * first frame and of a middle fragment. Each is dropped and counted in
+ * errors, exactly; none reaches the receiver, and rank 1's real frames go on
+ * in sequence. */
+static void test_comm_forged(void)
+{
+	group g;
+	nng_socket s;
+	uint8_t other[PT_COMM_KEY_BYTES], junk[300];
+	pt_tensor t;
+	pt_msg r;
+	nng_msg *msg;
+	uint64_t e0;
+
+	if (cur->kind != IMPL_NNG || strcmp(cur->scheme, "tls") == 0) {
+		printf("(nng over plain transports only) ");
+		return;
+	}
+	group_make(&g, 2);
+	make_f32(&t, 1024, 1.0f);
+	PT_CHECK_OK(pt_comm_send_forward(g.c[1], 0, &t, 0, 0));
+	PT_CHECK_OK(pt_comm_recv_forward(g.c[0], 1, -1, &r));
+	CU_ASSERT_EQUAL(r.meta.seq, 0);
+	pt_msg_fini(&r);
+	e0 = pt_comm_get_stats(g.c[0]).errors;
+	CU_ASSERT_EQUAL_FATAL(nng_push0_open(&s), 0);
+	CU_ASSERT_EQUAL_FATAL(nng_dial(s, pt_nng_comm_url(g.c[0]), NULL, 0), 0);
+
+	memcpy(other, g.key, sizeof(other));
+	other[0] ^= 1;
+	fake_frame f = {
+	    .source = 1, .seq = 1000000, .dtype = PT_U8, .dim = 4096, .raw = 4096, .payload = 4096};
+	fake_send(s, &f, SEAL_NONE, NULL);
+	fake_send(s, &f, SEAL_ZERO, NULL);
+	fake_send(s, &f, SEAL_KEY, other);
+	fake_send(s, &f, SEAL_RANK1, g.key);
+	msg = fake_build(&f);
+	seal(msg, g.key, 0);
+	((uint8_t *)nng_msg_body(msg))[nng_msg_len(msg) - TRAILER - 1] ^= 1; /* last payload byte */
+	CU_ASSERT_EQUAL(nng_sendmsg(s, msg, 0), 0);
+	f.source = 0; /* the coordinator */
+	fake_send(s, &f, SEAL_NONE, NULL);
+	fake_send(s, &f, SEAL_KEY, other);
+	fill_random(junk, sizeof(junk), 5);
+	send_raw(s, junk, sizeof(junk), SEAL_NONE, NULL);
+	f.source = 1;
+	f.seq = 0; /* authentic, but rank 1 sent seq 0 already */
+	fake_send(s, &f, SEAL_KEY, g.key);
+	f.frag_index = 1; /* a replayed middle fragment: no error either */
+	f.frag_count = 2;
+	f.frag_size = 4096;
+	f.frag_offset = 4096;
+	f.raw = 8192;
+	f.dim = 8192;
+	fake_send(s, &f, SEAL_KEY, g.key);
+	CU_ASSERT_EQUAL(errors_reach(g.c[0], e0 + 10) - e0, 10);
+	PT_CHECK_ERR(pt_comm_recv(g.c[0], PT_ANY_RANK, PT_CH_ANY, 0, &r), PT_ERR_TIMEOUT);
+	nng_close(s);
+	sleep_ms(200); /* the stranger's disconnect marks nobody lost */
+
+	for (int64_t k = 1; k <= 2; k++) {
+		PT_CHECK_OK(pt_comm_send_forward(g.c[1], 0, &t, k, 0));
+		PT_CHECK_OK(pt_comm_recv_forward(g.c[0], 1, -1, &r));
+		CU_ASSERT(r.meta.seq == (uint64_t)k && r.meta.step == k);
+		CU_ASSERT(same_bytes(&r.tensor, &t));
+		pt_msg_fini(&r);
+	}
+	PT_CHECK_OK(pt_comm_send_forward(g.c[0], 1, &t, 7, 0)); /* and the other way */
+	PT_CHECK_OK(pt_comm_recv_forward(g.c[1], 0, -1, &r));
+	CU_ASSERT(r.meta.seq == 0 && r.meta.step == 7);
+	pt_msg_fini(&r);
+	PT_CHECK_ERR(pt_comm_recv(g.c[0], PT_ANY_RANK, PT_CH_ANY, 0, &r), PT_ERR_TIMEOUT);
+	CU_ASSERT_EQUAL(pt_comm_get_stats(g.c[0]).errors - e0, 10);
+	CU_ASSERT_EQUAL(pt_comm_get_stats(g.c[1]).errors, 0);
+	pt_tensor_fini(&t);
+	group_free(&g);
+}
+
+/* Authentication off (no_auth, benchmarks only): ranks that all turn it off
+ * talk without trailers; such a frame at a rank that authenticates is
+ * dropped and counted. */
+static void test_comm_no_auth(void)
+{
+	uint8_t key[PT_COMM_KEY_BYTES] = {7};
+	pt_comm *c[2];
+	const char *urls[2];
+	char u[2][64];
+	pt_tensor t;
+	pt_msg r;
+
+	if (cur->kind != IMPL_NNG || strcmp(cur->scheme, "tcp") != 0 || cur->compress) {
+		printf("(nng tcp only) ");
+		return;
+	}
+	make_f32(&t, 100, 3.0f);
+	for (int auth0 = 0; auth0 < 2; auth0++) {
+		for (int rk = 0; rk < 2; rk++) {
+			pt_nng_options o = {.listen_url = "tcp://127.0.0.1:0",
+			                    .world = 2,
+			                    .rank = rk,
+			                    .timeout_ms = 5000,
+			                    .key = rk == 0 && auth0 ? key : NULL,
+			                    .no_auth = rk == 1 || !auth0};
+			PT_CHECK_OK(pt_nng_comm_create(&c[rk], &o));
+			snprintf(u[rk], sizeof(u[rk]), "%s", pt_nng_comm_url(c[rk]));
+			urls[rk] = u[rk];
+		}
+		for (int rk = 0; rk < 2; rk++)
+			PT_CHECK_OK(pt_nng_comm_connect(c[rk], urls));
+		PT_CHECK_OK(pt_comm_send_forward(c[1], 0, &t, 1, 0));
+		if (!auth0) {
+			PT_CHECK_OK(pt_comm_recv_forward(c[0], 1, -1, &r));
+			CU_ASSERT(same_bytes(&r.tensor, &t));
+			pt_msg_fini(&r);
+			CU_ASSERT_EQUAL(pt_comm_get_stats(c[0]).errors, 0);
+		} else {
+			CU_ASSERT_EQUAL(errors_reach(c[0], 1), 1);
+			PT_CHECK_ERR(pt_comm_recv(c[0], PT_ANY_RANK, PT_CH_ANY, 0, &r),
+			             PT_ERR_TIMEOUT);
+		}
+		for (int rk = 0; rk < 2; rk++)
+			pt_comm_destroy(c[rk]);
+	}
+	pt_tensor_fini(&t);
+}
+
 /* The bytes on the wire: what a raw PULL socket gets from rank 0 is a
- * TensorFrame that flatc itself reads (when flatc is installed). */
+ * TensorFrame that flatc itself reads (when flatc is installed), then the
+ * payload, then the MAC trailer, whose tag libcrypto recomputes. */
 static void test_comm_wire_format(void)
 {
 	pt_comm *c;
 	nng_socket pull;
 	nng_listener l;
-	pt_nng_options o = {
-	    .listen_url = "tcp://127.0.0.1:0", .world = 2, .rank = 0, .timeout_ms = 5000};
+	uint8_t key[PT_COMM_KEY_BYTES], tag[16];
+	pt_nng_options o = {.listen_url = "tcp://127.0.0.1:0",
+	                    .world = 2,
+	                    .rank = 0,
+	                    .timeout_ms = 5000,
+	                    .key = key};
 	const char *urls[2];
 	char url[64], dir[64], cmd[2048], path[96];
 	int port = 0;
@@ -1212,6 +1431,7 @@ static void test_comm_wire_format(void)
 	CU_ASSERT_EQUAL_FATAL(nng_listener_get_int(l, NNG_OPT_TCP_BOUND_PORT, &port), 0);
 	nng_socket_set_ms(pull, NNG_OPT_RECVTIMEO, 5000);
 	snprintf(url, sizeof(url), "tcp://127.0.0.1:%d", port);
+	PT_CHECK_OK(pt_comm_key_generate(key));
 	PT_CHECK_OK(pt_nng_comm_create(&c, &o));
 	urls[0] = pt_nng_comm_url(c);
 	urls[1] = url;
@@ -1232,8 +1452,13 @@ static void test_comm_wire_format(void)
 	const uint8_t *root = pt_fb_root(body);
 	uint64_t poff = pt_fb_get_u64(root, F_POFF, 0);
 	CU_ASSERT_EQUAL(poff % 64, 0);
-	CU_ASSERT_EQUAL(poff + 24, len);
+	CU_ASSERT_EQUAL_FATAL(poff + 24 + TRAILER, len);
 	CU_ASSERT(memcmp(body + poff, pt_tensor_data(&t), 24) == 0);
+	CU_ASSERT(memcmp(body + len - TRAILER, "PTMC", 4) == 0);
+	mac_of(body, len, key, 1, tag);
+	CU_ASSERT(memcmp(tag, body + len - 16, 16) == 0);
+	mac_of(body, len, key, 0, tag); /* bound to the destination */
+	CU_ASSERT(memcmp(tag, body + len - 16, 16) != 0);
 	CU_ASSERT_EQUAL(pt_fb_get_i64(root, F_STEP, 0), 12);
 
 	snprintf(dir, sizeof(dir), "/tmp/ptcomm-wire.XXXXXX");
@@ -1363,7 +1588,8 @@ static void test_comm_lz4(void)
 static void test_comm_max_msg(void)
 {
 	pt_comm *c[2];
-	pt_nng_options o = {.world = 2, .timeout_ms = 2000, .max_msg_bytes = 1 << 16};
+	uint8_t key[PT_COMM_KEY_BYTES] = {1};
+	pt_nng_options o = {.world = 2, .timeout_ms = 2000, .max_msg_bytes = 1 << 16, .key = key};
 	const char *urls[2];
 	char u[2][64];
 	pt_tensor t;
@@ -1397,6 +1623,10 @@ static void test_comm_max_msg(void)
 	PT_CHECK_ERR(pt_nng_comm_create(&c[0], &o), PT_ERR_INVALID);
 	o.rank = 2;
 	PT_CHECK_ERR(pt_nng_comm_create(&c[0], &o), PT_ERR_RANGE);
+	o.rank = 0;
+	o.listen_url = "tcp://127.0.0.1:0";
+	o.key = NULL; /* authentication is on unless turned off */
+	PT_CHECK_ERR_MSG(pt_nng_comm_create(&c[0], &o), PT_ERR_INVALID, "no session key");
 }
 
 /* ------------------------------------------------------- NCCL-only test -- */
@@ -1627,6 +1857,8 @@ static const test_def tests[] = {
     {"test_comm_send_self", test_comm_send_self, false},
     {"test_comm_peer_lost", test_comm_peer_lost, true},
     {"test_comm_corrupt", test_comm_corrupt, false},
+    {"test_comm_forged", test_comm_forged, false},
+    {"test_comm_no_auth", test_comm_no_auth, false},
     {"test_comm_seq_gap", test_comm_seq_gap, false},
     {"test_comm_wire_format", test_comm_wire_format, false},
     {"test_comm_lz4", test_comm_lz4, false},

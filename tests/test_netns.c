@@ -547,12 +547,14 @@ static void test_netns_link_down(void)
 static void test_netns_handshake_refusals(void)
 {
 	static const int ws[] = {0, 1, 2, 4};
+	static const uint8_t key[PT_COMM_KEY_BYTES] = {1};
 	pt_worker_request join = {.kind = PT_WORKER_JOIN,
 	                          .protocol = 1,
 	                          .token = TOKEN,
 	                          .rank = 1,
 	                          .world = 2,
-	                          .timeout_ms = 60000};
+	                          .timeout_ms = 60000,
+	                          .key = key};
 	pt_worker_request cancel = {.kind = PT_WORKER_PEERS};
 	pt_worker_reply r;
 	pt_job_spec spec;
@@ -565,7 +567,7 @@ static void test_netns_handshake_refusals(void)
 	wf_hs_open(&a, workers[4].url);
 	wf_hs_open(&b, workers[4].url);
 	wf_hs_call(&a, &join, &r);
-	wf_expect_refusal(&r, "protocol version 1 not supported (this worker speaks 2)");
+	wf_expect_refusal(&r, "protocol version 1 not supported (this worker speaks 3)");
 	join.protocol = PT_WORKER_PROTOCOL;
 	join.token = "wrong";
 	wf_hs_call(&a, &join, &r);

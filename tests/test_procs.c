@@ -27,6 +27,7 @@ typedef struct child {
 
 typedef struct procs {
 	child c[P + 1];
+	uint8_t key[PT_COMM_KEY_BYTES]; /* the session's */
 	pt_comm *comm;
 	pt_coordinator *coord;
 } procs;
@@ -37,10 +38,12 @@ static const char *stage_binary(void)
 	return pt_test_binary("../tools/pt-stage", path, sizeof(path)) ? path : NULL;
 }
 
-static void spawn(child *ch, const char *bin, int rank, int delay_ms)
+/* spawn starts pt-stage for rank, hands it the session key on stdin and
+ * reads the URL it listens on. */
+static void spawn(child *ch, const char *bin, int rank, int delay_ms, const uint8_t *key)
 {
 	int to[2], from[2];
-	char r[16], w[16], d[16];
+	char r[16], w[16], d[16], hex[2 * PT_COMM_KEY_BYTES + 1];
 	CU_ASSERT_FATAL(pipe(to) == 0 && pipe(from) == 0);
 	snprintf(r, sizeof(r), "%d", rank);
 	snprintf(w, sizeof(w), "%d", P + 1);
@@ -60,6 +63,9 @@ static void spawn(child *ch, const char *bin, int rank, int delay_ms)
 	close(from[1]);
 	ch->in = fdopen(to[1], "w");
 	ch->out = fdopen(from[0], "r");
+	pt_comm_key_format(key, hex);
+	fprintf(ch->in, "%s\n", hex);
+	fflush(ch->in);
 	char line[512];
 	CU_ASSERT_FATAL(fgets(line, sizeof(line), ch->out) != NULL);
 	CU_ASSERT_FATAL(sscanf(line, "listening %255s", ch->url) == 1);
@@ -75,17 +81,21 @@ static bool procs_up(procs *pr, int slow, int delay_ms)
 	const char *urls[P + 1];
 	pt_stage_config sc[P];
 	pt_pipeline_config pc = fx_pipeline_config(P, M, PT_MODE_SYNC);
-	pt_nng_options o = {
-	    .listen_url = "tcp://127.0.0.1:0", .world = P + 1, .rank = 0, .timeout_ms = 5000};
+	pt_nng_options o = {.listen_url = "tcp://127.0.0.1:0",
+	                    .world = P + 1,
+	                    .rank = 0,
+	                    .timeout_ms = 5000,
+	                    .key = pr->key};
 	if (bin == NULL) {
 		printf("\n    skip: tools/pt-stage not built next to the tests\n");
 		return false;
 	}
 	memset(pr, 0, sizeof(*pr));
+	PT_CHECK_OK(pt_comm_key_generate(pr->key));
 	PT_CHECK_OK(pt_nng_comm_create(&pr->comm, &o));
 	urls[0] = pt_nng_comm_url(pr->comm);
 	for (int s = 1; s <= P; s++) {
-		spawn(&pr->c[s], bin, s, s == slow ? delay_ms : 0);
+		spawn(&pr->c[s], bin, s, s == slow ? delay_ms : 0, pr->key);
 		urls[s] = pr->c[s].url;
 	}
 	for (int s = 1; s <= P; s++) {

@@ -25,6 +25,7 @@
 
 #include <limits.h>
 #include <math.h>
+#include <nng/protocol/pipeline0/push.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -170,6 +171,7 @@ static void test_workers_handshake_refusals(void)
 	char token_file[400];
 	wf_proc w;
 	wf_hs a, b;
+	static const uint8_t key[PT_COMM_KEY_BYTES] = {1};
 	pt_worker_request join = {.kind = PT_WORKER_JOIN, .protocol = 1, .rank = 1, .world = 2};
 	pt_worker_request cancel = {0};
 	pt_worker_reply r;
@@ -182,7 +184,7 @@ static void test_workers_handshake_refusals(void)
 	wf_hs_open(&b, w.url);
 
 	wf_hs_call(&a, &join, &r);
-	wf_expect_refusal(&r, "protocol version 1 not supported (this worker speaks 2)");
+	wf_expect_refusal(&r, "protocol version 1 not supported (this worker speaks 3)");
 	join.protocol = PT_WORKER_PROTOCOL;
 	wf_hs_call(&a, &join, &r);
 	wf_expect_refusal(&r, "unauthorized");
@@ -191,6 +193,9 @@ static void test_workers_handshake_refusals(void)
 	wf_expect_refusal(&r, "unauthorized");
 
 	join.token = "s3cret";
+	wf_hs_call(&a, &join, &r);
+	wf_expect_refusal(&r, "StageJoin without a session key");
+	join.key = key;
 	join.timeout_ms = 99;
 	wf_hs_call(&a, &join, &r);
 	wf_expect_refusal(&r, "heartbeat timeout 99 ms (100 to 3600000)");
@@ -470,11 +475,13 @@ static void test_workers_restart_on_spare(void)
  * its configuration); returns the session. */
 static uint64_t silent_session(wf_hs *c, const wf_proc *w, int ms)
 {
+	static const uint8_t key[PT_COMM_KEY_BYTES] = {2};
 	pt_worker_request join = {.kind = PT_WORKER_JOIN,
 	                          .protocol = PT_WORKER_PROTOCOL,
 	                          .rank = 1,
 	                          .world = 2,
-	                          .timeout_ms = ms};
+	                          .timeout_ms = ms,
+	                          .key = key};
 	pt_worker_request peers = {.kind = PT_WORKER_PEERS, .n_urls = 2};
 	pt_worker_reply r;
 	char data_url[256];
@@ -543,6 +550,241 @@ static void test_workers_join_waits_for_dead_session(void)
 	CU_ASSERT_EQUAL(wf_proc_stop(&w1), 0);
 }
 
+/* ----------------------------------------------------------- data plane -- */
+
+/* data_url reads the stage data URL a worker last announced in its own log
+ * ("...; data on URL; heartbeat ..."). */
+static bool data_url(const char *log, char *out, size_t n)
+{
+	char line[1024];
+	FILE *f = fopen(log, "r");
+	bool found = false;
+
+	if (f == NULL)
+		return false;
+	while (fgets(line, sizeof(line), f) != NULL) {
+		char *p = strstr(line, "data on ");
+		if (p != NULL) {
+			p += 8;
+			snprintf(out, n, "%.*s", (int)strcspn(p, "; \n"), p);
+			found = true;
+		}
+	}
+	fclose(f);
+	return found;
+}
+
+/* forged_frame builds a TensorFrame (schema/stage.fbs, field ids in
+ * declaration order) of kind/channel from `source` with sequence number seq
+ * and a 64-byte u8 tensor, valid in every way but its origin; trailer
+ * appends 32 bytes shaped like a MAC trailer with a tag under a made-up key. */
+static nng_msg *forged_frame(uint8_t kind, uint8_t channel, int source, uint64_t seq, bool trailer)
+{
+	enum {
+		KIND,
+		CHANNEL,
+		JOB,
+		STEP,
+		MB,
+		SOURCE,
+		SEQ,
+		TAG,
+		HAS,
+		DTYPE,
+		SHAPE,
+		STRIDES,
+		CODEC,
+		RAW,
+		POFF,
+		PSIZE
+	};
+	const int64_t dim = 64;
+	pt_fb_builder b;
+	pt_fb_ref shape, root;
+	const uint8_t *hdr;
+	size_t hsize, padded;
+	nng_msg *msg = NULL;
+
+	PT_CHECK_OK(pt_fb_builder_init(&b, 256));
+	pt_fb_create_vector(&b, &dim, 1, 8, 8, &shape);
+	pt_fb_start_table(&b);
+	pt_fb_force_u8(&b, KIND, kind);
+	pt_fb_force_u8(&b, CHANNEL, channel);
+	pt_fb_force_i32(&b, SOURCE, source);
+	pt_fb_force_u64(&b, SEQ, seq);
+	pt_fb_force_bool(&b, HAS, true);
+	pt_fb_force_u8(&b, DTYPE, PT_U8);
+	pt_fb_add_offset(&b, SHAPE, shape);
+	pt_fb_force_u64(&b, RAW, 64);
+	pt_fb_force_u64(&b, POFF, 0); /* patched below */
+	pt_fb_force_u64(&b, PSIZE, 64);
+	pt_fb_end_table(&b, &root);
+	PT_CHECK_OK(pt_fb_finish(&b, root, "PTTF", &hdr, &hsize));
+	padded = (hsize + 63) & ~(size_t)63;
+	CU_ASSERT_EQUAL_FATAL(nng_msg_alloc(&msg, padded + 64), 0);
+	memset(nng_msg_body(msg), 0x5a, padded + 64);
+	memcpy(nng_msg_body(msg), hdr, hsize);
+	uint64_t poff = padded;
+	memcpy((uint8_t *)pt_fb_field(pt_fb_root(nng_msg_body(msg)), POFF), &poff, 8);
+	if (trailer) {
+		uint8_t tr[32] = "PTMC";
+		for (int i = 4; i < 32; i++)
+			tr[i] = (uint8_t)(i * 37 + seq);
+		CU_ASSERT_EQUAL_FATAL(nng_msg_append(msg, tr, sizeof(tr)), 0);
+	}
+	pt_fb_builder_fini(&b);
+	return msg;
+}
+
+typedef struct forge {
+	losses l;
+	const char *log; /* the attacked worker's */
+	int64_t at;      /* forge after this step */
+	int sent;
+} forge;
+
+/* forge_metric records the loss and, after step f->at, sends forged frames
+ * to the stage's data port from a raw PUSH socket: a forward frame claiming
+ * rank 1 with a sequence number far ahead (no MAC), the same with a MAC-like
+ * trailer, and a command claiming rank 0 (the coordinator). */
+static void forge_metric(void *ctx, const pt_job_metric *m)
+{
+	forge *f = ctx;
+	char url[300];
+	nng_socket s;
+
+	on_metric(&f->l, m);
+	if (m->step != f->at)
+		return;
+	CU_ASSERT_FATAL(data_url(f->log, url, sizeof(url)));
+	CU_ASSERT_EQUAL_FATAL(nng_push0_open(&s), 0);
+	CU_ASSERT_EQUAL_FATAL(nng_dial(s, url, NULL, 0), 0);
+	nng_msg *msgs[] = {
+	    forged_frame(PT_MSG_FORWARD, PT_CH_FORWARD, 1, 1000000, false),
+	    forged_frame(PT_MSG_FORWARD, PT_CH_FORWARD, 1, 1000000, true),
+	    forged_frame(PT_MSG_COMMAND, PT_CH_CONTROL, 0, 1000000, false),
+	};
+	for (size_t i = 0; i < sizeof(msgs) / sizeof(msgs[0]); i++)
+		if (nng_sendmsg(s, msgs[i], 0) == 0)
+			f->sent++;
+		else
+			nng_msg_free(msgs[i]);
+	nanosleep(&(struct timespec){0, 300 * 1000000L}, NULL); /* delivered before close */
+	nng_close(s);
+}
+
+/* Issue 11, defect 2: frames forged by a stranger at a running job's stage
+ * data port change nothing: the job finishes with the losses of the local
+ * run, bitwise, and the attacked stage counts each forgery in its errors
+ * (the pipetrain_comm_errors_total series); the other ranks count none. */
+static void test_workers_forged_frames_ignored(void)
+{
+	char log0[400], log1[400];
+	wf_proc w0, w1;
+	losses local;
+	forge f = {.at = 5};
+	pt_job_spec spec;
+	pt_job_run_options o = {.files_root = PT_SOURCE_ROOT, .threads = 2};
+	pt_job_hooks h = {.ctx = &f, .on_metric = forge_metric};
+	int64_t last = 0;
+	const char *base[] = {server_bin, "--worker", "--listen", "tcp://127.0.0.1:0", NULL};
+
+	snprintf(log0, sizeof(log0), "%s/forge-w0.log", tmpdir);
+	snprintf(log1, sizeof(log1), "%s/forge-w1.log", tmpdir);
+	CU_ASSERT_FATAL(wf_proc_start(&w0, base, log0));
+	CU_ASSERT_FATAL(wf_proc_start(&w1, base, log1));
+	run_job(NULL, NULL, &local);
+	f.log = log1; /* stage 1, rank 2: gets forwards from rank 1 */
+	digits_spec(&spec, &w0, &w1);
+	if (pt_job_run(&spec, &o, &h, &last) != PT_OK) {
+		fprintf(stderr, "job failed: %s\n", pt_last_error());
+		CU_FAIL_FATAL("the job failed");
+	}
+	CU_ASSERT_EQUAL(last, STEPS);
+	CU_ASSERT_EQUAL(f.sent, 3);
+	CU_ASSERT_EQUAL(f.l.n, STEPS);
+	wf_expect_same_losses(local.v, f.l.v, STEPS, "with forged frames");
+	CU_ASSERT_EQUAL_FATAL(f.l.last.n_comm, 3);
+	CU_ASSERT_EQUAL(f.l.last.comm[0].errors, 0);
+	CU_ASSERT_EQUAL(f.l.last.comm[1].errors, 0);
+	CU_ASSERT_EQUAL(f.l.last.comm[2].errors, 3);
+	pt_job_spec_fini(&spec);
+	CU_ASSERT_EQUAL(wf_proc_stop(&w0), 0);
+	CU_ASSERT_EQUAL(wf_proc_stop(&w1), 0);
+}
+
+/* Workers on tls+tcp:// (control and stage data), with a CA and a node
+ * certificate made by the openssl command at test time (mbed TLS in nng
+ * matches the URL's host against DNS names, hence DNS:127.0.0.1); the
+ * workers ask for a client certificate (--tls-ca), which the coordinator
+ * presents: the job gives the local run's losses, bitwise. A coordinator without the CA is
+ * refused before any worker is joined, naming the option. */
+static void test_workers_tls_job(void)
+{
+	char cmd[4096], ca[400], cert[400], key[400], url0[300], url1[300], log1[400], data[300];
+	wf_proc w0, w1;
+	losses local, remote;
+	pt_job_spec spec;
+	pt_job_run_options o = {.files_root = PT_SOURCE_ROOT, .threads = 2};
+	pt_job_hooks h = {.ctx = &remote, .on_metric = on_metric};
+	const char *urls[2] = {url0, url1};
+	int64_t last = 0;
+
+	if (system("command -v openssl >/dev/null 2>&1") != 0) {
+		printf("(openssl missing: skipped) ");
+		return;
+	}
+	snprintf(ca, sizeof(ca), "%s/ca.pem", tmpdir);
+	snprintf(cert, sizeof(cert), "%s/node.pem", tmpdir);
+	snprintf(key, sizeof(key), "%s/node.key", tmpdir);
+	snprintf(cmd, sizeof(cmd),
+	         "(cd %s && openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=test-ca "
+	         "-keyout ca.key -out ca.pem && "
+	         "openssl req -newkey rsa:2048 -nodes -subj /CN=127.0.0.1 -keyout node.key "
+	         "-out node.csr && "
+	         "printf 'subjectAltName=DNS:127.0.0.1,DNS:localhost,IP:127.0.0.1\n' > node.ext && "
+	         "openssl x509 -req -in node.csr -CA ca.pem -CAkey ca.key -CAcreateserial "
+	         "-days 2 -extfile node.ext -out node.pem) >/dev/null 2>&1",
+	         tmpdir);
+	if (system(cmd) != 0) {
+		CU_FAIL("openssl could not make the test certificates");
+		return;
+	}
+	{
+		const char *args[] = {
+		    server_bin, "--worker",  "--listen", "tls+tcp://127.0.0.1:0", "--tls-cert",
+		    cert,       "--tls-key", key,        "--worker-tls-ca",       ca,
+		    "--tls-ca", ca,          NULL};
+		snprintf(log1, sizeof(log1), "%s/tls-w1.log", tmpdir);
+		CU_ASSERT_FATAL(wf_proc_start(&w0, args, log_path()));
+		CU_ASSERT_FATAL(wf_proc_start(&w1, args, log1));
+	}
+	CU_ASSERT(strncmp(w0.url, "tls+tcp://127.0.0.1:", 20) == 0);
+	snprintf(url0, sizeof(url0), "%s", w0.url);
+	snprintf(url1, sizeof(url1), "%s", w1.url);
+	run_job(NULL, NULL, &local);
+	memset(&remote, 0, sizeof(remote));
+	wf_digits_spec(&spec, 2, STEPS, urls, 2);
+	/* Without the CA: refused, naming the option. */
+	PT_CHECK_ERR_MSG(pt_job_run(&spec, &o, NULL, NULL), PT_ERR_INVALID, "--tls-cert");
+	o.worker_tls = (pt_job_tls){cert, key, NULL};
+	PT_CHECK_ERR_MSG(pt_job_run(&spec, &o, NULL, NULL), PT_ERR_INVALID, "--worker-tls-ca");
+	o.worker_tls.ca = ca;
+	if (pt_job_run(&spec, &o, &h, &last) != PT_OK) {
+		fprintf(stderr, "job failed: %s\n", pt_last_error());
+		CU_FAIL_FATAL("the job failed");
+	}
+	CU_ASSERT_EQUAL(last, STEPS);
+	CU_ASSERT(data_url(log1, data, sizeof(data)) && strncmp(data, "tls+tcp://", 10) == 0);
+	wf_expect_same_losses(local.v, remote.v, STEPS, "on tls+tcp:// workers");
+	CU_ASSERT_EQUAL_FATAL(remote.last.n_comm, 3);
+	for (int i = 0; i < 3; i++)
+		CU_ASSERT_EQUAL(remote.last.comm[i].errors, 0);
+	pt_job_spec_fini(&spec);
+	CU_ASSERT_EQUAL(wf_proc_stop(&w0), 0);
+	CU_ASSERT_EQUAL(wf_proc_stop(&w1), 0);
+}
+
 static const pt_test_case worker_tests[] = {
     {"test_workers_job_matches_local", test_workers_job_matches_local},
     {"test_workers_handshake_refusals", test_workers_handshake_refusals},
@@ -553,6 +795,8 @@ static const pt_test_case worker_tests[] = {
     {"test_workers_restart_on_spare", test_workers_restart_on_spare},
     {"test_workers_silent_coordinator_abandoned", test_workers_silent_coordinator_abandoned},
     {"test_workers_join_waits_for_dead_session", test_workers_join_waits_for_dead_session},
+    {"test_workers_forged_frames_ignored", test_workers_forged_frames_ignored},
+    {"test_workers_tls_job", test_workers_tls_job},
     {NULL, NULL},
 };
 static const pt_test_suite suites[] = {

@@ -2,7 +2,9 @@
  *
  *   pt-stage --rank R --world W [--listen URL] [--compress] [--timeout-ms N]
  *
- * Prints "listening <url>" on stdout (a tcp port 0 resolved), then reads one
+ * Reads the session key on stdin first, one line of 64 hex digits (every rank
+ * of the session has the same; frames without its MAC are dropped), prints
+ * "listening <url>" on stdout (a tcp port 0 resolved), then reads one
  * line of W space-separated URLs (every rank's, in rank order) on stdin,
  * connects, and serves the stage the coordinator (rank 0) configures, until
  * it is told to stop. Exit status 0 after a STOP, 1 on error, 2 on usage.
@@ -32,6 +34,7 @@ int main(int argc, char **argv)
 	    .listen_url = "tcp://127.0.0.1:0", .rank = -1, .world = 0, .timeout_ms = 30000};
 	const char *urls[PT_MAX_STAGES + 1];
 	static char line[MAX_LINE];
+	uint8_t key[PT_COMM_KEY_BYTES];
 	pt_comm *comm;
 	int c, n = 0;
 	char *save = NULL;
@@ -69,6 +72,16 @@ int main(int argc, char **argv)
 		        PT_MAX_STAGES + 1);
 		return 2;
 	}
+	if (fgets(line, sizeof(line), stdin) == NULL) {
+		fprintf(stderr, "pt-stage: no session key on stdin\n");
+		return 1;
+	}
+	line[strcspn(line, "\r\n")] = '\0';
+	if (pt_comm_key_parse(line, key) != PT_OK) {
+		fprintf(stderr, "pt-stage: %s\n", pt_last_error());
+		return 1;
+	}
+	o.key = key;
 	if (pt_nng_comm_create(&comm, &o) != PT_OK) {
 		fprintf(stderr, "pt-stage: %s\n", pt_last_error());
 		return 1;

@@ -5,6 +5,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 
 pt_channel pt_msg_channel(pt_msg_kind kind)
 {
@@ -146,4 +147,55 @@ pt_err pt_comm_send_backward(pt_comm *c, int dst, const pt_tensor *t, int64_t st
 pt_err pt_comm_recv_backward(pt_comm *c, int src, int timeout_ms, pt_msg *out)
 {
 	return pt_comm_recv(c, src, PT_CH_BACKWARD, timeout_ms, out);
+}
+
+pt_err pt_comm_key_generate(uint8_t key[PT_COMM_KEY_BYTES])
+{
+	size_t got = 0;
+
+	while (got < PT_COMM_KEY_BYTES) {
+		ssize_t n = getrandom(key + got, PT_COMM_KEY_BYTES - got, 0);
+		if (n <= 0)
+			return pt_set_error(PT_ERR_IO,
+			                    "getrandom: no random bytes for a session key");
+		got += (size_t)n;
+	}
+	return PT_OK;
+}
+
+static int hex_digit(char ch)
+{
+	if (ch >= '0' && ch <= '9')
+		return ch - '0';
+	if (ch >= 'a' && ch <= 'f')
+		return ch - 'a' + 10;
+	if (ch >= 'A' && ch <= 'F')
+		return ch - 'A' + 10;
+	return -1;
+}
+
+pt_err pt_comm_key_parse(const char *hex, uint8_t key[PT_COMM_KEY_BYTES])
+{
+	if (hex == NULL || strlen(hex) != 2 * PT_COMM_KEY_BYTES)
+		return pt_set_error(PT_ERR_INVALID, "session key: %d hex digits expected",
+		                    2 * PT_COMM_KEY_BYTES);
+	for (int i = 0; i < PT_COMM_KEY_BYTES; i++) {
+		int hi = hex_digit(hex[2 * i]), lo = hex_digit(hex[2 * i + 1]);
+		if (hi < 0 || lo < 0)
+			return pt_set_error(PT_ERR_INVALID, "session key: not a hex digit at %d",
+			                    hi < 0 ? 2 * i : 2 * i + 1);
+		key[i] = (uint8_t)(hi << 4 | lo);
+	}
+	return PT_OK;
+}
+
+void pt_comm_key_format(const uint8_t key[PT_COMM_KEY_BYTES], char *out)
+{
+	static const char digits[] = "0123456789abcdef";
+
+	for (int i = 0; i < PT_COMM_KEY_BYTES; i++) {
+		out[2 * i] = digits[key[i] >> 4];
+		out[2 * i + 1] = digits[key[i] & 15];
+	}
+	out[2 * PT_COMM_KEY_BYTES] = '\0';
 }

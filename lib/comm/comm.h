@@ -87,7 +87,8 @@ typedef struct pt_comm pt_comm;
  * (header + payload after compression); bytes_raw_sent what would have without
  * compression, so bytes_sent < bytes_raw_sent shows lz4 at work. The local
  * communicator copies nothing and counts the logical bytes (tensor + blob).
- * errors: failed sends and malformed arrivals; timeouts: receives and barriers
+ * errors: failed sends, malformed arrivals and (nng) frames dropped because
+ * they failed authentication or replayed an earlier one; timeouts: receives and barriers
  * that timed out (a receive with timeout 0 is a poll: finding nothing is not
  * a timeout); reconnects: connections to a peer made again after the
  * first one (nng; a dropped connection still marks the peer lost). */
@@ -171,6 +172,20 @@ void pt_local_group_destroy(pt_local_group *g);
 
 /* ---- nng implementation ---- */
 
+/* A session's data-plane key: every rank of one session gets the same key
+ * (over an authenticated control channel), and a new session a new key. */
+#define PT_COMM_KEY_BYTES 32
+
+/* pt_comm_key_generate fills key with PT_COMM_KEY_BYTES random bytes
+ * (getrandom). PT_ERR_IO when the kernel gives none. Thread-safe. */
+pt_err pt_comm_key_generate(uint8_t key[PT_COMM_KEY_BYTES]);
+
+/* pt_comm_key_parse reads 2 * PT_COMM_KEY_BYTES hex digits (and nothing
+ * else) into key; pt_comm_key_format writes them and a NUL (out holds
+ * 2 * PT_COMM_KEY_BYTES + 1 bytes). */
+pt_err pt_comm_key_parse(const char *hex, uint8_t key[PT_COMM_KEY_BYTES]);
+void pt_comm_key_format(const uint8_t key[PT_COMM_KEY_BYTES], char *out);
+
 typedef struct pt_nng_options {
 	const char *listen_url; /* tcp://, ipc://, inproc:// or tls+tcp://; tcp port 0 = any */
 	int world;
@@ -181,8 +196,16 @@ typedef struct pt_nng_options {
 	bool compress;        /* lz4 per tensor when it shrinks the data */
 	size_t max_msg_bytes; /* receive cap (0: 1 GiB + 64 KiB); larger messages are refused */
 	const char *tls_cert_key_file; /* PEM with cert + key, for a tls+tcp listener */
+	const char *tls_key_file;      /* the key, when not in tls_cert_key_file (NULL) */
 	const char *tls_ca_file;       /* CA bundle, for tls+tcp dialers */
-	const char *tls_server_name;   /* expected name in peers' certificates */
+	const char *tls_server_name;   /* expected name in peers' certificates (NULL: each
+	                                * URL's host) */
+	/* The session key (PT_COMM_KEY_BYTES, copied): every frame carries a MAC
+	 * under it and frames without a valid one are dropped and counted in
+	 * errors (see nng.c). Required unless no_auth. */
+	const uint8_t *key;
+	bool no_auth; /* benchmarks only: frames carry no MAC and none is checked; every
+	               * rank of the session must agree */
 } pt_nng_options;
 
 /* pt_nng_comm_create starts listening on opt->listen_url; the communicator can

@@ -4,7 +4,19 @@
  * socket per peer that dials the peer's URL in the background (retrying until
  * the peer is up). One message body is
  *
- *   [ TensorFrame (schema/stage.fbs) | zero padding to 64 | payload ]
+ *   [ TensorFrame (schema/stage.fbs) | zero padding to 64 | payload | MAC trailer ]
+ *
+ * Every frame belongs to a session: unless authentication is turned off (a
+ * benchmark option), it ends in a 32-byte trailer, "PTMC", a 12-byte nonce
+ * (u32 random per communicator, u64 counter; little-endian) and a 16-byte
+ * ChaCha20-Poly1305 tag under the session key over everything before the tag
+ * plus the destination rank (u32 LE): header, payload, sender, sequence
+ * number and job. The I/O thread checks the tag before it reads anything
+ * else; a frame that fails is dropped and counted in the errors counter
+ * without touching sequence numbers, connections or half-received tensors,
+ * and the receiver hears nothing of it. A frame that authenticates but whose
+ * sequence number was already seen (a replay) is dropped the same way.
+ * Poly1305 runs at ~14 GB/s a core here (AVX-512), HMAC-SHA256 at ~2.
  *
  * built in place in one nng_msg (the only copy is the tensor bytes into the
  * message, or lz4 compressing them there). An I/O thread receives, verifies the
@@ -36,17 +48,21 @@
 #include <nng/protocol/pipeline0/pull.h>
 #include <nng/protocol/pipeline0/push.h>
 #include <nng/supplemental/tls/tls.h>
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/random.h>
 #include <time.h>
 
 #include "comm.h"
 #include "fb.h"
 #include "fb_schema.h"
+#include "fileio.h"
 #include "log.h"
 #include "mailbox.h"
 
@@ -64,7 +80,12 @@
  * each: buffers stay below glibc's mmap threshold (32 MiB) and are reused
  * instead of page-faulted in afresh, the receiver copies fragment k while k+1
  * is on the wire, and no side holds a second whole copy of a huge tensor. */
-#define FRAG_BYTES ((size_t)8 << 20)
+#define FRAG_BYTES  ((size_t)8 << 20)
+#define MAC_MAGIC   "PTMC"
+#define MAC_TAG     16
+#define MAC_NONCE   12
+#define MAC_TRAILER (4 + MAC_NONCE + MAC_TAG)
+#define MAC_WARN_MS 1000 /* rejected frames are logged at most this often */
 
 /* TensorFrame field ids and descriptor: fb_schema.h, from schema/stage.fbs. */
 #define F(field) PT_FB_STAGE_TENSOR_FRAME_##field
@@ -83,7 +104,8 @@ typedef struct nng_peer {
 	nng_socket push;
 	nng_dialer dialer;
 	nng_tls_config *tls;
-	pthread_mutex_t mu; /* orders seq assignment with nng_sendmsg */
+	pthread_mutex_t mu;  /* orders seq assignment with nng_sendmsg */
+	EVP_CIPHER_CTX *mac; /* the session key set; under mu */
 	uint64_t next_seq;
 	uint64_t skip;        /* test hook: added to the next seq */
 	atomic_uint connects; /* pipes the dialer made */
@@ -108,7 +130,17 @@ typedef struct nng_comm {
 	size_t max_msg;
 	int send_timeout_ms;
 	char *bound_url;
-	char *tls_cert_key, *tls_ca, *tls_server_name;
+	char *tls_cert_key, *tls_key, *tls_ca, *tls_server_name;
+
+	/* Authentication (auth false: no trailer is sent or accepted). */
+	bool auth;
+	uint8_t key[PT_COMM_KEY_BYTES];
+	EVP_CIPHER *aead;
+	EVP_CIPHER_CTX *rx_mac;           /* I/O thread only */
+	uint32_t mac_instance;            /* nonce prefix, random per communicator */
+	atomic_uint_fast64_t mac_counter; /* nonce suffix, one per frame */
+	long long mac_warned_ms;          /* I/O thread only */
+	uint64_t mac_rejected;            /* I/O thread only: since the last warning */
 
 	bool pull_open;
 	nng_socket pull;
@@ -213,6 +245,24 @@ static bool is_tls(const char *url)
 static bool is_tcp(const char *url)
 {
 	return strncmp(url, "tcp", 3) == 0 || is_tls(url);
+}
+
+/* url_host writes the host of scheme://HOST:PORT (brackets of an IPv6
+ * address removed): the name a tls+tcp peer's certificate must carry. */
+static void url_host(const char *url, char *out, size_t n)
+{
+	const char *h = strstr(url, "://"), *end;
+
+	h = h ? h + 3 : url;
+	if (*h == '[') {
+		h++;
+		end = strchr(h, ']');
+	} else {
+		end = strrchr(h, ':');
+	}
+	if (end == NULL)
+		end = h + strlen(h);
+	snprintf(out, n, "%.*s", (int)(end - h), h);
 }
 
 /* alloc_payload returns n bytes (at least 1) that free() releases: 64-aligned,
@@ -352,6 +402,104 @@ static void push_pipe_cb(nng_pipe p, nng_pipe_ev ev, void *arg)
 		mark_lost_pending(peer->c, peer->rank);
 }
 
+/* ---------------------------------------------------------------- MACs -- */
+
+static void store_le(uint8_t *p, uint64_t v, int n)
+{
+	for (int i = 0; i < n; i++)
+		p[i] = (uint8_t)(v >> (8 * i));
+}
+
+/* mac_ctx_new makes a cipher context keyed with c's session key (NULL on
+ * failure). One context per user: peers (under their lock), the I/O thread. */
+static EVP_CIPHER_CTX *mac_ctx_new(nng_comm *c)
+{
+	EVP_CIPHER_CTX *x = EVP_CIPHER_CTX_new();
+
+	if (x != NULL && EVP_EncryptInit_ex2(x, c->aead, c->key, NULL, NULL) != 1) {
+		EVP_CIPHER_CTX_free(x);
+		x = NULL;
+	}
+	return x;
+}
+
+/* mac_tag computes the tag of frame body[0..len) (trailer included, the tag's
+ * own 16 bytes excluded) to rank dst: ChaCha20-Poly1305 with the trailer's
+ * nonce, everything as associated data, no plaintext. */
+static bool mac_tag(EVP_CIPHER_CTX *x, const uint8_t *body, size_t len, int dst,
+                    uint8_t tag[MAC_TAG])
+{
+	const size_t n = len - MAC_TAG;
+	uint8_t d[4], out[16];
+	int ol;
+
+	store_le(d, (uint32_t)dst, 4);
+	if (EVP_EncryptInit_ex2(x, NULL, NULL, body + n - MAC_NONCE, NULL) != 1)
+		return false;
+	for (size_t off = 0; off < n;) {
+		size_t k = n - off < ((size_t)1 << 30) ? n - off : (size_t)1 << 30;
+		if (EVP_EncryptUpdate(x, NULL, &ol, body + off, (int)k) != 1)
+			return false;
+		off += k;
+	}
+	return EVP_EncryptUpdate(x, NULL, &ol, d, 4) == 1 &&
+	       EVP_EncryptFinal_ex(x, out, &ol) == 1 &&
+	       EVP_CIPHER_CTX_ctrl(x, EVP_CTRL_AEAD_GET_TAG, MAC_TAG, tag) == 1;
+}
+
+/* mac_trailer_init writes the trailer's magic and a fresh nonce at p (the
+ * tag is written by mac_seal once the sequence number is patched in). */
+static void mac_trailer_init(nng_comm *c, uint8_t *p)
+{
+	memcpy(p, MAC_MAGIC, 4);
+	store_le(p + 4, c->mac_instance, 4);
+	store_le(p + 8, atomic_fetch_add(&c->mac_counter, 1), 8);
+	memset(p + 4 + MAC_NONCE, 0, MAC_TAG);
+}
+
+/* mac_seal writes the tag of a finished message to peer (peer->mu held). */
+static pt_err mac_seal(nng_peer *peer, nng_msg *msg)
+{
+	uint8_t *body = nng_msg_body(msg);
+	size_t len = nng_msg_len(msg);
+
+	if (!mac_tag(peer->mac, body, len, peer->rank, body + len - MAC_TAG))
+		return pt_set_error(PT_ERR_BACKEND, "rank %d: cannot compute a frame's MAC",
+		                    peer->c->base.rank);
+	return PT_OK;
+}
+
+/* mac_check tells whether body[0..len) ends in a trailer whose tag is right
+ * for this rank under the session key (I/O thread). */
+static bool mac_check(nng_comm *c, const uint8_t *body, size_t len)
+{
+	uint8_t tag[MAC_TAG];
+
+	if (len < MAC_TRAILER || memcmp(body + len - MAC_TRAILER, MAC_MAGIC, 4) != 0)
+		return false;
+	if (!mac_tag(c->rx_mac, body, len, c->base.rank, tag))
+		return false;
+	return CRYPTO_memcmp(tag, body + len - MAC_TAG, MAC_TAG) == 0;
+}
+
+/* mac_reject counts a dropped frame (no error reaches the receiver: the
+ * sender is not a member of the session, or replays one's frame) and logs
+ * at most one line per MAC_WARN_MS. */
+static void mac_reject(nng_comm *c, const char *why, size_t len)
+{
+	long long now = pt_now_ms();
+
+	atomic_fetch_add(&c->n.errors, 1);
+	c->mac_rejected++;
+	if (now - c->mac_warned_ms < MAC_WARN_MS)
+		return;
+	pt_warn("rank %d: dropped a %zu-byte frame that %s (%llu dropped since the last "
+	        "warning)",
+	        c->base.rank, len, why, (unsigned long long)c->mac_rejected);
+	c->mac_warned_ms = now;
+	c->mac_rejected = 0;
+}
+
 /* -------------------------------------------------------------- frames -- */
 
 typedef struct frame_values {
@@ -450,7 +598,8 @@ static pt_err out_prepare(nng_comm *c, const pt_msg *m, out_msg *o)
 }
 
 /* build_frag makes the nng message of fragment `index` of o, with seq 0
- * (patched under the peer lock by patch_seq). The payload is copied (or lz4
+ * (patched under the peer lock by patch_seq) and, with authentication, a
+ * trailer whose tag mac_seal writes after that. The payload is copied (or lz4
  * compressed, when that shrinks it) straight into the message body.
  * *raw_bytes: the message size without compression. */
 static pt_err build_frag(nng_comm *c, out_msg *o, uint32_t index, nng_msg **out,
@@ -458,7 +607,7 @@ static pt_err build_frag(nng_comm *c, out_msg *o, uint32_t index, nng_msg **out,
 {
 	frame_values v = {.m = o->m, .source = c->base.rank, .raw_size = o->raw};
 	const uint8_t *hdr, *src;
-	size_t hsize, hsize2, padded, cap, payload, size;
+	size_t hsize, hsize2, padded, cap, payload, size, trailer = c->auth ? MAC_TRAILER : 0;
 	nng_msg *msg = NULL;
 	uint8_t *body;
 	bool try_lz4;
@@ -477,7 +626,7 @@ static pt_err build_frag(nng_comm *c, out_msg *o, uint32_t index, nng_msg **out,
 	PT_TRY(frame_build(&o->b, &v, &hdr, &hsize));
 	padded = (hsize + PAYLOAD_ALIGN - 1) & ~(size_t)(PAYLOAD_ALIGN - 1);
 	try_lz4 = c->compress && size >= COMPRESS_MIN_BYTES && size <= LZ4_MAX_INPUT_SIZE;
-	cap = padded + (try_lz4 ? (size_t)LZ4_compressBound((int)size) : size);
+	cap = padded + (try_lz4 ? (size_t)LZ4_compressBound((int)size) : size) + trailer;
 	if ((nrv = nng_msg_alloc(&msg, cap)) != 0)
 		return nng_fail(nrv, "%s: %s", "nng_msg_alloc");
 	body = nng_msg_body(msg);
@@ -486,7 +635,7 @@ static pt_err build_frag(nng_comm *c, out_msg *o, uint32_t index, nng_msg **out,
 	v.codec = CODEC_NONE;
 	if (try_lz4) {
 		int n = LZ4_compress_default((const char *)src, (char *)body + padded, (int)size,
-		                             (int)(cap - padded));
+		                             (int)(cap - padded - trailer));
 		if (n > 0 && (size_t)n < size) {
 			v.codec = CODEC_LZ4;
 			payload = (size_t)n;
@@ -494,8 +643,10 @@ static pt_err build_frag(nng_comm *c, out_msg *o, uint32_t index, nng_msg **out,
 	}
 	if (v.codec == CODEC_NONE && size > 0)
 		memcpy(body + padded, src, size);
-	if (cap > padded + payload)
-		nng_msg_chop(msg, cap - padded - payload);
+	if (cap > padded + payload + trailer)
+		nng_msg_chop(msg, cap - padded - payload - trailer);
+	if (trailer)
+		mac_trailer_init(c, body + padded + payload);
 	v.payload_offset = padded;
 	v.payload_size = payload;
 	if ((rv = frame_build(&o->b, &v, &hdr, &hsize2)) != PT_OK)
@@ -507,7 +658,7 @@ static pt_err build_frag(nng_comm *c, out_msg *o, uint32_t index, nng_msg **out,
 	}
 	memcpy(body, hdr, hsize);
 	memset(body + hsize, 0, padded - hsize);
-	*raw_bytes = padded + size;
+	*raw_bytes = padded + size + trailer;
 	*out = msg;
 	return PT_OK;
 fail:
@@ -584,6 +735,13 @@ static pt_err send_locked(nng_comm *c, nng_peer *peer, out_msg *o, uint32_t inde
 		PT_TRY(build_frag(c, o, index, &msg, &raw_bytes));
 	len = nng_msg_len(msg);
 	patch_seq(msg, peer->next_seq + peer->skip);
+	if (c->auth) {
+		pt_err rv = mac_seal(peer, msg);
+		if (rv != PT_OK) {
+			nng_msg_free(msg);
+			return rv;
+		}
+	}
 	if ((nrv = nng_sendmsg(peer->push, msg, 0)) != 0) {
 		char what[96];
 		pt_err rv;
@@ -1024,6 +1182,14 @@ static void io_handle(nng_comm *c, nng_msg *msg)
 		memcpy(copy, body, len);
 		body = copy;
 	}
+	/* Nothing of a frame is read before its tag checks out. */
+	if (c->auth) {
+		if (!mac_check(c, body, len)) {
+			mac_reject(c, "failed authentication (not from this session)", len);
+			goto done;
+		}
+		len -= MAC_TRAILER;
+	}
 	if ((rv = frame_parse(c, body, len, &f)) != PT_OK) {
 		char what[400];
 		snprintf(what, sizeof(what), "%s", pt_last_error());
@@ -1034,6 +1200,12 @@ static void io_handle(nng_comm *c, nng_msg *msg)
 			pt_set_error(rv, "malformed message (%zu bytes) from an unknown sender: %s",
 			             len, what);
 		deliver_error(c, pipe_rank, rv);
+		goto done;
+	}
+	/* Genuine senders never repeat a sequence number: an authentic frame
+	 * that does is a replay, dropped before it can touch any state. */
+	if (c->auth && f.meta.seq < c->expect_seq[f.meta.source]) {
+		mac_reject(c, "repeats an earlier sequence number (a replay)", len);
 		goto done;
 	}
 	if (pipe_rank >= 0 && pipe_rank != f.meta.source) {
@@ -1303,6 +1475,7 @@ static void nng_comm_destroy(pt_comm *base)
 			nng_close(p->push);
 		if (p->tls)
 			nng_tls_config_free(p->tls);
+		EVP_CIPHER_CTX_free(p->mac);
 		pthread_mutex_destroy(&p->mu);
 	}
 	if (c->tls_server)
@@ -1326,7 +1499,11 @@ static void nng_comm_destroy(pt_comm *base)
 	free(c->bar_arrived);
 	free(c->bound_url);
 	free(c->tls_cert_key);
+	free(c->tls_key);
 	free(c->tls_ca);
+	EVP_CIPHER_CTX_free(c->rx_mac);
+	EVP_CIPHER_free(c->aead);
+	OPENSSL_cleanse(c->key, sizeof(c->key));
 	free(c->tls_server_name);
 	free(c);
 }
@@ -1376,7 +1553,23 @@ static pt_err listen_tls(nng_comm *c)
 		    "tls+tcp listener needs tls_cert_key_file (PEM with cert and key)");
 	if ((rv = nng_tls_config_alloc(&c->tls_server, NNG_TLS_MODE_SERVER)) != 0)
 		return nng_fail(rv, "%s: %s", "tls config");
-	if ((rv = nng_tls_config_cert_key_file(c->tls_server, c->tls_cert_key, NULL)) != 0) {
+	if (c->tls_key != NULL) {
+		char *cert = NULL, *key = NULL;
+		size_t n;
+		pt_err e;
+		if ((e = pt_file_read(c->tls_cert_key, 1 << 20, (void **)&cert, &n)) != PT_OK ||
+		    (e = pt_file_read(c->tls_key, 1 << 20, (void **)&key, &n)) != PT_OK) {
+			free(cert);
+			return pt_set_error(e, "tls certificate/key: %s", pt_last_error());
+		}
+		rv = nng_tls_config_own_cert(c->tls_server, cert, key, NULL);
+		free(cert);
+		OPENSSL_cleanse(key, n);
+		free(key);
+	} else {
+		rv = nng_tls_config_cert_key_file(c->tls_server, c->tls_cert_key, NULL);
+	}
+	if (rv != 0) {
 		pt_set_error(PT_ERR_INVALID, "tls certificate/key file %s: %s", c->tls_cert_key,
 		             nng_strerror(rv));
 		return PT_ERR_INVALID;
@@ -1427,12 +1620,13 @@ pt_err pt_nng_comm_create(pt_comm **out, const pt_nng_options *opt)
 	c->asm_of = calloc((size_t)world, sizeof(*c->asm_of));
 	c->bar_arrived = calloc((size_t)world, sizeof(*c->bar_arrived));
 	c->tls_cert_key = dup_or_null(opt->tls_cert_key_file);
+	c->tls_key = dup_or_null(opt->tls_key_file);
 	c->tls_ca = dup_or_null(opt->tls_ca_file);
 	c->tls_server_name = dup_or_null(opt->tls_server_name);
 	if (c->peers == NULL || c->lost_ticket == NULL || c->lost_ms == NULL ||
 	    c->expect_seq == NULL || c->asm_of == NULL || c->bar_arrived == NULL ||
-	    (opt->tls_cert_key_file && !c->tls_cert_key) || (opt->tls_ca_file && !c->tls_ca) ||
-	    (opt->tls_server_name && !c->tls_server_name)) {
+	    (opt->tls_cert_key_file && !c->tls_cert_key) || (opt->tls_key_file && !c->tls_key) ||
+	    (opt->tls_ca_file && !c->tls_ca) || (opt->tls_server_name && !c->tls_server_name)) {
 		rv = pt_set_error(PT_ERR_NOMEM, "nng communicator of %d ranks", world);
 		goto fail;
 	}
@@ -1440,6 +1634,29 @@ pt_err pt_nng_comm_create(pt_comm **out, const pt_nng_options *opt)
 		c->peers[r].c = c;
 		c->peers[r].rank = r;
 		pthread_mutex_init(&c->peers[r].mu, NULL);
+	}
+	c->auth = !opt->no_auth;
+	if (c->auth) {
+		if (opt->key == NULL) {
+			rv = pt_set_error(PT_ERR_INVALID,
+			                  "nng communicator of rank %d: no session key (frames "
+			                  "are authenticated unless no_auth is set)",
+			                  opt->rank);
+			goto fail;
+		}
+		memcpy(c->key, opt->key, PT_COMM_KEY_BYTES);
+		if ((c->aead = EVP_CIPHER_fetch(NULL, "ChaCha20-Poly1305", NULL)) == NULL ||
+		    (c->rx_mac = mac_ctx_new(c)) == NULL) {
+			rv = pt_set_error(PT_ERR_BACKEND, "libcrypto: no ChaCha20-Poly1305");
+			goto fail;
+		}
+		if (getrandom(&c->mac_instance, sizeof(c->mac_instance), 0) !=
+		    (ssize_t)sizeof(c->mac_instance)) {
+			rv = pt_set_error(PT_ERR_IO, "getrandom: no nonce for rank %d", opt->rank);
+			goto fail;
+		}
+	} else {
+		pt_warn("rank %d: data-plane authentication is off (benchmarks only)", opt->rank);
 	}
 	if ((rv = pt_mailbox_create(&c->mb, world, opt->rank)) != PT_OK)
 		goto fail;
@@ -1502,6 +1719,8 @@ static pt_err dial_peer(nng_comm *c, nng_peer *p, const char *url)
 	int rv;
 
 	snprintf(what, sizeof(what), "rank %d dialing rank %d at %s", c->base.rank, p->rank, url);
+	if (c->auth && (p->mac = mac_ctx_new(c)) == NULL)
+		return pt_set_error(PT_ERR_BACKEND, "%s: libcrypto: no ChaCha20-Poly1305", what);
 	if ((rv = nng_push0_open(&p->push)) != 0)
 		return nng_fail(rv, "%s: %s", what);
 	p->open = true;
@@ -1513,13 +1732,15 @@ static pt_err dial_peer(nng_comm *c, nng_peer *p, const char *url)
 	    (rv = nng_dialer_create(&p->dialer, p->push, url)) != 0)
 		return nng_fail(rv, "%s: %s", what);
 	if (is_tls(url)) {
+		char host[256];
 		if (c->tls_ca == NULL)
 			return pt_set_error(PT_ERR_INVALID, "%s: tls+tcp needs tls_ca_file", what);
+		url_host(url, host, sizeof(host));
 		if ((rv = nng_tls_config_alloc(&p->tls, NNG_TLS_MODE_CLIENT)) != 0 ||
 		    (rv = nng_tls_config_ca_file(p->tls, c->tls_ca)) != 0 ||
 		    (rv = nng_tls_config_auth_mode(p->tls, NNG_TLS_AUTH_MODE_REQUIRED)) != 0 ||
-		    (c->tls_server_name &&
-		     (rv = nng_tls_config_server_name(p->tls, c->tls_server_name)) != 0) ||
+		    (rv = nng_tls_config_server_name(p->tls, c->tls_server_name ? c->tls_server_name
+		                                                                : host)) != 0 ||
 		    (rv = nng_dialer_set_ptr(p->dialer, NNG_OPT_TLS_CONFIG, p->tls)) != 0)
 			return nng_fail(rv, "%s: tls: %s", what);
 	}

@@ -144,6 +144,14 @@ typedef struct pt_job_hooks {
 	void (*on_restart)(void *ctx, int n, int64_t from, const char *message);
 } pt_job_hooks;
 
+/* TLS for tls+tcp:// workers (files; NULL or "": unset). The coordinator
+ * presents cert/key to workers that require a client certificate and serves
+ * its stage data port with them; ca verifies the workers' certificates
+ * (control and data ports), checked against the host of each URL. */
+typedef struct pt_job_tls {
+	const char *cert, *key, *ca;
+} pt_job_tls;
+
 typedef struct pt_job_run_options {
 	const char *checkpoint_dir; /* where step-N.safetensors files go (NULL: none) */
 	const char *files_root;     /* data paths are beneath it (NULL: cwd) */
@@ -156,6 +164,7 @@ typedef struct pt_job_run_options {
 	const char *worker_token;   /* presented to workers that require one (NULL: none) */
 	const char *advertise_host; /* host workers dial for the coordinator (NULL: this
 	                             * host's address on the connection to the first worker) */
+	pt_job_tls worker_tls;      /* for tls+tcp:// workers */
 } pt_job_run_options;
 
 /* pt_job_run trains the job to spec->steps (or until should_stop), writing
@@ -210,6 +219,7 @@ typedef struct pt_job_workers_options {
 	int n;
 	const char *token;          /* presented in StageJoin (NULL: none) */
 	const char *advertise_host; /* see pt_job_run_options */
+	pt_job_tls tls;             /* see pt_job_run_options */
 	bool compress;              /* lz4 tensors on every rank */
 	int timeout_ms;             /* each handshake reply, and the heartbeat timeout: a worker
 	                             * silent this long is lost (0: PT_JOB_WORKER_TIMEOUT_MS) */

@@ -316,6 +316,7 @@ static pt_err join_workers(runner *r)
 		                             .n = r->p,
 		                             .token = r->o->worker_token,
 		                             .advertise_host = r->o->advertise_host,
+		                             .tls = r->o->worker_tls,
 		                             .compress = s->compress,
 		                             .timeout_ms = s->worker_timeout_ms};
 		if ((rv = pt_job_workers_join(&wo, &r->ws, &failed)) == PT_OK) {

@@ -338,26 +338,19 @@ pt_err pt_job_spec_validate(const pt_job_spec *s, const char *files_root, bool a
 	if (s->max_restarts < 0 || s->max_restarts > 1000)
 		return pt_set_error(PT_ERR_RANGE, "max_restarts: %d (0 to 1000)", s->max_restarts);
 	for (int i = 0; i < s->n_workers; i++) {
-		/* The control URL of a `pipeserver --worker` (lib/job/workers.c
-		 * dials it without TLS for now). */
-		static const char *const schemes[] = {"tcp://", "tcp4://", "tcp6://", "ipc://",
-		                                      "abstract://"};
+		/* The control URL of a `pipeserver --worker` (lib/job/workers.c). */
+		static const char *const schemes[] = {"tcp://",      "tcp4://", "tcp6://", "ipc://",
+		                                      "abstract://", "tls+tcp://"};
 		const char *u = s->workers[i];
 		bool known = false;
 		for (size_t k = 0; u != NULL && k < sizeof(schemes) / sizeof(schemes[0]); k++)
 			if (strncmp(u, schemes[k], strlen(schemes[k])) == 0 &&
 			    u[strlen(schemes[k])] != '\0')
 				known = true;
-		if (u != NULL && strncmp(u, "tls+tcp://", 10) == 0)
-			return pt_set_error(
-			    PT_ERR_UNSUPPORTED,
-			    "placement.workers[%d]: '%s': tls+tcp:// workers are not "
-			    "supported yet",
-			    i, u);
 		if (!known)
 			return pt_set_error(
 			    PT_ERR_INVALID,
-			    "placement.workers[%d]: '%s' is not a tcp:// or ipc:// URL", i,
+			    "placement.workers[%d]: '%s' is not a tcp://, tls+tcp:// or ipc:// URL", i,
 			    u ? u : "(null)");
 	}
 

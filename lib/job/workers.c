@@ -3,9 +3,14 @@
  * communicator to them, and watch them with heartbeats until the job ends.
  *
  * For each worker (stage s, rank s + 1): a REQ socket to its control URL,
- * StageJoin -> its data URL and a session; then rank 0 listens on
- * tcp://<host>:0 and every worker gets StagePeers (all data URLs), after
- * which it serves its stage on its own thread until STOP.
+ * StageJoin (with the session key, drawn here per session) -> its data URL
+ * and a session; then rank 0 listens on tcp://<host>:0 and every worker gets
+ * StagePeers (all data URLs), after which it serves its stage on its own
+ * thread until STOP. Every frame between the session's ranks carries a MAC
+ * under the key, so a stage takes data only from its session's peers.
+ * tls+tcp:// workers are dialed with the CA of o->tls (checked against each
+ * URL's host), presenting o->tls's certificate; rank 0 then listens on
+ * tls+tcp:// with that certificate.
  *
  * Heartbeats go over the same control socket (schema/stage.fbs): one thread
  * per worker sends StagePing{session} every timeout / 4 and waits for the
@@ -15,7 +20,7 @@
  * rank is marked lost in rank 0's communicator, so the coordinator's waits
  * and sends involving it fail at once instead of hanging. pt_job_workers_end
  * ends every surviving session (the workers are idle when it returns).
- * Limits: plain tcp and ipc control URLs (no TLS), one stage per worker.
+ * Limits: one stage per worker.
  */
 #include <arpa/inet.h>
 #include <ctype.h>
@@ -28,7 +33,9 @@
 
 #include <nng/nng.h>
 #include <nng/protocol/reqrep0/req.h>
+#include <nng/supplemental/tls/tls.h>
 
+#include "fileio.h"
 #include "handshake.h"
 #include "job.h"
 #include "log.h"
@@ -63,6 +70,7 @@ typedef struct link {
 
 struct pt_job_workers {
 	int n, timeout_ms;
+	const pt_job_tls *tls; /* during pt_job_workers_join only */
 	link links[PT_MAX_STAGES];
 	pt_comm *comm; /* rank 0, owned */
 	pthread_mutex_t mu;
@@ -188,9 +196,54 @@ static void set_timeouts(link *l, int ms)
 	l->wait_ms = ms;
 }
 
+static bool set(const char *s)
+{
+	return s != NULL && *s != '\0';
+}
+
+/* tls_dial gives l's dialer d the CA (and the coordinator's certificate,
+ * when it has one) for a tls+tcp:// worker. */
+static pt_err tls_dial(link *l, nng_dialer d)
+{
+	const pt_job_tls *t = l->ws->tls;
+	nng_tls_config *cfg = NULL;
+	char host[256], *cert = NULL, *key = NULL;
+	const char *h = strstr(l->url, "://") + 3, *end;
+	size_t n = 0;
+	pt_err e = PT_OK;
+	int rv;
+
+	end = *h == '[' ? strchr(++h, ']') : strrchr(h, ':');
+	snprintf(host, sizeof(host), "%.*s", (int)(end ? end - h : (long)strlen(h)), h);
+	if (set(t->cert) && set(t->key) &&
+	    ((e = pt_file_read(t->cert, 1 << 20, (void **)&cert, &n)) != PT_OK ||
+	     (e = pt_file_read(t->key, 1 << 20, (void **)&key, &n)) != PT_OK)) {
+		free(cert);
+		return pt_set_error(e, "stage %d (worker %s): %s", l->stage, l->url,
+		                    pt_last_error());
+	}
+	if ((rv = nng_tls_config_alloc(&cfg, NNG_TLS_MODE_CLIENT)) != 0 ||
+	    (rv = nng_tls_config_ca_file(cfg, t->ca)) != 0 ||
+	    (rv = nng_tls_config_auth_mode(cfg, NNG_TLS_AUTH_MODE_REQUIRED)) != 0 ||
+	    (rv = nng_tls_config_server_name(cfg, host)) != 0 ||
+	    (cert != NULL && (rv = nng_tls_config_own_cert(cfg, cert, key, NULL)) != 0) ||
+	    (rv = nng_dialer_set_ptr(d, NNG_OPT_TLS_CONFIG, cfg)) != 0)
+		e = pt_set_error(PT_ERR_INVALID, "stage %d (worker %s): TLS: %s", l->stage, l->url,
+		                 nng_strerror(rv));
+	free(cert);
+	if (key != NULL)
+		memset(key, 0, n);
+	free(key);
+	if (cfg != NULL)
+		nng_tls_config_free(cfg); /* the dialer holds its own reference */
+	return e;
+}
+
 static pt_err open_link(link *l, int timeout_ms)
 {
+	nng_dialer d;
 	int nrv;
+	pt_err e;
 
 	if ((nrv = nng_req0_open(&l->sock)) != 0)
 		return pt_set_error(PT_ERR_IO, "stage %d (worker %s): %s", l->stage, l->url,
@@ -206,7 +259,12 @@ static pt_err open_link(link *l, int timeout_ms)
 	set_timeouts(l, timeout_ms);
 	nng_socket_set_ms(l->sock, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE);
 	nng_socket_set_size(l->sock, NNG_OPT_RECVMAXSZ, MAX_REPLY_BYTES);
-	if ((nrv = nng_dial(l->sock, l->url, NULL, 0)) != 0)
+	if ((nrv = nng_dialer_create(&d, l->sock, l->url)) != 0)
+		return pt_set_error(PT_ERR_INVALID, "stage %d (worker %s): %s", l->stage, l->url,
+		                    nng_strerror(nrv));
+	if (strncmp(l->url, "tls+tcp://", 10) == 0 && (e = tls_dial(l, d)) != PT_OK)
+		return e;
+	if ((nrv = nng_dialer_start(d, 0)) != 0)
 		return pt_set_error(PT_ERR_IO, "stage %d (worker %s): cannot connect: %s", l->stage,
 		                    l->url, nng_strerror(nrv));
 	return PT_OK;
@@ -447,6 +505,8 @@ pt_err pt_job_workers_join(const pt_job_workers_options *o, pt_job_workers **out
 	const char *urls[PT_MAX_STAGES + 1];
 	char host[300];
 	char listen[400];
+	uint8_t key[PT_COMM_KEY_BYTES];
+	bool tls = false;
 	int timeout = o->timeout_ms > 0 ? o->timeout_ms : PT_JOB_WORKER_TIMEOUT_MS;
 	pt_job_workers *ws;
 	pt_fb_builder b;
@@ -462,6 +522,7 @@ pt_err pt_job_workers_join(const pt_job_workers_options *o, pt_job_workers **out
 		return pt_set_error(PT_ERR_NOMEM, "workers");
 	ws->n = o->n;
 	ws->timeout_ms = timeout;
+	ws->tls = &o->tls;
 	ws->first_lost = -1;
 	pthread_mutex_init(&ws->mu, NULL);
 	mono_cond_init(&ws->cv);
@@ -473,7 +534,21 @@ pt_err pt_job_workers_join(const pt_job_workers_options *o, pt_job_workers **out
 		pthread_mutex_init(&l->amu, NULL);
 		mono_cond_init(&l->acv);
 	}
-	if ((rv = pt_fb_builder_init(&b, 1024)) != PT_OK) {
+	for (int s = 0; s < o->n; s++)
+		tls = tls || strncmp(o->urls[s], "tls+tcp://", 10) == 0;
+	if (tls && !(set(o->tls.cert) && set(o->tls.key))) {
+		pt_job_workers_end(ws);
+		return pt_set_error(PT_ERR_INVALID,
+		                    "tls+tcp:// workers need the coordinator's certificate and key "
+		                    "(--tls-cert, --tls-key) for its stage data port");
+	}
+	if (tls && !set(o->tls.ca)) {
+		pt_job_workers_end(ws);
+		return pt_set_error(PT_ERR_INVALID, "tls+tcp:// workers need a CA (--worker-tls-ca)");
+	}
+	/* One key per session: a restart on a spare joins with a new one. */
+	if ((rv = pt_comm_key_generate(key)) != PT_OK ||
+	    (rv = pt_fb_builder_init(&b, 1024)) != PT_OK) {
 		pt_job_workers_end(ws);
 		return rv;
 	}
@@ -492,7 +567,8 @@ pt_err pt_job_workers_join(const pt_job_workers_options *o, pt_job_workers **out
 		                       .rank = s + 1,
 		                       .world = o->n + 1,
 		                       .compress = o->compress,
-		                       .timeout_ms = timeout};
+		                       .timeout_ms = timeout,
+		                       .key = key};
 		pt_worker_reply r;
 		nng_msg *msg = NULL;
 		if ((rv = open_link(l, timeout)) == PT_OK &&
@@ -523,8 +599,12 @@ pt_err pt_job_workers_join(const pt_job_workers_options *o, pt_job_workers **out
 		                     .world = o->n + 1,
 		                     .rank = 0,
 		                     .compress = o->compress,
-		                     .send_timeout_ms = timeout};
-		snprintf(listen, sizeof(listen), "tcp://%s:0", host);
+		                     .send_timeout_ms = timeout,
+		                     .key = key,
+		                     .tls_cert_key_file = o->tls.cert,
+		                     .tls_key_file = o->tls.key,
+		                     .tls_ca_file = set(o->tls.ca) ? o->tls.ca : NULL};
+		snprintf(listen, sizeof(listen), "%s://%s:0", tls ? "tls+tcp" : "tcp", host);
 		if ((rv = pt_nng_comm_create(&ws->comm, &no)) != PT_OK)
 			rv = pt_set_error(rv, "coordinator: listening on %s: %s", listen,
 			                  pt_last_error());
@@ -558,6 +638,8 @@ pt_err pt_job_workers_join(const pt_job_workers_options *o, pt_job_workers **out
 	if (rv == PT_OK)
 		rv = start_heartbeats(ws);
 	pt_fb_builder_fini(&b);
+	memset(key, 0, sizeof(key)); /* the communicators hold their copies */
+	ws->tls = NULL;              /* o's: needed only to dial */
 	if (rv != PT_OK) {
 		/* End the sessions made so far, so those workers are free again at
 		 * once (best effort; they also expire), keeping this error. */

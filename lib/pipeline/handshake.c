@@ -21,7 +21,7 @@ static const int request_field[] = {
 pt_err pt_handshake_encode_request(pt_fb_builder *b, const pt_worker_request *q,
                                    const uint8_t **data, size_t *size)
 {
-	pt_fb_ref token = 0, urls = 0, inner = 0, root = 0;
+	pt_fb_ref token = 0, key = 0, urls = 0, inner = 0, root = 0;
 	pt_fb_ref refs[PT_MAX_STAGES + 1];
 
 	if (q->n_urls < 0 || q->n_urls > PT_MAX_STAGES + 1)
@@ -33,8 +33,11 @@ pt_err pt_handshake_encode_request(pt_fb_builder *b, const pt_worker_request *q,
 	if (q->kind == PT_WORKER_JOIN) {
 		if (q->token != NULL)
 			pt_fb_create_cstring(b, q->token, &token);
+		if (q->key != NULL)
+			pt_fb_create_vector(b, q->key, PT_COMM_KEY_BYTES, 1, 1, &key);
 		pt_fb_start_table(b);
 		pt_fb_add_offset(b, PT_FB_STAGE_STAGE_JOIN_TOKEN, token);
+		pt_fb_add_offset(b, PT_FB_STAGE_STAGE_JOIN_SESSION_KEY, key);
 		pt_fb_force_i32(b, PT_FB_STAGE_STAGE_JOIN_PROTOCOL, q->protocol);
 		pt_fb_force_i32(b, PT_FB_STAGE_STAGE_JOIN_RANK, q->rank);
 		pt_fb_force_i32(b, PT_FB_STAGE_STAGE_JOIN_WORLD, q->world);
@@ -84,6 +87,12 @@ pt_err pt_handshake_decode_request(const void *buf, size_t len, pt_worker_reques
 		q->world = pt_fb_get_i32(join, PT_FB_STAGE_STAGE_JOIN_WORLD, 0);
 		q->compress = pt_fb_get_bool(join, PT_FB_STAGE_STAGE_JOIN_COMPRESS, false);
 		q->timeout_ms = pt_fb_get_i32(join, PT_FB_STAGE_STAGE_JOIN_TIMEOUT_MS, 0);
+		vec = pt_fb_get_vector(join, PT_FB_STAGE_STAGE_JOIN_SESSION_KEY, &n);
+		if (vec != NULL && n != PT_COMM_KEY_BYTES)
+			return pt_set_error(PT_ERR_FORMAT,
+			                    "StageJoin: session_key of %u bytes (%d)", n,
+			                    PT_COMM_KEY_BYTES);
+		q->key = vec;
 		return PT_OK;
 	}
 	if (ping != NULL) {

@@ -18,8 +18,9 @@
 #include "fb.h"
 #include "pipeline.h"
 
-/* The handshake protocol version this build speaks (2: heartbeats). */
-#define PT_WORKER_PROTOCOL 2
+/* The handshake protocol version this build speaks (2: heartbeats; 3: a
+ * session key in StageJoin, authenticated frames). */
+#define PT_WORKER_PROTOCOL 3
 
 /* Which request a WorkerRequest carries. */
 typedef enum pt_worker_msg { PT_WORKER_PEERS, PT_WORKER_JOIN, PT_WORKER_PING } pt_worker_msg;
@@ -33,6 +34,8 @@ typedef struct pt_worker_request {
 	int32_t rank, world;
 	bool compress;
 	int32_t timeout_ms; /* heartbeat timeout (0: the worker's default) */
+	const uint8_t *key; /* PT_COMM_KEY_BYTES: the session's data-plane key (NULL:
+	                     * none sent; decoded: points into the buffer) */
 	/* StagePeers (n_urls == 0 ends the session) and StagePing (0: state only) */
 	uint64_t session;
 	const char *urls[PT_MAX_STAGES + 1];
