@@ -26,6 +26,7 @@
 #include <event2/keyvalq_struct.h>
 #include <event2/thread.h>
 
+#include "backend.h"
 #include "log.h"
 
 #define MAX_HEADERS 8192
@@ -169,22 +170,18 @@ static int probe_dir(const char *dir)
 	return unlink(path) == 0 ? 0 : errno;
 }
 
+/* device_present asks the backend (the CUDA runtime: device count and
+ * attributes) whether dev can run now. Not /dev/nvidiaN: in a container given
+ * one GPU, or under CUDA_VISIBLE_DEVICES, cuda:0 is not /dev/nvidia0. */
 static bool device_present(const char *dev, char *why, size_t cap)
 {
-	char path[64];
-	long n;
-	char *end;
+	pt_device d;
 
-	if (dev == NULL || strcmp(dev, "cpu") == 0)
+	if (dev == NULL)
 		return true;
-	if (strncmp(dev, "cuda:", 5) != 0) {
-		snprintf(why, cap, "unknown device %s", dev);
-		return false;
-	}
-	n = strtol(dev + 5, &end, 10);
-	snprintf(path, sizeof(path), "/dev/nvidia%ld", n);
-	if (*end != '\0' || n < 0 || access(path, F_OK) != 0) {
-		snprintf(why, cap, "%s not present (%s)", dev, path);
+	if (pt_device_parse(dev, &d) != PT_OK || pt_backend_device_ready(d) != PT_OK) {
+		snprintf(why, cap, "%s", pt_last_error());
+		pt_clear_error();
 		return false;
 	}
 	return true;

@@ -6,7 +6,7 @@
  *   /healthz                      200 {"status":"ok"} while the process runs
  *   /readyz                       200 when jobs can be accepted (a probe file
  *                                 can be created and removed in data_dir and
- *                                 the device is present), else 503; JSON body
+ *                                 the device answers the CUDA runtime), else 503
  *   /                             the dashboard (one self-contained page)
  *   /api/jobs                     the job list as JSON
  *   /api/jobs/<id>/metrics?after=N  points with step > N as JSON
@@ -37,7 +37,7 @@ typedef struct pt_http_config {
 	const char *addr;       /* "HOST:PORT"; port 0 picks a free one */
 	const char *auth_token; /* NULL: none */
 	const char *data_dir;   /* readiness probe directory */
-	const char *device;     /* "cpu" or "cuda:N": readiness checks it exists */
+	const char *device;     /* "cpu" or "cuda:N": readiness asks the backend */
 	pt_jobs *jobs;          /* not owned */
 	pt_metrics *metrics;    /* not owned */
 	int timeout_s;          /* per-connection read/write timeout (0: 10 s) */

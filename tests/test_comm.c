@@ -10,6 +10,7 @@
  * Large-tensor cases (64 MiB, 256 MiB) free their buffers at once: the machine
  * has 2 cores and 24 GiB.
  */
+#include <dlfcn.h>
 #include <errno.h>
 #include <nng/nng.h>
 #include <nng/protocol/pipeline0/pull.h>
@@ -1827,6 +1828,43 @@ static void test_comm_nccl_verifies(void)
 	pt_local_group_destroy(lg);
 }
 
+/* A failed ncclSend/ncclRecv still ends its group (pt_nccl_p2p, the
+ * communicator's transfer step): otherwise the thread stays inside an NCCL
+ * group and every later NCCL call it makes is deferred, so later receives
+ * deliver buffers NCCL never wrote. Asked of the real libnccl, without a
+ * GPU: a NULL communicator makes it refuse the call, and its ncclGroupEnd
+ * answers "invalid usage" when no group is open. Twice per direction: a
+ * leaked group would nest. */
+static void test_comm_nccl_failed_call_ends_group(void)
+{
+	int (*group_end)(void);
+	const char *(*error_string)(int);
+	char buf[16];
+
+	if (cur->kind != IMPL_NCCL || strcmp(cur->name, "nccl_cpu") != 0) {
+		printf("(once, in suite comm_nccl_cpu) ");
+		return;
+	}
+	*(void **)&group_end = dlsym(RTLD_DEFAULT, "ncclGroupEnd");
+	*(void **)&error_string = dlsym(RTLD_DEFAULT, "ncclGetErrorString");
+	CU_ASSERT_PTR_NOT_NULL_FATAL(group_end);
+	CU_ASSERT_PTR_NOT_NULL_FATAL(error_string);
+	for (int send = 0; send < 2; send++) {
+		const char *what = send ? "NCCL ncclSend (peer rank 1): invalid argument"
+		                        : "NCCL ncclRecv (peer rank 1): invalid argument";
+		PT_CHECK_ERR_MSG(pt_nccl_p2p(send, buf, sizeof(buf), NULL, NULL, 1), PT_ERR_BACKEND,
+		                 what);
+		PT_CHECK_ERR_MSG(pt_nccl_p2p(send, buf, sizeof(buf), NULL, NULL, 1), PT_ERR_BACKEND,
+		                 what);
+		const char *after = error_string(group_end());
+		if (strstr(after, "invalid usage") == NULL)
+			fprintf(stderr,
+			        "ncclGroupEnd after failed %s: %s (a group was left open)\n",
+			        send ? "sends" : "receives", after);
+		CU_ASSERT_PTR_NOT_NULL(strstr(after, "invalid usage"));
+	}
+}
+
 /* ------------------------------------------------------------- suites -- */
 
 typedef struct test_def {
@@ -1865,6 +1903,7 @@ static const test_def tests[] = {
     {"test_comm_max_msg", test_comm_max_msg, false},
     {"test_comm_device_tensors", test_comm_device_tensors, false},
     {"test_comm_nccl_verifies", test_comm_nccl_verifies, false},
+    {"test_comm_nccl_failed_call_ends_group", test_comm_nccl_failed_call_ends_group, false},
 };
 
 #define N_IMPLS (sizeof(impls) / sizeof(impls[0]))

@@ -175,6 +175,29 @@ void *pt_backend_stream(pt_device dev)
 	return dev.kind == PT_DEV_CUDA ? ptc_stream(dev.index) : NULL;
 }
 
+pt_err pt_backend_device_ready(pt_device dev)
+{
+	PT_TRY(pt_backend_check_device(dev));
+	if (dev.kind == PT_DEV_CUDA && ptc_device_probe(dev.index) != 0)
+		return pt_set_error(PT_ERR_UNSUPPORTED, "cuda:%d: not usable (%s)", dev.index,
+		                    ptc_last_error());
+	return PT_OK;
+}
+
+pt_err pt_backend_trim(pt_device dev)
+{
+	if (dev.kind == PT_DEV_CUDA && ptc_pool_trim(dev.index) != 0)
+		return cuda_fail(dev, "trim");
+	return PT_OK;
+}
+
+pt_err pt_backend_trim_all(void)
+{
+	if (ptc_pool_trim_all() != 0)
+		return pt_set_error(PT_ERR_BACKEND, "cuda: trim: %s", ptc_last_error());
+	return PT_OK;
+}
+
 pt_err pt_backend_plan(pt_op_call *c)
 {
 	pt_device dev;
@@ -239,6 +262,21 @@ pt_err pt_backend_sync(pt_device dev)
 void *pt_backend_stream(pt_device dev)
 {
 	return NULL;
+}
+
+pt_err pt_backend_device_ready(pt_device dev)
+{
+	return pt_backend_check_device(dev);
+}
+
+pt_err pt_backend_trim(pt_device dev)
+{
+	return PT_OK;
+}
+
+pt_err pt_backend_trim_all(void)
+{
+	return PT_OK;
 }
 
 pt_err pt_backend_plan(pt_op_call *c)

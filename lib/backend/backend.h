@@ -49,6 +49,20 @@ pt_err pt_backend_check_device(pt_device dev);
  * no such device: PT_ERR_UNSUPPORTED. */
 pt_err pt_backend_device_memory(pt_device dev, uint64_t *total);
 
+/* pt_backend_device_ready asks the device's runtime whether dev is usable now
+ * (CUDA: cudaGetDeviceCount, which honours CUDA_VISIBLE_DEVICES, and
+ * cudaDeviceGetAttribute on dev; no context is made). PT_OK, else an error
+ * worded as pt_backend_check_device's ("cuda:0: no CUDA device (...)"). For
+ * readiness probes: cheap, any thread. */
+pt_err pt_backend_device_ready(pt_device dev);
+
+/* pt_backend_trim gives the cached, unused memory of dev's pool back to the
+ * driver (after waiting for dev's queued work); no-op for the CPU and in
+ * builds without CUDA. pt_backend_trim_all does so for every device this
+ * process has used (the job runner calls it when a job ends). Blocking. */
+pt_err pt_backend_trim(pt_device dev);
+pt_err pt_backend_trim_all(void);
+
 /* pt_backend_alloc allocates nbytes of zeroed memory on dev (a non-CPU
  * device; pt_storage_create serves the CPU itself). The caller owns *out and
  * frees it with pt_backend_free on the same device. */

@@ -58,12 +58,13 @@ typedef struct peer {
 	ncclComm_t tx; /* this rank -> peer (NCCL rank 0 of 2), or NULL */
 	cudaStream_t tx_stream;
 	bool tx_broken;
-	char tx_why[256];
+	char tx_why[512];
 	/* I/O thread only. */
 	ncclComm_t rx; /* peer -> this rank (NCCL rank 1 of 2) */
 	cudaStream_t rx_stream;
 	uint64_t expect_seq;
 	bool lost;
+	char rx_why[256]; /* why the last rx set-up failed, or "" */
 	/* Set at creation. */
 	pt_device dev;
 	uint64_t fingerprint; /* same value on both sides = same GPU */
@@ -211,6 +212,9 @@ static pt_err wait_done(nccl_comm *c, ncclComm_t comm, cudaStream_t s, long long
 				return PT_OK;
 			if (e != cudaErrorNotReady)
 				return cuda_fail(e, what);
+			/* NotReady also lands in this thread's error slot; left there,
+			 * the next kernel launch on this thread would report it. */
+			(void)cudaGetLastError();
 		} else if (st == ncclSuccess) {
 			return PT_OK;
 		}
@@ -230,7 +234,8 @@ static pt_err wait_done(nccl_comm *c, ncclComm_t comm, cudaStream_t s, long long
 }
 
 /* pair_init joins the 2-rank NCCL communicator of id as pair_rank and makes
- * its stream; on error nothing is left behind. */
+ * its stream; on error nothing is left behind. An id serves one attempt (its
+ * bootstrap root accepts the two ranks once): a retry needs a new id. */
 static pt_err pair_init(nccl_comm *c, const ncclUniqueId *id, int pair_rank, int peer_rank,
                         ncclComm_t *comm, cudaStream_t *stream)
 {
@@ -276,8 +281,9 @@ static void pair_abort(ncclComm_t *comm, cudaStream_t *stream)
 }
 
 /* after_compute makes s wait for everything queued so far on the device's
- * compute stream (the kernels that wrote, or the pool that allocated, the
- * memory NCCL is about to touch). */
+ * compute stream: an event recorded when a send is posted, so the kernels
+ * that wrote the tensor come first and later compute is not waited for.
+ * Receives never wait for compute (their buffers come from s itself). */
 static pt_err after_compute(nccl_comm *c, cudaStream_t s)
 {
 	cudaStream_t compute = (cudaStream_t)pt_backend_stream(c->dev);
@@ -293,15 +299,55 @@ static pt_err after_compute(nccl_comm *c, cudaStream_t s)
 	return e == cudaSuccess ? PT_OK : cuda_fail(e, "ordering after the compute stream");
 }
 
+/* compute_after makes the device's compute stream wait for everything queued
+ * so far on s (an event): kernels that read a received tensor, and the pool
+ * free of a buffer NCCL used, come after NCCL is done with it, even after an
+ * abort. Returns the CUDA error; sets no message. */
+static cudaError_t compute_after(nccl_comm *c, cudaStream_t s)
+{
+	cudaStream_t compute = (cudaStream_t)pt_backend_stream(c->dev);
+	cudaEvent_t ev;
+	cudaError_t e;
+	if (compute == NULL)
+		return cudaErrorInvalidResourceHandle;
+	if ((e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming)) != cudaSuccess)
+		return e;
+	e = cudaEventRecord(ev, s);
+	if (e == cudaSuccess)
+		e = cudaStreamWaitEvent(compute, ev, 0);
+	cudaEventDestroy(ev); /* released once the wait is done */
+	return e;
+}
+
+pt_err pt_nccl_p2p(bool send, void *buf, size_t nbytes, void *comm, void *stream, int peer_rank)
+{
+	const char *what = send ? "ncclSend" : "ncclRecv";
+	ncclComm_t nc = comm;
+	ncclResult_t r, r2;
+
+	if ((r = ncclGroupStart()) != ncclSuccess)
+		return nccl_fail(r, NULL, "ncclGroupStart", peer_rank);
+	r = send ? ncclSend(buf, nbytes, ncclUint8, 1, nc, (cudaStream_t)stream)
+	         : ncclRecv(buf, nbytes, ncclUint8, 0, nc, (cudaStream_t)stream);
+	/* Always end the group that started, also when the call failed: a thread
+	 * left inside a group defers every later NCCL call it makes, so later
+	 * receives would deliver buffers NCCL never wrote. */
+	r2 = ncclGroupEnd();
+	if (r != ncclSuccess && r != ncclInProgress)
+		return nccl_fail(r, nc, what, peer_rank);
+	if (r2 != ncclSuccess && r2 != ncclInProgress)
+		return nccl_fail(r2, nc, what, peer_rank);
+	return PT_OK;
+}
+
 /* transfer runs one ncclSend (send) or ncclRecv of nbytes at data (device
  * memory, or host memory staged through a device buffer when host) and waits
- * for it. */
+ * for it. A device receive buffer must have been allocated on s. */
 static pt_err transfer(nccl_comm *c, bool send, ncclComm_t comm, cudaStream_t s, void *data,
                        size_t nbytes, bool host, int peer_rank)
 {
 	const char *what = send ? "ncclSend" : "ncclRecv";
 	void *buf = data;
-	ncclResult_t r;
 	pt_err rv;
 
 	CUDA_TRY(cudaSetDevice(c->dev.index));
@@ -315,21 +361,11 @@ static pt_err transfer(nccl_comm *c, bool send, ncclComm_t comm, cudaStream_t s,
 				return cuda_fail(e, "staging a host tensor");
 			}
 		}
-	} else {
+	} else if (send) {
 		PT_TRY(after_compute(c, s));
 	}
-	r = ncclGroupStart();
-	if (r == ncclSuccess)
-		r = send ? ncclSend(buf, nbytes, ncclUint8, 1, comm, s)
-		         : ncclRecv(buf, nbytes, ncclUint8, 0, comm, s);
-	if (r == ncclSuccess || r == ncclInProgress) {
-		ncclResult_t r2 = ncclGroupEnd();
-		if (r == ncclSuccess)
-			r = r2;
-	}
-	if (r != ncclSuccess && r != ncclInProgress)
-		rv = nccl_fail(r, comm, what, peer_rank);
-	else
+	rv = pt_nccl_p2p(send, buf, nbytes, comm, s, peer_rank);
+	if (rv == PT_OK)
 		rv = wait_done(c, comm, s, pt_now_ms() + c->base.timeout_ms, what, peer_rank);
 	if (host) {
 		if (rv == PT_OK && !send) {
@@ -348,8 +384,8 @@ static pt_err transfer(nccl_comm *c, bool send, ncclComm_t comm, cudaStream_t s,
 
 /* ------------------------------------------------------------------ send -- */
 
-/* tx_ready makes the comm for this rank -> dst (send_mu held). */
-static pt_err tx_ready(nccl_comm *c, peer *p, int dst)
+/* tx_init sends dst a new NCCL id and joins the pair's communicator with it. */
+static pt_err tx_init(nccl_comm *c, peer *p, int dst)
 {
 	ncclUniqueId id;
 	ncclResult_t r;
@@ -357,11 +393,6 @@ static pt_err tx_ready(nccl_comm *c, peer *p, int dst)
 	trailer tr = {.magic = TRAILER_MAGIC, .version = TRAILER_VERSION, .what = T_INIT};
 	pt_err rv;
 
-	if (p->tx_broken)
-		return pt_set_error(PT_ERR_CLOSED, "rank %d: NCCL to rank %d is broken: %s",
-		                    c->base.rank, dst, p->tx_why);
-	if (p->tx != NULL)
-		return PT_OK;
 	if ((r = ncclGetUniqueId(&id)) != ncclSuccess)
 		return nccl_fail(r, NULL, "ncclGetUniqueId", dst);
 	m.meta.kind = PT_MSG_COMMAND;
@@ -378,11 +409,42 @@ static pt_err tx_ready(nccl_comm *c, peer *p, int dst)
 	pt_msg_fini(&m);
 	if (rv == PT_OK)
 		rv = pair_init(c, &id, 0, dst, &p->tx, &p->tx_stream);
-	if (rv != PT_OK && rv != PT_ERR_CLOSED) {
-		p->tx_broken = true;
-		snprintf(p->tx_why, sizeof(p->tx_why), "%s", pt_last_error());
-	}
 	return rv;
+}
+
+/* give_back_cache returns the device pool's cached memory to the driver:
+ * NCCL allocates its buffers outside that pool, so a set-up that ran out of
+ * memory may succeed after it. Its own failure only loses that chance. */
+static void give_back_cache(nccl_comm *c)
+{
+	if (pt_backend_trim(c->dev) != PT_OK)
+		pt_clear_error();
+}
+
+/* tx_ready makes the comm for this rank -> dst (send_mu held). A failed
+ * set-up is tried once more, with a new id, after giving the pool's cached
+ * memory back (the receiver does the same when its side fails). */
+static pt_err tx_ready(nccl_comm *c, peer *p, int dst)
+{
+	char first[200];
+	pt_err rv;
+
+	if (p->tx_broken)
+		return pt_set_error(PT_ERR_CLOSED, "rank %d: NCCL to rank %d is broken: %s",
+		                    c->base.rank, dst, p->tx_why);
+	if (p->tx != NULL)
+		return PT_OK;
+	rv = tx_init(c, p, dst);
+	if (rv == PT_OK || rv == PT_ERR_CLOSED)
+		return rv;
+	snprintf(first, sizeof(first), "%s", pt_last_error());
+	give_back_cache(c);
+	rv = tx_init(c, p, dst);
+	if (rv == PT_OK || rv == PT_ERR_CLOSED)
+		return rv;
+	p->tx_broken = true;
+	snprintf(p->tx_why, sizeof(p->tx_why), "%s (first try: %s)", pt_last_error(), first);
+	return pt_set_error(rv, "%s", p->tx_why);
 }
 
 /* device_copy makes dst a new contiguous copy of device tensor src on the
@@ -524,6 +586,9 @@ static pt_err nccl_send(pt_comm *base, int dst, const pt_msg *m)
 			              tr.route == P_NCCL_HOST, dst);
 			if (rv != PT_OK) {
 				snprintf(p->tx_why, sizeof(p->tx_why), "%s", pt_last_error());
+				/* The aborted send may still read t: its frees wait. */
+				if (tr.route == P_NCCL_DEVICE)
+					(void)compute_after(c, p->tx_stream);
 				pair_abort(&p->tx, &p->tx_stream);
 				p->tx_broken = true;
 			}
@@ -581,11 +646,28 @@ static pt_err receive_payload(nccl_comm *c, peer *p, int src, const trailer *tr,
 	if (!c->gpu || p->rx == NULL)
 		return pt_set_error(PT_ERR_FORMAT,
 		                    "rank %d: NCCL tensor from rank %d without an NCCL "
-		                    "communicator for it",
-		                    c->base.rank, src);
+		                    "communicator for it%s%s",
+		                    c->base.rank, src, p->rx_why[0] ? ": " : "", p->rx_why);
 	if (tr->route == P_NCCL_DEVICE) {
+		/* Allocated on rx_stream, not zeroed (NCCL writes every byte), so the
+		 * receive waits for nothing queued on the compute stream. */
 		pt_storage *s;
-		PT_TRY(pt_storage_create(&s, tr->nbytes, c->dev));
+		void *buf = NULL;
+		cudaError_t e = cudaSetDevice(c->dev.index);
+		if (e == cudaSuccess)
+			e = cudaMallocAsync(&buf, tr->nbytes, p->rx_stream);
+		if (e != cudaSuccess)
+			return pt_set_error(PT_ERR_NOMEM,
+			                    "rank %d: %llu bytes for a tensor from rank %d: %s",
+			                    c->base.rank, (unsigned long long)tr->nbytes, src,
+			                    cudaGetErrorString(e));
+		if ((rv = pt_storage_wrap(&s, buf, tr->nbytes, c->dev)) != PT_OK) {
+			cudaFreeAsync(buf, p->rx_stream);
+			return rv;
+		}
+		/* The last release frees it with pt_backend_free on the compute
+		 * stream, which compute_after orders after rx_stream below. */
+		s->owns_data = true;
 		rv = pt_tensor_init_on(&m->tensor, s, 0, (pt_dtype)tr->dtype, tr->ndim, tr->shape);
 		pt_storage_release(s);
 	} else {
@@ -596,6 +678,17 @@ static pt_err receive_payload(nccl_comm *c, peer *p, int src, const trailer *tr,
 	m->has_tensor = true;
 	rv = transfer(c, false, p->rx, p->rx_stream, pt_tensor_data(&m->tensor), tr->nbytes,
 	              tr->route == P_NCCL_HOST, src);
+	if (tr->route == P_NCCL_DEVICE) {
+		/* Success or not (an aborted receive may still write the buffer),
+		 * compute and the buffer's free come after rx_stream. */
+		cudaError_t e = compute_after(c, p->rx_stream);
+		if (e != cudaSuccess) {
+			/* Unordered: leaking the buffer is safe, freeing it is not. */
+			m->tensor.storage->owns_data = false;
+			if (rv == PT_OK)
+				rv = cuda_fail(e, "ordering compute after a receive");
+		}
+	}
 	if (rv != PT_OK)
 		pair_abort(&p->rx, &p->rx_stream);
 	return rv;
@@ -661,8 +754,15 @@ static void handle(nccl_comm *c, pt_msg *m)
 		} else {
 			memcpy(&id, m->blob, sizeof(id));
 			pair_abort(&p->rx, &p->rx_stream);
-			if ((rv = pair_init(c, &id, 1, src, &p->rx, &p->rx_stream)) != PT_OK)
-				queue_error(c, src, rv);
+			p->rx_why[0] = 0;
+			if (pair_init(c, &id, 1, src, &p->rx, &p->rx_stream) != PT_OK) {
+				/* Not queued: the sender retries once with a new id (after
+				 * which this side must have memory too) and reports a
+				 * final failure itself; a tensor that comes anyway names
+				 * this reason. */
+				snprintf(p->rx_why, sizeof(p->rx_why), "%s", pt_last_error());
+				give_back_cache(c);
+			}
 		}
 		pt_msg_fini(m);
 		return;

@@ -32,13 +32,19 @@
  *    host memory at a rank without a GPU; a host tensor arrives in host
  *    memory (over NCCL, staged through a device buffer on the NCCL stream).
  *    Device tensors are ordered after the device's compute stream (an event)
- *    before NCCL reads them.
+ *    before NCCL reads them. A device receive buffer is allocated on the
+ *    pair's NCCL stream (not zeroed) and the compute stream waits for an
+ *    event recorded there after the receive, so receives overlap compute
+ *    and the buffer is freed only after NCCL is done with it (also after an
+ *    abort).
  *  - Every received trailer is verified (magic, version, route, dtype, rank,
  *    shape against byte size, sequence number); a bad one becomes a queued
  *    PT_ERR_FORMAT error for the receiver. NCCL and CUDA failures are
  *    PT_ERR_BACKEND with NCCL's message; a transfer that does not complete
  *    within the timeout aborts that direction's NCCL communicator
- *    (ncclCommAbort) and fails, later sends to that peer fail at once.
+ *    (ncclCommAbort) and fails, later sends to that peer fail at once. A
+ *    failed set-up is tried once more with a new id after the device's
+ *    memory pool gives its cached memory back (NCCL allocates outside it).
  *
  * Limits: sends block until the receiver has taken the bytes (the stream is
  * waited for), so a sender may reuse its tensor at once; the receiving I/O
@@ -47,6 +53,9 @@
  */
 #ifndef PT_NCCL_COMM_H
 #define PT_NCCL_COMM_H
+
+#include <stdbool.h>
+#include <stddef.h>
 
 #include "comm.h"
 
@@ -68,6 +77,15 @@ pt_err pt_nccl_comm_create(pt_comm **out, pt_comm *control, pt_device dev, int t
  * communicator, so the caller destroys comms[] the same way either way; the
  * first failure is returned, naming its rank. */
 pt_err pt_nccl_comm_create_group(pt_comm **comms, const pt_device *devs, int n, int timeout_ms);
+
+/* pt_nccl_p2p posts one ncclSend (send; to NCCL rank 1) or ncclRecv (from
+ * rank 0) of nbytes at buf on comm (an ncclComm_t) and stream (a
+ * cudaStream_t) inside its own ncclGroupStart/End, and returns without
+ * waiting. The group is ended whatever the call returned, so the calling
+ * thread is never left inside a group. PT_ERR_BACKEND with NCCL's message;
+ * PT_ERR_UNSUPPORTED without NCCL. The communicator's own transfer step,
+ * exported for tests. */
+pt_err pt_nccl_p2p(bool send, void *buf, size_t nbytes, void *comm, void *stream, int peer_rank);
 
 #define PT_NCCL_ID_TAG 0x4e43434cu /* "NCCL" */
 

@@ -10,3 +10,8 @@ pt_err pt_nccl_comm_create(pt_comm **out, pt_comm *control, pt_device dev, int t
 	                    "NCCL communicator: this build has no NCCL (needs CUDA and libnccl; "
 	                    "configure with -Dcuda=enabled)");
 }
+
+pt_err pt_nccl_p2p(bool send, void *buf, size_t nbytes, void *comm, void *stream, int peer_rank)
+{
+	return pt_set_error(PT_ERR_UNSUPPORTED, "NCCL point-to-point: this build has no NCCL");
+}

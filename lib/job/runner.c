@@ -829,6 +829,12 @@ pt_err pt_job_run(const pt_job_spec *spec, const pt_job_run_options *o, const pt
 	models_down(r);
 	data_down(r);
 	free(r);
+	/* The job's device memory went back to the pools: give it to the driver,
+	 * so the next job's NCCL and cuBLAS workspaces (outside the pools) fit. */
+	if (pt_backend_trim_all() != PT_OK) {
+		pt_warn("job %s: %s", spec->name ? spec->name : "", pt_last_error());
+		pt_clear_error();
+	}
 	pt_set_num_threads(prev_threads);
 	if (last_step)
 		*last_step = done;

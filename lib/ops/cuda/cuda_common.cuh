@@ -18,13 +18,19 @@ int ptc_cuda_fail(const char *what, cudaError_t e);
 int ptc_blas_fail(const char *what, cublasStatus_t s);
 
 /* ptc_stream_of makes dev current on this thread and returns its compute
- * stream (created on first use), or NULL after recording the error. */
+ * stream (created on first use), or NULL after recording the error. It also
+ * clears the thread's CUDA error slot (cudaGetLastError), so that a stale,
+ * non-sticky error of an earlier call (cudaErrorNotReady from a stream query,
+ * an invalid argument) is not reported by the next launch's PTC_LAUNCHED;
+ * sticky errors (a kernel fault) cannot be cleared and still show. */
 cudaStream_t ptc_stream_of(int dev);
 
-/* ptc_blas_of returns dev's cuBLAS handle bound to its stream, or NULL. */
+/* ptc_blas_of returns dev's cuBLAS handle bound to its stream, or NULL; it
+ * clears the error slot as ptc_stream_of does (cuBLAS checks launches too). */
 cublasHandle_t ptc_blas_of(int dev);
 
-/* Checks the launch that just happened. */
+/* Checks the launches since the launcher's PTC_STREAM (or ptc_blas_of),
+ * which cleared the thread's error slot: only their errors are reported. */
 #define PTC_LAUNCHED(what)                                                                         \
 	do {                                                                                       \
 		cudaError_t e_ = cudaGetLastError();                                               \

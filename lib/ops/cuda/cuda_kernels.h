@@ -6,8 +6,9 @@
  * cuda_ops.c unpacks a pt_op_call into these calls. Each launcher works on
  * device `dev`, runs on that device's compute stream (asynchronous unless it
  * says otherwise) and returns 0 on success or non-zero with a message naming
- * the CUDA/cuBLAS call in ptc_last_error(). Reductions are deterministic and
- * follow the CPU kernels' summation order where the CPU order is serial.
+ * the CUDA/cuBLAS call in ptc_last_error(). Reductions are deterministic (the
+ * same bits run to run on one device); the embedding gradient follows the CPU
+ * kernel's summation order, column sums over rows use a fixed two-pass order.
  * Launchers may be called from any thread; one device's calls are ordered by
  * its one stream.
  */
@@ -28,24 +29,36 @@ extern "C" {
 const char *ptc_last_error(void);
 
 /* ptc_device_count sets *n to the number of visible devices; fails (with the
- * cudaGetDeviceCount message) when there is no driver or no device. */
+ * cudaGetDeviceCount message) when there is no driver or no device; a driver
+ * too old for this runtime is named as such (CUDA 13 needs R580 or newer). */
 int ptc_device_count(int *n);
 
 /* ptc_device_memory sets *total to dev's global memory in bytes
  * (cudaGetDeviceProperties; does not change the current device). */
 int ptc_device_memory(int dev, size_t *total);
 
+/* ptc_device_probe asks the runtime whether device dev is usable now:
+ * visible (cudaGetDeviceCount, so CUDA_VISIBLE_DEVICES counts) and answering
+ * attribute queries, not in the prohibited compute mode. Creates no context;
+ * any thread. */
+int ptc_device_probe(int dev);
+
 /* ptc_alloc allocates n bytes (zeroed) on dev from the device's caching pool
- * (CUDA's stream-ordered allocator, configured never to give memory back to
- * the driver on its own), ordered on dev's compute stream. */
+ * (CUDA's stream-ordered allocator; it keeps freed memory cached up to the
+ * device's memory less a reserve), ordered on dev's compute stream. */
 int ptc_alloc(int dev, size_t n, void **out);
 
 /* ptc_free returns p to dev's pool, ordered after every queued use on the
  * compute stream. NULL is fine. */
 int ptc_free(int dev, void *p);
 
-/* ptc_pool_trim gives cached, unused pool memory of dev back to the driver. */
+/* ptc_pool_trim waits for dev's compute stream, then gives all cached,
+ * unused pool memory of dev back to the driver. Blocking; keeps the calling
+ * thread's current device. */
 int ptc_pool_trim(int dev);
+
+/* ptc_pool_trim_all is ptc_pool_trim for every device this process has used. */
+int ptc_pool_trim_all(void);
 
 enum { PTC_H2D = 0, PTC_D2H = 1, PTC_D2D = 2 };
 
@@ -127,15 +140,17 @@ int ptc_layernorm_backward(int dev, float *dx, float *dw, float *db, const float
                            int64_t R, int64_t C, bool accum);
 
 /* ptc_bias_rows: y (N, O) rows = bias (O). ptc_colsum_acc: db (O) += column
- * sums of g (N, O), rows in order. */
+ * sums of g (N, O) in a fixed two-pass order (partial sums over chunks of
+ * rows, then the chunks in order; scratch from the pool). */
 int ptc_bias_rows(int dev, float *y, const float *bias, int64_t N, int64_t O);
 int ptc_colsum_acc(int dev, float *db, const float *g, int64_t N, int64_t O);
 
-/* Embeddings: tokens already range-checked. wpe/dwpe may be NULL. */
+/* Embeddings: tokens already range-checked (in [0, V)). wpe/dwpe may be
+ * NULL. The backward takes scratch from the pool. */
 int ptc_embedding_forward(int dev, float *out, const int64_t *tok, const float *wte,
                           const float *wpe, int64_t B, int64_t T, int64_t C);
 int ptc_embedding_backward(int dev, float *dwte, float *dwpe, const float *dout, const int64_t *tok,
-                           int64_t B, int64_t T, int64_t C);
+                           int64_t B, int64_t T, int64_t C, int64_t V);
 
 /* Cross-entropy over R rows of V logits; targets already range-checked. */
 int ptc_xent_forward(int dev, float *losses, float *probs, const float *logits, const int64_t *tg,

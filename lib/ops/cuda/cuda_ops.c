@@ -209,7 +209,7 @@ static pt_err cuda_emb_bwd(const pt_op_call *c, void *ws)
 	PT_TRY(check_ids(c, tok, dwte->shape[0], false, 0, "token"));
 	return check(c, ptc_embedding_backward(DEV, F(dwte), dwpe ? F(dwpe) : NULL, F(c->in[0]),
 	                                       pt_tensor_data(tok), tok->shape[0], tok->shape[1],
-	                                       dwte->shape[1]));
+	                                       dwte->shape[1], dwte->shape[0]));
 }
 
 static pt_err cuda_attn_fwd(const pt_op_call *c, void *ws)

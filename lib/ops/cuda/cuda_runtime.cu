@@ -4,11 +4,16 @@
  * C^T = op(B)^T op(A)^T, so no data is ever transposed).
  *
  * The pool is CUDA's stream-ordered allocator (cudaMallocAsync) on the
- * device's default memory pool with the release threshold raised to the
- * maximum, so freed blocks stay cached for the next allocation instead of
- * going back to the driver at every stream synchronisation; ptc_pool_trim
- * returns them. Frees are ordered on the compute stream, so a block is reused
- * only after every queued kernel that reads it. Limit: at most PTC_MAX_DEVICES.
+ * device's default memory pool. Its release threshold is the device's memory
+ * less a reserve (PTC_POOL_RESERVE_DIV, at least PTC_POOL_RESERVE_MIN bytes):
+ * freed blocks stay cached for the next allocation instead of going back to
+ * the driver at every synchronisation, but the pool never sits on the memory
+ * that NCCL and cuBLAS workspaces (allocated outside it) need. ptc_pool_trim
+ * returns all cached memory; the job runner calls it (through
+ * pt_backend_trim_all) when a job ends, and the NCCL communicator before it
+ * retries a failed set-up. Frees are ordered on the compute stream, so a block
+ * is reused only after every queued kernel that reads it. Limit: at most
+ * PTC_MAX_DEVICES.
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -16,7 +21,9 @@
 
 #include "cuda_common.cuh"
 
-#define PTC_MAX_DEVICES 64
+#define PTC_MAX_DEVICES      64
+#define PTC_POOL_RESERVE_DIV 8                   /* keep 1/8 of memory free */
+#define PTC_POOL_RESERVE_MIN ((uint64_t)2 << 30) /* and at least 2 GiB */
 
 static thread_local char last_error[512];
 
@@ -54,13 +61,28 @@ int ptc_blas_fail(const char *what, cublasStatus_t s)
 	return ptc_fail(what, msg);
 }
 
+/* pool_threshold is the release threshold for a device of total bytes. */
+static uint64_t pool_threshold(size_t total)
+{
+	uint64_t reserve = total / PTC_POOL_RESERVE_DIV;
+	if (reserve < PTC_POOL_RESERVE_MIN)
+		reserve = PTC_POOL_RESERVE_MIN;
+	return total > reserve ? total - reserve : 0;
+}
+
 static int init_device(int dev, ptc_device_state *d)
 {
 	cudaMemPool_t pool;
-	uint64_t keep = UINT64_MAX;
+	size_t free_b = 0, total_b = 0;
+	uint64_t keep;
 	cublasStatus_t bs;
 	cudaError_t e;
 	PTC_CUDA(cudaStreamCreateWithFlags(&d->stream, cudaStreamNonBlocking));
+	if ((e = cudaMemGetInfo(&free_b, &total_b)) != cudaSuccess) {
+		cudaStreamDestroy(d->stream);
+		return ptc_cuda_fail("cudaMemGetInfo", e);
+	}
+	keep = pool_threshold(total_b);
 	if ((e = cudaDeviceGetDefaultMemPool(&pool, dev)) != cudaSuccess ||
 	    (e = cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep)) !=
 	        cudaSuccess) {
@@ -96,12 +118,16 @@ static ptc_device_state *state_of(int dev)
 		return NULL;
 	}
 	d = &devices[dev];
-	if (__atomic_load_n(&d->ready, __ATOMIC_ACQUIRE))
-		return d;
-	pthread_mutex_lock(&devices_mu);
-	int rc = d->ready ? 0 : init_device(dev, d);
-	pthread_mutex_unlock(&devices_mu);
-	return rc == 0 ? d : NULL;
+	if (!__atomic_load_n(&d->ready, __ATOMIC_ACQUIRE)) {
+		pthread_mutex_lock(&devices_mu);
+		int rc = d->ready ? 0 : init_device(dev, d);
+		pthread_mutex_unlock(&devices_mu);
+		if (rc != 0)
+			return NULL;
+	}
+	/* A stale non-sticky error must not fail the caller's next launch. */
+	(void)cudaGetLastError();
+	return d;
 }
 
 cudaStream_t ptc_stream_of(int dev)
@@ -124,6 +150,16 @@ extern "C" void *ptc_stream(int dev)
 extern "C" int ptc_device_count(int *n)
 {
 	cudaError_t e = cudaGetDeviceCount(n);
+	if (e == cudaErrorInsufficientDriver) {
+		char msg[256];
+		*n = 0;
+		snprintf(msg, sizeof(msg),
+		         "%s (%s): no NVIDIA driver, or one older than this CUDA %d.%d runtime "
+		         "needs (CUDA 13 needs driver R580 or newer)",
+		         cudaGetErrorString(e), cudaGetErrorName(e), CUDART_VERSION / 1000,
+		         CUDART_VERSION % 1000 / 10);
+		return ptc_fail("cudaGetDeviceCount", msg);
+	}
 	if (e != cudaSuccess) {
 		*n = 0;
 		return ptc_cuda_fail("cudaGetDeviceCount", e);
@@ -138,6 +174,27 @@ extern "C" int ptc_device_memory(int dev, size_t *total)
 	cudaDeviceProp p;
 	PTC_CUDA(cudaGetDeviceProperties(&p, dev));
 	*total = p.totalGlobalMem;
+	return 0;
+}
+
+extern "C" int ptc_device_probe(int dev)
+{
+	int n = 0, major = 0, mode = 0;
+	cudaError_t e;
+	if (ptc_device_count(&n) != 0)
+		return 1;
+	if (dev < 0 || dev >= n) {
+		char msg[64];
+		snprintf(msg, sizeof(msg), "device %d of %d", dev, n);
+		return ptc_fail("cuda device", msg);
+	}
+	/* Attribute queries need no context: cheap, and safe on any thread. */
+	if ((e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev)) !=
+	        cudaSuccess ||
+	    (e = cudaDeviceGetAttribute(&mode, cudaDevAttrComputeMode, dev)) != cudaSuccess)
+		return ptc_cuda_fail("cudaDeviceGetAttribute", e);
+	if (mode == cudaComputeModeProhibited)
+		return ptc_fail("cudaDeviceGetAttribute", "compute mode is prohibited");
 	return 0;
 }
 
@@ -163,11 +220,33 @@ extern "C" int ptc_free(int dev, void *p)
 extern "C" int ptc_pool_trim(int dev)
 {
 	cudaMemPool_t pool;
-	PTC_STREAM(dev, s);
-	PTC_CUDA(cudaStreamSynchronize(s));
-	PTC_CUDA(cudaDeviceGetDefaultMemPool(&pool, dev));
-	PTC_CUDA(cudaMemPoolTrimTo(pool, 0));
-	return 0;
+	int prev = -1;
+	cudaError_t e;
+	/* The caller's current device is put back (this runs on job threads). */
+	if (cudaGetDevice(&prev) != cudaSuccess)
+		prev = -1;
+	cudaStream_t s = ptc_stream_of(dev);
+	if (s == NULL)
+		return 1;
+	/* Frees still queued on the stream return their blocks to the pool first. */
+	e = cudaStreamSynchronize(s);
+	if (e == cudaSuccess)
+		e = cudaDeviceGetDefaultMemPool(&pool, dev);
+	if (e == cudaSuccess)
+		e = cudaMemPoolTrimTo(pool, 0);
+	if (prev >= 0 && prev != dev)
+		cudaSetDevice(prev);
+	return e == cudaSuccess ? 0 : ptc_cuda_fail("trimming the memory pool", e);
+}
+
+extern "C" int ptc_pool_trim_all(void)
+{
+	int rc = 0;
+	for (int dev = 0; dev < PTC_MAX_DEVICES; dev++)
+		if (__atomic_load_n(&devices[dev].ready, __ATOMIC_ACQUIRE) &&
+		    ptc_pool_trim(dev) != 0)
+			rc = 1; /* last_error names the last failure */
+	return rc;
 }
 
 extern "C" int ptc_memcpy(int dev, void *dst, const void *src, size_t n, int kind)
