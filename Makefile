@@ -5,13 +5,17 @@
 #   make test   install deps, build with -Werror, run every test, then the
 #               unit tests again under AddressSanitizer + UBSan
 #   make bench  build and print `bench <name> <value>` lines
+#   make fuzz   build the libFuzzer targets (tests/fuzz, clang) and fuzz each
+#               for FUZZ_SECONDS (default 60)
 BUILD      ?= build
 ASAN_BUILD ?= build-asan
+FUZZ_BUILD ?= build-fuzz
+FUZZ_SECONDS ?= 60
 MESON      ?= meson
 NINJA      ?= ninja
 JOBS       ?= 2
 
-.PHONY: all deps build demo demo-local test test-asan bench clean
+.PHONY: all deps build demo demo-local test test-asan test-fuzz fuzz fuzz-build bench clean
 
 all: build
 
@@ -33,6 +37,7 @@ demo-local: build
 test: build
 	$(MESON) test -C $(BUILD) --print-errorlogs --num-processes 1
 	$(MAKE) test-asan
+	$(MAKE) test-fuzz
 
 test-asan: deps
 	$(BUILD_ENV) bash deploy/build.sh $(ASAN_BUILD) -Dwerror=true -Dbuildtype=debugoptimized \
@@ -41,8 +46,23 @@ test-asan: deps
 		$(MESON) test -C $(ASAN_BUILD) --suite unit --print-errorlogs --num-processes 1 \
 		--timeout-multiplier 4
 
+# The fuzz build: clang, ASan + UBSan, only the library and tests/fuzz.
+fuzz-build: deps
+	CC=clang $(BUILD_ENV) bash deploy/build.sh $(FUZZ_BUILD) -Dfuzz=enabled -Dcuda=disabled \
+		-Dwerror=false -Dbuildtype=debugoptimized -Db_sanitize=address,undefined -Db_lundef=false
+
+# Every seed and kept crash input once, then 10 s of fuzzing per target.
+test-fuzz: fuzz-build
+	$(MESON) test -C $(FUZZ_BUILD) --suite fuzz-regress --print-errorlogs --num-processes 1
+	FUZZ_SECONDS=10 $(MESON) test -C $(FUZZ_BUILD) --suite fuzz --print-errorlogs \
+		--num-processes 1
+
+fuzz: fuzz-build
+	FUZZ_SECONDS=$(FUZZ_SECONDS) $(MESON) test -C $(FUZZ_BUILD) --suite fuzz \
+		--print-errorlogs --num-processes 1
+
 bench: build
 	@bash bench/run.sh $(BUILD)
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD)

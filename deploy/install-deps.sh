@@ -20,6 +20,7 @@ packages=(
 	python3 python3-flatbuffers python3-numpy  # descriptor generator, data tools, client tests
 	python3-yaml           # tests/deploy_check.py reads the deploy/ YAML files
 	iproute2               # ip netns, veth and tc: tests/test_netns, bench/overlap_bench
+	clang libclang-rt-dev libomp-dev  # tests/fuzz: libFuzzer (libclang_rt.fuzzer), OpenMP for clang
 )
 # Debian only (Ubuntu's chromium is a snap, so the Docker image, built on
 # Ubuntu, leaves them out): prometheus (promtool and a real scrape) and

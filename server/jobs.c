@@ -1556,3 +1556,24 @@ void pt_jobs_counts(pt_jobs *m, int *queued, int *running)
 	*queued = q;
 	*running = r;
 }
+
+pt_err pt_jobs_replay_journal(const uint8_t *journal, size_t n, size_t *good, pt_fb_builder *b,
+                              const uint8_t **data, size_t *size)
+{
+	pt_jobs m = {.data_dir = (char *)"", .device = (char *)"cpu"};
+	pt_api_response r;
+	pt_api_job_info ji;
+	job *jb;
+	pt_err rv;
+
+	if ((jb = job_new(&m, 1)) == NULL)
+		return pt_set_error(PT_ERR_NOMEM, "job");
+	replay(jb, journal, n, good);
+	fill_info(jb, &ji, false);
+	pt_api_response_init(&r, 0, PT_API_OK, PT_API_LIST_JOBS);
+	r.jobs = &ji;
+	r.n_jobs = 1;
+	rv = pt_api_build_response(b, &r, data, size);
+	job_free(jb);
+	return rv;
+}

@@ -115,4 +115,11 @@ pt_err pt_jobs_checkpoint(pt_jobs *j, uint64_t job, int64_t step, char *path, si
 /* pt_jobs_counts reports queued and running (starting included) jobs. */
 void pt_jobs_counts(pt_jobs *j, int *queued, int *running);
 
+/* pt_jobs_replay_journal replays the bytes of a journal file into a new job
+ * as recovery does (no files, no manager), sets *good to the length of its
+ * valid prefix and builds that job's ListJobsReply (request id 0) into b.
+ * For tests/fuzz (fuzz_journal). */
+pt_err pt_jobs_replay_journal(const uint8_t *journal, size_t n, size_t *good, pt_fb_builder *b,
+                              const uint8_t **data, size_t *size);
+
 #endif

@@ -176,6 +176,30 @@ static void test_data_json_writer(void)
 	pt_buf_fini(&b);
 }
 
+/* A number that is not an exact integer but whose double is integral above
+ * 2^53 (found by tests/fuzz/fuzz_json) must be written so that it reads back
+ * as a non-integer too, not as the exact integer its %.17g looks like. */
+static void test_data_json_writer_large_fraction(void)
+{
+	const char *doc = "[55555555555555555.555,-12345678901234567.5,1e17]";
+	pt_buf b;
+	pt_json v, w;
+
+	pt_buf_init(&b);
+	PT_CHECK_OK(pt_json_parse(&v, doc, strlen(doc), NULL));
+	CU_ASSERT(!pt_json_at(&v, 0)->is_int);
+	PT_CHECK_OK(pt_json_write(&b, &v));
+	CU_ASSERT_STRING_EQUAL(b.data, "[55555555555555552.0,-12345678901234568.0,1e+17]");
+	PT_CHECK_OK(pt_json_parse(&w, b.data, b.len, NULL));
+	for (size_t i = 0; i < 3; i++) {
+		CU_ASSERT(!pt_json_at(&w, i)->is_int);
+		CU_ASSERT_EQUAL(pt_json_at(&w, i)->d, pt_json_at(&v, i)->d);
+	}
+	pt_json_fini(&w);
+	pt_json_fini(&v);
+	pt_buf_fini(&b);
+}
+
 /* ---- npy ---- */
 
 static void fill_pattern(pt_tensor *t)
@@ -750,6 +774,7 @@ int main(void)
 	    {"test_data_json_errors", test_data_json_errors},
 	    {"test_data_json_limits", test_data_json_limits},
 	    {"test_data_json_writer", test_data_json_writer},
+	    {"test_data_json_writer_large_fraction", test_data_json_writer_large_fraction},
 	    {NULL, NULL},
 	};
 	static const pt_test_case npy_tests[] = {

@@ -708,7 +708,16 @@ pt_err pt_json_write(pt_buf *b, const pt_json *v)
 			return pt_buf_printf(b, "%" PRId64, v->i);
 		if (!isfinite(v->d))
 			return pt_set_error(PT_ERR_INVALID, "json: non-finite number %g", v->d);
-		return pt_buf_printf(b, "%.17g", v->d);
+		/* Above 2^53 a double is integral, and %.17g may print it without
+		 * '.' or 'e' (55555555555555552): add ".0" so it reads back as
+		 * what it is, not an exact integer (is_int). */
+		{
+			size_t at = b->len;
+			PT_TRY(pt_buf_printf(b, "%.17g", v->d));
+			if (strcspn(b->data + at, ".e") == b->len - at)
+				return pt_buf_append(b, ".0", 2);
+			return PT_OK;
+		}
 	case PT_JSON_STRING:
 		return pt_json_write_string(b, v->str, v->len);
 	case PT_JSON_ARRAY:
