@@ -107,7 +107,7 @@ static void request(const uint8_t *buf, size_t size)
 		have_spec = 1;
 		if (local_name(spec.data.features) && local_name(spec.data.labels) &&
 		    local_name(spec.data.tokens))
-			(void)pt_job_spec_validate(&spec, files_root);
+			(void)pt_job_spec_validate(&spec, files_root, false);
 		q.spec = &spec;
 	}
 	/* Rebuild: a spec the builder refuses (e.g. no layers) ends here. */

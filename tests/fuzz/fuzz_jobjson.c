@@ -39,7 +39,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			/* The table always verifies. Reading it also checks the
 			 * optimizer (pt_fb_read_optimizer: e.g. min_lr <= lr), which
 			 * the JSON reader leaves to pt_job_spec_validate. */
-			FUZZ_CHECK(pt_fb_verify(copy, n1, &pt_fb_job_spec_desc, NULL, NULL) ==
+			FUZZ_CHECK(pt_fb_verify(copy, n1, &pt_fb_job_job_spec_desc, NULL, NULL) ==
 			           PT_OK);
 			if (pt_job_spec_decode(copy, n1, &back) == PT_OK) {
 				FUZZ_CHECK(back.n_layers == s.n_layers && back.stages == s.stages &&
@@ -54,8 +54,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	/* The job file reader: JSON or binary, told apart by content; either
 	 * way the buffer verifies (a binary comes back as it is). */
 	if (pt_job_spec_load_file(fuzz_file(data, size), &fbuf, &flen) == PT_OK) {
-		FUZZ_CHECK(pt_fb_verify(fbuf, flen, &pt_fb_job_spec_desc, NULL, NULL) == PT_OK);
-		if (pt_fb_verify(fuzz_aligned(0, data, size), size, &pt_fb_job_spec_desc, NULL,
+		FUZZ_CHECK(pt_fb_verify(fbuf, flen, &pt_fb_job_job_spec_desc, NULL, NULL) == PT_OK);
+		if (pt_fb_verify(fuzz_aligned(0, data, size), size, &pt_fb_job_job_spec_desc, NULL,
 		                 NULL) == PT_OK)
 			FUZZ_CHECK(flen == size && memcmp(fbuf, data, size) == 0);
 		if (pt_job_spec_decode(fbuf, flen, &back) == PT_OK)
