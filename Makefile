@@ -5,13 +5,17 @@
 #   make test   install deps, build with -Werror, run every test, then the
 #               unit tests again under AddressSanitizer + UBSan
 #   make bench  build and print `bench <name> <value>` lines
+#   make soak   kill -9 soak of a real server and 2 workers under random client
+#               load, then invariant checks (tests/soak/soak.py; not part of
+#               `make test`). SOAK_SECONDS (default 600) bounds it, SOAK_SEED
+#               reproduces a run.
 BUILD      ?= build
 ASAN_BUILD ?= build-asan
 MESON      ?= meson
 NINJA      ?= ninja
 JOBS       ?= 2
 
-.PHONY: all deps build demo demo-local test test-asan bench clean
+.PHONY: all deps build demo demo-local test test-asan bench soak clean
 
 all: build
 
@@ -43,6 +47,11 @@ test-asan: deps
 
 bench: build
 	@bash bench/run.sh $(BUILD)
+
+SOAK_SECONDS ?= 600
+soak: build
+	SOAK_SECONDS=$(SOAK_SECONDS) timeout --kill-after=10 $$(($(SOAK_SECONDS) + 60)) \
+		python3 tests/soak/soak.py --build $(BUILD)
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD)
