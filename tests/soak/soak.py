@@ -11,17 +11,23 @@ stops the chaos, lets every job end and checks the invariants:
 
   - every acknowledged job (submit printed an id) is listed, under its name;
   - every job ended Succeeded with each step's loss bitwise equal to its
-    spec's reference, or Cancelled, or Failed with a non-empty message; the
-    steps a cancelled or failed job did report equal the reference too;
+    spec's reference, or Cancelled, or Failed with a non-empty message (a
+    lost worker, "server died twice while running this job", ...); the
+    steps a cancelled or failed job did report equal the reference too.
+    Async jobs apply updates as gradients arrive, so their losses depend on
+    timing: for them every step must be present once and finite;
   - a cancel the server answered with Cancelled stays Cancelled;
   - every fetched checkpoint hashes (SHA-256, computed here) to what the
     server stated, its safetensors data section hashes to its own
     __metadata__.data_sha256, and that data hash equals the reference run's
     checkpoint of the same spec and step (recovery is bitwise);
-  - no descriptor or memory growth: the idle server at the end (after all
-    restarts) has at most FD_SLACK more descriptors and RSS_SLACK_MIB more
-    resident memory than the idle server after the reference runs; the same
-    for a worker that lived through the whole soak.
+  - no descriptor or memory growth: every idle process (server, workers)
+    after the soak has at most FD_SLACK more descriptors than before it and
+    a worker at most RSS_SLACK_MIB more RssAnon; the server's memory grows
+    with the jobs it holds, so the idle server after the soak is compared
+    with three fresh recoveries (kill -9, restart) of the same data dir,
+    which must agree on descriptors exactly and on RssAnon within
+    FRESH_SLACK_MIB, and which it may exceed by RSS_SLACK_MIB at most.
 
 Figures and a `N passed, N failed` line go to stdout; the exit status is 1 on
 any violation. Everything random comes from --seed (printed; each thread
@@ -454,6 +460,29 @@ class Soak:
                 key, sub["id"], steps, pts[steps], len(cks),
                 "" if bitwise else " (async: not compared bitwise)"))
 
+    def inject_faults(self):
+        """--inject: proves the checks can fail. Flips one byte in the data
+        of the first reference job's newest checkpoint on disk (same size, so
+        the server keeps its stored hash) and fetches it; and moves the
+        reference loss of the first spec's step 1 by one ulp, so every job
+        of that spec must be reported."""
+        key = self.specs[0][0]
+        ck = os.path.join(self.data, "jobs", "1", "checkpoints")
+        newest = max((f for f in os.listdir(ck) if f.endswith(".safetensors")),
+                     key=lambda f: int(f[5:-12]))
+        with open(os.path.join(ck, newest), "r+b") as f:
+            f.seek(-1, os.SEEK_END)
+            b = f.read(1)
+            f.seek(-1, os.SEEK_END)
+            f.write(bytes([b[0] ^ 1]))
+        log("inject: flipped the last byte of job 1's %s; fetching it" % newest)
+        self.fetch(1, key)
+        loss = self.ref[key]["losses"][1]
+        bits = struct.unpack("<q", struct.pack("<d", loss))[0] + 1
+        self.ref[key]["losses"][1] = struct.unpack("<d", struct.pack("<q", bits))[0]
+        log("inject: reference loss of %s step 1 moved from %r to %r" % (
+            key, loss, self.ref[key]["losses"][1]))
+
     def chaos(self, rng):
         """kill -9 at random times; three times in four the moment is moved
         to when a job the victim serves is running past its first checkpoint."""
@@ -646,6 +675,8 @@ class Soak:
         self.start_procs()
         self.specs = make_specs(self.workers[0].url, self.workers[1].url)
         self.references()
+        if a.inject:
+            self.inject_faults()
         self.sample_idle("idle-before")
         log("references done; chaos until %.0f s" % (a.seconds - a.drain))
 
@@ -772,6 +803,16 @@ class Soak:
             ", ".join("%s %d" % kv for kv in sorted(by_out.items()))))
         print("soak checkpoints fetched: %d (%.1f MiB), each SHA-256 computed here; %d distinct "
               "(spec, step)" % (self.fetched, self.fetch_bytes / 1048576, len(self.ckpt_seen)))
+        try:
+            with open(os.path.join(self.dir, "server.log"), errors="replace") as f:
+                text = f.read()
+        except OSError:
+            text = ""
+        print("soak recoveries (server log): %d resumed from a checkpoint, %d restarted from "
+              "step 0, %d succeeded after restarts on a spare worker" % (
+                  text.count("resuming from the checkpoint of step"),
+                  text.count("restarting: no checkpoint to resume from"),
+                  text.count("succeeded after")))
         print("soak lost: %d%s" % (sum(self.lost.values()), "".join(
             " (%s %d)" % kv for kv in sorted(self.lost.items()))))
         checks = (["listed", "checkpoints", "driver"] + ["job %d" % j["id"] for j in jobs] +
@@ -828,6 +869,8 @@ def main():
     ap.add_argument("--kill-min", type=float, default=4.0, help="seconds between kills, least")
     ap.add_argument("--kill-max", type=float, default=15.0, help="seconds between kills, most")
     ap.add_argument("--keep", action="store_true", help="keep the temporary directory")
+    ap.add_argument("--inject", action="store_true",
+                    help="corrupt a checkpoint on disk and a reference loss: the soak must fail")
     a = ap.parse_args()
     # After the chaos: let jobs end (up to 40 % of this), cancel what is
     # left, verify (one watch per job) and measure 3 fresh recoveries.
