@@ -7,6 +7,10 @@
 #   make bench  build and print `bench <name> <value>` lines
 #   make fuzz   build the libFuzzer targets (tests/fuzz, clang) and fuzz each
 #               for FUZZ_SECONDS (default 60)
+#   make soak   kill -9 soak of a real server and 2 workers under random client
+#               load, then invariant checks (tests/soak/soak.py; not part of
+#               `make test`). SOAK_SECONDS (default 600) bounds it, SOAK_SEED
+#               reproduces a run.
 BUILD      ?= build
 ASAN_BUILD ?= build-asan
 FUZZ_BUILD ?= build-fuzz
@@ -15,7 +19,7 @@ MESON      ?= meson
 NINJA      ?= ninja
 JOBS       ?= 2
 
-.PHONY: all deps build demo demo-local test test-asan test-fuzz fuzz fuzz-build bench clean
+.PHONY: all deps build demo demo-local test test-asan test-fuzz fuzz fuzz-build bench soak clean
 
 all: build
 
@@ -63,6 +67,11 @@ fuzz: fuzz-build
 
 bench: build
 	@bash bench/run.sh $(BUILD)
+
+SOAK_SECONDS ?= 600
+soak: build
+	SOAK_SECONDS=$(SOAK_SECONDS) timeout --kill-after=10 $$(($(SOAK_SECONDS) + 60)) \
+		python3 tests/soak/soak.py --build $(BUILD)
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD)
