@@ -835,7 +835,7 @@ static void test_api_unknown_union(void)
 	for (int t = 9; t < 256; t += 41) {
 		buf[f - buf] = (uint8_t)t;
 		PT_CHECK_ERR_MSG(pt_api_parse_request(buf, n, &o), PT_ERR_FORMAT,
-		                 "unknown union type");
+		                 "unknown body type");
 		CU_ASSERT_EQUAL(o.id, 31); /* for the error reply */
 	}
 	/* Type NONE with a value is malformed; a valid other member with the
@@ -864,7 +864,7 @@ static void test_api_unknown_union(void)
 	f = pt_fb_field(pt_fb_root(buf), 3);
 	CU_ASSERT_PTR_NOT_NULL_FATAL(f);
 	buf[f - buf] = 77;
-	PT_CHECK_ERR_MSG(pt_api_parse_response(buf, n, &ro), PT_ERR_FORMAT, "unknown union type");
+	PT_CHECK_ERR_MSG(pt_api_parse_response(buf, n, &ro), PT_ERR_FORMAT, "unknown body type");
 	free(buf);
 	pt_fb_builder_fini(&b);
 }

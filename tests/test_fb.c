@@ -1057,12 +1057,15 @@ static uint64_t walk_monster(const uint8_t *t, bool *ok)
 	v = pt_fb_get_vector(t, M_WEAPONS, &n);
 	for (uint32_t i = 0; i < n; i++)
 		h += walk_weapon(pt_fb_vec_table(v, i), ok);
+	/* A consumer reads a union value only for a member it knows, and only
+	 * when present: the verifier, as Google's, accepts an unknown type or a
+	 * type without a value and leaves them to it. */
 	e = pt_fb_get_union(t, M_EQUIPPED, &type);
-	if (type == EQ_WEAPON)
+	if (type == EQ_WEAPON && e != NULL)
 		h += walk_weapon(e, ok);
-	else if (type == EQ_SHIELD)
+	else if (type == EQ_SHIELD && e != NULL)
 		h += (uint64_t)pt_fb_get_i32(e, S_ARMOR, 0) + (pt_fb_get_f64(e, S_WEIGHT, 0) > 0);
-	else if (type != EQ_NONE || e != NULL)
+	else if (type == EQ_NONE && e != NULL)
 		*ok = false;
 	e = pt_fb_get_table(t, M_ENEMY);
 	if (e)
@@ -1136,7 +1139,7 @@ static void add_hostile(corpus *c, const uint8_t *s, size_t size)
 	} while (0)
 	HOSTILE("outside the buffer", wr32(m, (uint32_t)size + 100));
 	HOSTILE("zero offset", wr32(m, 0));
-	HOSTILE("outside the buffer", wr32(m, 0xFFFFFFFC)); /* wraps to just before itself */
+	HOSTILE("2 GiB or more", wr32(m, 0xFFFFFFFC)); /* wraps to just before itself */
 	HOSTILE("vector longer", wr32(m + inv_vec, 0x7FFFFFFF));
 	HOSTILE("vector longer", wr32(m + inv_vec, 0xFFFFFFFF));
 	HOSTILE("vector longer", wr32(m + inv_vec, (uint32_t)(size - inv_vec)));
@@ -1144,14 +1147,9 @@ static void add_hostile(corpus *c, const uint8_t *s, size_t size)
 	HOSTILE("vtable misaligned or outside", wr32(m + root, (uint32_t)(-(int32_t)size * 2)));
 	HOSTILE("bad vtable size", wr16(m + vt, (uint16_t)(rd32(s + vt) & 0xFFFF) + 1));
 	HOSTILE("bad vtable size", wr16(m + vt, 0xFFFE));
-	HOSTILE("bad table size", wr16(m + vt + 2, 0)); /* Google does not check */
-	HOSTILE("field outside its table", wr16(m + vt + 2, 4));
-	HOSTILE("unknown union type", m[eqt] = 3); /* Google accepts unknown types */
-	HOSTILE("union value without a type", m[eqt] = 0);
 	HOSTILE("not NUL-terminated", m[name_str + 4 + rd32(s + name_str)] = 'x');
 	HOSTILE("not NUL-terminated", wr32(m + name_str, (uint32_t)(size - name_str - 4)));
 	HOSTILE("required field missing", wr16(m + vt + 4 + 2 * M_NAME, 0));
-	HOSTILE("zero offset", wr32(m + wvec + 4, 0)); /* Google follows it to itself */
 	HOSTILE("misaligned", wr32(m + wvec + 4, rd32(s + wvec + 4) + 2));
 	HOSTILE("file identifier", m[4] = 'X');
 #undef HOSTILE
@@ -1159,6 +1157,38 @@ static void add_hostile(corpus *c, const uint8_t *s, size_t size)
 		corpus_add(c, s, size, k, "not 4-byte aligned");
 out:
 	free(m);
+}
+
+/* add_odd adds buffers derived from s that look wrong but that Google's
+ * Verifier accepts, so ours must too (reason NULL): a table size that does
+ * not cover its fields (builders that share vtables between tables of
+ * different sizes write this), an unknown union type, a union value without
+ * a type, and a vector element offset of 0 (followed to the element itself).
+ * Returns how many it added. */
+static size_t add_odd(corpus *c, const uint8_t *s, size_t size)
+{
+	uint8_t *m = malloc(size + 64);
+	size_t root = rd32(s), vt = (size_t)((int64_t)root - pt_fb_load_i32(s + root));
+	size_t eqt = field_pos(s, root, M_EQUIPPED), wv = field_pos(s, root, M_WEAPONS);
+	size_t wvec = wv + rd32(s + wv), n0 = c->n;
+
+	if (m == NULL || eqt == 0 || wv == 0)
+		goto out;
+#define ODD(edit)                                                                                  \
+	do {                                                                                       \
+		memcpy(m, s, size);                                                                \
+		edit;                                                                              \
+		corpus_add(c, m, size, 0, NULL);                                                   \
+	} while (0)
+	ODD(wr16(m + vt + 2, 0));
+	ODD(wr16(m + vt + 2, 4));
+	ODD(m[eqt] = 3);
+	ODD(m[eqt] = 0);
+	ODD(wr32(m + wvec + 4, 0));
+#undef ODD
+out:
+	free(m);
+	return c->n - n0;
 }
 
 /* add_built_hostile adds buffers our builder makes that break the schema. */
@@ -1182,13 +1212,13 @@ static void add_built_hostile(corpus *c)
 	pt_fb_builder_reset(&b);
 	if (build_sample(&b, &noname, &data, &size) == PT_OK)
 		corpus_add(c, data, size, 0, "required field missing");
-	/* A union type with no value (Google accepts it). */
+	/* A union type with no value: Google accepts it, so must we (no reason). */
 	pt_fb_builder_reset(&b);
 	if (pt_fb_create_cstring(&b, "u", &r) == PT_OK && pt_fb_start_table(&b) == PT_OK &&
 	    pt_fb_add_offset(&b, M_NAME, r) == PT_OK &&
 	    pt_fb_force_u8(&b, M_EQUIPPED, EQ_SHIELD) == PT_OK &&
 	    pt_fb_end_table(&b, &r) == PT_OK && pt_fb_finish(&b, r, "MONS", &data, &size) == PT_OK)
-		corpus_add(c, data, size, 0, "union type without a value");
+		corpus_add(c, data, size, 0, NULL);
 	/* A nested enemy without its required name. */
 	pt_fb_builder_reset(&b);
 	if (pt_fb_start_table(&b) == PT_OK && pt_fb_end_table(&b, &w) == PT_OK &&
@@ -1217,11 +1247,30 @@ static void test_fb_verify_hostile(void)
 	PT_CHECK_OK(verify_copy(bases[0], sizes[0], 0, &tight));
 	PT_CHECK_ERR(pt_fb_verify(NULL, 0, &monster_desc, NULL, NULL), PT_ERR_INVALID);
 
+	{
+		corpus odd = {0};
+		bool ok = true;
+		CU_ASSERT_EQUAL(add_odd(&odd, bases[0], sizes[0]), 5);
+		for (size_t i = 0; i < odd.n; i++) {
+			uint8_t *copy = malloc(odd.f[i].size);
+			CU_ASSERT_PTR_NOT_NULL_FATAL(copy);
+			memcpy(copy, odd.f[i].data, odd.f[i].size);
+			PT_CHECK_OK(pt_fb_verify(copy, odd.f[i].size, &monster_desc, "MONS", NULL));
+			walk_monster(pt_fb_root(copy), &ok);
+			free(copy);
+		}
+		CU_ASSERT_TRUE(ok);
+		corpus_free(&odd);
+	}
 	add_hostile(&c, bases[0], sizes[0]);
 	add_built_hostile(&c);
-	CU_ASSERT_TRUE(c.n >= 25);
+	CU_ASSERT_TRUE(c.n >= 20);
 	for (size_t i = 0; i < c.n; i++) {
 		pt_err rv = verify_copy(c.f[i].data, c.f[i].size, c.f[i].misalign, NULL);
+		if (c.f[i].reason == NULL) { /* built, odd but accepted by Google */
+			PT_CHECK_OK(rv);
+			continue;
+		}
 		CU_ASSERT_EQUAL(rv, PT_ERR_FORMAT);
 		if (rv != PT_ERR_FORMAT || strstr(pt_last_error(), c.f[i].reason) == NULL) {
 			fprintf(stderr, "hostile case %zu: want \"%s\", got %s: %s\n", i,
@@ -1318,18 +1367,11 @@ static bool refverify_path(char *path, size_t n)
 	return access(path, X_OK) == 0;
 }
 
-/* Messages our stricter rules give (fb_verify.c's header explains each):
- * a buffer Google accepts may be rejected by us only with one of these. */
+/* The one rule of ours Google does not have: the buffer's start in memory
+ * (the corpus places some copies 1 to 3 bytes off; Google reads the bytes
+ * from an aligned copy). On the bytes themselves the verdicts are equal. */
 static const char *const stricter_reasons[] = {
     "not 4-byte aligned",
-    "zero offset",
-    "bad vtable size",
-    "bad table size",
-    "field outside its table",
-    "vector elements misaligned",
-    "unknown union type",
-    "union value without a type",
-    "union type without a value",
     NULL,
 };
 
@@ -1385,6 +1427,7 @@ static void test_fb_verify_vs_google(void)
 				corpus_add(&c, m, s, 0, NULL);
 			}
 		add_hostile(&c, bases[i], s);
+		add_odd(&c, bases[i], s);
 	}
 	add_built_hostile(&c);
 	for (int it = 0; it < 20000; it++) { /* random multi-mutations */
@@ -1456,7 +1499,7 @@ static void test_fb_verify_vs_google(void)
 		}
 	}
 	printf("\n  vs Google: %zu buffers, both accept %zu, both reject %zu, only we reject %zu"
-	       " (permitted: stricter rules), only we accept %zu ",
+	       " (permitted: misaligned in memory), only we accept %zu ",
 	       c.n, both_accept, both_reject, stricter, looser);
 	for (size_t r = 0; stricter_reasons[r]; r++)
 		if (reason_count[r])

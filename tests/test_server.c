@@ -571,7 +571,7 @@ static void test_server_bad_input(void)
 	buf = malloc(n);
 	memcpy(buf, d, n);
 	buf[pt_fb_field(pt_fb_root(buf), 2) - buf] = 42;
-	expect_error(&c, buf, n, PT_API_BAD_REQUEST, "unknown union type");
+	expect_error(&c, buf, n, PT_API_BAD_REQUEST, "unknown body type");
 	free(buf);
 
 	/* Deeply nested: 10,000 nested vectors-of-tables cannot be expressed in

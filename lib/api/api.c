@@ -261,6 +261,13 @@ pt_err pt_api_parse_request(const void *buf, size_t size, pt_api_request *out)
 		out->id = id;
 		return pt_set_error(PT_ERR_FORMAT, "bad request: Request has no body");
 	}
+	if (type >= PT_API_KIND_COUNT) {
+		/* Verified as flatc does: a newer member's value is not read. */
+		uint64_t id = out->id;
+		pt_api_request_init(out, PT_API_NONE);
+		out->id = id;
+		return pt_set_error(PT_ERR_FORMAT, "bad request: unknown body type %u", type);
+	}
 	{
 		uint64_t id = out->id;
 		const char *tok = out->auth_token;
@@ -562,6 +569,8 @@ pt_err pt_api_parse_response(const void *buf, size_t size, pt_api_response *out)
 	out->code = (pt_api_code)pt_fb_get_i32(root, PT_FB_API_RESPONSE_CODE, 0);
 	out->message = opt_string(root, PT_FB_API_RESPONSE_MESSAGE);
 	body = pt_fb_get_union(root, PT_FB_API_RESPONSE_BODY_TYPE, &type);
+	if (body != NULL && type >= PT_API_KIND_COUNT)
+		return pt_set_error(PT_ERR_FORMAT, "Response: unknown body type %u", type);
 	out->kind = body ? (pt_api_kind)type : PT_API_NONE;
 	if (body == NULL)
 		return PT_OK;

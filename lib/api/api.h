@@ -174,7 +174,7 @@ pt_err pt_api_build_submit_raw(pt_fb_builder *b, uint64_t id, const char *auth_t
 
 /* pt_api_parse_request verifies buf[0..size) as a Request (buf 4-aligned) and
  * fills *out as a view into buf. Errors: PT_ERR_FORMAT with pt_last_error()
- * naming the problem ("Request.body: unknown union type at 40", "Request has
+ * naming the problem ("bad request: unknown body type 9", "Request has
  * no body", ...), PT_ERR_INVALID for NULL arguments. On error *out is zeroed
  * except out->id, which holds the request id when the root table could be
  * verified far enough to read it (0 otherwise), for the error reply. */

@@ -289,13 +289,12 @@ typedef struct pt_fb_verify_opts {
 #define PT_FB_VERIFY_DEFAULT_TABLES 1000000u
 
 /* pt_fb_verify checks buf[0..size) against root (and the file identifier when
- * file_id is not NULL) with opts (NULL = defaults). The rules: buf 4-aligned
- * in memory; size in [12, PT_FB_MAX_SIZE]; every offset 4-aligned, non-zero,
- * inside; tables and vtables inside, vtable size even and >= 4, table size
- * >= 4; fields inside their table and aligned from the buffer start; strings
- * NUL-terminated inside; vectors inside with element 0 aligned; union values
- * present exactly when the type is a known member; required fields present;
- * depth and table count within opts. Returns PT_OK or PT_ERR_FORMAT with the
+ * file_id is not NULL) with opts (NULL = defaults), with the verdicts of
+ * Google's C++ Verifier for the same schema and limits (fb_verify.c lists the
+ * rules), and on top requires buf 4-aligned in memory and size in
+ * [12, PT_FB_MAX_SIZE]. A union whose type is NONE or beyond the schema's
+ * members is accepted without its value being verified: decoders refuse such
+ * a type before reading the value. Returns PT_OK or PT_ERR_FORMAT with the
  * table, field and byte position in pt_last_error() (PT_ERR_INVALID for a NULL
  * argument). Reads buf only; thread-safe; work is O(size + tables visited). */
 pt_err pt_fb_verify(const void *buf, size_t size, const pt_fb_table_desc *root, const char *file_id,

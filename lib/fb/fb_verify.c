@@ -1,20 +1,28 @@
-/* fb_verify.c - schema-driven FlatBuffers verifier, stricter than flatc's.
- *
- * Every check that Google's Verifier (flatbuffers 2.0.8) makes is made here
- * too, so whatever it rejects we reject; on top we apply the flatcc rules
- * (see NOTES.md). Where we are stricter, on purpose:
- *  - the buffer start must be 4-aligned in memory (nng gives 4; anything less
- *    is a transport bug worth hearing about), and size >= 12;
- *  - offsets may not be 0 anywhere (Google does not check vector elements);
- *  - vtable size >= 4 (Google accepts 0 and 2) and table size >= 4;
- *  - a field lies inside its table's declared size, not just inside the buffer,
- *    and a field offset below 4 (overlapping the soffset) is refused;
- *  - element 0 of a vector is aligned to its element alignment (Google checks
- *    only 4), so 8-byte elements are 8-aligned from the buffer start;
- *  - a union value requires a known type and a known type requires a value
- *    (Google accepts unknown types and a type without value).
- * Alignment is measured from the buffer start, as flatc does; the 4-aligned
- * start then makes 4-byte alignment hold in memory as well.
+/* fb_verify.c - schema-driven FlatBuffers verifier with the verdicts of
+ * Google's C++ Verifier (flatbuffers 2.0.8, verifier.h and the code flatc
+ * generates): a buffer is accepted exactly when VerifyXBuffer accepts it.
+ * tests/fb/verify_diff checks that over every builder's output and thousands
+ * of mutations. What that means, check by check:
+ *  - a range [pos, pos + len) is inside when len < size and pos <= size - len;
+ *    alignment is measured from the buffer start;
+ *  - an offset in a table field or the root is 4-aligned, inside, non-zero,
+ *    below 2^31 and points inside; offsets that are vector elements are only
+ *    followed (their target is then checked as a table or string);
+ *  - a table is 4-aligned and inside; its vtable 2-aligned and inside, of even
+ *    size (0 and 2 too); the table's own size is not used: a field need only
+ *    lie inside the buffer (builders that share vtables between tables of
+ *    different sizes, as python3-flatbuffers 2.0.8 does, rely on this);
+ *  - scalar and struct fields are aligned to their alignment and inside;
+ *  - a vector's length field is 4-aligned and its bytes inside (elements are
+ *    not aligned beyond 4: read 8-byte ones with pt_fb_load_*); a string is
+ *    also NUL-terminated inside;
+ *  - a union value is verified when its type is a member we know; type NONE
+ *    or a type beyond the schema's is accepted unverified (a decoder must
+ *    refuse such a type before it reads the value);
+ *  - required offsets are present; depth and table count within opts.
+ * On top, as an API precondition rather than a verdict on the bytes, the
+ * buffer must start 4-aligned in memory (nng gives 4), so that 4-byte reads
+ * are aligned in memory too.
  *
  * Work is bounded: each table visit is counted against max_tables and costs
  * O(fields + vector length); recursion is bounded by max_depth.
@@ -43,11 +51,11 @@ static uint32_t rd32(const vctx *v, uint64_t pos)
 	return pt_fb_load_u32(v->buf + pos);
 }
 
-/* in_range: [pos, pos + len) lies inside the buffer (64-bit, no overflow for
- * the 32-bit quantities involved). */
+/* in_range: [pos, pos + len) lies inside the buffer, as Verifier::Verify
+ * decides it (len < size, so no range covers the whole buffer). */
 static bool in_range(const vctx *v, uint64_t pos, uint64_t len)
 {
-	return pos <= v->size && len <= v->size - pos;
+	return len < v->size && pos <= v->size - len;
 }
 
 static pt_err bad(const pt_fb_table_desc *t, const pt_fb_field_desc *f, uint64_t pos,
@@ -58,8 +66,8 @@ static pt_err bad(const pt_fb_table_desc *t, const pt_fb_field_desc *f, uint64_t
 	                    f ? f->name : "", (unsigned long long)pos, what);
 }
 
-/* follow checks the uoffset at pos (4-aligned, inside, non-zero, target inside)
- * and returns its target. */
+/* follow checks the uoffset at pos as Verifier::VerifyOffset does (4-aligned,
+ * inside, non-zero, below 2^31, pointing inside) and returns its target. */
 static pt_err follow(const vctx *v, const pt_fb_table_desc *t, const pt_fb_field_desc *f,
                      uint64_t pos, uint64_t *target)
 {
@@ -70,26 +78,34 @@ static pt_err follow(const vctx *v, const pt_fb_table_desc *t, const pt_fb_field
 	o = rd32(v, pos);
 	if (o == 0)
 		return bad(t, f, pos, "zero offset");
+	if (o >= 0x80000000u)
+		return bad(t, f, pos, "offset of 2 GiB or more");
 	if (!in_range(v, pos + o, 1))
 		return bad(t, f, pos, "offset points outside the buffer");
 	*target = pos + o;
 	return PT_OK;
 }
 
-/* vector_header checks the count at pos and that count * esize bytes follow
- * with element 0 aligned to ealign; returns the count. */
+/* element returns the target of vector element offset at pos: flatc follows
+ * these unchecked and verifies only what they point to. */
+static uint64_t element(const vctx *v, uint64_t pos)
+{
+	return pos + rd32(v, pos);
+}
+
+/* vector_header checks the vector at pos as VerifyVectorOrString does: its
+ * length 4-aligned and inside, then 4 + count * esize bytes inside; returns
+ * the count. */
 static pt_err vector_header(const vctx *v, const pt_fb_table_desc *t, const pt_fb_field_desc *f,
-                            uint64_t pos, uint32_t esize, uint32_t ealign, uint32_t *count)
+                            uint64_t pos, uint32_t esize, uint32_t *count)
 {
 	uint32_t n;
 
 	if ((pos & 3) != 0 || !in_range(v, pos, 4))
 		return bad(t, f, pos, "vector misaligned or outside the buffer");
 	n = rd32(v, pos);
-	if (!in_range(v, pos + 4, (uint64_t)n * esize))
+	if (n >= 0x7FFFFFFFu / esize || !in_range(v, pos, 4 + (uint64_t)n * esize))
 		return bad(t, f, pos, "vector longer than the buffer");
-	if (ealign > 4 && ((pos + 4) & (ealign - 1)) != 0)
-		return bad(t, f, pos, "vector elements misaligned");
 	*count = n;
 	return PT_OK;
 }
@@ -99,7 +115,7 @@ static pt_err verify_string(const vctx *v, const pt_fb_table_desc *t, const pt_f
 {
 	uint32_t len = 0;
 
-	PT_TRY(vector_header(v, t, f, pos, 1, 1, &len));
+	PT_TRY(vector_header(v, t, f, pos, 1, &len));
 	if (!in_range(v, pos + 4 + len, 1) || v->buf[pos + 4 + len] != 0)
 		return bad(t, f, pos, "string not NUL-terminated inside the buffer");
 	return PT_OK;
@@ -119,14 +135,13 @@ static pt_err verify_field(vctx *v, const pt_fb_table_desc *t, const pt_fb_field
 		return verify_string(v, t, f, target);
 	case PT_FB_VECTOR:
 		PT_TRY(follow(v, t, f, fpos, &target));
-		return vector_header(v, t, f, target, f->size, f->align, &n);
+		return vector_header(v, t, f, target, f->size, &n);
 	case PT_FB_VECTOR_STRING:
 	case PT_FB_VECTOR_TABLE:
 		PT_TRY(follow(v, t, f, fpos, &target));
-		PT_TRY(vector_header(v, t, f, target, 4, 4, &n));
+		PT_TRY(vector_header(v, t, f, target, 4, &n));
 		for (uint32_t i = 0; i < n; i++) {
-			uint64_t epos = target + 4 + 4 * (uint64_t)i, elem;
-			PT_TRY(follow(v, t, f, epos, &elem));
+			uint64_t elem = element(v, target + 4 + 4 * (uint64_t)i);
 			if (f->kind == PT_FB_VECTOR_STRING)
 				PT_TRY(verify_string(v, t, f, elem));
 			else
@@ -141,56 +156,53 @@ static pt_err verify_field(vctx *v, const pt_fb_table_desc *t, const pt_fb_field
 	}
 }
 
-/* field_slot returns the table-relative offset of field id (0 = absent) and
- * checks that size bytes there lie inside the table, aligned to align. */
-static pt_err field_slot(const vctx *v, const pt_fb_table_desc *t, const pt_fb_field_desc *f,
-                         uint64_t pos, uint64_t vt, uint16_t vtsize, uint16_t tsize, uint16_t id,
-                         uint32_t size, uint32_t align, uint16_t *off)
+/* field_off returns the table-relative offset of field id (0 = absent), as
+ * Table::GetOptionalFieldOffset reads it. */
+static uint16_t field_off(const vctx *v, uint64_t vt, uint16_t vtsize, uint16_t id)
 {
 	uint32_t slot = 4u + 2u * id;
+	return slot < vtsize ? rd16(v, vt + slot) : 0;
+}
 
-	*off = slot < vtsize ? rd16(v, vt + slot) : 0;
-	if (*off == 0)
-		return PT_OK;
-	if (*off < 4 || (uint32_t)*off + size > tsize)
-		return bad(t, f, pos, "field outside its table");
-	if (((pos + *off) & (align - 1)) != 0)
-		return bad(t, f, pos + *off, "field misaligned");
+/* scalar_ok checks size bytes at pos + off (off != 0): aligned, inside. */
+static pt_err scalar_ok(const vctx *v, const pt_fb_table_desc *t, const pt_fb_field_desc *f,
+                        uint64_t pos, uint16_t off, uint32_t size, uint32_t align)
+{
+	if (((pos + off) & (align - 1)) != 0)
+		return bad(t, f, pos + off, "field misaligned");
+	if (!in_range(v, pos + off, size))
+		return bad(t, f, pos + off, "field outside the buffer");
 	return PT_OK;
 }
 
 static pt_err verify_union(vctx *v, const pt_fb_table_desc *t, const pt_fb_field_desc *f,
-                           uint64_t pos, uint64_t vt, uint16_t vtsize, uint16_t tsize)
+                           uint64_t pos, uint64_t vt, uint16_t vtsize)
 {
 	const pt_fb_union_desc *u = f->un;
 	uint16_t toff, voff;
-	uint8_t type;
+	uint8_t type = 0;
 	uint64_t target;
 
 	if (f->id >= 0xFFFF)
 		return bad(t, f, pos, "bad union id in schema description");
-	PT_TRY(field_slot(v, t, f, pos, vt, vtsize, tsize, f->id, 1, 1, &toff));
-	PT_TRY(field_slot(v, t, f, pos, vt, vtsize, tsize, (uint16_t)(f->id + 1), 4, 4, &voff));
-	type = toff ? v->buf[pos + toff] : 0;
-	if (type == 0) {
-		if (voff != 0)
-			return bad(t, f, pos, "union value without a type");
-		if (f->required)
-			return bad(t, f, pos, "required union missing");
-		return PT_OK;
+	if ((toff = field_off(v, vt, vtsize, f->id)) != 0) {
+		PT_TRY(scalar_ok(v, t, f, pos, toff, 1, 1));
+		type = v->buf[pos + toff];
 	}
-	if (type > u->count || u->members[type - 1] == NULL)
-		return bad(t, f, pos, "unknown union type");
-	if (voff == 0)
-		return bad(t, f, pos, "union type without a value");
+	if ((voff = field_off(v, vt, vtsize, (uint16_t)(f->id + 1))) == 0)
+		return f->required ? bad(t, f, pos, "required union missing") : PT_OK;
 	PT_TRY(follow(v, t, f, pos + voff, &target));
+	if (type == 0 || type > u->count)
+		return PT_OK; /* NONE, or a member newer than this schema: not read */
+	if (u->members[type - 1] == NULL)
+		return bad(t, f, pos, "union member not accepted here");
 	return verify_table(v, u->members[type - 1], target);
 }
 
 static pt_err verify_table(vctx *v, const pt_fb_table_desc *t, uint64_t pos)
 {
 	int64_t vt;
-	uint16_t vtsize, tsize;
+	uint16_t vtsize;
 	int32_t soff;
 
 	if ((pos & 3) != 0 || !in_range(v, pos, 4))
@@ -201,34 +213,30 @@ static pt_err verify_table(vctx *v, const pt_fb_table_desc *t, uint64_t pos)
 		return bad(t, NULL, pos, "too many tables");
 	soff = pt_fb_load_i32(v->buf + pos);
 	vt = (int64_t)pos - soff;
-	if (vt < 0 || (vt & 1) != 0 || !in_range(v, (uint64_t)vt, 4))
+	if (vt < 0 || (vt & 1) != 0 || !in_range(v, (uint64_t)vt, 2))
 		return bad(t, NULL, pos, "vtable misaligned or outside the buffer");
 	vtsize = rd16(v, (uint64_t)vt);
-	tsize = rd16(v, (uint64_t)vt + 2);
-	if (vtsize < 4 || (vtsize & 1) != 0 || !in_range(v, (uint64_t)vt, vtsize))
+	if ((vtsize & 1) != 0 || !in_range(v, (uint64_t)vt, vtsize))
 		return bad(t, NULL, (uint64_t)vt, "bad vtable size");
-	if (tsize < 4 || !in_range(v, pos, tsize))
-		return bad(t, NULL, pos, "bad table size");
 
 	for (uint16_t i = 0; i < t->nfields; i++) {
 		const pt_fb_field_desc *f = &t->fields[i];
 		uint16_t off;
 
 		if (f->kind == PT_FB_UNION) {
-			PT_TRY(verify_union(v, t, f, pos, (uint64_t)vt, vtsize, tsize));
+			PT_TRY(verify_union(v, t, f, pos, (uint64_t)vt, vtsize));
 			continue;
 		}
+		off = field_off(v, (uint64_t)vt, vtsize, f->id);
 		if (f->kind == PT_FB_SCALAR) {
 			if (f->size == 0 || f->align == 0 || (f->align & (f->align - 1)) != 0)
 				return bad(t, f, pos, "bad scalar in schema description");
-			PT_TRY(field_slot(v, t, f, pos, (uint64_t)vt, vtsize, tsize, f->id, f->size,
-			                  f->align, &off));
+			if (off != 0)
+				PT_TRY(scalar_ok(v, t, f, pos, off, f->size, f->align));
 			continue;
 		}
-		if (f->kind == PT_FB_VECTOR &&
-		    (f->size == 0 || f->align == 0 || (f->align & (f->align - 1)) != 0))
+		if (f->kind == PT_FB_VECTOR && f->size == 0)
 			return bad(t, f, pos, "bad vector in schema description");
-		PT_TRY(field_slot(v, t, f, pos, (uint64_t)vt, vtsize, tsize, f->id, 4, 4, &off));
 		if (off == 0) {
 			if (f->required)
 				return bad(t, f, pos, "required field missing");
