@@ -215,6 +215,12 @@ static void job_free(job *jb)
 	free(jb);
 }
 
+/* job_set_dir names jb's folder after its id. */
+static void job_set_dir(job *jb)
+{
+	snprintf(jb->dir, sizeof(jb->dir), "%s/jobs/%" PRIu64, jb->mgr->data_dir, jb->id);
+}
+
 static job *job_new(pt_jobs *m, uint64_t id)
 {
 	job *jb = calloc(1, sizeof(*jb));
@@ -225,7 +231,7 @@ static job *job_new(pt_jobs *m, uint64_t id)
 	jb->jfd = -1;
 	jb->waiters.next = jb->waiters.prev = &jb->waiters;
 	pthread_mutex_init(&jb->jmu, NULL);
-	snprintf(jb->dir, sizeof(jb->dir), "%s/jobs/%" PRIu64, m->data_dir, id);
+	job_set_dir(jb);
 	return jb;
 }
 
@@ -1128,8 +1134,11 @@ void pt_jobs_shutdown(pt_jobs *m)
 	}
 	m->stopping = true;
 	for (size_t i = 0; i < m->n_jobs; i++)
-		if (m->jobs[i]->state == PT_JOB_STARTING || m->jobs[i]->state == PT_JOB_RUNNING)
-			atomic_store(&m->jobs[i]->stop, STOP_SHUTDOWN);
+		if (m->jobs[i]->state == PT_JOB_STARTING || m->jobs[i]->state == PT_JOB_RUNNING) {
+			/* A job already cancelled ends Cancelled, never Interrupted. */
+			int none = STOP_NONE;
+			atomic_compare_exchange_strong(&m->jobs[i]->stop, &none, STOP_SHUTDOWN);
+		}
 	pthread_cond_broadcast(&m->cv);
 	pthread_mutex_unlock(&m->mu);
 	for (size_t i = 0; i < m->n_runners; i++)
@@ -1223,10 +1232,11 @@ pt_err pt_jobs_submit(pt_jobs *m, const uint8_t *spec_table, uint64_t *id)
 		pthread_mutex_unlock(&m->mu);
 		return pt_set_error(PT_ERR_CLOSED, "server is shutting down");
 	}
-	nid = m->next_id++;
 	pthread_mutex_unlock(&m->mu);
 
-	if ((jb = job_new(m, nid)) == NULL)
+	/* The id is taken once the spec is accepted: a refused submission
+	 * consumes none. */
+	if ((jb = job_new(m, 0)) == NULL)
 		return pt_set_error(PT_ERR_NOMEM, "job");
 	if ((rv = pt_job_spec_read(spec_table, &jb->spec)) != PT_OK)
 		goto fail;
@@ -1261,6 +1271,11 @@ pt_err pt_jobs_submit(pt_jobs *m, const uint8_t *spec_table, uint64_t *id)
 		rv = pt_set_error(PT_ERR_NOMEM, "job");
 		goto fail;
 	}
+	pthread_mutex_lock(&m->mu);
+	nid = m->next_id++;
+	pthread_mutex_unlock(&m->mu);
+	jb->id = nid;
+	job_set_dir(jb);
 	snprintf(ckdir, sizeof(ckdir), "%s/checkpoints", jb->dir);
 	if ((rv = mkdir_p(ckdir)) != PT_OK || (rv = write_spec(jb)) != PT_OK)
 		goto fail_io;
@@ -1299,7 +1314,7 @@ pt_err pt_jobs_submit(pt_jobs *m, const uint8_t *spec_table, uint64_t *id)
 fail_io:
 	pt_error("job %" PRIu64 ": submit failed: %s", nid, pt_last_error());
 fail:
-	if (rv != PT_OK)
+	if (rv != PT_OK && jb->id != 0)
 		remove_job_dir(jb);
 	job_free(jb);
 	return rv;
@@ -1330,7 +1345,11 @@ pt_err pt_jobs_cancel(pt_jobs *m, uint64_t id, pt_api_job_state *state)
 		journal_flush_close(jb);
 		return PT_OK;
 	}
+	/* Its runner sees the flag between steps; whatever it was doing, the
+	 * job ends Cancelled (the final state is decided under m->mu, after
+	 * this), so that is the state the reply gives. */
 	atomic_store(&jb->stop, STOP_CANCEL);
+	*state = PT_JOB_CANCELLED;
 	pthread_mutex_unlock(&m->mu);
 	return PT_OK;
 }

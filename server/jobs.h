@@ -77,8 +77,9 @@ void pt_jobs_destroy(pt_jobs *j);
 pt_err pt_jobs_submit(pt_jobs *j, const uint8_t *spec_table, uint64_t *id);
 
 /* pt_jobs_cancel cancels a queued job at once or asks a running job to stop
- * within one step (it keeps its last checkpoint); *state gets the job's state
- * after the call (Cancelled, or Running/Starting while it stops). Errors:
+ * within one step (it keeps its last checkpoint); *state gets the state the
+ * job will end in: Cancelled (a server shutdown meanwhile does not turn it
+ * into Interrupted). Errors:
  * PT_ERR_NOTFOUND, PT_ERR_STATE (already finished). Blocks (fsync). */
 pt_err pt_jobs_cancel(pt_jobs *j, uint64_t id, pt_api_job_state *state);
 

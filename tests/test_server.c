@@ -454,7 +454,7 @@ static void test_server_cancel(void)
 	CU_ASSERT(seen >= 5);
 	CU_ASSERT_FALSE(ended);
 	CU_ASSERT_EQUAL(simple(&c, PT_API_CANCEL_JOB, id, &r), PT_API_OK);
-	CU_ASSERT(r.state == PT_JOB_RUNNING || r.state == PT_JOB_CANCELLED);
+	CU_ASSERT_EQUAL(r.state, PT_JOB_CANCELLED); /* the state it will end in */
 	t0 = now_s();
 	while (job_state(&c, id, &ji) != PT_JOB_CANCELLED && now_s() - t0 < 20)
 		usleep(20000);
@@ -474,6 +474,16 @@ static void test_server_cancel(void)
 		CU_ASSERT_EQUAL(r.info.jobs_running, 1);
 		CU_ASSERT_EQUAL(simple(&c, PT_API_CANCEL_JOB, b, &r), PT_API_OK);
 		CU_ASSERT_EQUAL(r.state, PT_JOB_CANCELLED);
+		CU_ASSERT_EQUAL(simple(&c, PT_API_CANCEL_JOB, a, &r), PT_API_OK);
+		CU_ASSERT_EQUAL(r.state, PT_JOB_CANCELLED);
+		CU_ASSERT_EQUAL(b, a + 1);
+		/* A refused submission takes no id: the next job is b + 1. */
+		spec.batch_size = 63;
+		CU_ASSERT_EQUAL(submit(&c, &spec, &a, &r), PT_API_INVALID_JOB);
+		CU_ASSERT_EQUAL(submit(&c, &spec, &a, &r), PT_API_INVALID_JOB);
+		spec.batch_size = 64;
+		CU_ASSERT_EQUAL_FATAL(submit(&c, &spec, &a, &r), PT_API_OK);
+		CU_ASSERT_EQUAL(a, b + 1);
 		CU_ASSERT_EQUAL(simple(&c, PT_API_CANCEL_JOB, a, &r), PT_API_OK);
 	}
 	pt_job_spec_fini(&spec);
