@@ -18,6 +18,7 @@ packages=(
 	libssl-dev openssl     # libcrypto: MAC of every stage frame; openssl: test certificates
 	flatbuffers-compiler libflatbuffers-dev  # flatc: lib/fb descriptors (build), interop tests
 	python3 python3-flatbuffers python3-numpy  # descriptor generator, data tools, client tests
+	python3-venv           # the venv of the Python client's tests (below)
 	python3-yaml           # tests/deploy_check.py reads the deploy/ YAML files
 	iproute2               # ip netns, veth and tc: tests/test_netns, bench/overlap_bench
 	clang libclang-rt-dev libomp-dev  # tests/fuzz: libFuzzer (libclang_rt.fuzzer), OpenMP for clang
@@ -30,6 +31,11 @@ if grep -qx 'ID=debian' /etc/os-release 2>/dev/null && [ "${PT_DEPS_NO_BROWSER:-
 	packages+=(prometheus chromium)
 fi
 
+# The Python client (client/python) depends on pynng and flatbuffers from PyPI;
+# tests/python runs it from this venv (PT_PY_VENV), made once, with pytest.
+venv=${PT_PY_VENV:-/opt/pipetrain-py}
+py_packages=("pynng>=0.7,<1" "flatbuffers>=2.0" "pytest>=7" "setuptools>=61" wheel)
+
 missing=()
 for p in "${packages[@]}"; do
 	# dpkg-query prints "install ok installed" for a fully installed package.
@@ -38,16 +44,30 @@ for p in "${packages[@]}"; do
 	fi
 done
 
+make_venv() {
+	if [ -x "$venv/bin/python" ] &&
+		"$venv/bin/python" -c 'import pynng, flatbuffers, pytest, setuptools' 2>/dev/null; then
+		return 0
+	fi
+	echo "install-deps: making $venv (${py_packages[*]})" >&2
+	$sudo /usr/bin/python3 -m venv "$venv"
+	$sudo "$venv/bin/pip" install -q --disable-pip-version-check "${py_packages[@]}"
+}
+
+sudo=""
+if [ "$(id -u)" -ne 0 ]; then
+	sudo="sudo"
+fi
 if [ ${#missing[@]} -eq 0 ]; then
+	make_venv
 	exit 0
 fi
 
 echo "install-deps: installing ${missing[*]}" >&2
-sudo=""
-if [ "$(id -u)" -ne 0 ]; then
+if [ -n "$sudo" ]; then
 	command -v sudo >/dev/null || { echo "install-deps: need root or sudo" >&2; exit 1; }
-	sudo="sudo"
 fi
 export DEBIAN_FRONTEND=noninteractive
 $sudo apt-get update -qq
 $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+make_venv
