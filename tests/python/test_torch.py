@@ -116,6 +116,17 @@ def test_digits_eval_loss_and_accuracy_equal_pytorch(srv, root, tmp_path):
           acc)
     assert close(loss, last["eval_loss"])
     assert acc == last["eval_accuracy"] and acc > 0.8
+    # The same weights through init_from, on 4 stages: step 1's loss is
+    # PyTorch's on the step-1 batch (the seeded shuffle of the training rows).
+    shutil.copy(tmp_path / "d.safetensors", os.path.join(root, "digits.safetensors"))
+    spec = dict(job, init_from="digits.safetensors", steps=1, eval_every=0, seed=5)
+    with pipetrain.Client(srv.url, timeout=60) as c:
+        _, points = run(c, spec)
+    x, y = ptt.batch(spec, 1, root)
+    assert tuple(x.shape) == (64, 64)
+    want, _ = ptt.evaluate(model, spec, x, y)
+    print("digits step-1 loss: server", points[0]["loss"], "pytorch", want)
+    assert close(points[0]["loss"], want)
 
 
 def submit_error(c, job):
