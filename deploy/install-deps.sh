@@ -30,6 +30,12 @@ packages=(
 if grep -qx 'ID=debian' /etc/os-release 2>/dev/null && [ "${PT_DEPS_NO_BROWSER:-0}" != 1 ]; then
 	packages+=(prometheus chromium)
 fi
+# Debian only (not in Ubuntu 24.04): python3-torch, PyTorch 1.13 for
+# /usr/bin/python3, for tests/python/test_torch.py (pipetrain.torch); with its
+# dependencies a few hundred MB. Without it that test skips.
+if grep -qx 'ID=debian' /etc/os-release 2>/dev/null; then
+	packages+=(python3-torch)
+fi
 
 # The Python client (client/python) depends on pynng and flatbuffers from PyPI;
 # tests/python runs it from this venv (PT_PY_VENV), made once, with pytest.

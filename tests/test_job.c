@@ -192,6 +192,7 @@ static bool spec_equal(const pt_job_spec *a, const pt_job_spec *b, double tol)
 	EQ(weight_stashing);
 	EQ(use_graphs);
 	EQ(max_restarts);
+	ok &= str_eq("init_from", a->init_from, b->init_from);
 #undef EQ
 #undef EQF
 	return ok;
@@ -315,8 +316,10 @@ static void test_job_spec_roundtrip_all_fields(void)
 	    "2500}, \"checkpoint\": "
 	    "{\"every_steps\": 5, \"keep\": 9, \"resume\": false}, \"device\": \"cuda:1\", "
 	    "\"seed\": 9223372036854775807, \"eval_every\": 4, \"compress\": true, \"recompute\": "
-	    "1, \"weight_stashing\": false, \"use_graphs\": true, \"max_restarts\": 2");
+	    "1, \"weight_stashing\": false, \"use_graphs\": true, \"max_restarts\": 2, "
+	    "\"init_from\": \"w/step-5.safetensors\"");
 	PT_CHECK_OK(decode_json(j, &a));
+	CU_ASSERT_STRING_EQUAL(a.init_from, "w/step-5.safetensors");
 	CU_ASSERT_EQUAL(a.worker_timeout_ms, 2500);
 	CU_ASSERT_EQUAL(a.max_restarts, 2);
 	CU_ASSERT(a.use_graphs);
@@ -1283,6 +1286,72 @@ static void test_job_run_edges(void)
 	pt_job_spec_fini(&s);
 }
 
+/* init_from: a job starts from the file's weights, bitwise (its step-0
+ * checkpoint equals the file), with a fresh optimizer (step counts 0, moments
+ * zero); a file that does not fit the model is refused naming the tensor. */
+static void test_job_run_init_from(void)
+{
+	static recorder rec;
+	int64_t last = -1;
+	pt_job_spec s;
+	pt_job_hooks hooks = {&rec, on_metric, always, on_checkpoint, NULL};
+	pt_job_run_options o = {.files_root = PT_SOURCE_ROOT, .any_path = true, .threads = 2};
+	pt_safetensors *st;
+	pt_tensor w;
+	char from[512];
+
+	memset(&rec, 0, sizeof(rec));
+	PT_CHECK_OK(run_example("digits", 5, 5, 1, 5, tmp_path("init_a"), NULL, &rec, &last));
+	CU_ASSERT_EQUAL_FATAL(last, 5);
+	snprintf(from, sizeof(from), "%s", tmp_path("init_a/step-5.safetensors"));
+	load_spec(pt_test_path("examples/digits.json"), &s);
+	s.init_from = strdup(from);
+	memset(&rec, 0, sizeof(rec));
+	o.checkpoint_dir = tmp_path("init_b");
+	PT_CHECK_OK(pt_job_run(&s, &o, &hooks, &last)); /* stopped before step 1 */
+	CU_ASSERT_EQUAL(last, 0);
+	CU_ASSERT(same_tensors(from, tmp_path("init_b/step-0.safetensors")));
+	PT_CHECK_OK(pt_safetensors_open(&st, tmp_path("init_b/step-0.safetensors.state")));
+	CU_ASSERT_STRING_EQUAL(pt_safetensors_meta(st, "optimizer_steps"), "0,0,0,0");
+	for (int i = 0; i < s.stages; i++) {
+		char name[32];
+		const float *v;
+		int64_t n, nonzero = 0;
+		snprintf(name, sizeof(name), "stage%d.state", i);
+		PT_CHECK_OK(pt_safetensors_get(st, name, &w));
+		/* AdamW: parameters, exp_avg, exp_avg_sq, a third each. */
+		n = pt_tensor_numel(&w);
+		CU_ASSERT_EQUAL(n % 3, 0);
+		v = pt_tensor_f32(&w);
+		for (int64_t k = n / 3; k < n; k++)
+			nonzero += v[k] != 0.0f;
+		CU_ASSERT_EQUAL(nonzero, 0);
+		pt_tensor_fini(&w);
+	}
+	pt_safetensors_destroy(st);
+	/* Without init_from the same job starts from its seed's weights. */
+	free(s.init_from);
+	s.init_from = NULL;
+	o.checkpoint_dir = tmp_path("init_c");
+	PT_CHECK_OK(pt_job_run(&s, &o, &hooks, &last));
+	CU_ASSERT(!same_tensors(from, tmp_path("init_c/step-0.safetensors")));
+
+	/* A transposed weight is refused at validation, naming it. */
+	PT_CHECK_OK(pt_tensor_init(&w, PT_F32, 2, (int64_t[]){64, 256}));
+	memset(pt_tensor_data(&w), 0, pt_tensor_nbytes(&w));
+	PT_CHECK_OK(pt_safetensors_write(tmp_path("bad.safetensors"),
+	                                 (pt_st_tensor[]){{"0.weight", &w}}, 1, NULL, 0));
+	pt_tensor_fini(&w);
+	s.init_from = strdup(tmp_path("bad.safetensors"));
+	PT_CHECK_ERR(pt_job_spec_validate(&s, PT_SOURCE_ROOT, true), PT_ERR_INVALID);
+	CU_ASSERT_STRING_EQUAL(pt_last_error(),
+	                       "init_from: tensor '0.weight': shape [64, 256], expected [256, 64]");
+	/* Confined like the data files. */
+	PT_CHECK_ERR_MSG(pt_job_spec_validate(&s, PT_SOURCE_ROOT, false), PT_ERR_INVALID,
+	                 "init_from: " PT_FILE_OUTSIDE_ROOT);
+	pt_job_spec_fini(&s);
+}
+
 static void test_job_run_gpt_loss_decreases(void)
 {
 	static recorder rec;
@@ -1364,6 +1433,7 @@ static const pt_test_case run_tests[] = {
     {"test_job_run_cancel_then_resume_is_bitwise", test_job_run_cancel_then_resume_is_bitwise},
     {"test_job_run_use_graphs_is_bitwise", test_job_run_use_graphs_is_bitwise},
     {"test_job_run_edges", test_job_run_edges},
+    {"test_job_run_init_from", test_job_run_init_from},
     {"test_job_run_gpt_loss_decreases", test_job_run_gpt_loss_decreases},
     {"test_job_run_examples_as_shipped", test_job_run_examples_as_shipped},
     {NULL, NULL}};

@@ -267,26 +267,36 @@ static pt_err parse_header(pt_safetensors *st)
 
 pt_err pt_safetensors_open(pt_safetensors **out, const char *path)
 {
-	pt_safetensors *st;
 	size_t size;
-	uint64_t hlen = 0;
 	int fd;
 	pt_err rv;
 
 	*out = NULL;
+	PT_TRY(pt_file_open_read(path, &fd, &size));
+	rv = pt_safetensors_open_fd(out, fd, path);
+	close(fd);
+	return rv;
+}
+
+pt_err pt_safetensors_open_fd(pt_safetensors **out, int fd, const char *path)
+{
+	pt_safetensors *st;
+	size_t size;
+	uint64_t hlen = 0;
+	pt_err rv;
+
+	*out = NULL;
+	PT_TRY(pt_file_fd_size(fd, path, &size));
 	st = calloc(1, sizeof(*st));
 	if (st == NULL || (st->path = strdup(path)) == NULL) {
 		free(st);
 		return pt_set_error(PT_ERR_NOMEM, "%s: safetensors object", path);
 	}
-	if ((rv = pt_file_open_read(path, &fd, &size)) != PT_OK)
-		goto fail;
 	if (size < 8) {
 		rv = st_error(st, "truncated: %zu bytes, no header length", size);
 	} else if ((rv = pt_storage_create(&st->bytes, size, PT_CPU)) == PT_OK) {
 		rv = pt_read_full(fd, st->bytes->data, size, 0, path);
 	}
-	close(fd);
 	if (rv != PT_OK)
 		goto fail;
 	for (int i = 0; i < 8; i++)

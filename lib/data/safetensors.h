@@ -53,6 +53,11 @@ typedef struct pt_safetensors pt_safetensors;
  * On error *out is NULL. Blocking. A read-only object may be shared by threads. */
 pt_err pt_safetensors_open(pt_safetensors **out, const char *path);
 
+/* pt_safetensors_open_fd is pt_safetensors_open on the open regular file fd
+ * (read with pread from offset 0; the caller still owns and closes fd); path
+ * is only used in messages. */
+pt_err pt_safetensors_open_fd(pt_safetensors **out, int fd, const char *path);
+
 /* pt_safetensors_destroy frees st. Tensors returned by pt_safetensors_get
  * stay valid (they hold a reference to the bytes). NULL-safe. */
 void pt_safetensors_destroy(pt_safetensors *st);

@@ -54,6 +54,7 @@ typedef struct pt_job_spec {
 	bool compress, recompute, weight_stashing;
 	bool use_graphs;  /* replay a captured training step */
 	int max_restarts; /* restarts after a lost worker (0: the job fails) */
+	char *init_from;  /* initial weights (safetensors, PyTorch names), or NULL */
 } pt_job_spec;
 
 /* The JobSpec table descriptor, pt_fb_job_job_spec_desc, for verifying
@@ -184,7 +185,10 @@ typedef struct pt_job_run_options {
  * are saved as step 0. resume_from (a step-N.safetensors path written for
  * the same partition) restores every stage and continues at step N + 1; the
  * batch of each step depends only on (seed, step), so in sync and semi-async
- * mode a resumed run equals an uninterrupted one bitwise. An error from the
+ * mode a resumed run equals an uninterrupted one bitwise. Otherwise, with
+ * spec->init_from, every stage starts from that file's weights (a fresh
+ * optimizer: zero state, step count 0; docs/model.md) - also when a restart
+ * finds no checkpoint of this run. An error from the
  * pipeline, the data or a checkpoint ends the run with that error - except a
  * worker lost to the heartbeats (placement.worker_timeout_ms), whose verdict
  * names the stage and the worker: with max_restarts left and a spare among

@@ -20,4 +20,17 @@ pt_err pt_job_optim_error(pt_err rv);
 pt_err pt_job_open_data(const char *field, const char *path, const char *root, bool any_path,
                         int *fd);
 
+/* pt_job_init_from_validate checks s->init_from (NULL: nothing to check): the
+ * file, opened as pt_job_open_data opens data files, must be a safetensors
+ * file holding exactly the model's parameters - every name, F32, the exact
+ * shape - else an error naming the first mismatch ("init_from: tensor
+ * '1.attn.c_attn.weight': shape [64, 192], expected [192, 64]"). Blocking. */
+pt_err pt_job_init_from_validate(const pt_job_spec *s, const char *root, bool any_path);
+
+/* pt_job_init_from_load checks s->init_from as pt_job_init_from_validate
+ * does and copies its tensors into the full model m (built from s's layers,
+ * host memory). Blocking. */
+pt_err pt_job_init_from_load(const pt_job_spec *s, const char *root, bool any_path,
+                             struct pt_model *m);
+
 #endif

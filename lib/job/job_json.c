@@ -194,6 +194,7 @@ static const jfield job_fields[] = {
     F("weight_stashing", JT_BOOL, pt_job_spec, weight_stashing),
     F("use_graphs", JT_BOOL, pt_job_spec, use_graphs),
     F("max_restarts", JT_I32, pt_job_spec, max_restarts),
+    F("init_from", JT_STR, pt_job_spec, init_from),
 };
 static const jtable job_table = JTABLE("JobSpec", job_fields);
 

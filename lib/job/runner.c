@@ -635,6 +635,46 @@ out:
 	return rv;
 }
 
+/* init_weights starts every stage from spec->init_from: the file's weights
+ * (through the full model, whose arena is the stages' arenas concatenated)
+ * with the stage's own fresh optimizer state and step count 0. */
+static pt_err init_weights(runner *r)
+{
+	const float *src;
+	int64_t off = 0;
+
+	PT_TRY(pt_job_init_from_load(r->s, r->root, r->any_path, r->full));
+	src = pt_tensor_f32(pt_model_params(r->full));
+	for (int st = 0; st < r->p; st++) {
+		pt_tensor t = {0};
+		int64_t steps;
+		pt_err rv;
+		if ((rv = pt_coordinator_get_state(r->coord, st + 1, &t, &steps)) == PT_OK &&
+		    (rv = pt_tensor_sync(&t)) == PT_OK) {
+			if (t.dtype != PT_F32 || t.ndim != 1 || t.shape[0] < r->nparams[st])
+				rv = pt_set_error(PT_ERR_SHAPE,
+				                  "stage %d sent a state of %ld values for %ld "
+				                  "parameters",
+				                  st, (long)pt_tensor_numel(&t),
+				                  (long)r->nparams[st]);
+			else if ((rv = pt_data_write_begin(&t, "init_from state")) == PT_OK) {
+				memcpy(pt_tensor_f32(&t), src + off,
+				       sizeof(float) * (size_t)r->nparams[st]);
+				pt_data_write_end(&t);
+				rv = pt_coordinator_set_state(r->coord, st + 1, &t, 0);
+			}
+		}
+		pt_tensor_fini(&t);
+		if (rv != PT_OK) {
+			char why[600];
+			snprintf(why, sizeof(why), "%s", pt_last_error());
+			return pt_set_error(rv, "init_from: stage %d: %s", st, why);
+		}
+		off += r->nparams[st];
+	}
+	return PT_OK;
+}
+
 /* ---------------------------------------------------------------- run -- */
 
 static pt_err evaluate(runner *r, pt_job_metric *m)
@@ -817,6 +857,8 @@ pt_err pt_job_run(const pt_job_spec *spec, const pt_job_run_options *o, const pt
 			if ((rv = pipeline_up(r)) == PT_OK && r->ckpt_path[0] != '\0' &&
 			    (rv = resume(r, r->ckpt_path, &start)) == PT_OK)
 				r->last_ckpt = start;
+			else if (rv == PT_OK && r->ckpt_path[0] == '\0' && spec->init_from != NULL)
+				rv = init_weights(r);
 			if (rv == PT_OK)
 				rv = train(r, start, &done);
 			if (rv == PT_OK || !restart(r, &rv, &start))

@@ -373,6 +373,8 @@ pt_err pt_job_spec_validate(const pt_job_spec *s, const char *files_root, bool a
 		                    "ignore_index: %ld is only meaningful with CrossEntropy",
 		                    (long)s->ignore_index);
 
+	PT_TRY(pt_job_init_from_validate(s, files_root, any_path));
+
 	/* Data: fields for the format, files, shapes against the model. */
 	switch (s->data.format) {
 	case PT_DATA_NPY:

@@ -1,5 +1,5 @@
 """Fixtures: a real pipeserver (PIPESERVER, started per test module) on
-loopback with the checkout as its files root."""
+loopback with the checkout (or root) as its files root."""
 import os
 import re
 import shutil
@@ -14,10 +14,10 @@ ROOT = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
 
 class Server:
-    def __init__(self, token=None):
+    def __init__(self, token=None, root=ROOT):
         self.dir = tempfile.mkdtemp(prefix="pt-py-")
         args = [os.environ["PIPESERVER"], "--listen", "tcp://127.0.0.1:0",
-                "--data-dir", os.path.join(self.dir, "data"), "--files-root", ROOT]
+                "--data-dir", os.path.join(self.dir, "data"), "--files-root", root]
         if token is not None:
             path = os.path.join(self.dir, "token")
             with open(path, "w") as f:

@@ -2,7 +2,8 @@
 # run.sh SRC BUILD - installs client/python from the checkout into a temporary
 # folder (pip, offline: its dependencies come from the venv that
 # deploy/install-deps.sh makes) and runs tests/python with pytest twice:
-# with PyPI's flatbuffers and with Debian's python3-flatbuffers (2.0.8).
+# with PyPI's flatbuffers and with Debian's python3-flatbuffers (2.0.8); then
+# test_torch.py with /usr/bin/python3, whose PyTorch the venv does not have.
 set -euo pipefail
 src=$1 build=$2
 venv=${PT_PY_VENV:-/opt/pipetrain-py}
@@ -27,4 +28,19 @@ if [ -d "$deb" ]; then
 	echo "== with Debian's python3-flatbuffers"
 	PT_EXPECT_FLATBUFFERS=$deb PYTHONPATH=$tmp/site:$tmp/debian "$venv/bin/python" -m pytest \
 		-q -p no:cacheprovider "$src/tests/python" -k 'not generated_code'
+fi
+# pipetrain.torch needs PyTorch, which the venv lacks: Debian's python3-torch
+# belongs to /usr/bin/python3, so test_torch.py runs there too, with pynng,
+# PyPI's flatbuffers and pytest from the venv (same Python version).
+sys_py=/usr/bin/python3
+venv_site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+if ! "$sys_py" -c 'import torch' 2>/dev/null; then
+	echo "skip: tests/python/test_torch.py: no PyTorch for $sys_py (Debian: python3-torch, which deploy/install-deps.sh installs)"
+elif [ "$("$sys_py" -c 'import sys; print(sys.version_info[:2])')" != \
+	"$("$venv/bin/python" -c 'import sys; print(sys.version_info[:2])')" ]; then
+	echo "skip: tests/python/test_torch.py: $sys_py and the venv's Python differ in version"
+else
+	echo "== pipetrain.torch with $sys_py and its PyTorch"
+	PYTHONPATH=$tmp/site:$venv_site "$sys_py" -m pytest -q -p no:cacheprovider -rs \
+		"$src/tests/python/test_torch.py"
 fi

@@ -220,6 +220,6 @@ def test_generated_code_is_current(tmp_path):
         with open(os.path.join(pkg, n)) as f:
             assert f.read() == (tmp_path / n).read_text(), \
                 f"client/python/pipetrain/{n} is stale: run client/python/gen.py"
-    ours = {"__init__.py", "client.py", "errors.py", "_convert.py"}
+    ours = {"__init__.py", "client.py", "errors.py", "_convert.py", "torch.py"}
     extra = set(n for n in os.listdir(pkg) if n.endswith(".py")) - set(names) - ours
     assert not extra, f"generated files no schema type has: {sorted(extra)}"

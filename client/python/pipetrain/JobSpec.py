@@ -193,7 +193,14 @@ class JobSpec(object):
             return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
         return 0
 
-def JobSpecStart(builder): builder.StartObject(20)
+    # JobSpec
+    def InitFrom(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(44))
+        if o != 0:
+            return self._tab.String(o + self._tab.Pos)
+        return None
+
+def JobSpecStart(builder): builder.StartObject(21)
 def Start(builder):
     return JobSpecStart(builder)
 def JobSpecAddName(builder, name): builder.PrependUOffsetTRelativeSlot(0, flatbuffers.number_types.UOffsetTFlags.py_type(name), 0)
@@ -259,6 +266,9 @@ def AddUseGraphs(builder, useGraphs):
 def JobSpecAddMaxRestarts(builder, maxRestarts): builder.PrependInt32Slot(19, maxRestarts, 0)
 def AddMaxRestarts(builder, maxRestarts):
     return JobSpecAddMaxRestarts(builder, maxRestarts)
+def JobSpecAddInitFrom(builder, initFrom): builder.PrependUOffsetTRelativeSlot(20, flatbuffers.number_types.UOffsetTFlags.py_type(initFrom), 0)
+def AddInitFrom(builder, initFrom):
+    return JobSpecAddInitFrom(builder, initFrom)
 def JobSpecEnd(builder): return builder.EndObject()
 def End(builder):
     return JobSpecEnd(builder)
@@ -291,6 +301,7 @@ class JobSpecT(object):
         self.weightStashing = True  # type: bool
         self.useGraphs = False  # type: bool
         self.maxRestarts = 0  # type: int
+        self.initFrom = None  # type: str
 
     @classmethod
     def InitFromBuf(cls, buf, pos):
@@ -339,6 +350,7 @@ class JobSpecT(object):
         self.weightStashing = jobSpec.WeightStashing()
         self.useGraphs = jobSpec.UseGraphs()
         self.maxRestarts = jobSpec.MaxRestarts()
+        self.initFrom = jobSpec.InitFrom()
 
     # JobSpecT
     def Pack(self, builder):
@@ -362,6 +374,8 @@ class JobSpecT(object):
             checkpoint = self.checkpoint.Pack(builder)
         if self.device is not None:
             device = builder.CreateString(self.device)
+        if self.initFrom is not None:
+            initFrom = builder.CreateString(self.initFrom)
         JobSpecStart(builder)
         if self.name is not None:
             JobSpecAddName(builder, name)
@@ -390,5 +404,7 @@ class JobSpecT(object):
         JobSpecAddWeightStashing(builder, self.weightStashing)
         JobSpecAddUseGraphs(builder, self.useGraphs)
         JobSpecAddMaxRestarts(builder, self.maxRestarts)
+        if self.initFrom is not None:
+            JobSpecAddInitFrom(builder, initFrom)
         jobSpec = JobSpecEnd(builder)
         return jobSpec
