@@ -91,11 +91,12 @@ static pt_err open_checked(const pt_job_spec *s, const char *root, bool any_path
 			const pt_layer_vt *vt = pt_layer_vtable(s->layers[layer].kind);
 			pt_param_info info[PT_LAYER_MAX_PARAMS];
 			int n = vt != NULL ? vt->params(&s->layers[layer], info) : 0;
-			char want[64];
-			for (int k = 0; k < n && !ours; k++) {
-				snprintf(want, sizeof(want), "%d.%s", layer, info[k].name);
-				ours = strcmp(want, name) == 0;
-			}
+			char pre[16];
+			int pl = snprintf(pre, sizeof(pre), "%d.", layer);
+			/* "01.weight" is not layer 1's "1.weight": the prefix must match */
+			for (int k = 0; k < n && !ours; k++)
+				ours = strncmp(name, pre, (size_t)pl) == 0 &&
+				       strcmp(name + pl, info[k].name) == 0;
 		}
 		if (!ours)
 			rv = pt_set_error(PT_ERR_INVALID,
