@@ -9,7 +9,11 @@ import os
 import threading
 
 import flatbuffers
-import pynng
+
+try:
+    import pynng
+except ImportError:  # pipetrain.torch and the generated code need no transport
+    pynng = None
 
 from . import _convert, errors
 
@@ -28,6 +32,8 @@ class Client:
     def __init__(self, url, token=None, timeout=DEFAULT_TIMEOUT):
         if "://" not in url:
             raise ValueError(f"url '{url}' has no scheme: did you mean tcp://{url}?")
+        if pynng is None:
+            raise ImportError("pipetrain.Client needs pynng (pip install pynng)")
         self.url = url
         self.token = token
         self.timeout = float(timeout)
