@@ -32,9 +32,12 @@ if grep -qx 'ID=debian' /etc/os-release 2>/dev/null && [ "${PT_DEPS_NO_BROWSER:-
 fi
 # Debian only (not in Ubuntu 24.04): python3-torch, PyTorch 1.13 for
 # /usr/bin/python3, for tests/python/test_torch.py (pipetrain.torch); with its
-# dependencies a few hundred MB. Without it that test skips.
+# dependencies a few hundred MB. Without it that test skips. OpenBLAS
+# (pthread) becomes its libblas.so.3: with the reference BLAS that Debian
+# picks otherwise, PyTorch runs 10-60x slower and make bench's *_vs_torch
+# figures would mean nothing.
 if grep -qx 'ID=debian' /etc/os-release 2>/dev/null; then
-	packages+=(python3-torch)
+	packages+=(python3-torch libopenblas0-pthread)
 fi
 
 # The Python client (client/python) depends on pynng and flatbuffers from PyPI;
