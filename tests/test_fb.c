@@ -1444,6 +1444,7 @@ static void test_fb_verify_vs_google(void)
 	CU_ASSERT_PTR_NOT_NULL_FATAL(f);
 	for (size_t i = 0; i < c.n; i++) {
 		uint32_t len = c.f[i].size;
+		fputc('M', f); /* refverify_schema's tag for a Monster */
 		fwrite(&len, 4, 1, f);
 		fwrite(c.f[i].data, 1, len, f);
 	}

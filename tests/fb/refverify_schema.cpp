@@ -1,5 +1,6 @@
 // refverify_schema.cpp - test-only reference: Google's C++ Verifier on the
-// tables of schema/*.fbs, for tests/fb/verify_diff.
+// tables of schema/*.fbs, for tests/fb/verify_diff, and on the test schema
+// tests/fb/monster.fbs, for test_fb.
 //
 // Reads a file of frames (a root tag byte, a u32 little-endian length, that
 // many bytes) and prints one character per frame, '1' when flatbuffers'
@@ -8,8 +9,8 @@
 // stage.fbs both declare a pipetrain.StageStats (different tables) and so
 // cannot share a program: with PT_REF_API the tags are Q Request, R Response
 // and J JobSpec; with PT_REF_STAGE, F TensorFrame (identifier PTTF), C
-// Control, P Reply and W WorkerRequest. Each frame is verified from a fresh
-// 16-byte aligned copy.
+// Control, P Reply and W WorkerRequest; with PT_REF_MONSTER, M Monster
+// (identifier MONS). Each frame is verified from a fresh 16-byte aligned copy.
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -19,8 +20,10 @@
 #include "api_generated.h"
 #elif defined(PT_REF_STAGE)
 #include "stage_generated.h"
+#elif defined(PT_REF_MONSTER)
+#include "monster_generated.h"
 #else
-#error "define PT_REF_API or PT_REF_STAGE"
+#error "define PT_REF_API, PT_REF_STAGE or PT_REF_MONSTER"
 #endif
 
 template<typename T> static bool verify_as(const uint8_t *buf, size_t len, const char *id)
@@ -39,6 +42,9 @@ static int verdict(char tag, const uint8_t *buf, size_t len)
 		return verify_as<pipetrain::Response>(buf, len, nullptr);
 	case 'J':
 		return verify_as<pipetrain::JobSpec>(buf, len, nullptr);
+#elif defined(PT_REF_MONSTER)
+	case 'M':
+		return verify_as<pipetrain::test::Monster>(buf, len, "MONS");
 #else
 	case 'F':
 		return verify_as<pipetrain::TensorFrame>(buf, len, "PTTF");
