@@ -1565,6 +1565,61 @@ static void test_job_eval_every_held_out_row(void)
 	pt_job_spec_fini(&s);
 }
 
+/* MSE: a held-out set smaller than one microbatch (10 rows, microbatches of
+ * 16) is evaluated over its real rows only (no padding in the mean). */
+static void test_job_eval_mse_partial_microbatch(void)
+{
+	static recorder rec;
+	pt_job_hooks hooks = {&rec, on_metric, NULL, NULL, NULL};
+	pt_job_run_options o = {
+	    .checkpoint_dir = tmp_path("evalmse"), .files_root = tmpdir, .threads = 2};
+	int64_t xs[2] = {100, 64}, ys[2] = {100, 10}, last;
+	pt_dataset all, train, held;
+	pt_job_spec s;
+	double loss;
+	char *j;
+
+	memset(&rec, 0, sizeof(rec));
+	write_npy(tmp_path("mx.npy"), PT_F32, 2, xs, fill_small);
+	write_npy(tmp_path("my.npy"), PT_F32, 2, ys, fill_small);
+	j = job_json(NULL, "{\"features\": \"mx.npy\", \"labels\": \"my.npy\", \"held_out\": 0.1}",
+	             "\"loss\": \"MSE\", \"optimizer\": {\"lr\": 0.01}, \"batch_size\": 16, "
+	             "\"steps\": 2, \"eval_every\": 2, \"placement\": {\"stages\": 2}");
+	PT_CHECK_OK(pt_job_spec_parse_json(j, strlen(j), &s));
+	free(j);
+	PT_CHECK_OK(pt_job_run(&s, &o, &hooks, &last));
+	CU_ASSERT_EQUAL_FATAL(rec.n, 2);
+	PT_CHECK_OK(pt_dataset_load_npy(&all, tmp_path("mx.npy"), tmp_path("my.npy"), true));
+	PT_CHECK_OK(pt_dataset_split(&train, &held, &all, (double)s.data.held_out, s.seed));
+	CU_ASSERT_EQUAL_FATAL(held.n, 10);
+	{
+		/* The reference: one forward over the 10 rows, MSE over 100 values. */
+		pt_model_config cfg = {.batch = 10,
+		                       .input = pt_job_spec_input_shape(&s, 64),
+		                       .n_slots = 1,
+		                       .seed = s.seed};
+		pt_model *m;
+		pt_loss *l;
+		const pt_tensor *pred;
+		PT_CHECK_OK(pt_model_create(&m, s.layers, s.n_layers, 0, s.n_layers, &cfg));
+		PT_CHECK_OK(
+		    pt_checkpoint_load(tmp_path("evalmse/step-2.safetensors"), m, NULL, NULL));
+		PT_CHECK_OK(pt_loss_create(&l, PT_LOSS_MSE, 2, (int64_t[]){10, 10}, -1));
+		PT_CHECK_OK(pt_model_forward(m, 0, &held.x, &pred, false, 0, 0));
+		PT_CHECK_OK(pt_loss_compute_loss(l, pred, &held.y, &loss, NULL));
+		pt_loss_destroy(l);
+		pt_model_destroy(m);
+	}
+	printf("\n    MSE eval over 10 rows: runner %.9f, reference %.9f", rec.m[1].eval_loss,
+	       loss);
+	CU_ASSERT(fabs(rec.m[1].eval_loss - loss) <= 1e-6 * loss);
+	CU_ASSERT(isnan(rec.m[1].eval_accuracy));
+	pt_dataset_fini(&all);
+	pt_dataset_fini(&train);
+	pt_dataset_fini(&held);
+	pt_job_spec_fini(&s);
+}
+
 /* A token job evaluates on the fixed windows of the last held_out of the
  * file (never trained on), all of them: the runner's eval loss equals the
  * reference over exactly those windows. */
@@ -1696,6 +1751,7 @@ static const pt_test_case run_tests[] = {
     {"test_job_run_init_from", test_job_run_init_from},
     {"test_job_run_gpt_loss_decreases", test_job_run_gpt_loss_decreases},
     {"test_job_eval_every_held_out_row", test_job_eval_every_held_out_row},
+    {"test_job_eval_mse_partial_microbatch", test_job_eval_mse_partial_microbatch},
     {"test_job_token_formats", test_job_token_formats},
     {"test_job_eval_token_held_out_windows", test_job_eval_token_held_out_windows},
     {"test_job_run_examples_as_shipped", test_job_run_examples_as_shipped},

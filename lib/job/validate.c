@@ -345,7 +345,7 @@ pt_err pt_job_data_describe(const pt_job_spec *s, const char *root, bool any_pat
 	if (s->data.format == PT_DATA_NPY) {
 		pt_job_data_shape d;
 		PT_TRY(pt_job_data_shape_read(s, root, any_path, &d));
-		n = d.rows - (d.rows - (int64_t)floor((double)s->data.held_out * (double)d.rows));
+		n = (int64_t)floor((double)s->data.held_out * (double)d.rows);
 		snprintf(buf, cap, "eval: %ld held-out rows", (long)n);
 		return PT_OK;
 	}
