@@ -710,7 +710,7 @@ static job *next_job(pt_jobs *m, const char *dev)
 
 static void run_one(pt_jobs *m, job *jb)
 {
-	char ckdir[MAX_PATH + 16], msg[MAX_PATH + 600];
+	char ckdir[MAX_PATH + 16], msg[MAX_PATH + 600], note[300];
 	pt_job_run_options o;
 	pt_job_hooks h = {.ctx = jb,
 	                  .on_metric = hook_metric,
@@ -737,10 +737,13 @@ static void run_one(pt_jobs *m, job *jb)
 	pt_info("job %" PRIu64 " (%s) starting on %s%s%s", jb->id,
 	        jb->spec.name ? jb->spec.name : "", jb->device,
 	        o.resume_from ? ", resuming from " : "", o.resume_from ? o.resume_from : "");
-	msg[0] = '\0';
+	/* The status states the data read and the evaluation set (kept on success). */
+	if (pt_job_data_describe(&jb->spec, o.files_root, o.any_path, note, sizeof(note)) != PT_OK)
+		snprintf(note, sizeof(note), "%s", pt_last_error());
+	snprintf(msg, sizeof(msg), "%s", note);
 	jb->restarts = 0;
 	if (o.resume_from)
-		snprintf(msg, sizeof(msg), "resumed from %s", o.resume_from);
+		snprintf(msg, sizeof(msg), "%s; resumed from %s", note, o.resume_from);
 	pthread_mutex_lock(&m->mu);
 	t = now_unix();
 	set_state(jb, PT_JOB_RUNNING, msg, t);
@@ -765,7 +768,7 @@ static void run_one(pt_jobs *m, job *jb)
 	default:
 		if (rv == PT_OK) {
 			final = PT_JOB_SUCCEEDED;
-			msg[0] = '\0';
+			snprintf(msg, sizeof(msg), "%s", note);
 			if (jb->restarts > 0)
 				snprintf(msg, sizeof(msg), "succeeded after %d restart%s (%s)",
 				         jb->restarts, jb->restarts > 1 ? "s" : "", jb->message);

@@ -1,6 +1,7 @@
 /* test_data.c - JSON, npy, token files, datasets and batching, SHA-256, and the
  * shipped example data. Malformed files are written by the tests themselves
  * into a fresh temporary directory. */
+#include <fcntl.h>
 #include <ftw.h>
 #include <math.h>
 #include <stdint.h>
@@ -504,6 +505,166 @@ static void test_data_tokens(void)
 	                 "u16 or u32");
 }
 
+/* write_llmc writes an llm.c token file: header (magic, version, count
+ * as given) then n tokens 1000 + i of the version's width. */
+static void write_llmc(const char *path, int32_t magic, int32_t version, int32_t count, int64_t n,
+                       int width)
+{
+	int32_t head[PT_TOKENS_HEADER_INTS] = {magic, version, count};
+	size_t size = PT_TOKENS_HEADER_BYTES + (size_t)n * (size_t)width;
+	unsigned char *buf = malloc(size);
+	CU_ASSERT_FATAL(buf != NULL);
+	memcpy(buf, head, sizeof(head));
+	for (int64_t i = 0; i < n; i++) {
+		uint32_t v = (uint32_t)(1000 + i);
+		if (width == 2) {
+			uint16_t h = (uint16_t)v;
+			memcpy(buf + PT_TOKENS_HEADER_BYTES + 2 * i, &h, 2);
+		} else {
+			memcpy(buf + PT_TOKENS_HEADER_BYTES + 4 * i, &v, 4);
+		}
+	}
+	pt_test_write_file(path, buf, size);
+	free(buf);
+}
+
+/* llm.c files are read by their header: the tokens after it, of its width.
+ * Regression: a Tokens16 load took the 1024-byte header for 512 tokens
+ * (20240520 = tokens 55240, 308, ...) when the vocabulary let them pass. */
+static void test_data_tokens_llmc_header(void)
+{
+	pt_tokens tk;
+	pt_tokens_info info;
+	int fd;
+
+	write_llmc(tmp_path("v1.bin"), PT_TOKENS_MAGIC, 1, 100, 100, 2);
+	PT_CHECK_OK(pt_tokens_load(&tk, tmp_path("v1.bin"), PT_U16, 65536));
+	CU_ASSERT_EQUAL(tk.count, 100);
+	CU_ASSERT_EQUAL(tk.version, 1);
+	CU_ASSERT_EQUAL(tk.dtype, PT_U16);
+	CU_ASSERT_EQUAL(pt_tokens_at(&tk, 0), 1000);
+	CU_ASSERT_EQUAL(pt_tokens_at(&tk, 99), 1099);
+	CU_ASSERT_EQUAL(tk.max_token, 1099);
+	pt_tokens_fini(&tk);
+	PT_CHECK_OK(pt_tokens_load(&tk, tmp_path("v1.bin"), PT_TOKENS_AUTO, 0));
+	CU_ASSERT(tk.count == 100 && tk.dtype == PT_U16 && pt_tokens_at(&tk, 5) == 1005);
+	pt_tokens_fini(&tk);
+	write_llmc(tmp_path("v2.bin"), PT_TOKENS_MAGIC, 2, 70, 70, 4);
+	PT_CHECK_OK(pt_tokens_load(&tk, tmp_path("v2.bin"), PT_TOKENS_AUTO, 0));
+	CU_ASSERT(tk.count == 70 && tk.dtype == PT_U32 && tk.version == 2 &&
+	          pt_tokens_at(&tk, 69) == 1069);
+	pt_tokens_fini(&tk);
+	PT_CHECK_OK(pt_tokens_load(&tk, tmp_path("v2.bin"), PT_U32, 0));
+	CU_ASSERT_EQUAL(tk.count, 70);
+	pt_tokens_fini(&tk);
+	/* The header's info without reading the tokens. */
+	fd = open(tmp_path("v2.bin"), O_RDONLY);
+	CU_ASSERT_FATAL(fd >= 0);
+	PT_CHECK_OK(pt_tokens_info_fd(fd, "v2.bin", PT_TOKENS_AUTO, &info));
+	CU_ASSERT(info.count == 70 && info.dtype == PT_U32 && info.version == 2);
+	close(fd);
+
+	/* Raw files (nanoGPT's .bin) as before; Auto reads them as uint16. */
+	PT_CHECK_OK(pt_tokens_write_bytes(tmp_path("raw.u16"), "hello", 5, PT_U16));
+	PT_CHECK_OK(pt_tokens_load(&tk, tmp_path("raw.u16"), PT_TOKENS_AUTO, 256));
+	CU_ASSERT(tk.count == 5 && tk.dtype == PT_U16 && tk.version == 0 &&
+	          pt_tokens_at(&tk, 1) == 'e');
+	pt_tokens_fini(&tk);
+
+	/* Strict: the width asked for, the version, the count against the size. */
+	PT_CHECK_ERR_MSG(pt_tokens_load(&tk, tmp_path("v2.bin"), PT_U16, 0), PT_ERR_FORMAT,
+	                 "v2.bin: llm.c header version 2 holds u32 tokens, not u16");
+	write_llmc(tmp_path("v3.bin"), PT_TOKENS_MAGIC, 3, 10, 10, 2);
+	PT_CHECK_ERR_MSG(pt_tokens_load(&tk, tmp_path("v3.bin"), PT_TOKENS_AUTO, 0), PT_ERR_FORMAT,
+	                 "v3.bin: llm.c header version 3 (expected 1: uint16 tokens, or 2: uint32 "
+	                 "tokens)");
+	write_llmc(tmp_path("long.bin"), PT_TOKENS_MAGIC, 1, 10, 11, 2);
+	PT_CHECK_ERR_MSG(pt_tokens_load(&tk, tmp_path("long.bin"), PT_U16, 0), PT_ERR_FORMAT,
+	                 "long.bin: llm.c header says 10 tokens (20 bytes) but 22 bytes follow "
+	                 "the header");
+	write_llmc(tmp_path("short.bin"), PT_TOKENS_MAGIC, 2, 10, 9, 4);
+	PT_CHECK_ERR_MSG(pt_tokens_load(&tk, tmp_path("short.bin"), PT_U32, 0), PT_ERR_FORMAT,
+	                 "short.bin: llm.c header says 10 tokens (40 bytes) but 36 bytes follow "
+	                 "the header");
+	write_llmc(tmp_path("neg.bin"), PT_TOKENS_MAGIC, 1, -1, 0, 2);
+	PT_CHECK_ERR_MSG(pt_tokens_load(&tk, tmp_path("neg.bin"), PT_U16, 0), PT_ERR_FORMAT,
+	                 "neg.bin: llm.c header says -1 tokens");
+	{
+		int32_t cut[3] = {PT_TOKENS_MAGIC, 1, 0};
+		pt_test_write_file(tmp_path("cut.bin"), cut, sizeof(cut));
+		PT_CHECK_ERR_MSG(pt_tokens_load(&tk, tmp_path("cut.bin"), PT_U16, 0), PT_ERR_FORMAT,
+		                 "cut.bin: starts with llm.c's magic 20240520 but is 12 bytes, "
+		                 "shorter than its 1024-byte header");
+	}
+	CU_ASSERT_PTR_NULL(tk.data);
+}
+
+/* Held-out tokens: training windows of [0, split) never reach the split;
+ * the fixed evaluation windows tile [split, count) from the split on. */
+static void test_data_tokens_held_out_windows(void)
+{
+	enum { N = 1000, T = 8, B = 16 };
+	uint32_t pos[N];
+	int64_t split = pt_tokens_split(N, (double)0.2f), n, lo_seen = N, hi_seen = -1;
+	pt_tensor in, tg;
+	pt_tokens tk;
+
+	for (int i = 0; i < N; i++)
+		pos[i] = (uint32_t)i; /* token i is its position */
+	pt_test_write_file(tmp_path("pos.u32"), pos, sizeof(pos));
+	PT_CHECK_OK(pt_tokens_load(&tk, tmp_path("pos.u32"), PT_U32, 0));
+	CU_ASSERT_EQUAL(split, 800);
+	n = pt_tokens_n_windows(split, N, T);
+	CU_ASSERT_EQUAL(n, 24); /* (200 - 1) / 8 */
+	CU_ASSERT_EQUAL(pt_tokens_n_windows(0, 8, T), 0);
+	CU_ASSERT_EQUAL(pt_tokens_n_windows(0, 9, T), 1);
+	PT_CHECK_OK(pt_tensor_init(&in, PT_I64, 2, (int64_t[]){B, T}));
+	PT_CHECK_OK(pt_tensor_init(&tg, PT_I64, 2, (int64_t[]){B, T}));
+	for (uint64_t step = 0; step < 2000; step++) {
+		const int64_t *x, *y;
+		PT_CHECK_OK(pt_tokens_sample_range(&tk, 0, split, 5, step, &in, &tg));
+		x = pt_tensor_data(&in);
+		y = pt_tensor_data(&tg);
+		for (int i = 0; i < B * T; i++) {
+			lo_seen = x[i] < lo_seen ? x[i] : lo_seen;
+			hi_seen = y[i] > hi_seen ? y[i] : hi_seen;
+		}
+	}
+	/* Every training token is before the split, and the range is used up. */
+	CU_ASSERT_EQUAL(lo_seen, 0);
+	CU_ASSERT_EQUAL(hi_seen, split - 1);
+	/* The whole file (pt_tokens_sample) is the range [0, count). */
+	{
+		pt_tensor in2, tg2;
+		bool eq;
+		PT_CHECK_OK(pt_tensor_init(&in2, PT_I64, 2, (int64_t[]){B, T}));
+		PT_CHECK_OK(pt_tensor_init(&tg2, PT_I64, 2, (int64_t[]){B, T}));
+		PT_CHECK_OK(pt_tokens_sample(&tk, 5, 3, &in, &tg));
+		PT_CHECK_OK(pt_tokens_sample_range(&tk, 0, N, 5, 3, &in2, &tg2));
+		PT_CHECK_OK(pt_tensor_equal(&in, &in2, &eq));
+		CU_ASSERT(eq);
+		pt_tensor_fini(&in2);
+		pt_tensor_fini(&tg2);
+	}
+	/* Windows 16..23 (8 of them), then 8 padding rows. */
+	PT_CHECK_OK(pt_tokens_windows(&tk, split, 16, n - 16, -7, &in, &tg));
+	for (int b = 0; b < B; b++)
+		for (int t = 0; t < T; t++) {
+			int64_t x = ((int64_t *)pt_tensor_data(&in))[b * T + t];
+			int64_t y = ((int64_t *)pt_tensor_data(&tg))[b * T + t];
+			CU_ASSERT_EQUAL(x, b < 8 ? split + (16 + b) * T + t : 0);
+			CU_ASSERT_EQUAL(y, b < 8 ? split + (16 + b) * T + t + 1 : -7);
+		}
+	/* The last window ends at token 992; one more is past the file. */
+	PT_CHECK_ERR_MSG(pt_tokens_windows(&tk, split, 16, 9, -1, &in, &tg), PT_ERR_RANGE,
+	                 "windows 16..24 of 8 + 1 tokens from token 800 of a file of 1000");
+	PT_CHECK_ERR_MSG(pt_tokens_sample_range(&tk, 0, T, 5, 0, &in, &tg), PT_ERR_RANGE,
+	                 "tokens [0, 8)");
+	pt_tensor_fini(&in);
+	pt_tensor_fini(&tg);
+	pt_tokens_fini(&tk);
+}
+
 /* ---- shuffles, splits, batches ---- */
 
 static bool is_permutation(const int64_t *p, int64_t n)
@@ -786,6 +947,8 @@ int main(void)
 	};
 	static const pt_test_case token_tests[] = {
 	    {"test_data_tokens", test_data_tokens},
+	    {"test_data_tokens_llmc_header", test_data_tokens_llmc_header},
+	    {"test_data_tokens_held_out_windows", test_data_tokens_held_out_windows},
 	    {"test_data_text_tokens", test_data_text_tokens},
 	    {NULL, NULL},
 	};

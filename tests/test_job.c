@@ -14,6 +14,11 @@
 #include <unistd.h>
 
 #include "backend.h"
+#include "batch.h"
+#include "checkpoint.h"
+#include "loss.h"
+#include "model.h"
+#include "tokens.h"
 #include "fileio.h"
 #include "job.h"
 #include "npy.h"
@@ -133,6 +138,7 @@ static bool spec_equal(const pt_job_spec *a, const pt_job_spec *b, double tol)
 	ok &= str_eq("data.features", a->data.features, b->data.features);
 	ok &= str_eq("data.labels", a->data.labels, b->data.labels);
 	ok &= str_eq("data.tokens", a->data.tokens, b->data.tokens);
+	ok &= str_eq("data.val_tokens", a->data.val_tokens, b->data.val_tokens);
 	EQ(n_layers);
 	for (int i = 0; ok && i < a->n_layers; i++) {
 		const pt_layer_spec *x = &a->layers[i], *y = &b->layers[i];
@@ -305,7 +311,7 @@ static void test_job_spec_roundtrip_all_fields(void)
 	char *j = job_json(
 	    NULL,
 	    "{\"format\": 0, \"features\": \"f.npy\", \"labels\": \"l.npy\", \"held_out\": 0.25, "
-	    "\"shuffle\": false, \"seq_len\": 3, \"vocab\": 9}",
+	    "\"shuffle\": false, \"seq_len\": 3, \"vocab\": 9, \"val_tokens\": \"v.bin\"}",
 	    "\"loss\": \"MSE\", \"ignore_index\": 7, \"optimizer\": {\"kind\": \"SGD\", \"lr\": "
 	    "0.5, "
 	    "\"momentum\": 0.9, \"nesterov\": true, \"clip_norm\": 2.5, \"schedule\": 1, "
@@ -320,6 +326,7 @@ static void test_job_spec_roundtrip_all_fields(void)
 	    "\"init_from\": \"w/step-5.safetensors\"");
 	PT_CHECK_OK(decode_json(j, &a));
 	CU_ASSERT_STRING_EQUAL(a.init_from, "w/step-5.safetensors");
+	CU_ASSERT_STRING_EQUAL(a.data.val_tokens, "v.bin");
 	CU_ASSERT_EQUAL(a.worker_timeout_ms, 2500);
 	CU_ASSERT_EQUAL(a.max_restarts, 2);
 	CU_ASSERT(a.use_graphs);
@@ -461,7 +468,7 @@ static void test_job_spec_validation_names_fields(void)
 	    "1",
 	    PT_ERR_RANGE, "data: 1438 training samples");
 	EXPECT(NULL, "{\"format\": \"Tokens16\", \"seq_len\": 8}", NULL, PT_ERR_INVALID,
-	       "data.tokens: required for the Tokens16 and Tokens32 formats");
+	       "data.tokens: required for the Tokens16, Tokens32 and Auto formats");
 	EXPECT(GPT_MODEL, "{\"format\": \"Tokens16\", \"tokens\": \"examples/data/text.u16\"}",
 	       "\"optimizer\": {\"lr\": 0.1}, \"batch_size\": 4, \"steps\": 1", PT_ERR_RANGE,
 	       "data.seq_len: 0 must be > 0");
@@ -543,6 +550,133 @@ static void test_job_spec_validation_of_data_files(void)
 	         "big.u16");
 	EXPECT(GPT_MODEL, data, "\"optimizer\": {\"lr\": 0.1}, \"batch_size\": 4, \"steps\": 1",
 	       PT_ERR_FORMAT, "data.tokens: ");
+	check_root = PT_SOURCE_ROOT;
+}
+
+/* write_llmc writes an llm.c token file of n tokens i % 200 (version 1:
+ * uint16, 2: uint32) whose header says count tokens. */
+static void write_llmc(const char *path, int32_t version, int32_t count, int n)
+{
+	int width = version == 2 ? 4 : 2;
+	size_t size = 1024 + (size_t)n * (size_t)width;
+	unsigned char *buf = calloc(1, size);
+	int32_t head[3] = {20240520, version, count};
+	CU_ASSERT_FATAL(buf != NULL);
+	memcpy(buf, head, sizeof(head));
+	for (int i = 0; i < n; i++) {
+		uint32_t v = (uint32_t)(i % 200);
+		uint16_t h = (uint16_t)v;
+		memcpy(buf + 1024 + (size_t)i * (size_t)width, width == 2 ? (void *)&h : (void *)&v,
+		       (size_t)width);
+	}
+	pt_test_write_file(path, buf, size);
+	free(buf);
+}
+
+/* Token formats: llm.c headers read (and checked) for Tokens16/Tokens32 and
+ * Auto, a format the header contradicts refused naming data.format, raw
+ * files as before; held_out and val_tokens checked. Regression: a Tokens16
+ * job with vocab 65536 on an llm.c file trained on its header as tokens
+ * (the describe note said 1512 raw tokens). */
+static void test_job_token_formats(void)
+{
+	char data[512], note[300];
+	const char *rest = "\"optimizer\": {\"lr\": 0.1}, \"batch_size\": 4, \"steps\": 1";
+	const char *model65k =
+	    "[{\"kind\": \"Embedding\", \"vocab\": 65536, \"dim\": 8, \"max_seq\": 32}, "
+	    "{\"kind\": \"Linear\", \"in_features\": 8, \"out_features\": 65536}]";
+	pt_job_spec s;
+	char *j;
+
+	write_llmc(tmp_path("v1.bin"), 1, 1000, 1000);
+	write_llmc(tmp_path("v2.bin"), 2, 1000, 1000);
+	write_llmc(tmp_path("bad.bin"), 1, 1001, 1000);
+	write_llmc(tmp_path("val.bin"), 1, 100, 100);
+	check_root = tmpdir;
+#define TOK(fmt, file, extra)                                                                      \
+	(snprintf(data, sizeof(data),                                                              \
+	          "{\"format\": \"%s\", \"tokens\": \"%s\", \"seq_len\": 32%s}", fmt, file,        \
+	          extra),                                                                          \
+	 data)
+	EXPECT(GPT_MODEL, TOK("Tokens16", "v1.bin", ""), rest, PT_OK, "");
+	EXPECT(GPT_MODEL, TOK("Tokens32", "v2.bin", ""), rest, PT_OK, "");
+	EXPECT(GPT_MODEL, TOK("Auto", "v2.bin", ""), rest, PT_OK, "");
+	EXPECT(GPT_MODEL, TOK("Tokens16", "v2.bin", ""), rest, PT_ERR_FORMAT,
+	       "data.format: Tokens16, but data.tokens 'v2.bin' has an llm.c header of version 2 "
+	       "(u32 tokens): use Tokens32 or Auto");
+	EXPECT(GPT_MODEL, TOK("Tokens32", "v1.bin", ""), rest, PT_ERR_FORMAT,
+	       "data.format: Tokens32, but data.tokens 'v1.bin' has an llm.c header of version 1 "
+	       "(u16 tokens): use Tokens16 or Auto");
+	EXPECT(GPT_MODEL, TOK("Auto", "bad.bin", ""), rest, PT_ERR_FORMAT,
+	       "data.tokens: bad.bin: llm.c header says 1001 tokens (2002 bytes) but 2000 bytes "
+	       "follow the header");
+	EXPECT(GPT_MODEL, TOK("Tokens16", "v1.bin", ", \"val_tokens\": \"v2.bin\""), rest,
+	       PT_ERR_FORMAT, "data.format: Tokens16, but data.val_tokens 'v2.bin' has an llm.c");
+	EXPECT(GPT_MODEL, TOK("Tokens16", "v1.bin", ", \"val_tokens\": \"nope.bin\""), rest,
+	       PT_ERR_IO, "data.val_tokens: cannot open 'nope.bin'");
+	EXPECT(GPT_MODEL, TOK("Tokens16", "v1.bin", ", \"val_tokens\": \"\""), rest, PT_ERR_INVALID,
+	       "data.val_tokens: empty path");
+	EXPECT(GPT_MODEL, TOK("Tokens16", "v1.bin", ", \"val_tokens\": \"val.bin\""), rest, PT_OK,
+	       "");
+	EXPECT(NULL,
+	       "{\"features\": \"x.npy\", \"labels\": \"y.npy\", \"val_tokens\": \"val.bin\"}",
+	       NULL, PT_ERR_INVALID, "data.val_tokens: only for the Tokens formats");
+	EXPECT(GPT_MODEL, TOK("Tokens16", "v1.bin", ", \"held_out\": 0.97"), rest, PT_ERR_RANGE,
+	       "data.held_out: 0.97 of 1000 tokens leaves 30 for training, fewer than seq_len + 1 "
+	       "= 33");
+	EXPECT(GPT_MODEL, TOK("Tokens16", "v1.bin", ", \"held_out\": 0.01"), rest, PT_ERR_RANGE,
+	       "data.held_out: the last 9 tokens (0.01 of 1000) hold no evaluation window of "
+	       "seq_len + 1 = 33 tokens");
+	EXPECT(GPT_MODEL, TOK("Tokens16", "v1.bin", ", \"held_out\": 1"), rest, PT_ERR_RANGE,
+	       "data.held_out: 1 is not in [0, 1)");
+	EXPECT(GPT_MODEL, TOK("Tokens16", "v1.bin", ", \"held_out\": 0"), rest, PT_OK, "");
+
+	/* What the job's status says: Auto's pick and the evaluation set. */
+	j = job_json(model65k, TOK("Tokens16", "v1.bin", ", \"vocab\": 65536"), rest);
+	PT_CHECK_OK(pt_job_spec_parse_json(j, strlen(j), &s));
+	PT_CHECK_OK(pt_job_spec_validate(&s, tmpdir, false));
+	PT_CHECK_OK(pt_job_data_describe(&s, tmpdir, false, note, sizeof(note)));
+	CU_ASSERT_STRING_EQUAL(note, "data.tokens: 1000 u16 tokens (llm.c header v1); eval: 6 "
+	                             "windows of 32 tokens from the held-out end of data.tokens");
+	s.data.format = PT_DATA_AUTO;
+	PT_CHECK_OK(pt_job_data_describe(&s, tmpdir, false, note, sizeof(note)));
+	CU_ASSERT_STRING_EQUAL(note, "data.tokens: 1000 u16 tokens (llm.c header v1; picked by "
+	                             "Auto); eval: 6 windows of 32 tokens from the held-out end of "
+	                             "data.tokens");
+	free(s.data.val_tokens);
+	s.data.val_tokens = strdup("val.bin");
+	PT_CHECK_OK(pt_job_data_describe(&s, tmpdir, false, note, sizeof(note)));
+	CU_ASSERT_STRING_EQUAL(note, "data.tokens: 1000 u16 tokens (llm.c header v1; picked by "
+	                             "Auto); eval: 3 windows of 32 tokens from data.val_tokens");
+	pt_job_spec_fini(&s);
+	free(j);
+	j = job_json(GPT_MODEL, TOK("Auto", "../examples/data/text.u16", ""), rest);
+	PT_CHECK_OK(pt_job_spec_parse_json(j, strlen(j), &s));
+	free(s.data.tokens);
+	s.data.tokens = strdup("examples/data/text.u16");
+	PT_CHECK_OK(pt_job_data_describe(&s, PT_SOURCE_ROOT, false, note, sizeof(note)));
+	CU_ASSERT_STRING_EQUAL(note, "data.tokens: 168823 u16 tokens (raw, no header; picked by "
+	                             "Auto); eval: 1055 windows of 32 tokens from the held-out end "
+	                             "of data.tokens");
+	CU_ASSERT_EQUAL(s.data.format, PT_DATA_AUTO); /* "Auto" by name in JSON */
+	{
+		/* A format past Auto that arrives in a binary is refused by decode. */
+		pt_fb_builder b;
+		pt_fb_ref root;
+		const uint8_t *buf;
+		size_t size;
+		pt_job_spec d;
+		s.data.format = (pt_data_format)4;
+		PT_CHECK_OK(pt_fb_builder_init(&b, 0));
+		PT_CHECK_OK(pt_job_spec_build(&b, &s, &root));
+		PT_CHECK_OK(pt_fb_finish(&b, root, NULL, &buf, &size));
+		PT_CHECK_ERR_MSG(pt_job_spec_decode(buf, size, &d), PT_ERR_INVALID,
+		                 "data.format: unknown data format 4");
+		pt_fb_builder_fini(&b);
+	}
+	pt_job_spec_fini(&s);
+	free(j);
+#undef TOK
 	check_root = PT_SOURCE_ROOT;
 }
 
@@ -1352,6 +1486,187 @@ static void test_job_run_init_from(void)
 	pt_job_spec_fini(&s);
 }
 
+/* ref_eval computes the loss (mean over all targets) and accuracy of the
+ * checkpoint ckpt of spec s on the whole set (x, y) in one forward: the
+ * reference the runner's microbatched evaluation must equal. */
+static void ref_eval(const pt_job_spec *s, const char *ckpt, const pt_tensor *x, const pt_tensor *y,
+                     double *loss, double *acc)
+{
+	int64_t n = x->shape[0];
+	pt_act_shape in =
+	    pt_job_spec_input_shape(s, x->ndim == 2 && x->dtype == PT_F32 ? x->shape[1] : 0);
+	pt_model_config cfg = {.batch = n, .input = in, .n_slots = 1, .seed = s->seed};
+	pt_act_shape os;
+	pt_model *m;
+	pt_loss *l;
+	const pt_tensor *pred;
+	int64_t shape[3], nd = 0, V, rows, correct = 0;
+	float *p;
+	int64_t *t;
+
+	PT_CHECK_OK(pt_model_create(&m, s->layers, s->n_layers, 0, s->n_layers, &cfg));
+	PT_CHECK_OK(pt_checkpoint_load(ckpt, m, NULL, NULL));
+	os = pt_model_output_shape(m);
+	V = os.features;
+	shape[nd++] = n;
+	if (os.seq)
+		shape[nd++] = os.seq;
+	shape[nd++] = V;
+	PT_CHECK_OK(pt_loss_create(&l, s->loss, (int)nd, shape, s->ignore_index));
+	PT_CHECK_OK(pt_model_forward(m, 0, x, &pred, false, 0, 0));
+	PT_CHECK_OK(pt_loss_compute_loss(l, pred, y, loss, NULL));
+	rows = pt_tensor_numel(pred) / V;
+	p = pt_tensor_f32(pred);
+	t = pt_tensor_data(y);
+	for (int64_t r = 0; r < rows; r++) {
+		int64_t best = 0;
+		for (int64_t j = 1; j < V; j++)
+			best = p[r * V + j] > p[r * V + best] ? j : best;
+		correct += best == t[r];
+	}
+	*acc = (double)correct / (double)rows;
+	pt_loss_destroy(l);
+	pt_model_destroy(m);
+}
+
+/* An Npy job evaluates every held-out row: 359 of digits' 1797 at 0.2, in
+ * microbatches of 16 (22 full, then 7 rows). Regression: the last partial
+ * microbatch was dropped (352 rows). */
+static void test_job_eval_every_held_out_row(void)
+{
+	static recorder rec;
+	pt_dataset all, train, held;
+	pt_job_spec s;
+	char note[300];
+	double loss, acc;
+	int64_t last;
+
+	memset(&rec, 0, sizeof(rec));
+	PT_CHECK_OK(run_example("digits", 3, 3, 1, 3, tmp_path("evalrows"), NULL, &rec, &last));
+	CU_ASSERT_EQUAL_FATAL(rec.n, 3);
+	load_spec(pt_test_path("examples/digits.json"), &s);
+	PT_CHECK_OK(pt_job_data_describe(&s, PT_SOURCE_ROOT, false, note, sizeof(note)));
+	CU_ASSERT_STRING_EQUAL(note, "eval: 359 held-out rows");
+	PT_CHECK_OK(pt_dataset_load_npy(&all, pt_test_path("examples/data/digits_x.npy"),
+	                                pt_test_path("examples/data/digits_y.npy"), true));
+	PT_CHECK_OK(pt_dataset_split(&train, &held, &all, (double)s.data.held_out, s.seed));
+	CU_ASSERT_EQUAL_FATAL(held.n, 359);
+	ref_eval(&s, tmp_path("evalrows/step-3.safetensors"), &held.x, &held.y, &loss, &acc);
+	printf("\n    digits eval over 359 rows: runner %.9f (accuracy %.6f), reference %.9f "
+	       "(%.6f)",
+	       rec.m[2].eval_loss, rec.m[2].eval_accuracy, loss, acc);
+	CU_ASSERT(fabs(rec.m[2].eval_loss - loss) <= 1e-6 * loss);
+	/* The accuracy is a count of 359 rows (352 rows give other fractions). */
+	CU_ASSERT_EQUAL(rec.m[2].eval_accuracy, acc);
+	CU_ASSERT_EQUAL(round(rec.m[2].eval_accuracy * 359), rec.m[2].eval_accuracy * 359);
+	pt_dataset_fini(&all);
+	pt_dataset_fini(&train);
+	pt_dataset_fini(&held);
+	pt_job_spec_fini(&s);
+}
+
+/* MSE: a held-out set smaller than one microbatch (10 rows, microbatches of
+ * 16) is evaluated over its real rows only (no padding in the mean). */
+static void test_job_eval_mse_partial_microbatch(void)
+{
+	static recorder rec;
+	pt_job_hooks hooks = {&rec, on_metric, NULL, NULL, NULL};
+	pt_job_run_options o = {
+	    .checkpoint_dir = tmp_path("evalmse"), .files_root = tmpdir, .threads = 2};
+	int64_t xs[2] = {100, 64}, ys[2] = {100, 10}, last;
+	pt_dataset all, train, held;
+	pt_job_spec s;
+	double loss;
+	char *j;
+
+	memset(&rec, 0, sizeof(rec));
+	write_npy(tmp_path("mx.npy"), PT_F32, 2, xs, fill_small);
+	write_npy(tmp_path("my.npy"), PT_F32, 2, ys, fill_small);
+	j = job_json(NULL, "{\"features\": \"mx.npy\", \"labels\": \"my.npy\", \"held_out\": 0.1}",
+	             "\"loss\": \"MSE\", \"optimizer\": {\"lr\": 0.01}, \"batch_size\": 16, "
+	             "\"steps\": 2, \"eval_every\": 2, \"placement\": {\"stages\": 2}");
+	PT_CHECK_OK(pt_job_spec_parse_json(j, strlen(j), &s));
+	free(j);
+	PT_CHECK_OK(pt_job_run(&s, &o, &hooks, &last));
+	CU_ASSERT_EQUAL_FATAL(rec.n, 2);
+	PT_CHECK_OK(pt_dataset_load_npy(&all, tmp_path("mx.npy"), tmp_path("my.npy"), true));
+	PT_CHECK_OK(pt_dataset_split(&train, &held, &all, (double)s.data.held_out, s.seed));
+	CU_ASSERT_EQUAL_FATAL(held.n, 10);
+	{
+		/* The reference: one forward over the 10 rows, MSE over 100 values. */
+		pt_model_config cfg = {.batch = 10,
+		                       .input = pt_job_spec_input_shape(&s, 64),
+		                       .n_slots = 1,
+		                       .seed = s.seed};
+		pt_model *m;
+		pt_loss *l;
+		const pt_tensor *pred;
+		PT_CHECK_OK(pt_model_create(&m, s.layers, s.n_layers, 0, s.n_layers, &cfg));
+		PT_CHECK_OK(
+		    pt_checkpoint_load(tmp_path("evalmse/step-2.safetensors"), m, NULL, NULL));
+		PT_CHECK_OK(pt_loss_create(&l, PT_LOSS_MSE, 2, (int64_t[]){10, 10}, -1));
+		PT_CHECK_OK(pt_model_forward(m, 0, &held.x, &pred, false, 0, 0));
+		PT_CHECK_OK(pt_loss_compute_loss(l, pred, &held.y, &loss, NULL));
+		pt_loss_destroy(l);
+		pt_model_destroy(m);
+	}
+	printf("\n    MSE eval over 10 rows: runner %.9f, reference %.9f", rec.m[1].eval_loss,
+	       loss);
+	CU_ASSERT(fabs(rec.m[1].eval_loss - loss) <= 1e-6 * loss);
+	CU_ASSERT(isnan(rec.m[1].eval_accuracy));
+	pt_dataset_fini(&all);
+	pt_dataset_fini(&train);
+	pt_dataset_fini(&held);
+	pt_job_spec_fini(&s);
+}
+
+/* A token job evaluates on the fixed windows of the last held_out of the
+ * file (never trained on), all of them: the runner's eval loss equals the
+ * reference over exactly those windows. */
+static void test_job_eval_token_held_out_windows(void)
+{
+	static recorder rec;
+	pt_job_spec s;
+	pt_tokens tk;
+	pt_tensor x, y;
+	char note[300];
+	double loss, acc;
+	int64_t last, split, n, T;
+
+	memset(&rec, 0, sizeof(rec));
+	PT_CHECK_OK(run_example("gpt", 2, 2, 1, 2, tmp_path("evaltok"), NULL, &rec, &last));
+	CU_ASSERT_EQUAL_FATAL(rec.n, 2);
+	load_spec(pt_test_path("examples/gpt.json"), &s);
+	PT_CHECK_OK(pt_job_data_describe(&s, PT_SOURCE_ROOT, false, note, sizeof(note)));
+	CU_ASSERT_STRING_EQUAL(note, "data.tokens: 168823 u16 tokens (raw, no header); eval: 527 "
+	                             "windows of 64 tokens from the held-out end of data.tokens");
+	PT_CHECK_OK(pt_tokens_load(&tk, pt_test_path("examples/data/text.u16"), PT_U16, 256));
+	T = s.data.seq_len;
+	split = tk.count - (int64_t)floor((double)s.data.held_out * (double)tk.count);
+	CU_ASSERT_EQUAL(split, 135059);
+	n = (tk.count - split - 1) / T;
+	CU_ASSERT_EQUAL_FATAL(n, 527);
+	PT_CHECK_OK(pt_tensor_init(&x, PT_I64, 2, (int64_t[]){n, T}));
+	PT_CHECK_OK(pt_tensor_init(&y, PT_I64, 2, (int64_t[]){n, T}));
+	for (int64_t i = 0; i < n; i++)
+		for (int64_t t = 0; t < T; t++) {
+			((int64_t *)pt_tensor_data(&x))[i * T + t] =
+			    pt_tokens_at(&tk, split + i * T + t);
+			((int64_t *)pt_tensor_data(&y))[i * T + t] =
+			    pt_tokens_at(&tk, split + i * T + t + 1);
+		}
+	ref_eval(&s, tmp_path("evaltok/step-2.safetensors"), &x, &y, &loss, &acc);
+	printf("\n    gpt eval over 527 held-out windows: runner %.9f (accuracy %.6f), reference "
+	       "%.9f (%.6f)",
+	       rec.m[1].eval_loss, rec.m[1].eval_accuracy, loss, acc);
+	CU_ASSERT(fabs(rec.m[1].eval_loss - loss) <= 1e-5 * loss);
+	CU_ASSERT(fabs(rec.m[1].eval_accuracy - acc) <= 2.0 / (double)(n * T));
+	pt_tensor_fini(&x);
+	pt_tensor_fini(&y);
+	pt_tokens_fini(&tk);
+	pt_job_spec_fini(&s);
+}
+
 static void test_job_run_gpt_loss_decreases(void)
 {
 	static recorder rec;
@@ -1435,6 +1750,10 @@ static const pt_test_case run_tests[] = {
     {"test_job_run_edges", test_job_run_edges},
     {"test_job_run_init_from", test_job_run_init_from},
     {"test_job_run_gpt_loss_decreases", test_job_run_gpt_loss_decreases},
+    {"test_job_eval_every_held_out_row", test_job_eval_every_held_out_row},
+    {"test_job_eval_mse_partial_microbatch", test_job_eval_mse_partial_microbatch},
+    {"test_job_token_formats", test_job_token_formats},
+    {"test_job_eval_token_held_out_windows", test_job_eval_token_held_out_windows},
     {"test_job_run_examples_as_shipped", test_job_run_examples_as_shipped},
     {NULL, NULL}};
 

@@ -1,9 +1,12 @@
 /* tokens.c - token file loading, validation and window sampling. */
 #include "tokens.h"
 
+#include <errno.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "fileio.h"
 #include "rng.h"
@@ -14,7 +17,7 @@
 
 static pt_err check_token_dtype(pt_dtype dtype, const char *path)
 {
-	if (dtype != PT_U16 && dtype != PT_U32)
+	if (dtype != PT_U16 && dtype != PT_U32 && dtype != PT_TOKENS_AUTO)
 		return pt_set_error(PT_ERR_DTYPE, "%s: token files hold u16 or u32, not %s", path,
 		                    pt_dtype_name(dtype));
 	return PT_OK;
@@ -25,6 +28,69 @@ uint32_t pt_tokens_at(const pt_tokens *tk, int64_t i)
 	if (tk->dtype == PT_U16)
 		return ((const uint16_t *)tk->data)[i];
 	return ((const uint32_t *)tk->data)[i];
+}
+
+/* parse tells what a token file of size bytes, starting with the head_len
+ * bytes head, holds when read as dtype (pt_tokens_info_fd). */
+static pt_err parse(const unsigned char *head, size_t head_len, uint64_t size, const char *path,
+                    pt_dtype dtype, pt_tokens_info *out)
+{
+	int32_t h[3];
+	uint64_t es;
+
+	memset(out, 0, sizeof(*out));
+	PT_TRY(check_token_dtype(dtype, path));
+	if (head_len >= 4 && (memcpy(h, head, 4), h[0] == PT_TOKENS_MAGIC)) {
+		if (size < PT_TOKENS_HEADER_BYTES)
+			return pt_set_error(PT_ERR_FORMAT,
+			                    "%s: starts with llm.c's magic %d but is %" PRIu64
+			                    " bytes, shorter than its %d-byte header",
+			                    path, PT_TOKENS_MAGIC, size, PT_TOKENS_HEADER_BYTES);
+		memcpy(h, head, sizeof(h));
+		if (h[1] != 1 && h[1] != 2)
+			return pt_set_error(PT_ERR_FORMAT,
+			                    "%s: llm.c header version %" PRId32
+			                    " (expected 1: uint16 tokens, or 2: uint32 tokens)",
+			                    path, h[1]);
+		out->version = h[1];
+		out->dtype = h[1] == 1 ? PT_U16 : PT_U32;
+		es = h[1] == 1 ? 2 : 4;
+		if (h[2] < 0 || (uint64_t)h[2] * es != size - PT_TOKENS_HEADER_BYTES)
+			return pt_set_error(PT_ERR_FORMAT,
+			                    "%s: llm.c header says %" PRId32 " tokens (%" PRIu64
+			                    " bytes) but %" PRIu64 " bytes follow the header",
+			                    path, h[2], (uint64_t)(h[2] < 0 ? 0 : h[2]) * es,
+			                    size - PT_TOKENS_HEADER_BYTES);
+		if (dtype != PT_TOKENS_AUTO && dtype != out->dtype)
+			return pt_set_error(
+			    PT_ERR_FORMAT, "%s: llm.c header version %d holds %s tokens, not %s",
+			    path, out->version, pt_dtype_name(out->dtype), pt_dtype_name(dtype));
+		out->count = h[2];
+		return PT_OK;
+	}
+	out->dtype = dtype == PT_TOKENS_AUTO ? PT_U16 : dtype;
+	es = pt_dtype_size(out->dtype);
+	if (size % es != 0)
+		return pt_set_error(PT_ERR_FORMAT,
+		                    "%s: %" PRIu64 " bytes is not a whole number of %" PRIu64
+		                    "-byte %s tokens",
+		                    path, size, es, pt_dtype_name(out->dtype));
+	out->count = (int64_t)(size / es);
+	return PT_OK;
+}
+
+pt_err pt_tokens_info_fd(int fd, const char *path, pt_dtype dtype, pt_tokens_info *out)
+{
+	unsigned char head[12];
+	size_t size;
+	ssize_t got;
+
+	memset(out, 0, sizeof(*out));
+	PT_TRY(pt_file_fd_size(fd, path, &size));
+	got = pread(fd, head, sizeof(head), 0);
+	if (got < 0)
+		return pt_set_error(PT_ERR_IO, "%s: %s", path, strerror(errno));
+	return parse(head, (size_t)got, size, path, dtype, out);
 }
 
 static pt_err tokens_adopt(pt_tokens *tk, void *data, size_t len, const char *path, pt_dtype dtype,
@@ -53,21 +119,25 @@ pt_err pt_tokens_load_fd(pt_tokens *tk, int fd, const char *path, pt_dtype dtype
 	return tokens_adopt(tk, data, len, path, dtype, vocab_size);
 }
 
-/* tokens_adopt checks the len bytes read from path and takes data. */
+/* tokens_adopt checks the len bytes read from path and takes data (the
+ * tokens moved to its start when an llm.c header preceded them). */
 static pt_err tokens_adopt(pt_tokens *tk, void *data, size_t len, const char *path, pt_dtype dtype,
                            int64_t vocab_size)
 {
-	size_t es = pt_dtype_size(dtype);
+	pt_tokens_info info;
+	pt_err rv = parse(data, len, len, path, dtype, &info);
 
-	if (len % es != 0) {
+	if (rv != PT_OK) {
 		free(data);
-		return pt_set_error(PT_ERR_FORMAT,
-		                    "%s: %zu bytes is not a whole number of %zu-byte %s tokens",
-		                    path, len, es, pt_dtype_name(dtype));
+		return rv;
 	}
-	tk->dtype = dtype;
+	if (info.version != 0)
+		memmove(data, (char *)data + PT_TOKENS_HEADER_BYTES,
+		        (size_t)info.count * pt_dtype_size(info.dtype));
+	tk->dtype = info.dtype;
+	tk->version = info.version;
 	tk->data = data;
-	tk->count = (int64_t)(len / es);
+	tk->count = info.count;
 	for (int64_t i = 0; i < tk->count; i++) {
 		uint32_t t = pt_tokens_at(tk, i);
 		if (vocab_size > 0 && (int64_t)t >= vocab_size) {
@@ -105,8 +175,8 @@ static pt_err check_window_tensor(const pt_tensor *t, const char *what, int64_t 
 	return PT_OK;
 }
 
-pt_err pt_tokens_sample(const pt_tokens *tk, uint64_t seed, uint64_t step, pt_tensor *input,
-                        pt_tensor *target)
+pt_err pt_tokens_sample_range(const pt_tokens *tk, int64_t lo, int64_t hi, uint64_t seed,
+                              uint64_t step, pt_tensor *input, pt_tensor *target)
 {
 	int64_t B, T;
 	uint64_t starts;
@@ -116,24 +186,73 @@ pt_err pt_tokens_sample(const pt_tokens *tk, uint64_t seed, uint64_t step, pt_te
 	B = input->shape[0];
 	T = input->shape[1];
 	PT_TRY(check_window_tensor(target, "target", B, T));
-	if (T < 1 || tk->count < T + 1)
+	if (lo < 0 || hi > tk->count || T < 1 || hi - lo < T + 1)
 		return pt_set_error(PT_ERR_RANGE,
 		                    "tokens: windows of %" PRId64
-		                    " + 1 tokens from a file of %" PRId64,
-		                    T, tk->count);
+		                    " + 1 tokens from tokens [%" PRId64 ", %" PRId64
+		                    ") of a file of %" PRId64,
+		                    T, lo, hi, tk->count);
 	PT_TRY(pt_data_write_begin(input, "tokens input"));
 	PT_TRY(pt_data_write_begin(target, "tokens target"));
 	in = pt_tensor_data(input);
 	tg = pt_tensor_data(target);
-	starts = (uint64_t)(tk->count - T);
+	starts = (uint64_t)(hi - lo - T);
 	for (int64_t b = 0; b < B; b++) {
 		uint32_t w[4];
 		pt_philox(seed, step, (uint64_t)b, w);
 		/* 64 random bits modulo starts: the bias is below starts / 2^64. */
-		int64_t off = (int64_t)((((uint64_t)w[1] << 32) | w[0]) % starts);
+		int64_t off = lo + (int64_t)((((uint64_t)w[1] << 32) | w[0]) % starts);
 		for (int64_t t = 0; t < T; t++) {
 			in[b * T + t] = pt_tokens_at(tk, off + t);
 			tg[b * T + t] = pt_tokens_at(tk, off + t + 1);
+		}
+	}
+	pt_data_write_end(input);
+	pt_data_write_end(target);
+	return PT_OK;
+}
+
+pt_err pt_tokens_sample(const pt_tokens *tk, uint64_t seed, uint64_t step, pt_tensor *input,
+                        pt_tensor *target)
+{
+	return pt_tokens_sample_range(tk, 0, tk->count, seed, step, input, target);
+}
+
+int64_t pt_tokens_split(int64_t count, double held_out)
+{
+	return count - (int64_t)floor(held_out * (double)count);
+}
+
+int64_t pt_tokens_n_windows(int64_t lo, int64_t hi, int64_t seq_len)
+{
+	return seq_len >= 1 && hi - lo >= seq_len + 1 ? (hi - lo - 1) / seq_len : 0;
+}
+
+pt_err pt_tokens_windows(const pt_tokens *tk, int64_t lo, int64_t first, int64_t n, int64_t pad,
+                         pt_tensor *input, pt_tensor *target)
+{
+	int64_t B, T, *in, *tg;
+
+	PT_TRY(check_window_tensor(input, "input", -1, -1));
+	B = input->shape[0];
+	T = input->shape[1];
+	PT_TRY(check_window_tensor(target, "target", B, T));
+	if (lo < 0 || first < 0 || n < 0 || n > B || T < 1 ||
+	    (n > 0 && (first + n) * T + 1 > tk->count - lo))
+		return pt_set_error(PT_ERR_RANGE,
+		                    "tokens: windows %" PRId64 "..%" PRId64 " of %" PRId64
+		                    " + 1 tokens from token %" PRId64 " of a file of %" PRId64
+		                    " (batch %" PRId64 ")",
+		                    first, first + n - 1, T, lo, tk->count, B);
+	PT_TRY(pt_data_write_begin(input, "tokens input"));
+	PT_TRY(pt_data_write_begin(target, "tokens target"));
+	in = pt_tensor_data(input);
+	tg = pt_tensor_data(target);
+	for (int64_t b = 0; b < B; b++) {
+		int64_t off = lo + (first + b) * T;
+		for (int64_t t = 0; t < T; t++) {
+			in[b * T + t] = b < n ? pt_tokens_at(tk, off + t) : 0;
+			tg[b * T + t] = b < n ? pt_tokens_at(tk, off + t + 1) : pad;
 		}
 	}
 	pt_data_write_end(input);
@@ -148,7 +267,9 @@ pt_err pt_tokens_write_bytes(const char *path, const void *bytes, size_t n, pt_d
 	void *buf;
 	pt_err rv;
 
-	PT_TRY(check_token_dtype(dtype, path));
+	if (dtype != PT_U16 && dtype != PT_U32)
+		return pt_set_error(PT_ERR_DTYPE, "%s: token files hold u16 or u32, not %s", path,
+		                    pt_dtype_name(dtype));
 	es = pt_dtype_size(dtype);
 	if (n > SIZE_MAX / es)
 		return pt_set_error(PT_ERR_OVERFLOW, "%s: %zu tokens", path, n);

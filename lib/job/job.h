@@ -18,7 +18,14 @@
 /* How long a silent worker may stay silent before it counts as lost. */
 #define PT_JOB_WORKER_TIMEOUT_MS 10000
 
-typedef enum pt_data_format { PT_DATA_NPY, PT_DATA_TOKENS16, PT_DATA_TOKENS32 } pt_data_format;
+/* Tokens16/Tokens32: raw uint16/uint32 tokens or an llm.c .bin of that width;
+ * Auto: tokens of the width an llm.c header says, else raw uint16 (nanoGPT). */
+typedef enum pt_data_format {
+	PT_DATA_NPY,
+	PT_DATA_TOKENS16,
+	PT_DATA_TOKENS32,
+	PT_DATA_AUTO
+} pt_data_format;
 
 /* A decoded JobSpec. Strings and arrays are owned (pt_job_spec_fini). */
 typedef struct pt_job_spec {
@@ -28,6 +35,7 @@ typedef struct pt_job_spec {
 	struct {
 		pt_data_format format;
 		char *features, *labels, *tokens;
+		char *val_tokens; /* Tokens: the evaluation file (NULL: held_out of tokens) */
 		int64_t seq_len, vocab;
 		float held_out;
 		bool shuffle;
@@ -75,6 +83,15 @@ pt_err pt_job_spec_decode(const void *buf, size_t len, pt_job_spec *out);
  * leaves it is PT_ERR_INVALID "data.features: " PT_FILE_OUTSIDE_ROOT, the
  * same answer whether or not it exists. */
 pt_err pt_job_spec_validate(const pt_job_spec *s, const char *files_root, bool any_path);
+
+/* pt_job_data_describe writes one line on a validated spec's data for the
+ * job's status: for token jobs what the file's header said (and that Auto
+ * picked it) and the evaluation set ("data.tokens: 1000000 u16 tokens (llm.c
+ * header v1; picked by Auto); eval: 3124 windows of 64 tokens from the
+ * held-out end of data.tokens"), for Npy jobs "eval: N held-out rows".
+ * Reads file headers only. Blocking. */
+pt_err pt_job_data_describe(const pt_job_spec *s, const char *files_root, bool any_path, char *buf,
+                            size_t cap);
 
 /* pt_job_spec_build writes s as a JobSpec table into b (to nest it in a
  * Request or a reply, or as a root with pt_fb_finish). */
@@ -175,18 +192,16 @@ typedef struct pt_job_run_options {
  * It validates spec first, runs p stage threads and the coordinator (this
  * thread) over the local communicator - or, with placement.workers, has
  * each stage served by the `pipeserver --worker` named for it, over nng
- * (pt_job_workers_join); training is the same either way - and evaluates on the held-out rows
- * (Npy) or a fixed set of token windows at every eval_every-th and the last
- * step. A checkpoint is DIR/step-N.safetensors (the full model's weights,
- * PyTorch names) plus DIR/step-N.safetensors.state (tensor "stage<s>.state",
- * s = 0..p-1, per stage: parameters then optimizer state; metadata step,
- * optimizer_steps, job, stages, boundaries); only the newest
- * checkpoint.keep pairs stay. Stopped before any step, the initial weights
- * are saved as step 0. resume_from (a step-N.safetensors path written for
- * the same partition) restores every stage and continues at step N + 1; the
- * batch of each step depends only on (seed, step), so in sync and semi-async
- * mode a resumed run equals an uninterrupted one bitwise. Otherwise, with
- * spec->init_from, every stage starts from that file's weights (a fresh
+ * (pt_job_workers_join); training is the same either way - and evaluates on every held-out
+ * row (Npy) or every fixed window of the held-out tokens (docs/model.md) at
+ * every eval_every-th and the last step. A checkpoint is DIR/step-N.safetensors (the full model's
+ * weights, PyTorch names) plus DIR/step-N.safetensors.state (tensor "stage<s>.state", s = 0..p-1,
+ * per stage: parameters then optimizer state; metadata step, optimizer_steps, job, stages,
+ * boundaries); only the newest checkpoint.keep pairs stay. Stopped before any step, the initial
+ * weights are saved as step 0. resume_from (a step-N.safetensors path written for the same
+ * partition) restores every stage and continues at step N + 1; the batch of each step depends only
+ * on (seed, step), so in sync and semi-async mode a resumed run equals an uninterrupted one
+ * bitwise. Otherwise, with spec->init_from, every stage starts from that file's weights (a fresh
  * optimizer: zero state, step count 0; docs/model.md) - also when a restart
  * finds no checkpoint of this run. An error from the
  * pipeline, the data or a checkpoint ends the run with that error - except a
@@ -277,7 +292,7 @@ typedef struct pt_job_data_shape {
 	int y_ndim;
 	int64_t y_cols;            /* labels: 1 for (N,), K for (N, K) */
 	uint64_t x_bytes, y_bytes; /* Npy payloads */
-	uint64_t token_bytes;      /* Tokens: the file's size */
+	uint64_t token_bytes;      /* Tokens: the files' sizes (tokens, val_tokens) */
 } pt_job_data_shape;
 
 /* Estimated peak bytes of one pipeline stage. */

@@ -5,6 +5,8 @@
 #include <stdbool.h>
 
 #include "error.h"
+#include "job.h"
+#include "tokens.h"
 
 /* pt_job_model_error rewrites the current error's "layer N"/"layers[N]"
  * prefix into the spec's "model[N]" and returns rv. */
@@ -32,5 +34,16 @@ pt_err pt_job_init_from_validate(const pt_job_spec *s, const char *root, bool an
  * host memory). Blocking. */
 pt_err pt_job_init_from_load(const pt_job_spec *s, const char *root, bool any_path,
                              struct pt_model *m);
+
+/* pt_job_token_dtype gives the dtype pt_tokens_load takes for a Tokens format
+ * (PT_TOKENS_AUTO for Auto). */
+pt_dtype pt_job_token_dtype(pt_data_format f);
+
+/* pt_job_load_tokens loads the token file a field names ("data.tokens",
+ * "data.val_tokens") as s's format and vocab say, opened as
+ * pt_job_open_data; a Tokens16/Tokens32 format that disagrees with the file's
+ * llm.c header is PT_ERR_FORMAT naming data.format. Blocking. */
+pt_err pt_job_load_tokens(const pt_job_spec *s, const char *field, const char *path,
+                          const char *root, bool any_path, pt_tokens *tk);
 
 #endif

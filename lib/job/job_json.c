@@ -80,7 +80,7 @@ static_assert(sizeof(layer_kinds) / sizeof(layer_kinds[0]) == PT_LAYER_KIND_COUN
               "LayerKind names match pt_layer_kind");
 static const char *const optim_kinds[] = {"SGD", "AdamW"};
 static const char *const sched_kinds[] = {"Constant", "WarmupCosine"};
-static const char *const data_formats[] = {"Npy", "Tokens16", "Tokens32"};
+static const char *const data_formats[] = {"Npy", "Tokens16", "Tokens32", "Auto"};
 static const char *const loss_kinds[] = {"CrossEntropy", "MSE"};
 static const char *const modes[] = {"Sync", "SemiAsync", "Async"};
 
@@ -154,6 +154,7 @@ static const jfield data_fields[] = {
     F("vocab", JT_I64, pt_job_spec, data.vocab),
     F("held_out", JT_F32, pt_job_spec, data.held_out),
     F("shuffle", JT_BOOL, pt_job_spec, data.shuffle),
+    F("val_tokens", JT_STR, pt_job_spec, data.val_tokens),
 };
 static const jtable data_table = JTABLE("Data", data_fields);
 

@@ -120,6 +120,7 @@ void pt_job_spec_fini(pt_job_spec *s)
 	free(s->data.features);
 	free(s->data.labels);
 	free(s->data.tokens);
+	free(s->data.val_tokens);
 	free(s->boundaries);
 	for (int i = 0; i < s->n_workers; i++)
 		free(s->workers[i]);
@@ -157,7 +158,7 @@ static pt_err read_string(const uint8_t *t, uint16_t id, const char *field, char
 static pt_err read_data(const uint8_t *t, pt_job_spec *s)
 {
 	uint8_t fmt = pt_fb_get_u8(t, PT_FB_JOB_DATA_FORMAT, 0);
-	if (fmt > PT_DATA_TOKENS32)
+	if (fmt > PT_DATA_AUTO)
 		return pt_set_error(PT_ERR_INVALID, "data.format: unknown data format %u", fmt);
 	s->data.format = (pt_data_format)fmt;
 	s->data.seq_len = pt_fb_get_i64(t, PT_FB_JOB_DATA_SEQ_LEN, 0);
@@ -166,7 +167,8 @@ static pt_err read_data(const uint8_t *t, pt_job_spec *s)
 	s->data.shuffle = pt_fb_get_bool(t, PT_FB_JOB_DATA_SHUFFLE, true);
 	PT_TRY(read_string(t, PT_FB_JOB_DATA_FEATURES, "data.features", &s->data.features));
 	PT_TRY(read_string(t, PT_FB_JOB_DATA_LABELS, "data.labels", &s->data.labels));
-	return read_string(t, PT_FB_JOB_DATA_TOKENS, "data.tokens", &s->data.tokens);
+	PT_TRY(read_string(t, PT_FB_JOB_DATA_TOKENS, "data.tokens", &s->data.tokens));
+	return read_string(t, PT_FB_JOB_DATA_VAL_TOKENS, "data.val_tokens", &s->data.val_tokens);
 }
 
 static pt_err read_placement(const uint8_t *t, pt_job_spec *s)
@@ -297,7 +299,8 @@ static pt_err build_string(pt_fb_builder *b, const char *s, pt_fb_ref *out)
 
 pt_err pt_job_spec_build(pt_fb_builder *b, const pt_job_spec *s, pt_fb_ref *out)
 {
-	pt_fb_ref name, model, data, optim, placement, ck, device, feat, lab, tok, init_from;
+	pt_fb_ref name, model, data, optim, placement, ck, device, feat, lab, tok, val_tok,
+	    init_from;
 	pt_fb_ref bounds = 0, workers = 0;
 
 	*out = 0;
@@ -337,6 +340,7 @@ pt_err pt_job_spec_build(pt_fb_builder *b, const pt_job_spec *s, pt_fb_ref *out)
 	PT_TRY(build_string(b, s->data.features, &feat));
 	PT_TRY(build_string(b, s->data.labels, &lab));
 	PT_TRY(build_string(b, s->data.tokens, &tok));
+	PT_TRY(build_string(b, s->data.val_tokens, &val_tok));
 	PT_TRY(build_string(b, s->name, &name));
 	PT_TRY(build_string(b, s->device, &device));
 	PT_TRY(build_string(b, s->init_from, &init_from));
@@ -347,6 +351,7 @@ pt_err pt_job_spec_build(pt_fb_builder *b, const pt_job_spec *s, pt_fb_ref *out)
 	pt_fb_add_offset(b, PT_FB_JOB_DATA_FEATURES, feat);
 	pt_fb_add_offset(b, PT_FB_JOB_DATA_LABELS, lab);
 	pt_fb_add_offset(b, PT_FB_JOB_DATA_TOKENS, tok);
+	pt_fb_add_offset(b, PT_FB_JOB_DATA_VAL_TOKENS, val_tok);
 	pt_fb_add_f32(b, PT_FB_JOB_DATA_HELD_OUT, s->data.held_out, 0.2f);
 	pt_fb_add_u8(b, PT_FB_JOB_DATA_FORMAT, (uint8_t)s->data.format, 0);
 	pt_fb_add_bool(b, PT_FB_JOB_DATA_SHUFFLE, s->data.shuffle, true);

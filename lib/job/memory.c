@@ -39,7 +39,6 @@
  * RSS before the job): what a job costs beyond its tensors. */
 #define RUNTIME_JOB_BYTES   (3.0 * 1048576) /* coordinator, oneDNN, first arenas */
 #define RUNTIME_STAGE_BYTES (1.6 * 1048576) /* a stage thread: stack, arena, queues */
-#define EVAL_WINDOWS        64              /* runner.c's token evaluation windows */
 
 static double act_floats(pt_act_shape s, double B)
 {
@@ -104,10 +103,10 @@ static double data_bytes(const pt_job_spec *s, const pt_job_data_shape *d)
 
 	if (s->data.format != PT_DATA_NPY) {
 		double T = (double)s->data.seq_len;
-		double n_eval = ceil(EVAL_WINDOWS / (double)(s->batch_size / s->microbatches)) *
-		                (double)(s->batch_size / s->microbatches);
-		/* The file, one batch and the evaluation windows (i64 inputs, targets). */
-		return (double)d->token_bytes + 2 * batch * T * 8 + 2 * n_eval * T * 8;
+		double mb = (double)(s->batch_size / s->microbatches);
+		/* The files, one batch and one evaluation microbatch (i64 inputs,
+		 * targets) with its logits read back. */
+		return (double)d->token_bytes + 2 * batch * T * 8 + 2 * mb * T * 8;
 	}
 	/* Raw arrays; a converted copy when the dtype is not the dataset's
 	 * (f32 features; i64 class labels or f32 targets); the train/held
@@ -222,6 +221,15 @@ pt_err pt_job_data_shape_read(const pt_job_spec *s, const char *files_root, bool
 		if (rv != PT_OK)
 			return pt_set_error(rv, "data.tokens: %s", pt_last_error());
 		out->token_bytes = (uint64_t)size;
+		if (s->data.val_tokens == NULL)
+			return PT_OK;
+		PT_TRY(pt_job_open_data("data.val_tokens", s->data.val_tokens, files_root, any_path,
+		                        &fd));
+		rv = pt_file_fd_size(fd, s->data.val_tokens, &size);
+		close(fd);
+		if (rv != PT_OK)
+			return pt_set_error(rv, "data.val_tokens: %s", pt_last_error());
+		out->token_bytes += (uint64_t)size;
 		return PT_OK;
 	}
 	if (s->data.features == NULL || s->data.labels == NULL)

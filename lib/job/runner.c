@@ -74,11 +74,6 @@
 #include "tokens.h"
 #include "train.h"
 
-/* Token jobs evaluate on this many fixed windows (rounded up to whole
- * microbatches), drawn from their own Philox seed. */
-#define EVAL_WINDOWS 64
-#define EVAL_SEED    UINT64_C(0x6576616c00000000) /* "eval" */
-
 typedef struct runner {
 	const pt_job_spec *s;
 	const char *root, *ckdir;
@@ -107,9 +102,13 @@ typedef struct runner {
 	pt_dataset all, train, held;
 	pt_batch_iter it;
 	int64_t per_epoch; /* batches per epoch */
-	pt_tokens tk;
+	pt_tokens tk, val; /* val: data.val_tokens (count 0: none) */
+	int64_t train_end; /* tokens: training windows lie in [0, train_end) */
+	const pt_tokens *etk;    /* tokens: the evaluation windows' file */
+	int64_t eval_lo, n_eval; /* its windows: n_eval from token eval_lo (Npy: rows) */
 	pt_tensor x, y;   /* one batch */
-	pt_tensor ex, ey; /* the evaluation set */
+	pt_tensor ex, ey; /* one evaluation microbatch */
+	pt_loss *loss;    /* the evaluation's loss, on the full model's output */
 	bool have_eval;
 
 	pt_tensor states[PT_MAX_STAGES]; /* gathered at eval/checkpoint steps */
@@ -139,11 +138,10 @@ static pt_err data_up(runner *r)
 {
 	const pt_job_spec *s = r->s;
 	int64_t batch = s->batch_size;
-	int fd;
 	pt_err rv;
 
 	if (s->data.format == PT_DATA_NPY) {
-		int64_t n_eval, yshape[2];
+		int64_t yshape[2];
 		pt_tensor fx = {0}, fy = {0};
 		if ((rv = load_npy(r, &fx, "data.features", s->data.features)) == PT_OK &&
 		    (rv = load_npy(r, &fy, "data.labels", s->data.labels)) == PT_OK)
@@ -164,28 +162,33 @@ static pt_err data_up(runner *r)
 		memcpy(yshape, r->train.y.shape, sizeof(yshape));
 		yshape[0] = batch;
 		PT_TRY(pt_tensor_init(&r->y, r->train.y.dtype, r->train.y.ndim, yshape));
-		n_eval = r->held.n / r->B * r->B;
-		if (n_eval > 0) {
-			PT_TRY(pt_tensor_narrow(&r->ex, &r->held.x, 0, 0, n_eval));
-			PT_TRY(pt_tensor_narrow(&r->ey, &r->held.y, 0, 0, n_eval));
-			r->have_eval = true;
-		}
-		return PT_OK;
+		r->n_eval = r->held.n;
+		r->have_eval = r->n_eval > 0;
+		/* The evaluation microbatch: held-out rows, the last one padded. */
+		yshape[0] = r->B;
+		PT_TRY(pt_tensor_init(&r->ex, PT_F32, 2, (int64_t[]){r->B, r->in.features}));
+		return pt_tensor_init(&r->ey, r->train.y.dtype, r->train.y.ndim, yshape);
 	}
-	int64_t T = s->data.seq_len, n_eval = (EVAL_WINDOWS + r->B - 1) / r->B * r->B;
-	PT_TRY(pt_job_open_data("data.tokens", s->data.tokens, r->root, r->any_path, &fd));
-	rv = pt_tokens_load_fd(&r->tk, fd, s->data.tokens,
-	                       s->data.format == PT_DATA_TOKENS16 ? PT_U16 : PT_U32, s->data.vocab);
-	close(fd);
-	if (rv != PT_OK)
-		return pt_set_error(rv, "data.tokens: %s", pt_last_error());
+	int64_t T = s->data.seq_len;
+	PT_TRY(pt_job_load_tokens(s, "data.tokens", s->data.tokens, r->root, r->any_path, &r->tk));
+	if (s->data.val_tokens != NULL) {
+		PT_TRY(pt_job_load_tokens(s, "data.val_tokens", s->data.val_tokens, r->root,
+		                          r->any_path, &r->val));
+		r->train_end = r->tk.count;
+		r->etk = &r->val;
+		r->eval_lo = 0;
+	} else {
+		r->train_end = pt_tokens_split(r->tk.count, (double)s->data.held_out);
+		r->etk = &r->tk;
+		r->eval_lo = r->train_end;
+	}
+	r->n_eval = pt_tokens_n_windows(r->eval_lo, r->etk->count, T);
+	r->have_eval = r->n_eval > 0;
 	r->in = pt_job_spec_input_shape(s, 0);
 	PT_TRY(pt_tensor_init(&r->x, PT_I64, 2, (int64_t[]){batch, T}));
 	PT_TRY(pt_tensor_init(&r->y, PT_I64, 2, (int64_t[]){batch, T}));
-	PT_TRY(pt_tensor_init(&r->ex, PT_I64, 2, (int64_t[]){n_eval, T}));
-	PT_TRY(pt_tensor_init(&r->ey, PT_I64, 2, (int64_t[]){n_eval, T}));
-	PT_TRY(pt_tokens_sample(&r->tk, s->seed ^ EVAL_SEED, 0, &r->ex, &r->ey));
-	r->have_eval = true;
+	PT_TRY(pt_tensor_init(&r->ex, PT_I64, 2, (int64_t[]){r->B, T}));
+	PT_TRY(pt_tensor_init(&r->ey, PT_I64, 2, (int64_t[]){r->B, T}));
 	return PT_OK;
 }
 
@@ -195,7 +198,8 @@ static pt_err load_batch(runner *r, int64_t k)
 {
 	int64_t rows;
 	if (r->s->data.format != PT_DATA_NPY)
-		return pt_tokens_sample(&r->tk, r->s->seed, (uint64_t)k, &r->x, &r->y);
+		return pt_tokens_sample_range(&r->tk, 0, r->train_end, r->s->seed, (uint64_t)k,
+		                              &r->x, &r->y);
 	uint64_t epoch = (uint64_t)(k / r->per_epoch);
 	int64_t pos = (k % r->per_epoch) * r->s->batch_size;
 	if (r->it.epoch != epoch || r->it.pos != pos) {
@@ -220,6 +224,7 @@ static void data_down(runner *r)
 	pt_dataset_fini(&r->held);
 	pt_dataset_fini(&r->all);
 	pt_tokens_fini(&r->tk);
+	pt_tokens_fini(&r->val);
 }
 
 /* ------------------------------------------------------------- pipeline -- */
@@ -271,7 +276,16 @@ static pt_err models_up(runner *r)
 		    "the stages' parameter arenas (%ld floats) do not add up to the "
 		    "full model's (%ld)",
 		    (long)sum, (long)total);
-	return pt_trainer_create(&r->eval, r->full, NULL, s->loss, s->ignore_index);
+	{
+		pt_act_shape os = pt_model_output_shape(r->full);
+		int64_t shape[3];
+		int nd = 0;
+		shape[nd++] = r->B;
+		if (os.seq)
+			shape[nd++] = os.seq;
+		shape[nd++] = os.features;
+		return pt_loss_create(&r->loss, s->loss, nd, shape, s->ignore_index);
+	}
 }
 
 /* nccl_up makes every rank's local communicator the control channel of an
@@ -444,7 +458,7 @@ static void pipeline_down(runner *r)
 
 static void models_down(runner *r)
 {
-	pt_trainer_destroy(r->eval);
+	pt_loss_destroy(r->loss);
 	pt_model_destroy(r->full);
 }
 
@@ -677,12 +691,100 @@ static pt_err init_weights(runner *r)
 
 /* ---------------------------------------------------------------- run -- */
 
+/* eval_batch fills ex, ey with evaluation microbatch k: rows [0, *rows) are
+ * real, the rest padding (inputs 0; targets ignore_index, or for MSE left
+ * out of the loss). */
+static pt_err eval_batch(runner *r, int64_t k, int64_t *rows)
+{
+	int64_t first = k * r->B, n = r->n_eval - first < r->B ? r->n_eval - first : r->B;
+
+	*rows = n;
+	if (r->s->data.format != PT_DATA_NPY)
+		return pt_tokens_windows(r->etk, r->eval_lo, first, n, r->s->ignore_index, &r->ex,
+		                         &r->ey);
+	size_t xr = pt_tensor_nbytes(&r->ex) / (size_t)r->B;
+	size_t yr = pt_tensor_nbytes(&r->ey) / (size_t)r->B;
+	PT_TRY(pt_data_write_begin(&r->ex, "evaluation x"));
+	PT_TRY(pt_data_write_begin(&r->ey, "evaluation y"));
+	memcpy(pt_tensor_data(&r->ex), (char *)pt_tensor_data(&r->held.x) + (size_t)first * xr,
+	       (size_t)n * xr);
+	memcpy(pt_tensor_data(&r->ey), (char *)pt_tensor_data(&r->held.y) + (size_t)first * yr,
+	       (size_t)n * yr);
+	memset((char *)pt_tensor_data(&r->ex) + (size_t)n * xr, 0, (size_t)(r->B - n) * xr);
+	if (r->ey.dtype == PT_I64)
+		for (int64_t i = n; i < r->B; i++)
+			((int64_t *)pt_tensor_data(&r->ey))[i] = r->s->ignore_index;
+	else
+		memset((char *)pt_tensor_data(&r->ey) + (size_t)n * yr, 0, (size_t)(r->B - n) * yr);
+	pt_data_write_end(&r->ex);
+	pt_data_write_end(&r->ey);
+	return PT_OK;
+}
+
+/* evaluate runs the full model over the whole evaluation set, a microbatch
+ * at a time: eval_loss is the mean loss over all of its counted targets
+ * (CrossEntropy) or elements (MSE), eval_accuracy the fraction of its rows
+ * (tokens: positions) whose first largest logit is the target. */
 static pt_err evaluate(runner *r, pt_job_metric *m)
 {
-	double loss, acc;
-	PT_TRY(pt_trainer_evaluate(r->eval, &r->ex, &r->ey, &loss, &acc));
-	m->eval_loss = loss;
-	m->eval_accuracy = r->s->loss == PT_LOSS_CROSS_ENTROPY ? acc : NAN;
+	pt_act_shape os = pt_model_output_shape(r->full);
+	int64_t V = os.features, per_row = os.seq ? os.seq : 1, counted = 0, correct = 0,
+	        rows_seen = 0;
+	int64_t n_batches = (r->n_eval + r->B - 1) / r->B;
+	double loss_sum = 0.0;
+	float *pred_host = NULL;
+	int64_t *tg_host = NULL;
+	pt_err rv = PT_OK;
+
+	if (r->s->loss == PT_LOSS_CROSS_ENTROPY) {
+		pred_host = malloc(sizeof(float) * (size_t)(r->B * per_row * V));
+		tg_host = malloc(sizeof(int64_t) * (size_t)(r->B * per_row));
+		if (pred_host == NULL || tg_host == NULL)
+			rv = pt_set_error(PT_ERR_NOMEM, "evaluation buffers");
+	}
+	for (int64_t k = 0; k < n_batches && rv == PT_OK; k++) {
+		const pt_tensor *pred;
+		pt_tensor pv = {0}, yv = {0};
+		int64_t rows, cnt = 0;
+		double l = 0.0;
+		if ((rv = eval_batch(r, k, &rows)) != PT_OK ||
+		    (rv = pt_model_forward(r->full, 0, &r->ex, &pred, false, 0, 0)) != PT_OK)
+			break;
+		if (r->s->loss == PT_LOSS_MSE) {
+			/* Only the real rows: MSE has no ignore index to pad with. */
+			if ((rv = pt_tensor_narrow(&pv, pred, 0, 0, rows)) == PT_OK &&
+			    (rv = pt_tensor_narrow(&yv, &r->ey, 0, 0, rows)) == PT_OK)
+				rv = pt_loss_compute_loss(r->loss, &pv, &yv, &l, &cnt);
+			pt_tensor_fini(&pv);
+			pt_tensor_fini(&yv);
+			loss_sum += l * (double)cnt;
+			counted += cnt;
+			continue;
+		}
+		if ((rv = pt_loss_compute_loss(r->loss, pred, &r->ey, &l, &cnt)) != PT_OK ||
+		    (rv = pt_tensor_read(pred, pred_host,
+		                         sizeof(float) * (size_t)(r->B * per_row * V))) != PT_OK ||
+		    (rv = pt_tensor_read(&r->ey, tg_host,
+		                         sizeof(int64_t) * (size_t)(r->B * per_row))) != PT_OK)
+			break;
+		loss_sum += l * (double)cnt;
+		counted += cnt;
+		for (int64_t i = 0; i < rows * per_row; i++) {
+			const float *p = pred_host + i * V;
+			int64_t best = 0;
+			for (int64_t j = 1; j < V; j++)
+				best = p[j] > p[best] ? j : best;
+			correct += best == tg_host[i];
+		}
+		rows_seen += rows * per_row;
+	}
+	free(pred_host);
+	free(tg_host);
+	PT_TRY(rv);
+	m->eval_loss = counted ? loss_sum / (double)counted : 0.0;
+	m->eval_accuracy = r->s->loss == PT_LOSS_CROSS_ENTROPY
+	                       ? (rows_seen ? (double)correct / (double)rows_seen : 0.0)
+	                       : NAN;
 	return PT_OK;
 }
 

@@ -93,8 +93,9 @@ static pt_err validate_npy(const pt_job_spec *s, const char *root, bool any_path
 		return pt_set_error(PT_ERR_INVALID, "data.features: required for the Npy format");
 	if (s->data.labels == NULL || s->data.labels[0] == 0)
 		return pt_set_error(PT_ERR_INVALID, "data.labels: required for the Npy format");
-	if (s->data.tokens != NULL)
-		return pt_set_error(PT_ERR_INVALID, "data.tokens: only for the Tokens formats");
+	if (s->data.tokens != NULL || s->data.val_tokens != NULL)
+		return pt_set_error(PT_ERR_INVALID, "data.%s: only for the Tokens formats",
+		                    s->data.tokens != NULL ? "tokens" : "val_tokens");
 	if (!(s->data.held_out >= 0.0f && s->data.held_out < 1.0f))
 		return pt_set_error(PT_ERR_RANGE, "data.held_out: %g is not in [0, 1)",
 		                    (double)s->data.held_out);
@@ -186,21 +187,95 @@ out:
 	return rv;
 }
 
+pt_dtype pt_job_token_dtype(pt_data_format f)
+{
+	return f == PT_DATA_TOKENS16 ? PT_U16 : f == PT_DATA_TOKENS32 ? PT_U32 : PT_TOKENS_AUTO;
+}
+
+static const char *format_name(pt_data_format f)
+{
+	return f == PT_DATA_TOKENS16 ? "Tokens16" : f == PT_DATA_TOKENS32 ? "Tokens32" : "Auto";
+}
+
+/* check_format reads the header of the open token file a field names and
+ * refuses a format that disagrees with an llm.c header, naming data.format. */
+static pt_err check_format(const pt_job_spec *s, const char *field, const char *path, int fd,
+                           pt_tokens_info *info)
+{
+	pt_dtype want = pt_job_token_dtype(s->data.format);
+	pt_err rv = pt_tokens_info_fd(fd, path, PT_TOKENS_AUTO, info);
+
+	if (rv != PT_OK)
+		return pt_set_error(rv, "%s: %s", field, pt_last_error());
+	if (info->version != 0 && want != PT_TOKENS_AUTO && want != info->dtype)
+		return pt_set_error(
+		    PT_ERR_FORMAT,
+		    "data.format: %s, but %s '%s' has an llm.c header of version %d "
+		    "(%s tokens): use %s or Auto",
+		    format_name(s->data.format), field, path, info->version,
+		    pt_dtype_name(info->dtype), info->dtype == PT_U16 ? "Tokens16" : "Tokens32");
+	if (info->version == 0 && want != PT_TOKENS_AUTO &&
+	    (rv = pt_tokens_info_fd(fd, path, want, info)) != PT_OK)
+		return pt_set_error(rv, "%s: %s", field, pt_last_error());
+	return PT_OK;
+}
+
+pt_err pt_job_load_tokens(const pt_job_spec *s, const char *field, const char *path,
+                          const char *root, bool any_path, pt_tokens *tk)
+{
+	pt_tokens_info info;
+	int fd;
+	pt_err rv;
+
+	memset(tk, 0, sizeof(*tk));
+	PT_TRY(pt_job_open_data(field, path, root, any_path, &fd));
+	if ((rv = check_format(s, field, path, fd, &info)) == PT_OK &&
+	    (rv = pt_tokens_load_fd(tk, fd, path, pt_job_token_dtype(s->data.format),
+	                            s->data.vocab)) != PT_OK)
+		rv = pt_set_error(rv, "%s: %s", field, pt_last_error());
+	close(fd);
+	return rv;
+}
+
+/* token_file loads a token file of the job and checks it against the model. */
+static pt_err token_file(const pt_job_spec *s, const char *field, const char *path,
+                         const char *root, bool any_path, pt_tokens *tk)
+{
+	const pt_layer_spec *emb = &s->layers[0];
+
+	PT_TRY(pt_job_load_tokens(s, field, path, root, any_path, tk));
+	if (tk->count < s->data.seq_len + 1)
+		return pt_set_error(PT_ERR_RANGE,
+		                    "%s: '%s' holds %ld tokens, fewer than seq_len + 1 = %ld",
+		                    field, path, (long)tk->count, (long)s->data.seq_len + 1);
+	if ((int64_t)tk->max_token >= emb->vocab)
+		return pt_set_error(PT_ERR_RANGE,
+		                    "%s: token %u is outside the embedding's vocab %ld "
+		                    "(model[0].vocab)",
+		                    field, tk->max_token, (long)emb->vocab);
+	return PT_OK;
+}
+
 static pt_err validate_tokens(const pt_job_spec *s, const char *root, bool any_path)
 {
 	const pt_layer_spec *emb = &s->layers[0];
-	pt_tokens tk = {0};
+	pt_tokens tk = {0}, val = {0};
 	pt_act_shape in = pt_job_spec_input_shape(s, 0), out;
-	int64_t vocab;
-	int fd;
+	int64_t vocab, T = s->data.seq_len;
 	pt_err rv;
 
 	if (s->data.tokens == NULL || s->data.tokens[0] == 0)
 		return pt_set_error(PT_ERR_INVALID,
-		                    "data.tokens: required for the Tokens16 and Tokens32 formats");
+		                    "data.tokens: required for the Tokens16, Tokens32 and Auto "
+		                    "formats");
 	if (s->data.features != NULL || s->data.labels != NULL)
 		return pt_set_error(PT_ERR_INVALID, "data.%s: only for the Npy format",
 		                    s->data.features ? "features" : "labels");
+	if (s->data.val_tokens != NULL && s->data.val_tokens[0] == 0)
+		return pt_set_error(PT_ERR_INVALID, "data.val_tokens: empty path");
+	if (!(s->data.held_out >= 0.0f && s->data.held_out < 1.0f))
+		return pt_set_error(PT_ERR_RANGE, "data.held_out: %g is not in [0, 1)",
+		                    (double)s->data.held_out);
 	if (s->data.seq_len <= 0)
 		return pt_set_error(PT_ERR_RANGE, "data.seq_len: %ld must be > 0 for token data",
 		                    (long)s->data.seq_len);
@@ -233,24 +308,74 @@ static pt_err validate_tokens(const pt_job_spec *s, const char *root, bool any_p
 		                    "need (%ld, >= %ld)",
 		                    s->n_layers - 1, (long)out.seq, (long)out.features,
 		                    (long)s->data.seq_len, (long)vocab);
-	PT_TRY(pt_job_open_data("data.tokens", s->data.tokens, root, any_path, &fd));
-	rv = pt_tokens_load_fd(&tk, fd, s->data.tokens,
-	                       s->data.format == PT_DATA_TOKENS16 ? PT_U16 : PT_U32, s->data.vocab);
-	close(fd);
-	if (rv != PT_OK)
-		return pt_set_error(rv, "data.tokens: %s", pt_last_error());
-	if (tk.count < s->data.seq_len + 1)
-		rv =
-		    pt_set_error(PT_ERR_RANGE,
-		                 "data.tokens: '%s' holds %ld tokens, fewer than seq_len + 1 = %ld",
-		                 s->data.tokens, (long)tk.count, (long)s->data.seq_len + 1);
-	else if ((int64_t)tk.max_token >= emb->vocab)
-		rv = pt_set_error(PT_ERR_RANGE,
-		                  "data.tokens: token %u is outside the embedding's vocab %ld "
-		                  "(model[0].vocab)",
-		                  tk.max_token, (long)emb->vocab);
+	rv = token_file(s, "data.tokens", s->data.tokens, root, any_path, &tk);
+	if (rv == PT_OK && s->data.val_tokens != NULL) {
+		rv = token_file(s, "data.val_tokens", s->data.val_tokens, root, any_path, &val);
+	} else if (rv == PT_OK) {
+		int64_t split = pt_tokens_split(tk.count, (double)s->data.held_out);
+		if (split < T + 1)
+			rv = pt_set_error(
+			    PT_ERR_RANGE,
+			    "data.held_out: %g of %ld tokens leaves %ld for training, "
+			    "fewer than seq_len + 1 = %ld",
+			    (double)s->data.held_out, (long)tk.count, (long)split, (long)T + 1);
+		else if (split < tk.count && pt_tokens_n_windows(split, tk.count, T) == 0)
+			rv = pt_set_error(PT_ERR_RANGE,
+			                  "data.held_out: the last %ld tokens (%g of %ld) hold no "
+			                  "evaluation window of seq_len + 1 = %ld tokens",
+			                  (long)(tk.count - split), (double)s->data.held_out,
+			                  (long)tk.count, (long)T + 1);
+	}
 	pt_tokens_fini(&tk);
+	pt_tokens_fini(&val);
 	return rv;
+}
+
+pt_err pt_job_data_describe(const pt_job_spec *s, const char *root, bool any_path, char *buf,
+                            size_t cap)
+{
+	pt_tokens_info info, vinfo = {0};
+	char what[32];
+	int64_t T = s->data.seq_len, lo, hi, n;
+	int fd;
+	pt_err rv;
+
+	if (cap)
+		buf[0] = '\0';
+	if (s->data.format == PT_DATA_NPY) {
+		pt_job_data_shape d;
+		PT_TRY(pt_job_data_shape_read(s, root, any_path, &d));
+		n = (int64_t)floor((double)s->data.held_out * (double)d.rows);
+		snprintf(buf, cap, "eval: %ld held-out rows", (long)n);
+		return PT_OK;
+	}
+	PT_TRY(pt_job_open_data("data.tokens", s->data.tokens, root, any_path, &fd));
+	rv = check_format(s, "data.tokens", s->data.tokens, fd, &info);
+	close(fd);
+	PT_TRY(rv);
+	if (s->data.val_tokens != NULL) {
+		PT_TRY(
+		    pt_job_open_data("data.val_tokens", s->data.val_tokens, root, any_path, &fd));
+		rv = check_format(s, "data.val_tokens", s->data.val_tokens, fd, &vinfo);
+		close(fd);
+		PT_TRY(rv);
+		lo = 0;
+		hi = vinfo.count;
+	} else {
+		lo = pt_tokens_split(info.count, (double)s->data.held_out);
+		hi = info.count;
+	}
+	n = pt_tokens_n_windows(lo, hi, T);
+	if (info.version != 0)
+		snprintf(what, sizeof(what), "llm.c header v%d", info.version);
+	else
+		snprintf(what, sizeof(what), "raw, no header");
+	snprintf(buf, cap,
+	         "data.tokens: %ld %s tokens (%s%s); eval: %ld windows of %ld tokens from %s",
+	         (long)info.count, pt_dtype_name(info.dtype), what,
+	         s->data.format == PT_DATA_AUTO ? "; picked by Auto" : "", (long)n, (long)T,
+	         s->data.val_tokens ? "data.val_tokens" : "the held-out end of data.tokens");
+	return PT_OK;
 }
 
 /* validate_device accepts "cpu", and "cuda:N" when that device is here
@@ -381,6 +506,7 @@ pt_err pt_job_spec_validate(const pt_job_spec *s, const char *files_root, bool a
 		return validate_npy(s, files_root, any_path);
 	case PT_DATA_TOKENS16:
 	case PT_DATA_TOKENS32:
+	case PT_DATA_AUTO:
 		return validate_tokens(s, files_root, any_path);
 	}
 	return pt_set_error(PT_ERR_INVALID, "data.format: unknown data format %d",

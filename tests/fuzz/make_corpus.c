@@ -509,6 +509,23 @@ static void tokens(void)
 	put("tokens", "u32", buf, sizeof(buf));
 	buf[0] = 0, buf[1] = 16, buf[2] = 0, buf[3] = 0; /* u16, vocab 16: refused */
 	put("tokens", "u16-small-vocab", buf, 4 + 20);
+	/* llm.c files: auto (v1: 20 uint16 tokens) and u32 (v2: 12 uint32). */
+	{
+		static uint8_t llmc[4 + 1024 + 48];
+		int32_t head[3] = {20240520, 1, 20};
+		memset(llmc, 0, sizeof(llmc));
+		llmc[0] = 2, llmc[2] = 1, llmc[3] = 3;
+		memcpy(llmc + 4, head, sizeof(head));
+		for (int i = 0; i < 20; i++)
+			llmc[4 + 1024 + 2 * i] = (uint8_t)(100 + i);
+		put("tokens", "llmc-v1", llmc, 4 + 1024 + 40);
+		head[1] = 2, head[2] = 12;
+		llmc[0] = 1, llmc[2] = 0, llmc[3] = 5;
+		memcpy(llmc + 4, head, sizeof(head));
+		for (int i = 0; i < 12; i++)
+			llmc[4 + 1024 + 4 * i] = (uint8_t)(44 + i);
+		put("tokens", "llmc-v2", llmc, 4 + 1024 + 48);
+	}
 }
 
 /* ------------------------------------------------------------ journal -- */

@@ -80,7 +80,14 @@ class Data(object):
             return bool(self._tab.Get(flatbuffers.number_types.BoolFlags, o + self._tab.Pos))
         return True
 
-def DataStart(builder): builder.StartObject(8)
+    # Data
+    def ValTokens(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(20))
+        if o != 0:
+            return self._tab.String(o + self._tab.Pos)
+        return None
+
+def DataStart(builder): builder.StartObject(9)
 def Start(builder):
     return DataStart(builder)
 def DataAddFormat(builder, format): builder.PrependUint8Slot(0, format, 0)
@@ -107,6 +114,9 @@ def AddHeldOut(builder, heldOut):
 def DataAddShuffle(builder, shuffle): builder.PrependBoolSlot(7, shuffle, 1)
 def AddShuffle(builder, shuffle):
     return DataAddShuffle(builder, shuffle)
+def DataAddValTokens(builder, valTokens): builder.PrependUOffsetTRelativeSlot(8, flatbuffers.number_types.UOffsetTFlags.py_type(valTokens), 0)
+def AddValTokens(builder, valTokens):
+    return DataAddValTokens(builder, valTokens)
 def DataEnd(builder): return builder.EndObject()
 def End(builder):
     return DataEnd(builder)
@@ -123,6 +133,7 @@ class DataT(object):
         self.vocab = 0  # type: int
         self.heldOut = 0.2  # type: float
         self.shuffle = True  # type: bool
+        self.valTokens = None  # type: str
 
     @classmethod
     def InitFromBuf(cls, buf, pos):
@@ -148,6 +159,7 @@ class DataT(object):
         self.vocab = data.Vocab()
         self.heldOut = data.HeldOut()
         self.shuffle = data.Shuffle()
+        self.valTokens = data.ValTokens()
 
     # DataT
     def Pack(self, builder):
@@ -157,6 +169,8 @@ class DataT(object):
             labels = builder.CreateString(self.labels)
         if self.tokens is not None:
             tokens = builder.CreateString(self.tokens)
+        if self.valTokens is not None:
+            valTokens = builder.CreateString(self.valTokens)
         DataStart(builder)
         DataAddFormat(builder, self.format)
         if self.features is not None:
@@ -169,5 +183,7 @@ class DataT(object):
         DataAddVocab(builder, self.vocab)
         DataAddHeldOut(builder, self.heldOut)
         DataAddShuffle(builder, self.shuffle)
+        if self.valTokens is not None:
+            DataAddValTokens(builder, valTokens)
         data = DataEnd(builder)
         return data

@@ -6,3 +6,4 @@ class DataFormat(object):
     Npy = 0
     Tokens16 = 1
     Tokens32 = 2
+    Auto = 3

@@ -16,8 +16,8 @@ the server's (those come from Philox per step, microbatch and layer).
 held_out(job, root) and batch(job, step, root) rebuild, with the server's
 generator (Philox4x32-10), the evaluation set and the training batch of a
 step exactly as the server's runner draws them (lib/job/runner.c), and
-evaluate() reduces losses as the server does (a mean of per-microbatch
-means). Reads safetensors files without the `safetensors` package (used when
+evaluate() reduces losses as the server evaluates (the mean over every
+counted target of the set). Reads safetensors files without the `safetensors` package (used when
 installed).
 """
 import copy
@@ -37,7 +37,7 @@ __all__ = ["build_model", "load_safetensors", "save_safetensors", "held_out", "b
 
 _KINDS = ["Linear", "ReLU", "GELU", "Tanh", "Sigmoid", "Dropout", "LayerNorm", "Embedding",
           "Attention", "TransformerBlock", "Softmax"]
-_FORMATS = ["Npy", "Tokens16", "Tokens32"]
+_FORMATS = ["Npy", "Tokens16", "Tokens32", "Auto"]
 _LOSSES = ["CrossEntropy", "MSE"]
 
 
@@ -249,8 +249,7 @@ def save_safetensors(tensors, path, metadata=None):
 _M0, _M1, _W0, _W1 = 0xD2511F53, 0xCD9E8D57, 0x9E3779B9, 0xBB67AE85
 _U32 = 0xFFFFFFFF
 _SPLIT_STREAM = 0x73706C6974000000  # "split" (lib/data/batch.h)
-_EVAL_SEED = 0x6576616C00000000     # "eval" (lib/job/runner.c)
-_EVAL_WINDOWS = 64
+_LLMC_MAGIC = 20240520              # llm.c's token file header (lib/data/tokens.h)
 
 
 def philox(seed, stream, counter):
@@ -319,15 +318,36 @@ def _split(spec, n):
     return perm[:n - n_held], perm[n - n_held:]
 
 
-def _tokens(spec, root):
+def _token_file(spec, root, path):
+    """The tokens of a token file as the server reads it: an llm.c .bin
+    (256 int32 header: magic 20240520, version 1 uint16 / 2 uint32, count)
+    or raw tokens (uint16 for Tokens16 and Auto, uint32 for Tokens32)."""
     import numpy as np
+    fmt = _name(spec["data"].get("format", 0), _FORMATS, "data.format")
+    raw = np.fromfile(_path(root, path), dtype=np.uint8)
+    if raw.size >= 4 and int(raw[:4].view("<i4")[0]) == _LLMC_MAGIC:
+        head = raw[:1024].view("<i4")
+        dt = "<u2" if int(head[1]) == 1 else "<u4"
+        return raw[1024:].view(dt)[:int(head[2])]
+    return raw.view("<u4" if fmt == "Tokens32" else "<u2")
+
+
+def _tokens(spec, root):
+    """(tokens, train_end, eval tokens, eval start): training windows lie in
+    tokens[:train_end], evaluation windows start at eval start of eval tokens
+    (the held-out end of data.tokens, or data.val_tokens from its start)."""
     d = spec["data"]
-    fmt = _name(d.get("format", 0), _FORMATS, "data.format")
-    return np.fromfile(_path(root, d["tokens"]), dtype="<u2" if fmt == "Tokens16" else "<u4")
+    tokens = _token_file(spec, root, d["tokens"])
+    if d.get("val_tokens"):
+        return tokens, len(tokens), _token_file(spec, root, d["val_tokens"]), 0
+    # held_out is a float in the schema: the server computes with its f32 value.
+    frac = struct.unpack("<f", struct.pack("<f", d.get("held_out", 0.2)))[0]
+    split = len(tokens) - math.floor(frac * len(tokens))
+    return tokens, split, tokens, split
 
 
-def _windows(tokens, seq_len, seed, stream, n):
-    starts = len(tokens) - seq_len
+def _windows(tokens, end, seq_len, seed, stream, n):
+    starts = end - seq_len
     offs = []
     for b in range(n):
         w = philox(seed, stream, b)
@@ -340,21 +360,23 @@ def _windows(tokens, seq_len, seed, stream, n):
 def held_out(job, root=None):
     """(x, y): the evaluation set of the job as the server's runner builds it,
     with data paths relative to root (the server's --files-root; None: the
-    working directory). Npy: the held-out rows of the seeded split, the first
-    whole microbatches of them. Tokens: ceil(64 / microbatch) * microbatch
-    windows of seq_len + 1 tokens at Philox offsets of (seed ^ "eval",
-    stream 0), drawn from the whole token file."""
+    working directory). Npy: every held-out row of the seeded split. Tokens:
+    the fixed windows of seq_len + 1 tokens at lo, lo + seq_len, lo +
+    2 seq_len, ... that fit before the end, lo the first held-out token (the
+    last floor(held_out * count) tokens of data.tokens) or, with
+    data.val_tokens, the start of that file."""
     spec = job_dict(job)
     fmt = _name(spec["data"].get("format", 0), _FORMATS, "data.format")
-    B = _micro(spec)
     if fmt == "Npy":
         x, y = _npy(spec, root)
         _, held = _split(spec, x.shape[0])
-        held = held[:len(held) // B * B]
         return x[held], y[held]
-    n = (_EVAL_WINDOWS + B - 1) // B * B
-    return _windows(_tokens(spec, root), int(spec["data"]["seq_len"]),
-                    _seed(spec) ^ _EVAL_SEED, 0, n)
+    T = int(spec["data"]["seq_len"])
+    _, _, ev, lo = _tokens(spec, root)
+    n = (len(ev) - lo - 1) // T if len(ev) - lo >= T + 1 else 0
+    idx = lo + torch.arange(n, dtype=torch.int64)[:, None] * T + torch.arange(T + 1)
+    win = torch.from_numpy(ev.astype("int64"))[idx]
+    return win[:, :-1].contiguous(), win[:, 1:].contiguous()
 
 
 def batch(job, step, root=None):
@@ -364,8 +386,8 @@ def batch(job, step, root=None):
     fmt = _name(spec["data"].get("format", 0), _FORMATS, "data.format")
     k, bs = step - 1, int(spec["batch_size"])
     if fmt != "Npy":
-        return _windows(_tokens(spec, root), int(spec["data"]["seq_len"]), _seed(spec), k,
-                        bs)
+        tokens, end, _, _ = _tokens(spec, root)
+        return _windows(tokens, end, int(spec["data"]["seq_len"]), _seed(spec), k, bs)
     x, y = _npy(spec, root)
     train, _ = _split(spec, x.shape[0])
     per_epoch = len(train) // bs
@@ -399,27 +421,34 @@ def loss_fn(job):
 
 @torch.no_grad()
 def evaluate(model, job, x, y, dtype=torch.float64):
-    """(loss, accuracy) of model on (x, y) as the server reduces them: the
-    mean over microbatches (batch_size / microbatches rows each) of each
-    microbatch's mean loss; accuracy (CrossEntropy only, else None) the
-    fraction of rows whose first largest logit is the target, over every
-    row. Computed in dtype (float64 by default, so the server's float32
-    rounding is what remains)."""
+    """(loss, accuracy) of model on (x, y) as the server evaluates: the mean
+    loss over every counted target of the set (CrossEntropy: targets !=
+    ignore_index; MSE: elements), the set run in microbatches of batch_size /
+    microbatches rows (the last may be short); accuracy (CrossEntropy only,
+    else None) the fraction of rows (tokens: positions) whose first largest
+    logit is the target, over every row. On a training batch of equal
+    microbatches this is the step's loss. Computed in dtype (float64 by
+    default, so the server's float32 rounding is what remains)."""
     spec = job_dict(job)
     B = _micro(spec)
-    fn = loss_fn(spec)
     xent = _name(spec.get("loss", 0), _LOSSES, "loss") == "CrossEntropy"
+    ignore = int(spec.get("ignore_index", -1))
     m = copy.deepcopy(model).to(dtype).eval()
-    losses, correct, rows = [], 0, 0
-    for i in range(0, x.shape[0] // B * B, B):
+    total, counted, correct, rows = 0.0, 0, 0, 0
+    for i in range(0, x.shape[0], B):
         xb, yb = x[i:i + B], y[i:i + B]
         if xb.is_floating_point():
             xb = xb.to(dtype)
         pred = m(xb)
-        losses.append(float(fn(pred, yb)))
         if xent:
             p = pred.reshape(-1, pred.shape[-1])
-            correct += int((p.argmax(dim=-1) == yb.reshape(-1)).sum())
+            t = yb.reshape(-1)
+            total += float(F.cross_entropy(p, t, ignore_index=ignore, reduction="sum"))
+            counted += int((t != ignore).sum())
+            correct += int((p.argmax(dim=-1) == t).sum())
             rows += p.shape[0]
-    loss = sum(losses) / len(losses) if losses else 0.0
+        else:
+            total += float(F.mse_loss(pred, yb.to(pred.dtype), reduction="sum"))
+            counted += pred.numel()
+    loss = total / counted if counted else 0.0
     return loss, (correct / rows if rows else 0.0) if xent else None
