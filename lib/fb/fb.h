@@ -218,7 +218,7 @@ typedef struct pt_fb_field_desc {
 	const char *name; /* for error messages */
 	uint16_t id;
 	uint8_t kind;                         /* pt_fb_kind */
-	bool required;                        /* offset kinds only: absent fails verification */
+	bool required;                        /* offset kinds, structs: absent fails verification */
 	uint16_t size;                        /* SCALAR: bytes; VECTOR: bytes per element */
 	uint16_t align;                       /* SCALAR, VECTOR: alignment from the buffer start */
 	const struct pt_fb_table_desc *table; /* TABLE, VECTOR_TABLE */

@@ -76,6 +76,9 @@ class Gen:
         if t.base == bfbs.OBJ:
             o, ostem = self.ref(schema, t.index)
             if o.is_struct:
+                if f.required:  # Google's VerifyFieldRequired
+                    return ('{.name = "%s", .id = %s, .kind = PT_FB_SCALAR, .required = true, '
+                            '.size = %d, .align = %d}' % (f.name, idn, o.bytesize, o.minalign))
                 return 'PT_FB_FIELD_STRUCT(%s, "%s", %d, %d)' % (idn, f.name, o.bytesize,
                                                                   o.minalign)
             return 'PT_FB_FIELD_TABLE(%s, "%s", &%s, %s)' % (idn, f.name,

@@ -19,7 +19,7 @@
  *  - a union value is verified when its type is a member we know; type NONE
  *    or a type beyond the schema's is accepted unverified (a decoder must
  *    refuse such a type before it reads the value);
- *  - required offsets are present; depth and table count within opts.
+ *  - required offsets and structs are present; depth and table count within opts.
  * On top, as an API precondition rather than a verdict on the bytes, the
  * buffer must start 4-aligned in memory (nng gives 4), so that 4-byte reads
  * are aligned in memory too.
@@ -233,6 +233,8 @@ static pt_err verify_table(vctx *v, const pt_fb_table_desc *t, uint64_t pos)
 				return bad(t, f, pos, "bad scalar in schema description");
 			if (off != 0)
 				PT_TRY(scalar_ok(v, t, f, pos, off, f->size, f->align));
+			if (off == 0 && f->required) /* a required struct */
+				return bad(t, f, pos, "required field missing");
 			continue;
 		}
 		if (f->kind == PT_FB_VECTOR && f->size == 0)
