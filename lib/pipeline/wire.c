@@ -103,9 +103,25 @@ pt_err pt_wire_reply_encode(pt_msg *m, const pt_reply *r)
 	PT_TRY(pt_fb_builder_init(&b, 256));
 	if (r->n_sqnorms > 0)
 		pt_fb_create_vector(&b, r->sqnorms, (size_t)r->n_sqnorms, 8, 8, &sq);
-	if (r->n_tasks > 0)
-		pt_fb_create_vector(&b, r->tasks, (size_t)r->n_tasks, PT_FB_STAGE_TASK_RECORD_SIZE,
-		                    8, &tasks);
+	if (r->n_tasks > 0) {
+		/* Field by field into zeroed records: the struct's padding (3 bytes
+		 * after kind) would otherwise carry this process's stale memory. */
+		uint8_t *v = NULL;
+		if (pt_fb_reserve_vector(&b, (size_t)r->n_tasks, PT_FB_STAGE_TASK_RECORD_SIZE, 8,
+		                         (void **)&v, &tasks) == PT_OK) {
+			memset(v, 0, (size_t)r->n_tasks * PT_FB_STAGE_TASK_RECORD_SIZE);
+			for (int i = 0; i < r->n_tasks; i++) {
+				const pt_task_record *s = &r->tasks[i];
+				uint8_t *d = v + (size_t)i * PT_FB_STAGE_TASK_RECORD_SIZE;
+				memcpy(d + PT_FB_STAGE_TASK_RECORD_KIND_OFFSET, &s->kind, 1);
+				memcpy(d + PT_FB_STAGE_TASK_RECORD_MICROBATCH_OFFSET,
+				       &s->microbatch, 4);
+				memcpy(d + PT_FB_STAGE_TASK_RECORD_STEP_OFFSET, &s->step, 8);
+				memcpy(d + PT_FB_STAGE_TASK_RECORD_START_OFFSET, &s->start, 8);
+				memcpy(d + PT_FB_STAGE_TASK_RECORD_END_OFFSET, &s->end, 8);
+			}
+		}
+	}
 	if (r->has_stats) {
 		const pt_stage_stats *s = &r->stats;
 		pt_fb_start_table(&b);
