@@ -36,9 +36,20 @@
 #include "npy.h"
 
 /* Measured on this build (test_job_memory_estimate, VmHWM over the process's
- * RSS before the job): what a job costs beyond its tensors. */
-#define RUNTIME_JOB_BYTES   (3.0 * 1048576) /* coordinator, oneDNN, first arenas */
-#define RUNTIME_STAGE_BYTES (1.6 * 1048576) /* a stage thread: stack, arena, queues */
+ * RSS before the job): what a job costs beyond its tensors. The first stage
+ * thread costs the same on every CPU; each further one depends on the sgemm
+ * kernels oneDNN picks (their packing buffers stay in the thread's malloc
+ * arena): 1.6 MiB with AVX-512 (Zen 4), 0.45 MiB with AVX2 (Zen 2/3). */
+#define RUNTIME_JOB_BYTES (4.6 * 1048576) /* coordinator, oneDNN, first arenas, a stage */
+
+static double runtime_stage_bytes(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+	if (__builtin_cpu_supports("avx512f"))
+		return 1.6 * 1048576;
+#endif
+	return 0.45 * 1048576;
+}
 
 static double act_floats(pt_act_shape s, double B)
 {
@@ -133,6 +144,7 @@ pt_err pt_job_memory_estimate(const pt_job_spec *s, const pt_job_data_shape *d, 
 	int first[PT_MAX_STAGES + 1];
 	int p = s->stages, m = s->microbatches;
 	double B, total_params = 0, host = 0, fp, fslot, fwork, fin, fout;
+	int host_stages = 0;
 	int opt_copies = s->optim.kind == PT_OPTIM_ADAMW ? 2 : s->optim.momentum != 0.0f ? 1 : 0;
 	bool remote = s->n_workers > 0, device = s->device && strncmp(s->device, "cuda:", 5) == 0;
 	pt_act_shape in = pt_job_spec_input_shape(s, d->features);
@@ -173,7 +185,7 @@ pt_err pt_job_memory_estimate(const pt_job_spec *s, const pt_job_data_shape *d, 
 		                    (double)e->activations + (double)e->workspace);
 		total_params += fp;
 		if (!remote && !device)
-			host += (double)e->total + RUNTIME_STAGE_BYTES;
+			host += (double)e->total + (host_stages++ > 0 ? runtime_stage_bytes() : 0);
 	}
 	/* The coordinator: the full model (parameters, gradients, one slot of
 	 * one microbatch, work arena), every stage's gathered state, the data,
