@@ -15,6 +15,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "device.h" /* pt_device_parse, pt_device_str */
 #include "dispatch.h"
 #include "tensor.h"
 
@@ -29,13 +30,6 @@ bool pt_backend_available(pt_device_kind kind);
  * CUDA without a driver or device: PT_ERR_UNSUPPORTED, *n = 0, and the detail
  * quotes cudaGetDeviceCount's message. */
 pt_err pt_backend_device_count(pt_device_kind kind, int *n);
-
-/* pt_device_parse reads "cpu", "cuda" (= cuda:0) or "cuda:N" into *out.
- * PT_ERR_INVALID for anything else. Does not check that the device exists. */
-pt_err pt_device_parse(const char *s, pt_device *out);
-
-/* pt_device_str formats dev as "cpu" or "cuda:N" into buf; returns buf. */
-char *pt_device_str(char *buf, size_t len, pt_device dev);
 
 /* pt_backend_check_device returns PT_OK when dev can be used here, else an
  * error whose detail says why in words fit for a start-up message ("cuda:0:

@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend.h"
+#include "device.h"
 
 /* Field ids and verifier descriptors: fb_schema.h, generated from schema/model.fbs
  * and schema/stage.fbs. */
