@@ -129,7 +129,8 @@ static pipeclient_err ok(void)
 }
 
 /* from_pt maps an error of local work (reading, converting and verifying job
- * files and specs, building a request) to ours. */
+ * files and specs, building a request) to ours, prefixed with what (NULL: the
+ * message names it already). */
 static pipeclient_err from_pt(pipeclient *c, pt_err e, const char *what)
 {
 	pipeclient_err r;
@@ -146,7 +147,10 @@ static pipeclient_err from_pt(pipeclient *c, pt_err e, const char *what)
 		r = PIPECLIENT_ERR_FORMAT;
 		break;
 	}
-	return fail(c, r, "%s: %s", what, pt_last_error()[0] ? pt_last_error() : pt_strerror(e));
+	if (what == NULL && pt_last_error()[0])
+		return fail(c, r, "%s", pt_last_error());
+	return fail(c, r, "%s: %s", what ? what : "job file",
+	            pt_last_error()[0] ? pt_last_error() : pt_strerror(e));
 }
 
 /* from_nng maps a transport error. */
@@ -671,7 +675,7 @@ pipeclient_err pipeclient_submit_file(pipeclient *c, const char *path, uint64_t 
 		return fail(c, PIPECLIENT_ERR_INVALID, "pipeclient_submit_file: NULL argument");
 	pt_clear_error();
 	if ((pe = pt_job_spec_load_file(path, &buf, &len)) != PT_OK)
-		return from_pt(c, pe, path);
+		return from_pt(c, pe, NULL); /* its messages start with the path */
 	e = submit_raw(c, buf, len, job);
 	free(buf);
 	return e;

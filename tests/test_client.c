@@ -859,6 +859,42 @@ static void test_client_rejected(void)
 	                CLI_ERROR);
 }
 
+/* A job file with a JSON syntax error: stderr names the path once, with line
+ * and column, and only the JSON error (not the binary verifier's too). */
+static void test_client_job_file_syntax_error(void)
+{
+	pipeclient *c = connect_lib();
+	char bad[PATH_MAX], errf[PATH_MAX], cmd[4 * PATH_MAX], want[2 * PATH_MAX];
+	char *err;
+	uint64_t id;
+	FILE *f;
+	int rc;
+
+	snprintf(bad, sizeof(bad), "%s", tpath("syntax.json"));
+	snprintf(errf, sizeof(errf), "%s", tpath("syntax.err"));
+	f = fopen(bad, "w");
+	CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+	fputs("{\n  name: \"x\", // flatc's JSON: comments, bare keys\n    # not a comment\n}\n",
+	      f);
+	fclose(f);
+	snprintf(want, sizeof(want), "%s:3:5: unexpected character '#'", bad);
+
+	CHECK_LIB_ERR(pipeclient_submit_file(c, bad, &id), PIPECLIENT_ERR_FORMAT);
+	CU_ASSERT_STRING_EQUAL(pipeclient_last_error(), want);
+	pipeclient_close(c);
+
+	snprintf(cmd, sizeof(cmd), "'%s' --server '%s' submit '%s' 2>'%s'", cli_bin, srv.url, bad,
+	         errf);
+	rc = system(cmd);
+	CU_ASSERT(WIFEXITED(rc) && WEXITSTATUS(rc) == CLI_ERROR);
+	err = read_text(errf, NULL);
+	CU_ASSERT_PTR_NOT_NULL_FATAL(err);
+	fprintf(stderr, "%s", err);
+	snprintf(want, sizeof(want), "pipeclient: %s:3:5: unexpected character '#'\n", bad);
+	CU_ASSERT_STRING_EQUAL(err, want);
+	free(err);
+}
+
 /* Cancel a long job while it runs; watch then reports it ended (exit 5). */
 static void test_client_cancel(void)
 {
@@ -1293,6 +1329,7 @@ int main(void)
 	    {"test_client_get_list", test_client_get_list},
 	    {"test_client_names_escaped", test_client_names_escaped},
 	    {"test_client_rejected", test_client_rejected},
+	    {"test_client_job_file_syntax_error", test_client_job_file_syntax_error},
 	    {"test_client_cancel", test_client_cancel},
 	    {"test_client_failed_job", test_client_failed_job},
 	    {"test_client_checkpoint", test_client_checkpoint},

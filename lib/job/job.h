@@ -97,14 +97,16 @@ pt_err pt_job_data_describe(const pt_job_spec *s, const char *files_root, bool a
  * Request or a reply, or as a root with pt_fb_finish). */
 pt_err pt_job_spec_build(pt_fb_builder *b, const pt_job_spec *s, pt_fb_ref *out);
 
-/* pt_job_spec_from_json converts the JSON text of a JobSpec (flatc's JSON:
- * enum values by name, field names as in the schema) into a JobSpec table in
- * b. Unknown fields and wrong types are errors naming the JSON path. */
+/* pt_job_spec_from_json converts the JSON text of a JobSpec (what `flatc -b`
+ * reads: comments, trailing commas, bare keys and enum names; job_json.c
+ * lists it) into a JobSpec table in b. Errors start "line L, column C: " and
+ * name the JSON path ("model[1].kindd: unknown field (of Layer)"). */
 pt_err pt_job_spec_from_json(pt_fb_builder *b, const char *text, size_t len, pt_fb_ref *out);
 
 /* pt_job_spec_load_file reads a job file - JSON text or a FlatBuffers binary,
  * told apart by content, whatever its name - and returns a verified JobSpec
- * root buffer (*buf, free() it). */
+ * root buffer (*buf, free() it). Every error message starts with path; for
+ * JSON text it is "PATH:LINE:COLUMN: " and the JSON error alone. */
 pt_err pt_job_spec_load_file(const char *path, void **buf, size_t *len);
 
 /* pt_job_spec_fini frees what s owns and zeroes it. NULL-safe. */
@@ -118,8 +120,9 @@ void pt_job_spec_defaults(pt_job_spec *s);
 
 /* pt_job_spec_parse_json converts the JSON text of a JobSpec straight into *out
  * (types, ranges of the field types and enum names are checked, nothing
- * else: see pt_job_spec_validate). Errors name the JSON path. On error *out
- * owns nothing; on success release it with pt_job_spec_fini. */
+ * else: see pt_job_spec_validate). Errors give line and column and name the
+ * JSON path. On error *out owns nothing; on success release it with
+ * pt_job_spec_fini. */
 pt_err pt_job_spec_parse_json(const char *text, size_t len, pt_job_spec *out);
 
 /* pt_job_spec_input_shape gives the shape of one sample as the data delivers
