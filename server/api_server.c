@@ -902,7 +902,7 @@ static void handle_request(srv_ctx *c)
 		c->state = CTX_PARK;
 		c->sleeping = true;
 		nng_sleep_aio(c->r.wait_ms, c->aio);
-		if (c->woken)
+		if (c->woken || atomic_load(&s->closing))
 			nng_aio_cancel(c->aio);
 		pthread_mutex_unlock(&c->mu);
 		keep_receiving(s);
@@ -1138,8 +1138,16 @@ fail:
 
 void pt_api_server_drain(pt_api_server *s)
 {
-	if (s)
-		atomic_store(&s->closing, true);
+	if (s == NULL)
+		return;
+	atomic_store(&s->closing, true);
+	/* Answer parked WatchMetrics now (their job's points and state, as at
+	 * the end of the wait): a client's next request gets Unavailable at
+	 * once, rather than its long poll being cut when the socket closes. */
+	pthread_mutex_lock(&s->mu);
+	for (srv_ctx *c = s->all; c; c = c->next_all)
+		waiter_wake(&c->waiter);
+	pthread_mutex_unlock(&s->mu);
 }
 
 void pt_api_server_destroy(pt_api_server *s)
