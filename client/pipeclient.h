@@ -132,8 +132,10 @@ typedef struct pipeclient pipeclient;
 /* pipeclient_connect opens a handle to the server named in o (NULL: all
  * defaults) and dials it once, synchronously: a server that is not there is
  * PIPECLIENT_ERR_CONNECT now, rather than a timeout on the first request.
- * Afterwards nng reconnects by itself when the connection drops. The strings
- * in o are copied. On success *out is the caller's; pipeclient_close it. */
+ * Afterwards nng reconnects by itself when the connection drops. A URL
+ * without a scheme ("localhost:7600") is PIPECLIENT_ERR_INVALID, its message
+ * suggesting the tcp:// one. The strings in o are copied. On success *out is
+ * the caller's; pipeclient_close it. */
 pipeclient_err pipeclient_connect(pipeclient **out, const pipeclient_options *o);
 
 /* pipeclient_close closes the connection and frees c. Accepts NULL. No call

@@ -15,6 +15,7 @@
 #include <inttypes.h>
 #include <limits.h>
 #include <math.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -220,6 +221,117 @@ static int run_cli(char **out, const char *arg0, ...)
 	else
 		free(buf);
 	return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+/* cli_proc is a pipeclient running beside the test: its stdout is read as it
+ * comes (all of it is kept), its stderr goes to a file. */
+typedef struct cli_proc {
+	pid_t pid;
+	int out; /* read end of its stdout */
+	char err_path[PATH_MAX];
+	char *buf; /* stdout so far, NUL-terminated */
+	size_t len, cap;
+} cli_proc;
+
+/* cli_startv runs pipeclient with arg0 and ap (NULL-terminated). */
+static void cli_startv(cli_proc *p, const char *arg0, va_list ap)
+{
+	static unsigned seq;
+	const char *argv[32];
+	int n = 0, pfd[2];
+
+	argv[n++] = cli_bin;
+	for (const char *a = arg0; a != NULL && n < 31; a = va_arg(ap, const char *))
+		argv[n++] = a;
+	argv[n] = NULL;
+	fprintf(stderr, "$ pipeclient");
+	for (int i = 1; i < n; i++)
+		fprintf(stderr, " %s", argv[i]);
+	fprintf(stderr, " &\n");
+
+	memset(p, 0, sizeof(*p));
+	snprintf(p->err_path, sizeof(p->err_path), "%s/cli-%u.err", tmpdir, seq++);
+	p->cap = 4096;
+	p->buf = calloc(1, p->cap);
+	CU_ASSERT_FATAL(p->buf != NULL && pipe(pfd) == 0);
+	p->pid = fork();
+	CU_ASSERT_FATAL(p->pid >= 0);
+	if (p->pid == 0) {
+		int fd = open(p->err_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+		if (fd < 0)
+			_exit(127);
+		dup2(pfd[1], STDOUT_FILENO);
+		dup2(fd, STDERR_FILENO);
+		close(fd);
+		close(pfd[0]);
+		close(pfd[1]);
+		execv(cli_bin, (char *const *)argv);
+		_exit(127);
+	}
+	close(pfd[1]);
+	p->out = pfd[0];
+}
+
+/* cli_read appends what p writes to stdout within timeout_s seconds: 1 when
+ * something came, 0 when nothing did, -1 at the end of its output. */
+static int cli_read(cli_proc *p, double timeout_s)
+{
+	struct pollfd pf = {.fd = p->out, .events = POLLIN};
+	ssize_t r;
+
+	if (poll(&pf, 1, (int)(timeout_s * 1000)) <= 0)
+		return 0;
+	if (p->len + 4096 + 1 > p->cap) {
+		p->cap = 2 * p->cap + 4096;
+		p->buf = realloc(p->buf, p->cap);
+		CU_ASSERT_PTR_NOT_NULL_FATAL(p->buf);
+	}
+	while ((r = read(p->out, p->buf + p->len, p->cap - p->len - 1)) < 0 && errno == EINTR)
+		;
+	if (r <= 0)
+		return -1;
+	p->len += (size_t)r;
+	p->buf[p->len] = '\0';
+	return 1;
+}
+
+/* cli_end reads p's stdout to its end, waits for it and returns the exit
+ * status (128 + N for a signal N); *out and *err (may be NULL) get stdout
+ * and stderr (free them). */
+static int cli_end(cli_proc *p, char **out, char **err)
+{
+	char *e;
+	int status;
+
+	while (cli_read(p, 60) > 0)
+		;
+	close(p->out);
+	while (waitpid(p->pid, &status, 0) < 0 && errno == EINTR)
+		;
+	e = read_text(p->err_path, NULL);
+	fprintf(stderr, "%s%s[exit %d]\n", p->buf, e ? e : "",
+	        WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
+	if (out)
+		*out = p->buf;
+	else
+		free(p->buf);
+	if (err)
+		*err = e ? e : strdup("");
+	else
+		free(e);
+	return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+/* run_cli_err is run_cli that also returns stderr (*err, free it). */
+static int run_cli_err(char **out, char **err, const char *arg0, ...)
+{
+	cli_proc p;
+	va_list ap;
+
+	va_start(ap, arg0);
+	cli_startv(&p, arg0, ap);
+	va_end(ap);
+	return cli_end(&p, out, err);
 }
 
 /* parse_line parses line i (0-based; -1: the last non-empty one) of text as
@@ -452,6 +564,45 @@ static void test_client_usage_errors(void)
 	CU_ASSERT_EQUAL(run_cli(NULL, "--server", "nonsense://x", "info", NULL), CLI_USAGE);
 	CU_ASSERT_EQUAL(run_cli(&out, "--help", NULL), CLI_OK);
 	CU_ASSERT_PTR_NOT_NULL(strstr(out, "checkpoint JOB"));
+	free(out);
+}
+
+/* A URL without a scheme: usage error (2) with the tcp:// URL to use. */
+static void test_client_url_without_scheme(void)
+{
+	static const char *const cases[][2] = {
+	    {"localhost:5555", "did you mean tcp://localhost:5555?"},
+	    {"127.0.0.1:5555", "did you mean tcp://127.0.0.1:5555?"},
+	    {"[::1]:5555", "did you mean tcp://[::1]:5555?"},
+	    {"gpu-box", "did you mean tcp://gpu-box:7600?"}, /* the default port */
+	};
+	pipeclient_options o = {0};
+	pipeclient *c = NULL;
+	char *out, *err, want[128];
+	pt_json v;
+
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		o.url = cases[i][0];
+		CHECK_LIB_ERR(pipeclient_connect(&c, &o), PIPECLIENT_ERR_INVALID);
+		CU_ASSERT_PTR_NULL(c);
+		snprintf(want, sizeof(want), "URL \"%s\" has no scheme: %s", cases[i][0],
+		         cases[i][1]);
+		CU_ASSERT_STRING_EQUAL(pipeclient_last_error(), want);
+	}
+	CU_ASSERT_EQUAL(run_cli_err(&out, &err, "--server", "localhost:5555", "info", NULL),
+	                CLI_USAGE);
+	CU_ASSERT_STRING_EQUAL(err, "pipeclient: URL \"localhost:5555\" has no scheme: did you "
+	                            "mean tcp://localhost:5555?\n");
+	free(out);
+	free(err);
+	/* From the environment, and in --json's error object. */
+	setenv("PIPETRAIN_SERVER", "127.0.0.1:5555", 1);
+	CU_ASSERT_EQUAL(run_cli(&out, "--json", "list", NULL), CLI_USAGE);
+	unsetenv("PIPETRAIN_SERVER");
+	CU_ASSERT_FATAL(parse_line(out, -1, &v));
+	CU_ASSERT_STRING_EQUAL(jstr(&v, "error"), "PIPECLIENT_ERR_INVALID");
+	CU_ASSERT_PTR_NOT_NULL(strstr(jstr(&v, "message"), "did you mean tcp://127.0.0.1:5555?"));
+	pt_json_fini(&v);
 	free(out);
 }
 
@@ -1286,6 +1437,7 @@ int main(void)
 {
 	static const pt_test_case tests[] = {
 	    {"test_client_usage_errors", test_client_usage_errors},
+	    {"test_client_url_without_scheme", test_client_url_without_scheme},
 	    {"test_client_connection_failure", test_client_connection_failure},
 	    {"test_client_info", test_client_info},
 	    {"test_client_cli_submit_follow", test_client_cli_submit_follow},
