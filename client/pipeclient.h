@@ -257,7 +257,9 @@ typedef bool (*pipeclient_metric_fn)(void *ctx, uint64_t job, const pipeclient_m
  * the job reaches a final state (then returns PIPECLIENT_OK, whatever that
  * state is: read *final) or fn returns false. *final (may be NULL) gets the
  * last state the server reported. Blocking; each poll waits at most
- * wait_ms (0: 1000) on the server plus the handle's timeout. */
+ * wait_ms (0: 1000; the server caps it at 300000) on the server, and the
+ * reply at most that plus the handle's timeout, so an idle poll never times
+ * out on the client. */
 pipeclient_err pipeclient_watch(pipeclient *c, uint64_t job, int64_t after, int wait_ms,
                                 pipeclient_metric_fn fn, void *ctx, pipeclient_job_state *final);
 
@@ -279,7 +281,9 @@ pipeclient_err pipeclient_list_checkpoints(pipeclient *c, uint64_t job, pipeclie
 typedef bool (*pipeclient_progress_fn)(void *ctx, uint64_t done, uint64_t total);
 
 /* pipeclient_fetch_checkpoint downloads job's checkpoint at step (-1: the
- * latest) to path: ranges (options.fetch_chunk bytes) are appended to
+ * latest) to path: ranges (options.fetch_chunk bytes; the server sends at
+ * most 4 MiB a range), all of the step the first reply named so that a
+ * checkpoint written meanwhile does not mix in, are appended to
  * "<path>.part", which a later call resumes from its size (a stale .part of
  * another file is detected by its checksum, discarded and the download
  * restarted once from the beginning). The whole
