@@ -257,6 +257,14 @@ pipeclient_err pipeclient_connect(pipeclient **out, const pipeclient_options *op
 		token = getenv("PIPETRAIN_TOKEN");
 	if (token != NULL && token[0] == '\0')
 		token = NULL;
+	/* "localhost:7600" is a common slip; nng would say only "invalid". A
+	 * host without a port gets the default port in the hint. */
+	if (strstr(url, "://") == NULL) {
+		const char *br = strrchr(url, ']'), *colon = strrchr(br ? br : url, ':');
+		return fail(NULL, PIPECLIENT_ERR_INVALID,
+		            "URL \"%s\" has no scheme: did you mean tcp://%s%s?", url, url,
+		            colon ? "" : ":7600");
+	}
 
 	c = calloc(1, sizeof(*c));
 	if (c == NULL)

@@ -132,8 +132,10 @@ typedef struct pipeclient pipeclient;
 /* pipeclient_connect opens a handle to the server named in o (NULL: all
  * defaults) and dials it once, synchronously: a server that is not there is
  * PIPECLIENT_ERR_CONNECT now, rather than a timeout on the first request.
- * Afterwards nng reconnects by itself when the connection drops. The strings
- * in o are copied. On success *out is the caller's; pipeclient_close it. */
+ * Afterwards nng reconnects by itself when the connection drops. A URL
+ * without a scheme ("localhost:7600") is PIPECLIENT_ERR_INVALID, its message
+ * suggesting the tcp:// one. The strings in o are copied. On success *out is
+ * the caller's; pipeclient_close it. */
 pipeclient_err pipeclient_connect(pipeclient **out, const pipeclient_options *o);
 
 /* pipeclient_close closes the connection and frees c. Accepts NULL. No call
@@ -255,7 +257,9 @@ typedef bool (*pipeclient_metric_fn)(void *ctx, uint64_t job, const pipeclient_m
  * the job reaches a final state (then returns PIPECLIENT_OK, whatever that
  * state is: read *final) or fn returns false. *final (may be NULL) gets the
  * last state the server reported. Blocking; each poll waits at most
- * wait_ms (0: 1000) on the server plus the handle's timeout. */
+ * wait_ms (0: 1000; the server caps it at 300000) on the server, and the
+ * reply at most that plus the handle's timeout, so an idle poll never times
+ * out on the client. */
 pipeclient_err pipeclient_watch(pipeclient *c, uint64_t job, int64_t after, int wait_ms,
                                 pipeclient_metric_fn fn, void *ctx, pipeclient_job_state *final);
 
@@ -277,7 +281,9 @@ pipeclient_err pipeclient_list_checkpoints(pipeclient *c, uint64_t job, pipeclie
 typedef bool (*pipeclient_progress_fn)(void *ctx, uint64_t done, uint64_t total);
 
 /* pipeclient_fetch_checkpoint downloads job's checkpoint at step (-1: the
- * latest) to path: ranges (options.fetch_chunk bytes) are appended to
+ * latest) to path: ranges (options.fetch_chunk bytes; the server sends at
+ * most 4 MiB a range), all of the step the first reply named so that a
+ * checkpoint written meanwhile does not mix in, are appended to
  * "<path>.part", which a later call resumes from its size (a stale .part of
  * another file is detected by its checksum, discarded and the download
  * restarted once from the beginning). The whole

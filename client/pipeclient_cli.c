@@ -6,7 +6,9 @@
  * watch and checkpoint draw a progress bar (steps or bytes, rate, ETA) on the
  * last line, watch with the newest losses as a sparkline beside it;
  * elsewhere they print plain lines only. Exit codes are distinct
- * per failure class (see EXIT_*), so scripts need not parse messages.
+ * per failure class (see EXIT_*), so scripts need not parse messages; status
+ * and watch give the same code for the same job state. Ctrl-C while watching
+ * stops the client only, and says so (exit 130).
  */
 #include <errno.h>
 #include <getopt.h>
@@ -26,24 +28,24 @@
 
 enum {
 	EXIT_OK = 0,
-	EXIT_ERROR = 1,      /* local file, checksum, malformed reply, ... */
-	EXIT_USAGE = 2,      /* bad command line */
-	EXIT_CONNECT = 3,    /* cannot reach the server, or it did not answer in time */
-	EXIT_REJECTED = 4,   /* the server refused the request (invalid job, not found, ...) */
-	EXIT_JOB_FAILED = 5, /* the job ended Failed, Cancelled or Interrupted */
+	EXIT_ERROR = 1,    /* local file, checksum, malformed reply, ... */
+	EXIT_USAGE = 2,    /* bad command line */
+	EXIT_CONNECT = 3,  /* cannot reach the server, no answer in time, or it is shutting down */
+	EXIT_REJECTED = 4, /* the server refused the request (invalid job, not found, ...) */
+	EXIT_JOB_FAILED = 5,    /* status, watch: the job ended Failed, Cancelled or Interrupted */
+	EXIT_INTERRUPTED = 130, /* watch: Ctrl-C (128 + SIGINT) */
 };
 
 static const char usage_text[] =
     "usage: pipeclient [options] COMMAND [ARGS]\n"
     "\n"
-    "commands:\n"
+    "commands (pipeclient COMMAND --help, or pipeclient help COMMAND, for one):\n"
     "  submit FILE [--follow]          submit a job file (JSON text or FlatBuffers binary\n"
-    "                                  of a JobSpec, whatever its name); print the job id;\n"
-    "                                  --follow: then watch it until it ends\n"
+    "                                  of a JobSpec, whatever its name); print the job id\n"
     "  status JOB                      state, progress and latest metrics of a job, the\n"
     "                                  bubble fraction and per-stage busy time and traffic\n"
     "  list                            every job the server knows\n"
-    "  cancel JOB                      stop a job\n"
+    "  cancel JOB                      stop a job; print the state it will end in\n"
     "  watch JOB                       loss lines until the job ends (a progress bar with\n"
     "                                  steps, rate and ETA on a terminal)\n"
     "  checkpoint JOB [--step N] -o FILE\n"
@@ -53,19 +55,118 @@ static const char usage_text[] =
     "  info                            server version, device and load\n"
     "\n"
     "options:\n"
-    "  --server URL        server (env PIPETRAIN_SERVER; default " PIPECLIENT_DEFAULT_URL ")\n"
+    "  --server URL        server: tcp://HOST:PORT, tls+tcp://HOST:PORT or ipc:///PATH\n"
+    "                      (env PIPETRAIN_SERVER; default " PIPECLIENT_DEFAULT_URL ")\n"
     "  --token TOKEN       auth token (env PIPETRAIN_TOKEN)\n"
-    "  --timeout SECONDS   per request (default 30)\n"
+    "  --timeout SECONDS   per request (default 30); a watch poll adds its 1 s wait\n"
     "  --json              one JSON object per line on stdout, for scripts\n"
-    "  --every N           watch/--follow: a loss line every N steps (default: ~20 lines)\n"
+    "  --follow            submit: then watch the job until it ends\n"
+    "  --every N           watch, submit --follow: a loss line every N steps\n"
+    "                      (default: about 20 lines per job)\n"
+    "  --step N            checkpoint: the checkpoint of step N (default -1: the latest)\n"
+    "  -o, --output FILE   checkpoint: where to write it (FILE.part while downloading)\n"
     "  --tls-ca FILE       tls+tcp://: CA certificates (PEM) to verify the server\n"
     "  --tls-cert FILE     tls+tcp://: client certificate and key (one PEM)\n"
     "  --tls-server-name NAME\n"
+    "                      tls+tcp://: the name the server's certificate must carry\n"
     "  --insecure          tls+tcp://: do not verify the server's certificate\n"
-    "  -h, --help          this text;  --version: the client's version\n"
+    "  -h, --help          this text, or with a COMMAND that command's\n"
+    "  --version           the client's version and protocol\n"
     "\n"
-    "exit status: 0 ok, 1 other error, 2 usage, 3 connection failure or timeout,\n"
-    "4 request rejected by the server, 5 job failed, was cancelled or interrupted\n";
+    "exit status:\n"
+    "  0    ok; status, watch, submit --follow: the job succeeded (status: or has not\n"
+    "       ended yet)\n"
+    "  1    other error (local file, checksum, malformed reply)\n"
+    "  2    usage (bad command line, a URL pipeclient cannot use)\n"
+    "  3    the server cannot be reached, did not answer in time, or is shutting\n"
+    "       down (also when it shuts down during watch)\n"
+    "  4    the server refused the request (invalid job, not found, unauthorized, ...)\n"
+    "  5    status, watch, submit --follow: the job ended Failed, Cancelled or\n"
+    "       Interrupted\n"
+    "  130  watch, submit --follow: stopped by Ctrl-C (the job keeps running)\n";
+
+/* Shared by every command's own usage. */
+#define COMMON_OPTIONS                                                                             \
+	"\n"                                                                                       \
+	"common options: --server URL, --token TOKEN, --timeout SECONDS, --json and the\n"         \
+	"TLS options (pipeclient --help)\n"
+
+typedef struct command {
+	const char *name;
+	int nargs;         /* 0, or 1: FILE (submit) or JOB */
+	const char *usage; /* what `pipeclient NAME --help` prints */
+} command;
+
+static const command commands[] = {
+    {"submit", 1,
+     "usage: pipeclient submit FILE [--follow [--every N]] [options]\n"
+     "\n"
+     "Submit a job file - the JSON text of a JobSpec (schema/job.fbs) or its\n"
+     "FlatBuffers binary, whatever the file's name - and print the new job's id.\n"
+     "The server checks every field and names the bad one.\n"
+     "\n"
+     "  --follow     then watch the job until it ends, as `watch` does\n"
+     "  --every N    with --follow: a loss line every N steps (default: ~20 lines)\n" COMMON_OPTIONS
+     "\nexit status: 0 submitted (--follow: the job succeeded), 3 server unreachable or\n"
+     "shutting down, 4 job refused, 5 (--follow) the job ended Failed, Cancelled or\n"
+     "Interrupted, 130 (--follow) Ctrl-C: the job keeps running\n"},
+    {"status", 1,
+     "usage: pipeclient status JOB [options]\n"
+     "\n"
+     "State, step, latest loss and held-out metrics of job JOB, then the bubble\n"
+     "fraction of its last step and a line per pipeline rank (busy time, traffic).\n"
+     "With --json one object, with a \"stages\" array.\n" COMMON_OPTIONS
+     "\nexit status: 0 the job succeeded or has not ended, 5 it ended Failed,\n"
+     "Cancelled or Interrupted, 3 server unreachable, 4 no such job\n"},
+    {"list", 0,
+     "usage: pipeclient list [options]\n"
+     "\n"
+     "Every job the server knows, oldest first: id, state, step, loss, name.\n" COMMON_OPTIONS},
+    {"cancel", 1,
+     "usage: pipeclient cancel JOB [options]\n"
+     "\n"
+     "Stop job JOB and print the state it will end in (Cancelled: a running job\n"
+     "stops within a step and keeps its last checkpoint).\n" COMMON_OPTIONS
+     "\nexit status: 0 cancelled, 4 no such job or already ended (Conflict)\n"},
+    {"watch", 1,
+     "usage: pipeclient watch JOB [--every N] [options]\n"
+     "\n"
+     "Follow job JOB's loss until it ends (long polls), then print its status. On a\n"
+     "terminal a progress bar shows steps, rate, ETA and a loss sparkline. Ctrl-C\n"
+     "stops watching only: the job keeps running.\n"
+     "\n"
+     "  --every N    a loss line every N steps (default: ~20 lines per job)\n" COMMON_OPTIONS
+     "\nexit status: 0 the job succeeded, 5 it ended Failed, Cancelled or Interrupted,\n"
+     "3 server unreachable or shut down while watching, 4 no such job, 130 Ctrl-C\n"},
+    {"checkpoint", 1,
+     "usage: pipeclient checkpoint JOB [--step N] -o FILE [options]\n"
+     "\n"
+     "Download a checkpoint of job JOB (safetensors). Ranges are appended to\n"
+     "FILE.part, which a later run resumes; the SHA-256 is checked before FILE.part\n"
+     "becomes FILE.\n"
+     "\n"
+     "  --step N           the checkpoint of step N (default -1: the latest)\n"
+     "  -o, --output FILE  where to write it (required)\n" COMMON_OPTIONS
+     "\nexit status: 0 downloaded, 1 local file or checksum error, 4 no such job or\n"
+     "checkpoint\n"},
+    {"checkpoints", 1,
+     "usage: pipeclient checkpoints JOB [options]\n"
+     "\n"
+     "The checkpoints the server keeps for job JOB: step, size, SHA-256.\n" COMMON_OPTIONS},
+    {"info", 0,
+     "usage: pipeclient info [options]\n"
+     "\n"
+     "The server's URL, version and protocol, device, running and queued jobs and\n"
+     "uptime.\n" COMMON_OPTIONS},
+};
+
+static const command *find_command(const char *name)
+{
+	for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
+		if (strcmp(commands[i].name, name) == 0)
+			return &commands[i];
+	return NULL;
+}
 
 typedef struct cli {
 	pipeclient_options opts;
@@ -80,6 +181,8 @@ typedef struct cli {
 
 /* ------------------------------------------------------------------ output -- */
 
+static const char *usage_cmd; /* the command, once known: its --help is the hint */
+
 static int usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static int usage_error(const char *fmt, ...)
 {
@@ -89,7 +192,8 @@ static int usage_error(const char *fmt, ...)
 	va_start(ap, fmt);
 	vfprintf(stderr, fmt, ap);
 	va_end(ap);
-	fprintf(stderr, "\n(pipeclient --help for usage)\n");
+	fprintf(stderr, "\n(pipeclient %s%s--help for usage)\n", usage_cmd ? usage_cmd : "",
+	        usage_cmd ? " " : "");
 	return EXIT_USAGE;
 }
 
@@ -221,6 +325,7 @@ static int report(const cli *a, pipeclient_err e)
 	case PIPECLIENT_ERR_CONNECT:
 	case PIPECLIENT_ERR_TIMEOUT:
 	case PIPECLIENT_ERR_TLS:
+	case PIPECLIENT_ERR_SERVER_UNAVAILABLE: /* shutting down: try again later */
 		return EXIT_CONNECT;
 	default:
 		return pipeclient_is_server_error(e) ? EXIT_REJECTED : EXIT_ERROR;
@@ -498,8 +603,72 @@ static bool on_metric(void *ctx, uint64_t job, const pipeclient_metric *m)
 	return true;
 }
 
+/* job_exit is the exit status that tells a job's state, the same for status
+ * and watch: EXIT_JOB_FAILED for an end other than success, else EXIT_OK. */
+static int job_exit(pipeclient_job_state s)
+{
+	return s == PIPECLIENT_FAILED || s == PIPECLIENT_CANCELLED || s == PIPECLIENT_INTERRUPTED
+	           ? EXIT_JOB_FAILED
+	           : EXIT_OK;
+}
+
+/* Ctrl-C while watching. The wait is inside pipeclient_watch, which calls
+ * back on metric points only (a queued job sends none for as long as the job
+ * before it runs), so a flag would be seen late or never: the handler writes
+ * the text made beforehand and exits, both async-signal-safe. */
+static char sigint_out[96], sigint_err[1024];
+static size_t sigint_out_len, sigint_err_len;
+
+static void on_sigint(int sig)
+{
+	ssize_t r = 0;
+
+	(void)sig;
+	if (sigint_out_len)
+		r = write(STDOUT_FILENO, sigint_out, sigint_out_len);
+	r = write(STDERR_FILENO, sigint_err, sigint_err_len);
+	(void)r;
+	_exit(EXIT_INTERRUPTED);
+}
+
+/* catch_sigint makes Ctrl-C say that job id keeps running and how to cancel
+ * it (on), or restores the default (off: the watch is over). */
+static void catch_sigint(const cli *a, uint64_t id, bool on)
+{
+	struct sigaction sa;
+	int n;
+
+	memset(&sa, 0, sizeof(sa));
+	sigemptyset(&sa.sa_mask);
+	sa.sa_handler = SIG_DFL;
+	if (on) {
+		bool server = a->opts.url != NULL && a->opts.url[0] != '\0';
+		n = a->json  ? snprintf(sigint_out, sizeof(sigint_out),
+		                        "{\"type\":\"interrupted\",\"job\":%" PRIu64 "}\n", id)
+		    : a->tty ? snprintf(sigint_out, sizeof(sigint_out), "\r\033[K")
+		             : 0;
+		sigint_out_len = n > 0 && (size_t)n < sizeof(sigint_out) ? (size_t)n : 0;
+		/* The hint names the server when the command line did (not the token). */
+		n = snprintf(sigint_err, sizeof(sigint_err),
+		             "pipeclient: interrupted: job %" PRIu64 " keeps running on the "
+		             "server; cancel it with: pipeclient %s%s%scancel %" PRIu64 "\n",
+		             id, server ? "--server " : "", server ? a->opts.url : "",
+		             server ? " " : "", id);
+		if (n < 0)
+			n = 0;
+		if ((size_t)n >= sizeof(sigint_err)) { /* a long URL: cut, still one line */
+			n = sizeof(sigint_err) - 1;
+			sigint_err[n - 1] = '\n';
+		}
+		sigint_err_len = (size_t)n;
+		sa.sa_handler = on_sigint;
+	}
+	sigaction(SIGINT, &sa, NULL);
+}
+
 /* follow watches job to its end and prints the final status; returns the exit
- * status (EXIT_JOB_FAILED unless it succeeded). */
+ * status (job_exit of the end state; EXIT_CONNECT when the server went away,
+ * as when it shut down meanwhile). */
 static int follow(cli *a, uint64_t id)
 {
 	pipeclient_job j;
@@ -512,10 +681,13 @@ static int follow(cli *a, uint64_t id)
 		return report(a, e);
 	w.steps = j.steps;
 	w.every = a->every > 0 ? a->every : (j.steps >= 20 ? j.steps / 20 : 1);
+	catch_sigint(a, id, true); /* from here on, Ctrl-C says the job keeps running */
 	if (!a->json && !pipeclient_state_is_final(j.state))
 		printf("watching job %" PRIu64 " (%" PRId64 " steps)\n", id, w.steps);
+	fflush(stdout); /* Ctrl-C exits without flushing stdio */
 	pipeclient_job_fini(&j);
 	e = pipeclient_watch(a->c, id, -1, 1000, on_metric, &w, &final);
+	catch_sigint(a, id, false);
 	if (w.bar_shown)
 		clear_bar();
 	if (e != PIPECLIENT_OK)
@@ -529,7 +701,7 @@ static int follow(cli *a, uint64_t id)
 	} else {
 		print_job_text(&j);
 	}
-	rv = j.state == PIPECLIENT_SUCCEEDED ? EXIT_OK : EXIT_JOB_FAILED;
+	rv = job_exit(j.state);
 	if (rv != EXIT_OK && !a->json)
 		fprintf(stderr, "pipeclient: job %" PRIu64 " %s%s%s\n", id,
 		        pipeclient_state_name(j.state), j.message[0] ? ": " : "", esc(j.message));
@@ -623,6 +795,7 @@ static int cmd_status(cli *a, uint64_t id)
 	pipeclient_stage *st = NULL;
 	size_t n = 0;
 	pipeclient_err e;
+	int rv;
 
 	if ((e = pipeclient_get(a->c, id, &j)) != PIPECLIENT_OK)
 		return report(a, e);
@@ -641,8 +814,9 @@ static int cmd_status(cli *a, uint64_t id)
 		print_stages(&j, st, n);
 	}
 	free(st);
+	rv = job_exit(j.state);
 	pipeclient_job_fini(&j);
-	return EXIT_OK;
+	return rv;
 }
 
 static int cmd_list(cli *a)
@@ -862,7 +1036,8 @@ int main(int argc, char **argv)
 	    {"version", no_argument, 0, OPT_VERSION},
 	    {0, 0, 0, 0}};
 	cli a = {.step = -1};
-	bool step_given = false;
+	bool step_given = false, help = false;
+	const command *k;
 	const char *cmd;
 	char **args;
 	int nargs, opt, rv;
@@ -920,8 +1095,8 @@ int main(int argc, char **argv)
 			a.opts.tls_insecure = true;
 			break;
 		case 'h':
-			fputs(usage_text, stdout);
-			return EXIT_OK;
+			help = true; /* after the loop: the command's text, if one is named */
+			break;
 		case OPT_VERSION:
 			printf("pipeclient %s (protocol %d)\n", PIPECLIENT_VERSION,
 			       PIPECLIENT_PROTOCOL);
@@ -932,30 +1107,43 @@ int main(int argc, char **argv)
 			return usage_error("unknown option %s", argv[optind - 1]);
 		}
 	}
+	/* `pipeclient help [COMMAND]` is `pipeclient [COMMAND] --help`. */
+	if (optind < argc && strcmp(argv[optind], "help") == 0) {
+		if (argc - optind > 2)
+			return usage_error("help takes one COMMAND");
+		help = true;
+		optind++;
+	}
+	if (help && optind >= argc) {
+		fputs(usage_text, stdout);
+		return EXIT_OK;
+	}
 	if (optind >= argc)
 		return usage_error("no command");
 	cmd = argv[optind];
 	args = argv + optind + 1;
 	nargs = argc - optind - 1;
+	if ((k = find_command(cmd)) == NULL)
+		return usage_error("unknown command \"%s\"", cmd);
+	usage_cmd = k->name;
+	if (help) {
+		fputs(k->usage, stdout);
+		return EXIT_OK;
+	}
 
 	/* Check the command line completely before touching the network. */
+	if (k->nargs == 0 && nargs != 0)
+		return usage_error("%s takes no arguments", cmd);
 	if (strcmp(cmd, "submit") == 0) {
 		if (nargs != 1)
 			return usage_error("submit takes one job FILE");
-	} else if (strcmp(cmd, "list") == 0 || strcmp(cmd, "info") == 0) {
-		if (nargs != 0)
-			return usage_error("%s takes no arguments", cmd);
-	} else if (strcmp(cmd, "status") == 0 || strcmp(cmd, "cancel") == 0 ||
-	           strcmp(cmd, "watch") == 0 || strcmp(cmd, "checkpoint") == 0 ||
-	           strcmp(cmd, "checkpoints") == 0) {
+	} else if (k->nargs == 1) {
 		if (nargs != 1)
 			return usage_error("%s takes one JOB id", cmd);
 		if (parse_job(args[0], &id) != 0)
 			return usage_error("%s: \"%s\" is not a job id", cmd, args[0]);
 		if (strcmp(cmd, "checkpoint") == 0 && (a.output == NULL || a.output[0] == '\0'))
 			return usage_error("checkpoint needs -o FILE");
-	} else {
-		return usage_error("unknown command \"%s\"", cmd);
 	}
 	if (a.follow && strcmp(cmd, "submit") != 0)
 		return usage_error("--follow goes with submit only");

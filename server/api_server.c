@@ -14,6 +14,7 @@
  */
 #include "api_server.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -39,6 +40,7 @@
 #define DEDUP_SLOTS      64
 #define CONN_BUCKETS     4096
 #define REPLY_TIMEOUT_MS 10000 /* when the config says 0 */
+#define REJECT_LOG_PER_S 10    /* BadRequest/InvalidJob lines logged per second at most */
 
 typedef enum ctx_state { CTX_RECV, CTX_WORK, CTX_PARK, CTX_SEND, CTX_IDLE } ctx_state;
 
@@ -123,6 +125,11 @@ struct pt_api_server {
 	int n_open;                                    /* connections not closing */
 	uint64_t n_evicted, n_refused, n_idle, n_over; /* closed since the last log line */
 	double logged;                                 /* when that line was written */
+
+	pthread_mutex_t lmu;    /* the rejected-request log's rate limit */
+	double rl_start;        /* when the current one-second window began */
+	int rl_lines;           /* lines logged in it */
+	uint64_t rl_suppressed; /* lines not logged since the last summary */
 
 	pthread_mutex_t hmu; /* housekeeping thread */
 	pthread_cond_t hcv;
@@ -352,12 +359,92 @@ static void send_bytes(srv_ctx *c, const uint8_t *data, size_t size)
 	keep_receiving(s);
 }
 
+/* peer_name writes the remote address of connection p ("10.0.0.4:51234",
+ * "[::1]:51234"), or "" when the transport has none (ipc, inproc). */
+static void peer_name(nng_pipe p, char *out, size_t n)
+{
+	nng_sockaddr sa;
+	char ip[INET6_ADDRSTRLEN];
+
+	out[0] = '\0';
+	if (nng_pipe_get_addr(p, NNG_OPT_REMADDR, &sa) != 0)
+		return;
+	if (sa.s_family == NNG_AF_INET &&
+	    inet_ntop(AF_INET, &sa.s_in.sa_addr, ip, sizeof(ip)) != NULL)
+		snprintf(out, n, "%s:%u", ip, ntohs(sa.s_in.sa_port));
+	else if (sa.s_family == NNG_AF_INET6 &&
+	         inet_ntop(AF_INET6, sa.s_in6.sa_addr, ip, sizeof(ip)) != NULL)
+		snprintf(out, n, "[%s]:%u", ip, ntohs(sa.s_in6.sa_port));
+}
+
+/* reject_summary logs how many rejection lines the rate limit held back,
+ * once their window is over (force: now). Called by the rejections
+ * themselves and by the housekeeping thread, so a flood that stops is
+ * summed up within about a second. */
+static void reject_summary(pt_api_server *s, bool force)
+{
+	double now = now_mono();
+	uint64_t n = 0;
+
+	pthread_mutex_lock(&s->lmu);
+	if (s->rl_suppressed && (force || now - s->rl_start >= 1.0)) {
+		n = s->rl_suppressed;
+		s->rl_suppressed = 0;
+	}
+	pthread_mutex_unlock(&s->lmu);
+	if (n)
+		pt_info("api: suppressed %" PRIu64 " similar lines (BadRequest/InvalidJob replies "
+		        "over %d a second)",
+		        n, REJECT_LOG_PER_S);
+}
+
+/* log_reject writes one line for a BadRequest or InvalidJob reply - the
+ * request's kind, id and connection, the message - at most REJECT_LOG_PER_S
+ * a second; reject_summary counts the rest. The message is the client's
+ * doing (names, paths): control characters become '?' to keep one line. */
+static void log_reject(srv_ctx *c, uint64_t id, pt_api_code code, const char *msg)
+{
+	pt_api_server *s = c->srv;
+	char peer[INET6_ADDRSTRLEN + 16], text[512];
+	double now = now_mono();
+	bool log;
+	size_t i;
+
+	if (pt_log_level_get() > PT_LOG_INFO)
+		return;
+	reject_summary(s, false);
+	pthread_mutex_lock(&s->lmu);
+	if (now - s->rl_start >= 1.0) {
+		s->rl_start = now;
+		s->rl_lines = 0;
+	}
+	log = s->rl_lines < REJECT_LOG_PER_S;
+	if (log)
+		s->rl_lines++;
+	else
+		s->rl_suppressed++;
+	pthread_mutex_unlock(&s->lmu);
+	if (!log)
+		return;
+	for (i = 0; msg[i] && i + 1 < sizeof(text); i++)
+		text[i] = (unsigned char)msg[i] < 0x20 || msg[i] == 0x7f ? '?' : msg[i];
+	text[i] = '\0';
+	peer_name(c->pipe, peer, sizeof(peer));
+	pt_info("api: %s reply to request %" PRIu64 " (%s) on connection %d%s%s: %s%s",
+	        pt_api_code_name(code), id,
+	        c->r.kind == PT_API_NONE ? "kind unknown" : pt_api_kind_name(c->r.kind),
+	        nng_pipe_id(c->pipe), peer[0] ? " from " : "", peer, text, msg[i] ? "..." : "");
+}
+
 static void send_error(srv_ctx *c, uint64_t id, pt_api_code code, const char *msg)
 {
 	const uint8_t *data;
 	size_t size;
 
-	pt_debug("request %" PRIu64 ": %s: %s", id, pt_api_code_name(code), msg);
+	if (code == PT_API_BAD_REQUEST || code == PT_API_INVALID_JOB)
+		log_reject(c, id, code, msg);
+	else
+		pt_debug("request %" PRIu64 ": %s: %s", id, pt_api_code_name(code), msg);
 	pt_metrics_request(c->r.kind, code, now_mono() - c->t0);
 	if (pt_api_build_error(&c->b, id, code, &data, &size, "%s", msg) != PT_OK) {
 		pt_error("building an error reply: %s", pt_last_error());
@@ -661,6 +748,7 @@ static void *housekeeper_main(void *arg)
 		s->hk_wake = false;
 		pthread_mutex_unlock(&s->hmu);
 		close_conns(s);
+		reject_summary(s, false);
 		pthread_mutex_lock(&s->hmu);
 	}
 	pthread_mutex_unlock(&s->hmu);
@@ -814,7 +902,7 @@ static void handle_request(srv_ctx *c)
 		c->state = CTX_PARK;
 		c->sleeping = true;
 		nng_sleep_aio(c->r.wait_ms, c->aio);
-		if (c->woken)
+		if (c->woken || atomic_load(&s->closing))
 			nng_aio_cancel(c->aio);
 		pthread_mutex_unlock(&c->mu);
 		keep_receiving(s);
@@ -966,6 +1054,7 @@ pt_err pt_api_server_start(pt_api_server **out, const pt_api_server_config *cfg,
 	pthread_mutex_init(&s->dmu, NULL);
 	pthread_mutex_init(&s->cmu, NULL);
 	pthread_mutex_init(&s->hmu, NULL);
+	pthread_mutex_init(&s->lmu, NULL);
 	pthread_cond_init(&s->wcv, NULL);
 	{
 		pthread_condattr_t ca;
@@ -1049,8 +1138,16 @@ fail:
 
 void pt_api_server_drain(pt_api_server *s)
 {
-	if (s)
-		atomic_store(&s->closing, true);
+	if (s == NULL)
+		return;
+	atomic_store(&s->closing, true);
+	/* Answer parked WatchMetrics now (their job's points and state, as at
+	 * the end of the wait): a client's next request gets Unavailable at
+	 * once, rather than its long poll being cut when the socket closes. */
+	pthread_mutex_lock(&s->mu);
+	for (srv_ctx *c = s->all; c; c = c->next_all)
+		waiter_wake(&c->waiter);
+	pthread_mutex_unlock(&s->mu);
 }
 
 void pt_api_server_destroy(pt_api_server *s)
@@ -1106,6 +1203,8 @@ void pt_api_server_destroy(pt_api_server *s)
 		}
 	if (s->tls)
 		nng_tls_config_free(s->tls);
+	reject_summary(s, true); /* no request is handled any more */
+	pthread_mutex_destroy(&s->lmu);
 	pthread_mutex_destroy(&s->cmu);
 	pthread_mutex_destroy(&s->hmu);
 	pthread_cond_destroy(&s->hcv);

@@ -15,6 +15,7 @@
 #include <inttypes.h>
 #include <limits.h>
 #include <math.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -220,6 +221,146 @@ static int run_cli(char **out, const char *arg0, ...)
 	else
 		free(buf);
 	return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+/* cli_proc is a pipeclient running beside the test: its stdout is read as it
+ * comes (all of it is kept), its stderr goes to a file. */
+typedef struct cli_proc {
+	pid_t pid;
+	int out; /* read end of its stdout */
+	char err_path[PATH_MAX];
+	char *buf; /* stdout so far, NUL-terminated */
+	size_t len, cap;
+} cli_proc;
+
+/* cli_startv runs pipeclient with arg0 and ap (NULL-terminated). */
+static void cli_startv(cli_proc *p, const char *arg0, va_list ap)
+{
+	static unsigned seq;
+	const char *argv[32];
+	int n = 0, pfd[2];
+
+	argv[n++] = cli_bin;
+	for (const char *a = arg0; a != NULL && n < 31; a = va_arg(ap, const char *))
+		argv[n++] = a;
+	argv[n] = NULL;
+	fprintf(stderr, "$ pipeclient");
+	for (int i = 1; i < n; i++)
+		fprintf(stderr, " %s", argv[i]);
+	fprintf(stderr, " &\n");
+
+	memset(p, 0, sizeof(*p));
+	snprintf(p->err_path, sizeof(p->err_path), "%s/cli-%u.err", tmpdir, seq++);
+	p->cap = 4096;
+	p->buf = calloc(1, p->cap);
+	CU_ASSERT_FATAL(p->buf != NULL && pipe(pfd) == 0);
+	p->pid = fork();
+	CU_ASSERT_FATAL(p->pid >= 0);
+	if (p->pid == 0) {
+		int fd = open(p->err_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+		if (fd < 0)
+			_exit(127);
+		dup2(pfd[1], STDOUT_FILENO);
+		dup2(fd, STDERR_FILENO);
+		close(fd);
+		close(pfd[0]);
+		close(pfd[1]);
+		execv(cli_bin, (char *const *)argv);
+		_exit(127);
+	}
+	close(pfd[1]);
+	p->out = pfd[0];
+}
+
+/* cli_start runs pipeclient with argv (NULL-terminated, without argv[0]). */
+static void cli_start(cli_proc *p, const char *arg0, ...)
+{
+	va_list ap;
+
+	va_start(ap, arg0);
+	cli_startv(p, arg0, ap);
+	va_end(ap);
+}
+
+/* cli_read appends what p writes to stdout within timeout_s seconds: 1 when
+ * something came, 0 when nothing did, -1 at the end of its output. */
+static int cli_read(cli_proc *p, double timeout_s)
+{
+	struct pollfd pf = {.fd = p->out, .events = POLLIN};
+	ssize_t r;
+
+	if (poll(&pf, 1, (int)(timeout_s * 1000)) <= 0)
+		return 0;
+	if (p->len + 4096 + 1 > p->cap) {
+		p->cap = 2 * p->cap + 4096;
+		p->buf = realloc(p->buf, p->cap);
+		CU_ASSERT_PTR_NOT_NULL_FATAL(p->buf);
+	}
+	while ((r = read(p->out, p->buf + p->len, p->cap - p->len - 1)) < 0 && errno == EINTR)
+		;
+	if (r <= 0)
+		return -1;
+	p->len += (size_t)r;
+	p->buf[p->len] = '\0';
+	return 1;
+}
+
+/* cli_wait_for reads p's stdout until it holds needle (true) or timeout_s
+ * passed or it ended (false). */
+static bool cli_wait_for(cli_proc *p, const char *needle, double timeout_s)
+{
+	double t0 = now_s();
+
+	while (strstr(p->buf, needle) == NULL) {
+		double left = timeout_s - (now_s() - t0);
+		if (left <= 0 || cli_read(p, left) < 0)
+			break;
+	}
+	if (strstr(p->buf, needle) == NULL) {
+		fprintf(stderr, "pipeclient did not print \"%s\" within %.0f s\n", needle,
+		        timeout_s);
+		return false;
+	}
+	return true;
+}
+
+/* cli_end reads p's stdout to its end, waits for it and returns the exit
+ * status (128 + N for a signal N); *out and *err (may be NULL) get stdout
+ * and stderr (free them). */
+static int cli_end(cli_proc *p, char **out, char **err)
+{
+	char *e;
+	int status;
+
+	while (cli_read(p, 60) > 0)
+		;
+	close(p->out);
+	while (waitpid(p->pid, &status, 0) < 0 && errno == EINTR)
+		;
+	e = read_text(p->err_path, NULL);
+	fprintf(stderr, "%s%s[exit %d]\n", p->buf, e ? e : "",
+	        WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
+	if (out)
+		*out = p->buf;
+	else
+		free(p->buf);
+	if (err)
+		*err = e ? e : strdup("");
+	else
+		free(e);
+	return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+/* run_cli_err is run_cli that also returns stderr (*err, free it). */
+static int run_cli_err(char **out, char **err, const char *arg0, ...)
+{
+	cli_proc p;
+	va_list ap;
+
+	va_start(ap, arg0);
+	cli_startv(&p, arg0, ap);
+	va_end(ap);
+	return cli_end(&p, out, err);
 }
 
 /* parse_line parses line i (0-based; -1: the last non-empty one) of text as
@@ -452,6 +593,141 @@ static void test_client_usage_errors(void)
 	CU_ASSERT_EQUAL(run_cli(NULL, "--server", "nonsense://x", "info", NULL), CLI_USAGE);
 	CU_ASSERT_EQUAL(run_cli(&out, "--help", NULL), CLI_OK);
 	CU_ASSERT_PTR_NOT_NULL(strstr(out, "checkpoint JOB"));
+	free(out);
+}
+
+/* has_description tells whether text lists flag ("\n  FLAG") with words
+ * after it on its line or, when the flag fills the line, on the next. */
+static bool has_description(const char *text, const char *flag)
+{
+	char key[64];
+	const char *p;
+
+	snprintf(key, sizeof(key), "\n  %s", flag);
+	if ((p = strstr(text, key)) == NULL) {
+		fprintf(stderr, "no option line for %s\n", flag);
+		return false;
+	}
+	p += strlen(key);
+	if (*p != ' ' && *p != '\n')
+		return false; /* a longer flag ("--every" in "--every-x") */
+	while (*p == ' ')
+		p++;
+	if (*p == '\n') /* "  --tls-server-name NAME\n                      words" */
+		for (p++; *p == ' '; p++)
+			;
+	if (*p == '\n' || *p == '\0' || *p == '-') {
+		fprintf(stderr, "option %s has no description\n", flag);
+		return false;
+	}
+	return true;
+}
+
+/* `pipeclient COMMAND --help` and `pipeclient help COMMAND` print that
+ * command's usage and flags to stdout, exit 0; every option of the main
+ * text has a description. */
+static void test_client_help(void)
+{
+	static const struct {
+		const char *cmd;
+		const char *flags[3];
+	} cmds[] = {
+	    {"submit", {"--follow", "--every N", NULL}},
+	    {"status", {NULL}},
+	    {"list", {NULL}},
+	    {"cancel", {NULL}},
+	    {"watch", {"--every N", NULL}},
+	    {"checkpoint", {"--step N", "-o, --output FILE", NULL}},
+	    {"checkpoints", {NULL}},
+	    {"info", {NULL}},
+	};
+	/* Every long option of pipeclient_cli.c's longopts. */
+	static const char *const options[] = {"--server URL",
+	                                      "--token TOKEN",
+	                                      "--timeout SECONDS",
+	                                      "--json",
+	                                      "--follow",
+	                                      "--every N",
+	                                      "--step N",
+	                                      "-o, --output FILE",
+	                                      "--tls-ca FILE",
+	                                      "--tls-cert FILE",
+	                                      "--tls-server-name NAME",
+	                                      "--insecure",
+	                                      "-h, --help",
+	                                      "--version"};
+	char *out, *out2, *err, want[64];
+
+	for (size_t i = 0; i < sizeof(cmds) / sizeof(cmds[0]); i++) {
+		snprintf(want, sizeof(want), "usage: pipeclient %s ", cmds[i].cmd);
+		CU_ASSERT_EQUAL(run_cli_err(&out, &err, cmds[i].cmd, "--help", NULL), CLI_OK);
+		CU_ASSERT_EQUAL(strncmp(out, want, strlen(want)), 0);
+		CU_ASSERT_STRING_EQUAL(err, "");
+		CU_ASSERT_PTR_NOT_NULL(strstr(out, "common options: --server URL"));
+		for (int f = 0; cmds[i].flags[f]; f++)
+			CU_ASSERT_TRUE(has_description(out, cmds[i].flags[f]));
+		/* The same text from `help COMMAND` and with the arguments given. */
+		CU_ASSERT_EQUAL(run_cli(&out2, "help", cmds[i].cmd, NULL), CLI_OK);
+		CU_ASSERT_STRING_EQUAL(out2, out);
+		free(out2);
+		CU_ASSERT_EQUAL(
+		    run_cli(&out2, "--server", "tcp://127.0.0.1:1", cmds[i].cmd, "7", "-h", NULL),
+		    CLI_OK);
+		CU_ASSERT_STRING_EQUAL(out2, out);
+		free(out2);
+		free(out);
+		free(err);
+	}
+
+	CU_ASSERT_EQUAL(run_cli(&out, "--help", NULL), CLI_OK);
+	CU_ASSERT_EQUAL(strncmp(out, "usage: pipeclient [options] COMMAND", 35), 0);
+	for (size_t i = 0; i < sizeof(options) / sizeof(options[0]); i++)
+		CU_ASSERT_TRUE(has_description(out, options[i]));
+	CU_ASSERT_PTR_NOT_NULL(strstr(out, "\n  130  watch, submit --follow: stopped by Ctrl-C"));
+	CU_ASSERT_EQUAL(run_cli(&out2, "help", NULL), CLI_OK);
+	CU_ASSERT_STRING_EQUAL(out2, out);
+	free(out2);
+	free(out);
+	CU_ASSERT_EQUAL(run_cli(NULL, "help", "frobnicate", NULL), CLI_USAGE);
+	CU_ASSERT_EQUAL(run_cli(NULL, "frobnicate", "--help", NULL), CLI_USAGE);
+}
+
+/* A URL without a scheme: usage error (2) with the tcp:// URL to use. */
+static void test_client_url_without_scheme(void)
+{
+	static const char *const cases[][2] = {
+	    {"localhost:5555", "did you mean tcp://localhost:5555?"},
+	    {"127.0.0.1:5555", "did you mean tcp://127.0.0.1:5555?"},
+	    {"[::1]:5555", "did you mean tcp://[::1]:5555?"},
+	    {"gpu-box", "did you mean tcp://gpu-box:7600?"}, /* the default port */
+	};
+	pipeclient_options o = {0};
+	pipeclient *c = NULL;
+	char *out, *err, want[128];
+	pt_json v;
+
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		o.url = cases[i][0];
+		CHECK_LIB_ERR(pipeclient_connect(&c, &o), PIPECLIENT_ERR_INVALID);
+		CU_ASSERT_PTR_NULL(c);
+		snprintf(want, sizeof(want), "URL \"%s\" has no scheme: %s", cases[i][0],
+		         cases[i][1]);
+		CU_ASSERT_STRING_EQUAL(pipeclient_last_error(), want);
+	}
+	CU_ASSERT_EQUAL(run_cli_err(&out, &err, "--server", "localhost:5555", "info", NULL),
+	                CLI_USAGE);
+	CU_ASSERT_STRING_EQUAL(err, "pipeclient: URL \"localhost:5555\" has no scheme: did you "
+	                            "mean tcp://localhost:5555?\n");
+	free(out);
+	free(err);
+	/* From the environment, and in --json's error object. */
+	setenv("PIPETRAIN_SERVER", "127.0.0.1:5555", 1);
+	CU_ASSERT_EQUAL(run_cli(&out, "--json", "list", NULL), CLI_USAGE);
+	unsetenv("PIPETRAIN_SERVER");
+	CU_ASSERT_FATAL(parse_line(out, -1, &v));
+	CU_ASSERT_STRING_EQUAL(jstr(&v, "error"), "PIPECLIENT_ERR_INVALID");
+	CU_ASSERT_PTR_NOT_NULL(strstr(jstr(&v, "message"), "did you mean tcp://127.0.0.1:5555?"));
+	pt_json_fini(&v);
 	free(out);
 }
 
@@ -804,12 +1080,14 @@ static void test_client_names_escaped(void)
 	CU_ASSERT_PTR_NULL(strstr(out, "\xc2\x9b"));
 	free(out);
 	snprintf(buf, sizeof(buf), "%" PRIu64, id);
-	CU_ASSERT_EQUAL(run_cli(&out, "--server", srv.url, "status", buf, NULL), CLI_OK);
+	/* Cancelled: exit 5, as watch. */
+	CU_ASSERT_EQUAL(run_cli(&out, "--server", srv.url, "status", buf, NULL), CLI_FAILED);
 	snprintf(want, sizeof(want), "job %" PRIu64 " %s: Cancelled\n", id, shown);
 	CU_ASSERT_EQUAL(strncmp(out, want, strlen(want)), 0);
 	CU_ASSERT_PTR_NULL(strchr(out, '\x1b'));
 	free(out);
-	CU_ASSERT_EQUAL(run_cli(&out, "--server", srv.url, "--json", "status", buf, NULL), CLI_OK);
+	CU_ASSERT_EQUAL(run_cli(&out, "--server", srv.url, "--json", "status", buf, NULL),
+	                CLI_FAILED);
 	CU_ASSERT_PTR_NOT_NULL(strstr(out, "\"name\":\"evil\\n\\u001b[2J\\u001b[31mred\\tx\\\\y"
 	                                   "\\u009b\\u202eend\\u0007\""));
 	CU_ASSERT_FATAL(parse_line(out, 0, &v));
@@ -925,9 +1203,18 @@ static void test_client_cancel(void)
 	/* A finished job cannot be cancelled again. */
 	CHECK_LIB_ERR(pipeclient_cancel(c, id, &st), PIPECLIENT_ERR_SERVER_CONFLICT);
 	CU_ASSERT_EQUAL(run_cli(NULL, "--server", srv.url, "cancel", buf, NULL), CLI_REJECTED);
-	/* watch of a cancelled job: the "job failed" exit code. */
+	/* watch and status of a cancelled job: the same "job failed" exit code. */
 	CU_ASSERT_EQUAL(run_cli(&out, "--server", srv.url, "watch", buf, NULL), CLI_FAILED);
 	CU_ASSERT_PTR_NOT_NULL(strstr(out, "Cancelled"));
+	free(out);
+	CU_ASSERT_EQUAL(run_cli(&out, "--server", srv.url, "status", buf, NULL), CLI_FAILED);
+	CU_ASSERT_PTR_NOT_NULL(strstr(out, ": Cancelled\n"));
+	free(out);
+	CU_ASSERT_EQUAL(run_cli(&out, "--server", srv.url, "--json", "status", buf, NULL),
+	                CLI_FAILED);
+	CU_ASSERT_FATAL(parse_line(out, 0, &v));
+	CU_ASSERT_STRING_EQUAL(jstr(&v, "state"), "Cancelled");
+	pt_json_fini(&v);
 	free(out);
 	pipeclient_close(c);
 }
@@ -974,8 +1261,147 @@ static void test_client_failed_job(void)
 	CU_ASSERT_PTR_NOT_NULL(strstr(jstr(&v, "message"), "fail_x.npy"));
 	pt_json_fini(&v);
 	free(out);
+	CU_ASSERT_EQUAL(run_cli(&out, "--server", srv.url, "status", buf, NULL), CLI_FAILED);
+	CU_ASSERT_PTR_NOT_NULL(strstr(out, ": Failed\n"));
+	free(out);
 	CU_ASSERT_EQUAL(wait_final(c, blocker, NULL), PIPECLIENT_CANCELLED);
 	pipeclient_close(c);
+}
+
+/* state_of returns job's state as the server reports it. */
+static pipeclient_job_state state_of(pipeclient *c, uint64_t id)
+{
+	pipeclient_job j;
+	pipeclient_job_state st;
+
+	CHECK_LIB(pipeclient_get(c, id, &j));
+	st = j.state;
+	pipeclient_job_fini(&j);
+	return st;
+}
+
+/* interrupt sends p SIGINT and checks that it says job id keeps running and
+ * how to cancel it (with --server url when the command named one) and exits
+ * 130 at once. */
+static void interrupt(cli_proc *p, uint64_t id, const char *url)
+{
+	char *out, *err, want[512];
+	double t0 = now_s();
+
+	CU_ASSERT_EQUAL(kill(p->pid, SIGINT), 0);
+	CU_ASSERT_EQUAL(cli_end(p, &out, &err), 130);
+	CU_ASSERT(now_s() - t0 < 2); /* not at the end of a long poll or a step */
+	snprintf(want, sizeof(want),
+	         "pipeclient: interrupted: job %" PRIu64 " keeps running on the server; cancel it "
+	         "with: pipeclient %s%s%scancel %" PRIu64 "\n",
+	         id, url ? "--server " : "", url ? url : "", url ? " " : "", id);
+	CU_ASSERT_STRING_EQUAL(err, want);
+	free(out);
+	free(err);
+}
+
+/* Ctrl-C during submit --follow and watch: exit 130, a message that the job
+ * keeps running and how to cancel it; the job does keep running (or queued). */
+static void test_client_interrupt(void)
+{
+	pipeclient *c = connect_lib();
+	uint64_t a, b;
+	char buf[32], bufb[32];
+	cli_proc p;
+	pt_json v;
+
+	/* submit --follow --json: the last line says so too. */
+	cli_start(&p, "--server", srv.url, "--json", "submit", job_long, "--follow", NULL);
+	CU_ASSERT_FATAL(cli_wait_for(&p, "\"type\":\"metric\"", 60));
+	a = submitted_id(p.buf);
+	CU_ASSERT_EQUAL(kill(p.pid, SIGINT), 0);
+	{
+		char *out, *err, want[512];
+		CU_ASSERT_EQUAL(cli_end(&p, &out, &err), 130);
+		snprintf(want, sizeof(want),
+		         "pipeclient: interrupted: job %" PRIu64 " keeps running on the server; "
+		         "cancel it with: pipeclient --server %s cancel %" PRIu64 "\n",
+		         a, srv.url, a);
+		CU_ASSERT_STRING_EQUAL(err, want);
+		CU_ASSERT_FATAL(parse_line(out, -1, &v));
+		CU_ASSERT_STRING_EQUAL(jstr(&v, "type"), "interrupted");
+		CU_ASSERT_EQUAL(jint(&v, "job"), (int64_t)a);
+		pt_json_fini(&v);
+		free(out);
+		free(err);
+	}
+	CU_ASSERT_EQUAL(state_of(c, a), PIPECLIENT_RUNNING);
+
+	/* watch of a job that sends no points (queued behind a): the wait is in
+	 * a long poll, and Ctrl-C still ends it at once. */
+	CHECK_LIB(pipeclient_submit_file(c, job_long, &b));
+	snprintf(bufb, sizeof(bufb), "%" PRIu64, b);
+	setenv("PIPETRAIN_SERVER", srv.url, 1); /* the hint then names no server */
+	cli_start(&p, "watch", bufb, NULL);
+	unsetenv("PIPETRAIN_SERVER");
+	snprintf(buf, sizeof(buf), "watching job %" PRIu64 " ", b);
+	CU_ASSERT_FATAL(cli_wait_for(&p, buf, 30));
+	usleep(300 * 1000); /* into the long poll */
+	interrupt(&p, b, NULL);
+	CU_ASSERT_FALSE(pipeclient_state_is_final(state_of(c, b)));
+
+	/* watch of the running job, while its loss lines come. */
+	snprintf(buf, sizeof(buf), "%" PRIu64, a);
+	cli_start(&p, "--server", srv.url, "watch", buf, NULL);
+	CU_ASSERT_FATAL(cli_wait_for(&p, "\nstep ", 30));
+	interrupt(&p, a, srv.url);
+	CU_ASSERT_EQUAL(state_of(c, a), PIPECLIENT_RUNNING);
+
+	CHECK_LIB(pipeclient_cancel(c, b, NULL));
+	CHECK_LIB(pipeclient_cancel(c, a, NULL));
+	CU_ASSERT_EQUAL(wait_final(c, a, NULL), PIPECLIENT_CANCELLED);
+	CU_ASSERT_EQUAL(wait_final(c, b, NULL), PIPECLIENT_CANCELLED);
+	pipeclient_close(c);
+}
+
+/* A server that shuts down (SIGTERM) while pipeclient watches a running and
+ * a queued job: both watches end at once with exit 3 (server unavailable). */
+static void test_client_watch_server_stops(void)
+{
+	pipeclient_options o = {.timeout_ms = 30000};
+	seen s = {.last_step = -1, .ordered = true, .stop_after = 2};
+	server two = {.pid = -1};
+	pipeclient *c = NULL;
+	uint64_t a, b;
+	char ida[32], idb[32], buf[64], *out, *err;
+	cli_proc pa, pb;
+	double t0;
+
+	CU_ASSERT_FATAL(server_start(&two, "stops", NULL, NULL));
+	o.url = two.url;
+	CHECK_LIB(pipeclient_connect(&c, &o));
+	CHECK_LIB(pipeclient_submit_file(c, job_long, &a));
+	CU_ASSERT_EQUAL(pipeclient_watch(c, a, -1, 500, collect, &s, NULL), PIPECLIENT_ERR_STOPPED);
+	CHECK_LIB(pipeclient_submit_file(c, job_long, &b));
+	pipeclient_close(c);
+	snprintf(ida, sizeof(ida), "%" PRIu64, a);
+	snprintf(idb, sizeof(idb), "%" PRIu64, b);
+	/* --timeout 20: a watch that waited for its request to time out would
+	 * take over 20 s; the server answers every parked poll as it drains. */
+	cli_start(&pa, "--server", two.url, "--timeout", "20", "watch", ida, NULL);
+	cli_start(&pb, "--server", two.url, "--timeout", "20", "watch", idb, NULL);
+	CU_ASSERT_FATAL(cli_wait_for(&pa, "\nstep ", 30));
+	snprintf(buf, sizeof(buf), "watching job %s ", idb);
+	CU_ASSERT_FATAL(cli_wait_for(&pb, buf, 30));
+	usleep(300 * 1000); /* into the long poll */
+	t0 = now_s();
+	CU_ASSERT(server_stop(&two));
+	CU_ASSERT_EQUAL(cli_end(&pa, &out, &err), CLI_CONNECT);
+	CU_ASSERT_PTR_NOT_NULL(strstr(err, "server is shutting down"));
+	free(out);
+	free(err);
+	CU_ASSERT_EQUAL(cli_end(&pb, &out, &err), CLI_CONNECT);
+	CU_ASSERT_PTR_NOT_NULL(strstr(err, "server is shutting down"));
+	free(out);
+	free(err);
+	CU_ASSERT(now_s() - t0 < 10);
+	/* Nobody there any more: still exit 3. */
+	CU_ASSERT_EQUAL(run_cli(NULL, "--server", two.url, "watch", ida, NULL), CLI_CONNECT);
 }
 
 static bool stop_after_first(void *ctx, uint64_t done, uint64_t total)
@@ -1322,6 +1748,8 @@ int main(void)
 {
 	static const pt_test_case tests[] = {
 	    {"test_client_usage_errors", test_client_usage_errors},
+	    {"test_client_help", test_client_help},
+	    {"test_client_url_without_scheme", test_client_url_without_scheme},
 	    {"test_client_connection_failure", test_client_connection_failure},
 	    {"test_client_info", test_client_info},
 	    {"test_client_cli_submit_follow", test_client_cli_submit_follow},
@@ -1332,6 +1760,8 @@ int main(void)
 	    {"test_client_job_file_syntax_error", test_client_job_file_syntax_error},
 	    {"test_client_cancel", test_client_cancel},
 	    {"test_client_failed_job", test_client_failed_job},
+	    {"test_client_interrupt", test_client_interrupt},
+	    {"test_client_watch_server_stops", test_client_watch_server_stops},
 	    {"test_client_checkpoint", test_client_checkpoint},
 	    {"test_client_threads", test_client_threads},
 	    {"test_client_auth", test_client_auth},

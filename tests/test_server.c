@@ -18,6 +18,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <limits.h>
 #include <math.h>
 #include <signal.h>
@@ -643,6 +644,102 @@ static void test_server_bad_input(void)
 	pt_job_spec_fini(&spec);
 	client_close(&c);
 	CU_ASSERT_EQUAL(server_stop(&s, SIGTERM), 0);
+}
+
+/* log_since returns what the servers logged to server.log after byte off
+ * (free it). */
+static char *log_since(long off)
+{
+	char path[600];
+	char *text, *tail;
+	size_t n;
+
+	snprintf(path, sizeof(path), "%s/server.log", tmpdir);
+	if (pt_file_read(path, 64u << 20, (void **)&text, &n) != PT_OK)
+		return strdup("");
+	if ((size_t)off > n)
+		off = (long)n;
+	tail = strndup(text + off, n - (size_t)off);
+	free(text);
+	return tail;
+}
+
+static long log_size(void)
+{
+	char path[600];
+	struct stat st;
+
+	snprintf(path, sizeof(path), "%s/server.log", tmpdir);
+	return stat(path, &st) == 0 ? (long)st.st_size : 0;
+}
+
+static int count_str(const char *text, const char *s)
+{
+	int n = 0;
+	for (const char *p = text; (p = strstr(p, s)) != NULL; p += strlen(s))
+		n++;
+	return n;
+}
+
+/* BadRequest and InvalidJob replies are logged, one line each with the
+ * request and the connection, at most 10 a second: a flood of 1000 bad
+ * requests logs a few lines and a count of the others. */
+static void test_server_reject_log(void)
+{
+	char dir[512], want[256], *log;
+	long off = log_size();
+	pt_api_response r;
+	pt_job_spec bad;
+	uint64_t sum = 0, submit_id;
+	server s;
+	client c;
+	double t0, t1;
+	int lines;
+
+	make_dir("rejectlog", dir, sizeof(dir));
+	CU_ASSERT_TRUE_FATAL(server_start(&s, dir, NULL));
+	client_open(&c, &s, 30000);
+	expect_error(&c, "this is not a flatbuffer at all, no", 36, PT_API_BAD_REQUEST,
+	             "bad request");
+	digits_spec(&bad, 40, 10, true);
+	bad.layers[2].in_features = 100;
+	submit_id = c.next_id;
+	expect_invalid_spec(&c, &bad, "in_features");
+	pt_job_spec_fini(&bad);
+
+	usleep(1100 * 1000); /* a new one-second window for the flood */
+	t0 = now_s();
+	for (int i = 0; i < 1000; i++) {
+		CU_ASSERT_EQUAL_FATAL(raw_call(&c, "\x04\0\0\0", 4, &r), 0);
+		CU_ASSERT_EQUAL(r.code, PT_API_BAD_REQUEST);
+	}
+	t1 = now_s();
+	client_close(&c);
+	CU_ASSERT_EQUAL(server_stop(&s, SIGTERM), 0); /* logs what is left to sum up */
+
+	log = log_since(off);
+	CU_ASSERT_PTR_NOT_NULL(strstr(log, "info api: BadRequest reply to request "));
+	CU_ASSERT_PTR_NOT_NULL(strstr(log, " (kind unknown) on connection "));
+	CU_ASSERT_PTR_NOT_NULL(strstr(log, " from 127.0.0.1:"));
+	CU_ASSERT_PTR_NOT_NULL(strstr(log, ": bad request: "));
+	snprintf(want, sizeof(want),
+	         "info api: InvalidJob reply to request %" PRIu64 " (SubmitJob)", submit_id);
+	CU_ASSERT_PTR_NOT_NULL(strstr(log, want));
+	CU_ASSERT_PTR_NOT_NULL(strstr(log, "in_features"));
+	/* Every rejection is a line or counted in a summary; lines are bounded. */
+	lines = count_str(log, "info api: BadRequest reply") +
+	        count_str(log, "info api: InvalidJob reply");
+	for (const char *p = log; (p = strstr(p, "info api: suppressed ")) != NULL; p++) {
+		uint64_t k = 0;
+		sscanf(p, "info api: suppressed %" SCNu64 " similar lines", &k);
+		sum += k;
+	}
+	fprintf(stderr, "flood of 1000 in %.2f s: %d lines, %" PRIu64 " suppressed\n", t1 - t0,
+	        lines, sum);
+	CU_ASSERT_EQUAL((uint64_t)lines + sum, 1002);
+	CU_ASSERT(sum > 0);
+	CU_ASSERT(lines <= 2 + 10 * (int)(t1 - t0 + 2));
+	free(log);
 }
 
 static void test_server_auth(void)
@@ -1449,6 +1546,7 @@ static const pt_test_case server_tests[] = {
     {"test_server_every_request", test_server_every_request},
     {"test_server_cancel", test_server_cancel},
     {"test_server_bad_input", test_server_bad_input},
+    {"test_server_reject_log", test_server_reject_log},
     {"test_server_auth", test_server_auth},
     {"test_server_data_paths", test_server_data_paths},
     {"test_server_worker_allow", test_server_worker_allow},
