@@ -406,10 +406,11 @@ static void test_job_spec_validation_names_fields(void)
 		free(j);
 	}
 	{ /* tls+tcp:// workers are accepted (lib/job/workers.c dials them with TLS). */
-		char *j = job_json(NULL, NULL,
-		                   "\"optimizer\": {\"lr\": 0.1}, \"batch_size\": 64, \"steps\": 1, "
-		                   "\"placement\": {\"stages\": 1, \"workers\": "
-		                   "[\"tls+tcp://127.0.0.1:5001\"]}");
+		char *j =
+		    job_json(NULL, NULL,
+		             "\"optimizer\": {\"lr\": 0.1}, \"batch_size\": 64, \"steps\": 1, "
+		             "\"placement\": {\"stages\": 1, \"workers\": "
+		             "[\"tls+tcp://127.0.0.1:5001\"]}");
 		PT_CHECK_OK(check_json(j));
 		free(j);
 	}
@@ -431,6 +432,35 @@ static void test_job_spec_validation_names_fields(void)
 	       "\"optimizer\": {\"lr\": 0.1, \"schedule\": \"WarmupCosine\", \"warmup_steps\": 10, "
 	       "\"total_steps\": 5}, \"batch_size\": 64, \"steps\": 1",
 	       PT_ERR_RANGE, "optimizer.warmup_steps exceeds optimizer.total_steps");
+	/* Non-finite values, which job files may spell (inf, nan), as flatc reads them. */
+	EXPECT(
+	    NULL, NULL,
+	    "\"optimizer\": {\"lr\": 0.1, \"weight_decay\": inf}, \"batch_size\": 64, \"steps\": 1",
+	    PT_ERR_RANGE, "optimizer.weight_decay must be finite and >= 0");
+	EXPECT(NULL, NULL,
+	       "\"optimizer\": {\"lr\": 0.1, \"clip_norm\": inf}, \"batch_size\": 64, \"steps\": 1",
+	       PT_ERR_RANGE, "optimizer.clip_norm must be finite and >= 0");
+	EXPECT(NULL, NULL,
+	       "\"optimizer\": {\"lr\": 0.1, \"eps\": inf}, \"batch_size\": 64, \"steps\": 1",
+	       PT_ERR_RANGE, "optimizer.eps must be finite and > 0");
+	EXPECT(NULL, NULL,
+	       "\"optimizer\": {\"kind\": \"SGD\", \"lr\": 0.1, \"momentum\": inf}, "
+	       "\"batch_size\": 64, \"steps\": 1",
+	       PT_ERR_RANGE, "optimizer.momentum must be finite and >= 0");
+	EXPECT(NULL, NULL,
+	       "\"optimizer\": {\"kind\": \"SGD\", \"lr\": 0.1, \"momentum\": 0.9, \"dampening\": "
+	       "nan}, \"batch_size\": 64, \"steps\": 1",
+	       PT_ERR_RANGE, "optimizer.dampening must be finite");
+	EXPECT("[{\"kind\": \"Linear\", \"in_features\": 64, \"out_features\": 16}, {\"kind\": "
+	       "\"LayerNorm\", \"dim\": 16, \"eps\": nan}, {\"kind\": \"Linear\", \"in_features\": "
+	       "16, \"out_features\": 10}]",
+	       NULL, "\"optimizer\": {\"lr\": 0.1}, \"batch_size\": 64, \"steps\": 1", PT_ERR_RANGE,
+	       "model[1] (layernorm): eps = nan must be finite and >= 0");
+	EXPECT("[{\"kind\": \"Linear\", \"in_features\": 64, \"out_features\": 16}, {\"kind\": "
+	       "\"LayerNorm\", \"dim\": 16, \"eps\": inf}, {\"kind\": \"Linear\", \"in_features\": "
+	       "16, \"out_features\": 10}]",
+	       NULL, "\"optimizer\": {\"lr\": 0.1}, \"batch_size\": 64, \"steps\": 1", PT_ERR_RANGE,
+	       "model[1] (layernorm): eps = inf must be finite and >= 0");
 	/* Device, loss. */
 	/* Without a GPU (or CUDA in the build) the backend's reason is quoted. */
 	if (!pt_backend_available(PT_DEV_CUDA))
@@ -833,7 +863,7 @@ static void test_job_spec_validation_of_c_specs(void)
 	s.data.held_out = 0.2f;
 	s.optim.eps = 0;
 	PT_CHECK_ERR_MSG(pt_job_spec_validate(&s, PT_SOURCE_ROOT, false), PT_ERR_RANGE,
-	                 "optimizer.eps must be > 0");
+	                 "optimizer.eps must be finite and > 0");
 	s.optim.eps = 1e-8f;
 	CU_ASSERT_EQUAL(s.worker_timeout_ms, PT_JOB_WORKER_TIMEOUT_MS);
 	s.worker_timeout_ms = 50;

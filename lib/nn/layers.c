@@ -209,9 +209,19 @@ static float eps_of(const pt_layer_spec *s)
 	return s->eps > 0.0f ? s->eps : 1e-5f;
 }
 
+/* eps_check refuses an eps that is negative, infinite or NaN (0: 1e-5). */
+static pt_err eps_check(const pt_layer_spec *s, const char *what)
+{
+	if (!(s->eps >= 0.0f) || !isfinite(s->eps))
+		return pt_set_error(PT_ERR_RANGE, "%s eps = %g must be finite and >= 0", what,
+		                    (double)s->eps);
+	return PT_OK;
+}
+
 static pt_err ln_infer(const pt_layer_spec *s, pt_act_shape in, pt_act_shape *out)
 {
 	PT_TRY(need_features(in, "layernorm"));
+	PT_TRY(eps_check(s, "layernorm"));
 	if (s->dim != in.features)
 		return pt_set_error(PT_ERR_SHAPE,
 		                    "layernorm dim %" PRId64 " does not match the incoming %" PRId64
@@ -394,6 +404,7 @@ static int64_t hidden_of(const pt_layer_spec *s)
 static pt_err block_infer(const pt_layer_spec *s, pt_act_shape in, pt_act_shape *out)
 {
 	PT_TRY(attn_check(s, in, "transformer_block"));
+	PT_TRY(eps_check(s, "transformer_block"));
 	return no_saved_shape(in, out);
 }
 

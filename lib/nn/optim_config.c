@@ -25,20 +25,23 @@ pt_err pt_optim_validate(const pt_optim_config *c)
 		                    c->kind);
 	if (!(c->lr > 0.0f) || !isfinite(c->lr))
 		return pt_set_error(PT_ERR_RANGE, "optimizer.lr must be > 0");
-	if (!(c->weight_decay >= 0.0f))
-		return pt_set_error(PT_ERR_RANGE, "optimizer.weight_decay must be >= 0");
-	if (!(c->clip_norm >= 0.0f))
-		return pt_set_error(PT_ERR_RANGE, "optimizer.clip_norm must be >= 0");
+	if (!(c->weight_decay >= 0.0f) || !isfinite(c->weight_decay))
+		return pt_set_error(PT_ERR_RANGE, "optimizer.weight_decay must be finite and >= 0");
+	if (!(c->clip_norm >= 0.0f) || !isfinite(c->clip_norm))
+		return pt_set_error(PT_ERR_RANGE, "optimizer.clip_norm must be finite and >= 0");
 	if (c->kind == PT_OPTIM_ADAMW) {
 		if (!(c->beta1 >= 0.0f && c->beta1 < 1.0f))
 			return pt_set_error(PT_ERR_RANGE, "optimizer.beta1 must be in [0, 1)");
 		if (!(c->beta2 >= 0.0f && c->beta2 < 1.0f))
 			return pt_set_error(PT_ERR_RANGE, "optimizer.beta2 must be in [0, 1)");
-		if (!(c->eps > 0.0f))
-			return pt_set_error(PT_ERR_RANGE, "optimizer.eps must be > 0");
+		if (!(c->eps > 0.0f) || !isfinite(c->eps))
+			return pt_set_error(PT_ERR_RANGE, "optimizer.eps must be finite and > 0");
 	} else {
-		if (!(c->momentum >= 0.0f))
-			return pt_set_error(PT_ERR_RANGE, "optimizer.momentum must be >= 0");
+		if (!(c->momentum >= 0.0f) || !isfinite(c->momentum))
+			return pt_set_error(PT_ERR_RANGE,
+			                    "optimizer.momentum must be finite and >= 0");
+		if (!isfinite(c->dampening))
+			return pt_set_error(PT_ERR_RANGE, "optimizer.dampening must be finite");
 		if (c->nesterov && (c->momentum <= 0.0f || c->dampening != 0.0f))
 			return pt_set_error(PT_ERR_INVALID, "optimizer.nesterov needs momentum > 0 "
 			                                    "and zero dampening");
