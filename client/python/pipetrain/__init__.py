@@ -20,12 +20,14 @@ from . import _schema
 def _link_generated():
     """flatc 2.0.8's generated accessors name classes their module does not
     import (JobInfo.Last returns a MetricPoint, JobInfoT._UnPack makes a
-    MetricPointT): give each generated module every generated class."""
+    MetricPointT, ResponseT.InitFromObj calls ResponseBodyCreator): give
+    each generated module every generated class and union creator."""
     names = set(_schema.TABLES) | set(_schema.ENUMS)
     mods = [_importlib.import_module(__name__ + "." + m.name)
             for m in _pkgutil.iter_modules(__path__) if m.name in names]
     classes = {k: v for m in mods for k, v in vars(m).items()
-               if isinstance(v, type) and v.__module__ == m.__name__}
+               if getattr(v, "__module__", None) == m.__name__ and
+               (isinstance(v, type) or (callable(v) and k.endswith("Creator")))}
     for m in mods:
         for k, v in classes.items():
             if not hasattr(m, k):

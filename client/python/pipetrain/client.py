@@ -266,11 +266,11 @@ def load_job(path):
     FlatBuffers binary - into the generated JobSpecT."""
     with open(path, "rb") as f:
         data = f.read()
-    if data.lstrip()[:1] in (b"{", b"/"):
+    if data.lstrip().lstrip(b"\xef\xbb\xbf").lstrip()[:1] in (b"{", b"/"):
         try:
-            d = _convert.loads_job(data.decode("utf-8"))
+            return _convert.to_object("JobSpec", _convert.loads_job(data.decode("utf-8")),
+                                      "job")
         except ValueError as e:
             raise ValueError(f"{os.fspath(path)}: {e}") from None
-        return _convert.to_object("JobSpec", d, "job")
     root = _convert.module("JobSpec").JobSpec.GetRootAs(bytearray(data), 0)
     return _convert.to_object("JobSpec", _convert.to_dict("JobSpec", root), "job")

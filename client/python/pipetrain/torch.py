@@ -57,12 +57,14 @@ def job_dict(job):
     reads it, or a FlatBuffers binary; read with pipetrain's own reader)."""
     if isinstance(job, dict):
         return job
+    import flatbuffers
     from . import _convert
-    with open(job, "rb") as f:
-        data = f.read()
-    if data.lstrip()[:1] in (b"{", b"/"):
-        return _convert.loads_job(data.decode("utf-8"))
-    root = _convert.module("JobSpec").JobSpec.GetRootAs(bytearray(data), 0)
+    from .client import load_job
+    # Through the binary form, so every field comes typed (numbers in quotes,
+    # enums by number) exactly as the server would read it.
+    b = flatbuffers.Builder(0)
+    b.Finish(load_job(job).Pack(b))
+    root = _convert.module("JobSpec").JobSpec.GetRootAs(b.Output(), 0)
     return _convert.to_dict("JobSpec", root)
 
 
