@@ -637,7 +637,7 @@ typedef struct jscalar {
  * quotes but not a name, and other characters must be printable ASCII. */
 static void scalar_of(const jlex *l, jscalar *sc)
 {
-	const char *a = l->s, *b = l->s + l->n;
+	const char *a = l->s, *b = l->s != NULL ? l->s + l->n : NULL; /* NULL + 0 is UB */
 
 	sc->kind = 0;
 	sc->s = l->ts;

@@ -178,8 +178,18 @@ pt_err pt_wire_reply_decode(const pt_msg *m, pt_reply *r)
 	r->n_tasks = 0;
 	if ((v = pt_fb_get_vector(t, PT_FB_STAGE_REPLY_TASKS, &n)) != NULL) {
 		n = (int)n < r->cap_tasks ? n : (uint32_t)r->cap_tasks;
-		if (r->tasks)
-			memcpy(r->tasks, v, (size_t)n * PT_FB_STAGE_TASK_RECORD_SIZE);
+		/* Field by field: the padding of a received record is the sender's
+		 * business, and a record read back equals the one sent. */
+		for (uint32_t i = 0; r->tasks != NULL && i < n; i++) {
+			const uint8_t *d = (const uint8_t *)v + (size_t)i * PT_FB_STAGE_TASK_RECORD_SIZE;
+			pt_task_record *o = &r->tasks[i];
+			memset(o, 0, sizeof(*o));
+			memcpy(&o->kind, d + PT_FB_STAGE_TASK_RECORD_KIND_OFFSET, 1);
+			memcpy(&o->microbatch, d + PT_FB_STAGE_TASK_RECORD_MICROBATCH_OFFSET, 4);
+			memcpy(&o->step, d + PT_FB_STAGE_TASK_RECORD_STEP_OFFSET, 8);
+			memcpy(&o->start, d + PT_FB_STAGE_TASK_RECORD_START_OFFSET, 8);
+			memcpy(&o->end, d + PT_FB_STAGE_TASK_RECORD_END_OFFSET, 8);
+		}
 		r->n_tasks = (int)n;
 	}
 	r->has_stats = false;

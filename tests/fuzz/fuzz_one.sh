@@ -8,6 +8,7 @@
 #            earlier runs found (OUT_DIR/work/NAME, kept between runs); a
 #            crash is saved as OUT_DIR/artifacts/NAME-crash-<sha1>
 # The last lines printed say how many inputs ran (libFuzzer's "Done N runs").
+# A crash exits 1: libFuzzer's default, 77, is what meson reads as a skip.
 set -euo pipefail
 
 mode=${1:?usage: fuzz_one.sh regress|fuzz FUZZER NAME SOURCE_ROOT OUT_DIR}
@@ -23,7 +24,7 @@ regress)
 	if [ -d "$crashes" ]; then
 		inputs+=("$crashes"/*)
 	fi
-	"$fuzzer" -timeout=30 "${inputs[@]}"
+	"$fuzzer" -timeout=30 -error_exitcode=1 "${inputs[@]}"
 	echo "fuzz_$name: ${#inputs[@]} inputs ran"
 	;;
 fuzz)
@@ -32,6 +33,7 @@ fuzz)
 	# New inputs go to the first folder (work); the seeds stay as they are.
 	set +e
 	"$fuzzer" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
+		-error_exitcode=1 \
 		-artifact_prefix="$out/artifacts/$name-" "$out/work/$name" "$seeds" 2>&1 |
 		grep -v -E '^#[0-9]+[[:space:]]+(NEW|REDUCE|pulse)'
 	rc=${PIPESTATUS[0]}
