@@ -73,17 +73,12 @@ resolved=${resolved% (0x*}
 	bad "installed pipeclient: libpipeclient.so => ${resolved:-(none)}, want $libdir (install rpath)"
 out=$("$pc" --version 2>&1) || bad "installed pipeclient --version: $out"
 
-: >"$tmp/server.out"
-"$build/server/pipeserver" --listen tcp://127.0.0.1:0 --data-dir "$tmp/data" \
-	>"$tmp/server.out" 2>"$tmp/server.log" &
-server_pid=$!
-url=
-for _ in $(seq 300); do
-	url=$(sed -n 's/^pipeserver listening on //p' "$tmp/server.out" | head -n 1)
-	[ -n "$url" ] && break
-	sleep 0.05
-done
-[ -n "$url" ] || { echo "FAIL: pipeserver did not start:" >&2; cat "$tmp/server.log" >&2; exit 1; }
+url='' started_pid=''
+# shellcheck source=tests/server_start.sh
+. "$1/tests/server_start.sh"
+start_pipeserver "$build/server/pipeserver" "$tmp/server.out" "$tmp/server.log" \
+	--listen tcp://127.0.0.1:0 --data-dir "$tmp/data"
+server_pid=$started_pid
 if /usr/bin/time -f %M -o "$tmp/rss" "$pc" --server "$url" info >"$tmp/info.out" 2>&1; then
 	rss=$(tail -n 1 "$tmp/rss")
 	grep -q '^version' "$tmp/info.out" || bad "pipeclient info printed no version: $(cat "$tmp/info.out")"

