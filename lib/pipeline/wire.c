@@ -181,7 +181,8 @@ pt_err pt_wire_reply_decode(const pt_msg *m, pt_reply *r)
 		/* Field by field: the padding of a received record is the sender's
 		 * business, and a record read back equals the one sent. */
 		for (uint32_t i = 0; r->tasks != NULL && i < n; i++) {
-			const uint8_t *d = (const uint8_t *)v + (size_t)i * PT_FB_STAGE_TASK_RECORD_SIZE;
+			const uint8_t *d =
+			    (const uint8_t *)v + (size_t)i * PT_FB_STAGE_TASK_RECORD_SIZE;
 			pt_task_record *o = &r->tasks[i];
 			memset(o, 0, sizeof(*o));
 			memcpy(&o->kind, d + PT_FB_STAGE_TASK_RECORD_KIND_OFFSET, 1);
