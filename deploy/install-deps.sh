@@ -21,6 +21,7 @@ packages=(
 	python3-venv           # the venv of the Python client's tests (below)
 	python3-yaml           # tests/deploy_check.py reads the deploy/ YAML files
 	iproute2               # ip netns, veth and tc: tests/test_netns, bench/overlap_bench
+	time shellcheck        # /usr/bin/time: deploy_client_linkage's RSS; shellcheck: deploy_lint
 	clang libclang-rt-dev libomp-dev  # tests/fuzz: libFuzzer (libclang_rt.fuzzer), OpenMP for clang
 )
 # Debian only (Ubuntu's chromium is a snap, so the Docker image, built on
