@@ -42,6 +42,10 @@ if [ -x "$build/bench/http_bench" ]; then
 	"$build/bench/http_bench"
 fi
 
+# The CUDA backend on GPT-2-small beside cuBLAS and PyTorch (prints
+# "skip: ..." without a CUDA device).
+[ -x "$build/bench/gpu_bench" ] && "$build/bench/gpu_bench" --torch "$here/torch_gpu_ref.py"
+
 if /usr/bin/python3 -c 'import torch' 2>/dev/null; then
 	# PyTorch's best CPU settings here: OpenBLAS as libblas.so.3 (Debian's
 	# libopenblas0-pthread) with its core type forced, since OpenBLAS 0.3.21

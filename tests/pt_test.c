@@ -24,8 +24,20 @@ const char *pt_test_path(const char *rel)
 	return buf;
 }
 
+/* Whether name contains one of the comma-separated substrings of list. */
+static bool name_listed(const char *name, const char *list)
+{
+	char buf[1024], *save = NULL;
+	snprintf(buf, sizeof(buf), "%s", list);
+	for (char *w = strtok_r(buf, ",", &save); w; w = strtok_r(NULL, ",", &save))
+		if (*w && strstr(name, w) != NULL)
+			return true;
+	return false;
+}
+
 int pt_test_main(const pt_test_suite *suites)
 {
+	const char *only = getenv("PT_TEST_ONLY"), *skip = getenv("PT_TEST_SKIP");
 	unsigned failed;
 	if (CU_initialize_registry() != CUE_SUCCESS)
 		return 99;
@@ -33,9 +45,12 @@ int pt_test_main(const pt_test_suite *suites)
 		CU_pSuite suite = CU_add_suite(s->name, NULL, NULL);
 		if (suite == NULL)
 			return 99;
-		for (const pt_test_case *t = s->tests; t->name; t++)
+		for (const pt_test_case *t = s->tests; t->name; t++) {
+			if ((only && !name_listed(t->name, only)) || (skip && name_listed(t->name, skip)))
+				continue;
 			if (CU_add_test(suite, t->name, t->fn) == NULL)
 				return 99;
+		}
 	}
 	CU_basic_set_mode(CU_BRM_VERBOSE);
 	CU_basic_run_tests();

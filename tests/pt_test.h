@@ -71,7 +71,9 @@ typedef struct pt_test_suite {
 	const pt_test_case *tests; /* terminated by {NULL, NULL} */
 } pt_test_suite;
 
-/* pt_test_main runs the suites (terminated by {NULL, NULL}); returns the exit code. */
+/* pt_test_main runs the suites (terminated by {NULL, NULL}); returns the exit
+ * code. PT_TEST_ONLY / PT_TEST_SKIP (comma-separated substrings of test
+ * names) run only, or leave out, the tests they name. */
 int pt_test_main(const pt_test_suite *suites);
 
 struct pt_job_spec;

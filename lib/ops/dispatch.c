@@ -12,6 +12,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "backend.h"
 #include "log.h"
 
 extern const pt_op_def pt_op_defs[PT_OP_COUNT];
@@ -240,18 +241,41 @@ static double mono_s(void)
 	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+/* The device of the call's first operand (a non-CPU one wins), or NULL. */
+static const pt_device *call_device(const pt_op_call *c)
+{
+	const pt_device *d = NULL;
+	for (int k = 0; k < c->n_out; k++)
+		if (c->out[k] && (d == NULL || c->out[k]->storage->device.kind != PT_DEV_CPU))
+			d = &c->out[k]->storage->device;
+	for (int k = 0; k < c->n_in; k++)
+		if (c->in[k] && (d == NULL || c->in[k]->storage->device.kind != PT_DEV_CPU))
+			d = &c->in[k]->storage->device;
+	return d;
+}
+
 /* Runs one planned kernel, timed when the thread has a kernel timer. */
 static pt_err run_kernel(const pt_op_call *c, void *workspace)
 {
 	pt_kernel_timer *kt = kernel_timer;
+	const pt_device *dev = NULL;
 	double t0;
 	pt_err rv;
 	if (kt == NULL)
 		return c->kernel(c, workspace);
+	if (kt->sync_device && (dev = call_device(c)) != NULL && dev->kind == PT_DEV_CPU)
+		dev = NULL;
+	if (dev != NULL)
+		(void)pt_backend_sync(*dev);
 	t0 = mono_s();
 	rv = c->kernel(c, workspace);
-	kt->seconds += mono_s() - t0;
+	if (dev != NULL && rv == PT_OK)
+		rv = pt_backend_sync(*dev);
+	t0 = mono_s() - t0;
+	kt->seconds += t0;
 	kt->calls++;
+	kt->op_seconds[c->op] += t0;
+	kt->op_calls[c->op]++;
 	return rv;
 }
 

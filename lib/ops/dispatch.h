@@ -265,11 +265,17 @@ pt_op_tape *pt_dispatcher_capture_end(pt_dispatcher *d);
 /* Benchmarks: while a thread has a kernel timer, every kernel it runs (eager,
  * in a flush or in a tape replay) adds its wall time (CLOCK_MONOTONIC
  * seconds, two clock reads around the call) and one call to the timer, so
- * dispatch overhead = step time - kernel time from the same run.
+ * dispatch overhead = step time - kernel time from the same run; per op too.
+ * With sync_device set, the device of the call's first operand is
+ * synchronised before and after each kernel, so an asynchronous (CUDA)
+ * kernel's time lands on its own op (the profile costs the overlap).
  * pt_dispatch_time_kernels sets the calling thread's timer (NULL: none). */
 typedef struct pt_kernel_timer {
 	double seconds;
 	uint64_t calls;
+	bool sync_device;
+	double op_seconds[PT_OP_COUNT];
+	uint64_t op_calls[PT_OP_COUNT];
 } pt_kernel_timer;
 void pt_dispatch_time_kernels(pt_kernel_timer *t);
 
