@@ -1025,11 +1025,11 @@ static bool device_model_refused(void)
 /* pipeserver_device runs the real `pipeserver --device cuda:0`. Without a
  * device (or CUDA in the build) it must exit non-zero at start-up with
  * "--device cuda:0: <reason>" on stderr; with one it must start (print its
- * listening line) and stop on SIGTERM. Returns 0 when it behaved, 1 if not,
+ * listening line, after any log lines) and stop on SIGTERM. Returns 0 when it behaved, 1 if not,
  * 77 when the binary is not built. */
 static int pipeserver_device(bool have_gpu)
 {
-	char bin[4096], dir[256], out[4096] = {0};
+	char bin[4096], dir[256], out[4096] = {0}, *line;
 	int fds[2], st = 0;
 	size_t len = 0;
 	ssize_t k;
@@ -1056,7 +1056,8 @@ static int pipeserver_device(bool have_gpu)
 	while (len < sizeof(out) - 1 && (k = read(fds[0], out + len, sizeof(out) - 1 - len)) > 0) {
 		len += (size_t)k;
 		out[len] = 0;
-		if (have_gpu && strchr(out, '\n') != NULL)
+		if (have_gpu && (line = strstr(out, "pipeserver listening on")) != NULL &&
+		    strchr(line, '\n') != NULL)
 			break;
 	}
 	if (have_gpu)

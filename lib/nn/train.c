@@ -115,6 +115,26 @@ static pt_err split(const pt_tensor *full, int64_t B, int k, int n, pt_tensor *o
 	return pt_tensor_narrow(out, full, 0, (int64_t)k * B, B);
 }
 
+/* Microbatch k of full on the model's device: a view when full is there,
+ * else a copy (host batches for a model on a GPU, as a stage copies them). */
+static pt_err microbatch_of(const pt_trainer *t, const pt_tensor *full, int64_t B, int k, int n,
+                            pt_tensor *out)
+{
+	pt_device dev = pt_model_device(t->model);
+	pt_tensor v = {0};
+	pt_err rv;
+	PT_TRY(split(full, B, k, n, &v));
+	if (pt_device_equal(pt_tensor_device(&v), dev)) {
+		*out = v;
+		return PT_OK;
+	}
+	if ((rv = pt_tensor_init_dev(out, dev, v.dtype, v.ndim, v.shape)) == PT_OK &&
+	    (rv = pt_tensor_transfer(out, &v)) != PT_OK)
+		pt_tensor_fini(out);
+	pt_tensor_fini(&v);
+	return rv;
+}
+
 static pt_err forward_fn(void *arg, pt_stream *stream)
 {
 	pt_trainer *t = arg;
@@ -179,8 +199,8 @@ static pt_err step_body(pt_trainer *t, const pt_tensor *x, const pt_tensor *y, i
 	for (int k = 0; k < mbs && rv == PT_OK; k++) {
 		pt_tensor xk = {0}, yk = {0};
 		double l;
-		if ((rv = split(x, B, k, mbs, &xk)) == PT_OK &&
-		    (rv = split(y, B, k, mbs, &yk)) == PT_OK &&
+		if ((rv = microbatch_of(t, x, B, k, mbs, &xk)) == PT_OK &&
+		    (rv = microbatch_of(t, y, B, k, mbs, &yk)) == PT_OK &&
 		    (rv = microbatch(t, &xk, &yk, step, k, scale, &l)) == PT_OK)
 			loss_sum += l;
 		pt_tensor_fini(&xk);

@@ -54,9 +54,9 @@ missing=$(ldd "$build/tests/test_cuda" "$build/server/pipeserver" 2>&1 | grep 'n
 [ -n "$missing" ] && say "# missing libraries: $missing"
 
 export OMP_WAIT_POLICY=PASSIVE
-step test_cuda 240 "$build/tests/test_cuda"
+step test_cuda 150 "$build/tests/test_cuda"
 cunit_lines test_cuda
-step test_nccl 60 "$build/tests/test_nccl"
+step test_nccl 40 "$build/tests/test_nccl"
 grep -E 'skip|Run Summary|  *(tests|asserts) |FAILED' "$out/test_nccl.log" | head -n 20 >>"$summary"
 
 # pipeserver on cuda:0, the two shipped examples through pipeclient.
@@ -79,7 +79,7 @@ else
 	"$pc" info >"$out/info.log" 2>&1
 	grep -iE 'device|cuda|kernel' "$out/info.log" | head -n 8 >>"$summary"
 	for ex in digits gpt; do
-		if step "submit_$ex" 240 "$pc" submit "examples/$ex.json" --follow; then
+		if step "submit_$ex" 90 "$pc" submit "examples/$ex.json" --follow; then
 			job=$("$pc" list | awk 'NR > 1 { id = $1 } END { print id }')
 			"$pc" status "$job" --json >"$out/status_$ex.json" 2>&1
 			"$pc" status "$job" >>"$out/submit_$ex.log" 2>&1
@@ -101,16 +101,16 @@ else
 fi
 rm -rf "$data"
 
-step gpu_bench 240 "$build/bench/gpu_bench" --torch bench/torch_gpu_ref.py
+step gpu_bench 150 "$build/bench/gpu_bench" --torch bench/torch_gpu_ref.py
 grep -vE '^#   ' "$out/gpu_bench.log" | head -n 30 >>"$summary"
 grep -E '^#   ' "$out/gpu_bench.log" | head -n 12 >>"$summary"
 
 PATH=$PATH:/usr/local/cuda/bin
 if command -v compute-sanitizer >/dev/null; then
 	san=(compute-sanitizer --error-exitcode 1 --target-processes application-only)
-	PT_TEST_SKIP=beyond_2g,large_shapes step memcheck 240 "${san[@]}" --tool memcheck "$build/tests/test_cuda"
+	PT_TEST_SKIP=beyond_2g,large_shapes step memcheck 150 "${san[@]}" --tool memcheck "$build/tests/test_cuda"
 	grep -E '=========|Run Summary|  *tests ' "$out/memcheck.log" | head -n 20 >>"$summary"
-	PT_TEST_SKIP=beyond_2g,large_shapes,initial_weights,over_nccl step racecheck 240 \
+	PT_TEST_SKIP=beyond_2g,large_shapes,initial_weights,over_nccl step racecheck 120 \
 		"${san[@]}" --tool racecheck "$build/tests/test_cuda"
 	grep -E '=========|Run Summary|  *tests ' "$out/racecheck.log" | head -n 20 >>"$summary"
 else
