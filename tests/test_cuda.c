@@ -7,6 +7,11 @@
  * exact for fill/copy/dropout masks and integer data, 1e-6 for plain
  * element-wise arithmetic, 1e-5 for ops using exp/tanh and row reductions
  * (the GPU reduces in a different order), 1e-4 for cuBLAS-based ops.
+ * Two long reductions get more, from what an H200 gave (2026-11-26): float32
+ * sums of R terms in two orders differ by about sqrt(R) * 2^-24 times the
+ * terms' size, so layer norm dw/db over 8192 rows (worst seen 2.0e-4) have
+ * 6e-4, and a Linear backward whose dx sums over a 50304-wide vocabulary
+ * (worst seen 5.3e-4) has 1.5e-3: about three times the worst seen.
  *
  * Suite cuda_ops also checks: column reductions (layer norm dw/db, Linear db,
  * embedding gradients) at C = 768 over 8192 rows against the CPU and bitwise
@@ -503,7 +508,7 @@ static const op_case column_cases[] = {
      {F32(CR, CC), F32(CR, CC), F32(CC), F32(CR), POS(CR)},
      {F32(CR, CC), F32(CC), F32(CC)},
      {.layernorm = {1e-5f, false}},
-     1e-4},
+     6e-4},
     {"layernorm_bwd_c768_rows37",
      PT_OP_LAYERNORM_BWD,
      {F32(37, CC), F32(37, CC), F32(CC), F32(37), POS(37)},
@@ -521,7 +526,7 @@ static const op_case column_cases[] = {
      {F32(2, CT, CV), F32(2, CT, 16), F32(CV, 16)},
      {F32(2, CT, 16), F32(CV, 16), F32(CV)},
      {.linear = {true, false, true}},
-     1e-4},
+     1.5e-3},
     {"embedding_bwd_gpt2_shape",
      PT_OP_EMBEDDING_BWD,
      {F32(CB, CT, CC), TOK(CV, CB, CT)},

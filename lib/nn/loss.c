@@ -19,6 +19,12 @@ struct pt_loss {
 pt_err pt_loss_create(pt_loss **out, pt_loss_kind kind, int ndim, const int64_t *shape,
                       int64_t ignore_index)
 {
+	return pt_loss_create_dev(out, kind, ndim, shape, ignore_index, PT_CPU);
+}
+
+pt_err pt_loss_create_dev(pt_loss **out, pt_loss_kind kind, int ndim, const int64_t *shape,
+                          int64_t ignore_index, pt_device dev)
+{
 	pt_loss *l;
 	pt_err rv;
 	int64_t rows = 1;
@@ -34,8 +40,8 @@ pt_err pt_loss_create(pt_loss **out, pt_loss_kind kind, int ndim, const int64_t 
 	l->ignore_index = ignore_index;
 	l->rows = rows;
 	if (kind == PT_LOSS_CROSS_ENTROPY) {
-		if ((rv = pt_tensor_init(&l->losses, PT_F32, 1, (int64_t[]){rows})) != PT_OK ||
-		    (rv = pt_tensor_init(&l->probs, PT_F32, ndim, shape)) != PT_OK)
+		if ((rv = pt_tensor_init_dev(&l->losses, dev, PT_F32, 1, (int64_t[]){rows})) != PT_OK ||
+		    (rv = pt_tensor_init_dev(&l->probs, dev, PT_F32, ndim, shape)) != PT_OK)
 			goto fail;
 		l->host_losses = malloc(sizeof(float) * (size_t)rows);
 		l->host_targets = malloc(sizeof(int64_t) * (size_t)rows);
@@ -44,7 +50,7 @@ pt_err pt_loss_create(pt_loss **out, pt_loss_kind kind, int ndim, const int64_t 
 			goto fail;
 		}
 	} else if (kind == PT_LOSS_MSE) {
-		if ((rv = pt_tensor_init(&l->scalar, PT_F32, 1, (int64_t[]){1})) != PT_OK)
+		if ((rv = pt_tensor_init_dev(&l->scalar, dev, PT_F32, 1, (int64_t[]){1})) != PT_OK)
 			goto fail;
 	} else {
 		rv = pt_set_error(PT_ERR_INVALID, "unknown loss kind %d", (int)kind);

@@ -14,9 +14,12 @@ typedef enum pt_loss_kind { PT_LOSS_CROSS_ENTROPY, PT_LOSS_MSE } pt_loss_kind;
 
 typedef struct pt_loss pt_loss;
 
-/* pt_loss_create makes a loss for predictions of the given shape. */
+/* pt_loss_create makes a loss for host predictions of the given shape;
+ * pt_loss_create_dev for predictions and targets on device dev. */
 pt_err pt_loss_create(pt_loss **out, pt_loss_kind kind, int ndim, const int64_t *pred_shape,
                       int64_t ignore_index);
+pt_err pt_loss_create_dev(pt_loss **out, pt_loss_kind kind, int ndim, const int64_t *pred_shape,
+                          int64_t ignore_index, pt_device dev);
 
 void pt_loss_destroy(pt_loss *l);
 

@@ -60,8 +60,10 @@ pt_err pt_trainer_create(pt_trainer **out, pt_model *model, pt_optimizer *opt,
 		rv = pt_set_error(PT_ERR_NOMEM, "trainer norms");
 		goto fail;
 	}
-	if ((rv = pt_loss_create(&t->loss, loss_kind, nd, shape, ignore_index)) != PT_OK ||
-	    (rv = pt_tensor_init(&t->dpred, PT_F32, nd, shape)) != PT_OK)
+	/* The loss and its gradient live where the model computes. */
+	if ((rv = pt_loss_create_dev(&t->loss, loss_kind, nd, shape, ignore_index,
+	                             pt_model_device(model))) != PT_OK ||
+	    (rv = pt_tensor_init_dev(&t->dpred, pt_model_device(model), PT_F32, nd, shape)) != PT_OK)
 		goto fail;
 	*out = t;
 	return PT_OK;
@@ -272,8 +274,8 @@ pt_err pt_trainer_evaluate(pt_trainer *t, const pt_tensor *x, const pt_tensor *y
 		double l;
 		int64_t cnt = 0;
 		pt_err rv;
-		if ((rv = pt_tensor_narrow(&xk, x, 0, k * B, B)) != PT_OK ||
-		    (rv = pt_tensor_narrow(&yk, y, 0, k * B, B)) != PT_OK ||
+		if ((rv = microbatch_of(t, x, B, (int)k, (int)n, &xk)) != PT_OK ||
+		    (rv = microbatch_of(t, y, B, (int)k, (int)n, &yk)) != PT_OK ||
 		    (rv = pt_model_forward(t->model, 0, &xk, &pred, false, 0, 0)) != PT_OK ||
 		    (rv = pt_loss_compute_loss(t->loss, pred, &yk, &l, &cnt)) != PT_OK) {
 			pt_tensor_fini(&xk);
