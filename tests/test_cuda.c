@@ -10,7 +10,8 @@
  * Two long reductions get more, from what an H200 gave (2026-11-26): float32
  * sums of R terms in two orders differ by about sqrt(R) * 2^-24 times the
  * terms' size, so layer norm dw/db over 8192 rows (worst seen 2.0e-4) have
- * 6e-4, and a Linear backward whose dx sums over a 50304-wide vocabulary
+ * 6e-4, as has Linear db over 8192 rows (1.4e-4 seen), and a Linear
+ * backward whose dx sums over a 50304-wide vocabulary
  * (worst seen 5.3e-4) has 1.5e-3: about three times the worst seen.
  *
  * Suite cuda_ops also checks: column reductions (layer norm dw/db, Linear db,
@@ -520,7 +521,7 @@ static const op_case column_cases[] = {
      {F32(CB, CT, CC), F32(CB, CT, 64), F32(CC, 64)},
      {F32(CB, CT, 64), F32(CC, 64), F32(CC)},
      {.linear = {true, false, true}},
-     1e-4},
+     6e-4},
     {"linear_bwd_bias_vocab_rows2048",
      PT_OP_LINEAR_BWD,
      {F32(2, CT, CV), F32(2, CT, 16), F32(CV, 16)},

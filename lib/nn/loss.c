@@ -130,3 +130,27 @@ pt_err pt_loss_compute_gradient(pt_loss *l, const pt_tensor *pred, const pt_tens
 	return pt_cross_entropy_backward(dpred, &l->probs, target, l->ignore_index,
 	                                 n ? scale / (float)n : 0.0f);
 }
+
+pt_err pt_loss_compute_both(pt_loss *l, const pt_tensor *pred, const pt_tensor *target,
+                            float scale, double *loss, int64_t *count, pt_tensor *dpred)
+{
+	int64_t n = 0;
+	double sum = 0.0;
+	if (l->kind == PT_LOSS_MSE) {
+		PT_TRY(pt_loss_compute_loss(l, pred, target, loss, count));
+		return pt_loss_compute_gradient(l, pred, target, scale, dpred);
+	}
+	if (pt_tensor_numel(target) != l->rows)
+		return pt_set_error(PT_ERR_SHAPE, "cross-entropy: %ld targets for %ld rows",
+		                    (long)pt_tensor_numel(target), (long)l->rows);
+	PT_TRY(pt_cross_entropy_forward(&l->losses, &l->probs, pred, target, l->ignore_index));
+	PT_TRY(pt_tensor_read(&l->losses, l->host_losses, sizeof(float) * (size_t)l->rows));
+	PT_TRY(count_targets(l, target, &n));
+	for (int64_t i = 0; i < l->rows; i++)
+		sum += l->host_losses[i];
+	*loss = n ? sum / (double)n : 0.0;
+	if (count)
+		*count = n;
+	return pt_cross_entropy_backward(dpred, &l->probs, target, l->ignore_index,
+	                                 n ? scale / (float)n : 0.0f);
+}

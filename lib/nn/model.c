@@ -488,21 +488,24 @@ pt_err pt_model_zero_grad(pt_model *m)
 pt_err pt_model_grad_sqnorms(pt_model *m, double *out)
 {
 	pt_tensor sq;
-	/* On the gradients' device (ops take one device); pt_tensor_item reads
-	 * each value back to the host. */
-	PT_TRY(pt_tensor_init_dev(&sq, m->cfg.device, PT_F64, 1, (int64_t[]){1}));
-	for (int i = 0; i < m->n_tensors; i++) {
+	pt_err rv = PT_OK;
+	if (m->n_tensors == 0)
+		return PT_OK;
+	/* On the gradients' device (ops take one device), each norm into its own
+	 * element, then one read back to the host (one sync, not one a tensor). */
+	PT_TRY(pt_tensor_init_dev(&sq, m->cfg.device, PT_F64, 1, (int64_t[]){m->n_tensors}));
+	for (int i = 0; i < m->n_tensors && rv == PT_OK; i++) {
 		pt_tensor *g = &m->layers[m->tensor_layer[i]].grad[m->tensor_k[i]];
-		pt_err rv = pt_squared_norm(&sq, g);
-		if (rv == PT_OK)
-			rv = pt_tensor_item(&sq, 0, &out[i]);
-		if (rv != PT_OK) {
-			pt_tensor_fini(&sq);
-			return rv;
+		pt_tensor one;
+		if ((rv = pt_tensor_narrow(&one, &sq, 0, i, 1)) == PT_OK) {
+			rv = pt_squared_norm(&one, g);
+			pt_tensor_fini(&one);
 		}
 	}
+	if (rv == PT_OK)
+		rv = pt_tensor_read(&sq, out, sizeof(double) * (size_t)m->n_tensors);
 	pt_tensor_fini(&sq);
-	return PT_OK;
+	return rv;
 }
 
 double pt_sum_sqnorms(const double *sq, int n)

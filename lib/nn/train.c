@@ -181,8 +181,7 @@ static pt_err microbatch(pt_trainer *t, const pt_tensor *xk, const pt_tensor *yk
 		                                      NULL, &t->last[0]));
 		pred = t->pred;
 	}
-	PT_TRY(pt_loss_compute_loss(t->loss, pred, yk, l, NULL));
-	PT_TRY(pt_loss_compute_gradient(t->loss, pred, yk, scale, &t->dpred));
+	PT_TRY(pt_loss_compute_both(t->loss, pred, yk, scale, l, NULL, &t->dpred));
 	if (t->graphs == NULL)
 		return pt_model_backward(t->model, 0, &t->dpred, NULL);
 	return pt_graph_manager_execute_phase(t->graphs, PT_PHASE_BACKWARD, backward_fn, t, NULL,
