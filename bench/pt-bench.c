@@ -5,6 +5,8 @@
  *   w1_samples_per_s  MLP 64-256-256-256-10, batch 256, AdamW
  *   w2_tokens_per_s   byte-level GPT: d 256, 4 heads, 8 blocks, ctx 128, batch 16, AdamW
  *   w2_sgemm_ratio    W2's achieved GFLOP/s over sgemm_gflops
+ *   sha256_gbps       SHA-256 of 256 MiB as checkpoints are hashed (OpenSSL's
+ *                     compression); sha256_portable_gbps, the portable one
  * and informational w1_gflops / w2_gflops. Threads: PIPETRAIN_THREADS or all cores.
  */
 #include <oneapi/dnnl/dnnl.h>
@@ -12,6 +14,7 @@
 #include <stdlib.h>
 
 #include "runtime.h"
+#include "sha256.h"
 #include "train.h"
 
 static void die(const char *what)
@@ -40,6 +43,26 @@ static double bench_sgemm(void)
 	free(a);
 	free(b);
 	free(c);
+	return best;
+}
+
+/* GB/s of pt_sha256 over 256 MiB, best of 3, with the installed block function. */
+static double bench_sha256(void)
+{
+	size_t n = (size_t)256 << 20;
+	uint8_t *p = malloc(n), d[PT_SHA256_BYTES];
+	double best = 0.0;
+	if (p == NULL)
+		die("sha256 buffer");
+	for (size_t i = 0; i < n; i++)
+		p[i] = (uint8_t)(i * 131 + (i >> 12));
+	for (int trial = 0; trial < 3; trial++) {
+		double t0 = pt_now();
+		pt_sha256(p, n, d);
+		double g = (double)n / (pt_now() - t0) / 1e9;
+		best = g > best ? g : best;
+	}
+	free(p);
 	return best;
 }
 
@@ -138,5 +161,9 @@ int main(int argc, char **argv)
 	printf("bench w2_tokens_per_s %.0f\n", s2 * 128);
 	printf("bench w2_gflops %.1f\n", g2);
 	printf("bench w2_sgemm_ratio %.3f\n", g2 / sgemm);
+	printf("bench sha256_gbps %.2f\n", bench_sha256());
+	pt_sha256_set_blocks(NULL, NULL);
+	printf("bench sha256_portable_gbps %.2f\n", bench_sha256());
+	pt_sha256_use_openssl();
 	return 0;
 }

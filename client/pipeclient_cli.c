@@ -406,6 +406,40 @@ static void format_duration(double s, char *buf, size_t cap)
 		snprintf(buf, cap, "%d:%02d:%02d", (int)s / 3600, (int)s / 60 % 60, (int)s % 60);
 }
 
+/* sig3 prints v with three significant digits in plain notation
+ * (19451 -> "19500", 2038.4 -> "2040", 0.1137 -> "0.114"). */
+static const char *sig3(double v, char *buf, size_t cap)
+{
+	int mag, dec;
+	if (!isfinite(v)) {
+		snprintf(buf, cap, "-");
+		return buf;
+	}
+	if (v == 0.0) {
+		snprintf(buf, cap, "0");
+		return buf;
+	}
+	mag = (int)floor(log10(fabs(v)));
+	dec = 2 - mag;
+	if (dec > 0)
+		snprintf(buf, cap, "%.*f", dec, v);
+	else {
+		double unit = pow(10.0, -dec);
+		snprintf(buf, cap, "%.0f", round(v / unit) * unit);
+	}
+	return buf;
+}
+
+/* rate_text: "2040 tokens/s" for jobs on token data, else "19500 samples/s". */
+static const char *rate_text(const pipeclient_metric *m, char *buf, size_t cap)
+{
+	char n[48];
+	bool tokens = isfinite(m->tokens_per_second) && m->tokens_per_second > 0;
+	snprintf(buf, cap, "%s %s/s", sig3(tokens ? m->tokens_per_second : m->samples_per_second,
+	                                  n, sizeof(n)), tokens ? "tokens" : "samples");
+	return buf;
+}
+
 static void print_job_text(const pipeclient_job *j)
 {
 	char sub[32], start[32], fin[32];
@@ -417,9 +451,9 @@ static void print_job_text(const pipeclient_job *j)
 	printf("  step %" PRId64 "/%" PRId64 "\n", j->step, j->steps);
 	if (j->has_last) {
 		const pipeclient_metric *m = &j->last;
-		printf("  loss %.6g at step %" PRId64
-		       " (lr %.3g, %.0f samples/s, bubble %.0f %%)\n",
-		       m->loss, m->step, m->learning_rate, m->samples_per_second, 100 * m->bubble);
+		char rate[80];
+		printf("  loss %.6g at step %" PRId64 " (lr %.3g, %s, bubble %.0f %%)\n", m->loss,
+		       m->step, m->learning_rate, rate_text(m, rate, sizeof(rate)), 100 * m->bubble);
 		if (isfinite(m->eval_accuracy) || isfinite(m->eval_loss))
 			printf("  held-out loss %.6g, accuracy %.2f %%\n", m->eval_loss,
 			       100 * m->eval_accuracy);
@@ -539,8 +573,9 @@ static void layout(int64_t steps, int *bar, int *spark)
 
 static void print_metric_line(const pipeclient_metric *m, int64_t steps)
 {
-	printf("step %" PRId64 "/%" PRId64 "  loss %.4f  lr %.3g  %.0f samples/s", m->step, steps,
-	       m->loss, m->learning_rate, m->samples_per_second);
+	char rate[80];
+	printf("step %" PRId64 "/%" PRId64 "  loss %.4f  lr %.3g  %s", m->step, steps, m->loss,
+	       m->learning_rate, rate_text(m, rate, sizeof(rate)));
 	if (isfinite(m->eval_loss))
 		printf("  eval loss %.4f", m->eval_loss);
 	if (isfinite(m->eval_accuracy))
@@ -586,9 +621,11 @@ static bool on_metric(void *ctx, uint64_t job, const pipeclient_metric *m)
 		format_duration(isfinite(rate) ? (w->steps - m->step) / rate : NAN, eta,
 		                sizeof(eta));
 		snprintf(left, sizeof(left), "step %" PRId64 "/%" PRId64, m->step, w->steps);
-		if (isfinite(rate))
-			snprintf(stats, sizeof(stats), "loss %.4f  %.1f steps/s  ETA %s", m->loss,
-			         rate, eta);
+		if (isfinite(rate)) {
+			char r3[48];
+			snprintf(stats, sizeof(stats), "loss %.4f  %s steps/s  ETA %s", m->loss,
+			         sig3(rate, r3, sizeof(r3)), eta);
+		}
 		else
 			snprintf(stats, sizeof(stats), "loss %.4f  ETA %s", m->loss, eta);
 		layout(w->steps, &bar, &cols);

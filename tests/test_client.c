@@ -835,6 +835,57 @@ static void test_client_cli_submit_follow(void)
 	free(out);
 }
 
+/* A job on token data shows tokens/s (not samples/s) with three significant
+ * digits, in --follow lines and in status. */
+static void test_client_token_job_rates(void)
+{
+	char *out, buf[32], g[32], rate[48], want[96];
+	const char *path = tpath("tokens.json");
+	FILE *f = fopen(path, "w");
+	double tps;
+	uint64_t id;
+	pt_json v;
+
+	CU_ASSERT_FATAL(f != NULL);
+	fprintf(f, "{ \"name\": \"tok\", \"model\": ["
+	           "{ \"kind\": \"Embedding\", \"vocab\": 256, \"dim\": 16, \"max_seq\": 16 },"
+	           "{ \"kind\": \"TransformerBlock\", \"dim\": 16, \"n_head\": 2 },"
+	           "{ \"kind\": \"LayerNorm\", \"dim\": 16 },"
+	           "{ \"kind\": \"Linear\", \"in_features\": 16, \"out_features\": 256 } ],"
+	           "\"data\": { \"format\": \"Tokens16\", \"tokens\": \"text.u16\", "
+	           "\"seq_len\": 16, \"vocab\": 256 }, \"loss\": \"CrossEntropy\", "
+	           "\"optimizer\": { \"kind\": \"AdamW\", \"lr\": 0.003 }, \"batch_size\": 8, "
+	           "\"microbatches\": 2, \"steps\": 4, \"mode\": \"Sync\", \"seed\": 1 }\n");
+	fclose(f);
+	CU_ASSERT_EQUAL(run_cli(&out, "--server", srv.url, "submit", path, "--follow", "--every",
+	                        "1", NULL),
+	                CLI_OK);
+	CU_ASSERT_PTR_NOT_NULL(strstr(out, "step 4/4  loss "));
+	CU_ASSERT_PTR_NOT_NULL(strstr(out, " tokens/s"));
+	CU_ASSERT_PTR_NULL(strstr(out, "samples/s"));
+	CU_ASSERT_FATAL(strstr(out, "submitted job ") != NULL &&
+	                sscanf(strstr(out, "submitted job "), "submitted job %" SCNu64, &id) == 1);
+	free(out);
+	snprintf(buf, sizeof(buf), "%" PRIu64, id);
+	CU_ASSERT_EQUAL(run_cli(&out, "--server", srv.url, "--json", "status", buf, NULL), CLI_OK);
+	CU_ASSERT_FATAL(parse_line(out, 0, &v));
+	tps = jnum(pt_json_get(&v, "last"), "tokens_per_second");
+	CU_ASSERT(tps > 0);
+	pt_json_fini(&v);
+	free(out);
+	snprintf(g, sizeof(g), "%.3g", tps);
+	if (strtod(g, NULL) >= 100)
+		snprintf(rate, sizeof(rate), "%.0f", strtod(g, NULL));
+	else
+		snprintf(rate, sizeof(rate), "%s", g);
+	snprintf(want, sizeof(want), ", %s tokens/s, bubble ", rate);
+	CU_ASSERT_EQUAL(run_cli(&out, "--server", srv.url, "status", buf, NULL), CLI_OK);
+	CU_ASSERT_PTR_NOT_NULL(strstr(out, want));
+	if (strstr(out, want) == NULL)
+		fprintf(stderr, "wanted \"%s\" in:\n%s", want, out);
+	free(out);
+}
+
 /* The library: submit from a JSON file, a binary file with a misleading name,
  * JSON text and a binary buffer; watch each to its end. */
 static void test_client_lib_submit_watch(void)
@@ -944,6 +995,20 @@ static void check_status_stages(pipeclient *c, uint64_t id)
 	         "\n  bubble fraction %.3f (idle share of stage time in step %d)\n", j.last.bubble,
 	         STEPS);
 	CU_ASSERT_PTR_NOT_NULL(strstr(out, want));
+	{
+		/* The rate with three significant digits, in plain notation. */
+		char g[32], rate[48];
+		snprintf(g, sizeof(g), "%.3g", j.last.samples_per_second);
+		if (strtod(g, NULL) >= 100)
+			snprintf(rate, sizeof(rate), "%.0f", strtod(g, NULL));
+		else
+			snprintf(rate, sizeof(rate), "%s", g);
+		snprintf(want, sizeof(want), " (lr %.3g, %s samples/s, bubble ",
+		         j.last.learning_rate, rate);
+		CU_ASSERT_PTR_NOT_NULL(strstr(out, want));
+		if (strstr(out, want) == NULL)
+			fprintf(stderr, "wanted \"%s\" in:\n%s", want, out);
+	}
 	pipeclient_job_fini(&j);
 	CU_ASSERT(bubble >= 0 && bubble <= 1);
 	for (int k = 0; k < 4; k++) {
@@ -1722,8 +1787,10 @@ static bool setup(void)
 	 * there; the failing job's copies are removed by the test. */
 	snprintf(cmd, sizeof(cmd),
 	         "for f in digits_x digits_y; do cp %s/examples/data/$f.npy %s/$f.npy; done && "
-	         "cp %s/digits_x.npy %s && cp %s/digits_y.npy %s",
-	         PT_SOURCE_ROOT, tmpdir, tmpdir, tpath("fail_x.npy"), tmpdir, tpath("fail_y.npy"));
+	         "cp %s/digits_x.npy %s && cp %s/digits_y.npy %s && "
+	         "cp %s/examples/data/text.u16 %s/text.u16",
+	         PT_SOURCE_ROOT, tmpdir, tmpdir, tpath("fail_x.npy"), tmpdir, tpath("fail_y.npy"),
+	         PT_SOURCE_ROOT, tmpdir);
 	if (system(cmd) != 0)
 		return false;
 	write_job(job_json, "client-test", STEPS, false, "digits_x.npy", "digits_y.npy");
@@ -1753,6 +1820,7 @@ int main(void)
 	    {"test_client_connection_failure", test_client_connection_failure},
 	    {"test_client_info", test_client_info},
 	    {"test_client_cli_submit_follow", test_client_cli_submit_follow},
+	    {"test_client_token_job_rates", test_client_token_job_rates},
 	    {"test_client_lib_submit_watch", test_client_lib_submit_watch},
 	    {"test_client_get_list", test_client_get_list},
 	    {"test_client_names_escaped", test_client_names_escaped},

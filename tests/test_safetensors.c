@@ -12,6 +12,7 @@
 #include "pt_test.h"
 #include "rng.h"
 #include "safetensors.h"
+#include "sha256.h"
 #include "tensor.h"
 
 static char tmpdir[64];
@@ -403,6 +404,71 @@ static int rm_entry(const char *path, const struct stat *sb, int flag, struct FT
 	return remove(path);
 }
 
+static void hex_of(const void *data, size_t n, char hex[PT_SHA256_HEX])
+{
+	uint8_t d[PT_SHA256_BYTES];
+	pt_sha256(data, n, d);
+	pt_sha256_hex(d, hex);
+}
+
+/* FIPS 180-4 vectors with both block functions, and equal digests of random
+ * data fed in random pieces (buffered and whole-block paths). libpipetrain
+ * installs OpenSSL's compression. */
+static void test_sha256_vectors_and_backends(void)
+{
+	static const char *const want[3] = {
+	    "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855",
+	    "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad",
+	    "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1"};
+	static const char *const msg[3] = {
+	    "", "abc", "abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq"};
+	char hex[PT_SHA256_HEX], ref[PT_SHA256_HEX];
+	size_t n = 1000003;
+	uint8_t *data = malloc(n);
+	pt_rng r;
+	CU_ASSERT_FATAL(data != NULL);
+	CU_ASSERT_STRING_EQUAL(pt_sha256_backend(), "openssl");
+	pt_rng_init(&r, 7, 0);
+	for (size_t i = 0; i < n; i++)
+		data[i] = (uint8_t)pt_rng_u32(&r);
+	for (int pass = 0; pass < 2; pass++) {
+		if (pass == 1)
+			pt_sha256_set_blocks(NULL, NULL); /* the portable one */
+		for (int k = 0; k < 3; k++) {
+			hex_of(msg[k], strlen(msg[k]), hex);
+			CU_ASSERT_STRING_EQUAL(hex, want[k]);
+		}
+		memset(data, 'a', 1000000);
+		hex_of(data, 1000000, hex);
+		CU_ASSERT_STRING_EQUAL(hex,
+		    "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+	}
+	/* Random pieces through the portable path, then through OpenSSL's. */
+	for (size_t i = 0; i < n; i++)
+		data[i] = (uint8_t)pt_rng_u32(&r);
+	for (int pass = 0; pass < 2; pass++) {
+		pt_sha256_ctx s;
+		uint8_t d[PT_SHA256_BYTES];
+		size_t off = 0;
+		if (pass == 1)
+			pt_sha256_use_openssl();
+		pt_sha256_init(&s);
+		while (off < n) {
+			size_t k = pt_rng_u32(&r) % 300;
+			k = k > n - off ? n - off : k;
+			pt_sha256_update(&s, data + off, k);
+			off += k;
+		}
+		pt_sha256_final(&s, d);
+		pt_sha256_hex(d, pass ? hex : ref);
+	}
+	CU_ASSERT_STRING_EQUAL(pt_sha256_backend(), "openssl");
+	CU_ASSERT_STRING_EQUAL(hex, ref);
+	hex_of(data, n, hex);
+	CU_ASSERT_STRING_EQUAL(hex, ref);
+	free(data);
+}
+
 int main(void)
 {
 	static const pt_test_case tests[] = {
@@ -411,6 +477,7 @@ int main(void)
 	    {"test_safetensors_malformed", test_safetensors_malformed},
 	    {"test_safetensors_checksum", test_safetensors_checksum},
 	    {"test_safetensors_atomic_write", test_safetensors_atomic_write},
+	    {"test_sha256_vectors_and_backends", test_sha256_vectors_and_backends},
 	    {NULL, NULL},
 	};
 	static const pt_test_suite suites[] = {

@@ -31,6 +31,22 @@ void pt_sha256_final(pt_sha256_ctx *s, uint8_t out[PT_SHA256_BYTES]);
 /* pt_sha256 hashes one buffer. */
 void pt_sha256(const void *data, size_t n, uint8_t out[PT_SHA256_BYTES]);
 
+/* pt_sha256_blocks_fn compresses n 64-byte blocks at p into the state h.
+ * The portable one is the default; pt_sha256_set_blocks installs another
+ * (libpipetrain installs OpenSSL's, which uses the CPU's SHA extensions where
+ * it has them) before any hashing starts; pt_sha256_backend names the one in
+ * use ("portable", "openssl"). Digests are the same whichever runs. */
+typedef void (*pt_sha256_blocks_fn)(uint32_t h[8], const uint8_t *p, size_t n);
+void pt_sha256_set_blocks(pt_sha256_blocks_fn fn, const char *name);
+const char *pt_sha256_backend(void);
+
+/* pt_sha256_use_openssl installs OpenSSL's compression (libpipetrain only;
+ * it does so when loaded). */
+void pt_sha256_use_openssl(void);
+
+/* pt_sha256_portable_blocks is the portable compression (for tests). */
+void pt_sha256_portable_blocks(uint32_t h[8], const uint8_t *p, size_t n);
+
 /* pt_sha256_hex formats a digest as 64 lowercase hex digits and a NUL. */
 void pt_sha256_hex(const uint8_t digest[PT_SHA256_BYTES], char out[PT_SHA256_HEX]);
 
