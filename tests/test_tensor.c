@@ -7,12 +7,14 @@
  */
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "backend.h"
 #include "ops.h"
 #include "pt_test.h"
 #include "rng.h"
+#include "runtime.h"
 #include "tensor.h"
 
 static int refs_of(const pt_tensor *t)
@@ -496,6 +498,49 @@ static void test_tensor_philox_known_answers(void)
 	philox_kat(0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344, 0xa4093822, 0x299f31d0, pi);
 }
 
+/* Large fills run on several threads (OpenMP) and give exactly the values of
+ * one block at a time: Box-Muller pairs and uniform quadruples by counter,
+ * whatever the thread count; the counter advances as for one thread. */
+static void test_tensor_rng_parallel_fill_equals_serial(void)
+{
+	const int64_t n = (1 << 20) + 3;
+	float *z = malloc(sizeof(float) * (size_t)n), *u = malloc(sizeof(float) * (size_t)n);
+	int64_t bad = 0;
+	pt_rng r;
+	CU_ASSERT_FATAL(z != NULL && u != NULL);
+	for (int threads = 1; threads <= 3; threads++) {
+		pt_set_num_threads(threads);
+		pt_rng_init(&r, 42, 9);
+		r.counter = 5;
+		pt_rng_normal(&r, z, n, 0.5f, 0.02f);
+		CU_ASSERT_EQUAL(r.counter, 5 + (uint64_t)(n + 1) / 2);
+		pt_rng_uniform(&r, u, n, -1.0f, 1.0f);
+		CU_ASSERT_EQUAL(r.counter, 5 + (uint64_t)(n + 1) / 2 + (uint64_t)(n + 3) / 4);
+		for (int64_t p = 0; p < (n + 1) / 2; p++) {
+			uint32_t w[4];
+			pt_philox(42, 9, 5 + (uint64_t)p, w);
+			double u1 = ((double)w[0] + 1.0) / 4294967296.0, u2 = (double)w[1] / 4294967296.0;
+			double rad = sqrt(-2.0 * log(u1));
+			bad += z[2 * p] != (float)(0.5 + (double)0.02f * rad * cos(2.0 * M_PI * u2));
+			if (2 * p + 1 < n)
+				bad += z[2 * p + 1] != (float)(0.5 + (double)0.02f * rad * sin(2.0 * M_PI * u2));
+		}
+		for (int64_t i = 0; i < n; i++) {
+			uint32_t w[4];
+			pt_philox(42, 9, 5 + (uint64_t)(n + 1) / 2 + (uint64_t)(i / 4), w);
+			bad += u[i] != -1.0f + 2.0f * pt_u32_to_unit(w[i % 4]);
+		}
+	}
+	CU_ASSERT_EQUAL(bad, 0);
+	pt_rng_init(&r, 1, 1);
+	pt_rng_normal(&r, z, 0, 0.0f, 1.0f);
+	pt_rng_uniform(&r, u, -4, 0.0f, 1.0f);
+	CU_ASSERT_EQUAL(r.counter, 0);
+	pt_set_num_threads(pt_num_cores());
+	free(z);
+	free(u);
+}
+
 static void test_tensor_philox_streams(void)
 {
 	pt_rng r;
@@ -592,7 +637,8 @@ static const pt_test_case access_tests[] = {
 };
 static const pt_test_case rng_tests[] = {
     {"test_tensor_philox_known_answers", test_tensor_philox_known_answers},
-    {"test_tensor_philox_streams", test_tensor_philox_streams},
+	    {"test_tensor_philox_streams", test_tensor_philox_streams},
+	    {"test_tensor_rng_parallel_fill_equals_serial", test_tensor_rng_parallel_fill_equals_serial},
     {NULL, NULL},
 };
 

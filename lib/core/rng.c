@@ -49,27 +49,41 @@ uint32_t pt_rng_u32(pt_rng *r)
 	return w[0];
 }
 
+/* Fills below this many elements stay on the calling thread. */
+#define PAR_MIN (1 << 16)
+
 void pt_rng_uniform(pt_rng *r, float *out, int64_t n, float lo, float hi)
 {
-	uint32_t w[4];
-	for (int64_t i = 0; i < n; i += 4) {
-		pt_philox(r->seed, r->stream, r->counter++, w);
-		for (int j = 0; j < 4 && i + j < n; j++)
-			out[i + j] = lo + (hi - lo) * pt_u32_to_unit(w[j]);
+	const uint64_t c0 = r->counter;
+	const int64_t blocks = n > 0 ? (n + 3) / 4 : 0;
+	/* Element i is word i % 4 of block c0 + i / 4: any split gives the same values. */
+#pragma omp parallel for schedule(static) if (n >= PAR_MIN)
+	for (int64_t b = 0; b < blocks; b++) {
+		uint32_t w[4];
+		pt_philox(r->seed, r->stream, c0 + (uint64_t)b, w);
+		for (int64_t j = 0; j < 4 && 4 * b + j < n; j++)
+			out[4 * b + j] = lo + (hi - lo) * pt_u32_to_unit(w[j]);
 	}
+	r->counter = c0 + (uint64_t)blocks;
 }
 
 void pt_rng_normal(pt_rng *r, float *out, int64_t n, float mean, float std)
 {
-	uint32_t w[4];
-	for (int64_t i = 0; i < n; i += 2) {
-		pt_philox(r->seed, r->stream, r->counter++, w);
+	const uint64_t c0 = r->counter;
+	const int64_t pairs = n > 0 ? (n + 1) / 2 : 0;
+	/* Elements 2p and 2p + 1 come from block c0 + p (Box-Muller), so the
+	 * values do not depend on how the pairs are split between threads. */
+#pragma omp parallel for schedule(static) if (n >= PAR_MIN)
+	for (int64_t p = 0; p < pairs; p++) {
+		uint32_t w[4];
+		pt_philox(r->seed, r->stream, c0 + (uint64_t)p, w);
 		/* u1 in (0, 1] so log() is finite. */
 		double u1 = ((double)w[0] + 1.0) / 4294967296.0;
 		double u2 = (double)w[1] / 4294967296.0;
 		double rad = sqrt(-2.0 * log(u1));
-		out[i] = (float)(mean + std * rad * cos(2.0 * M_PI * u2));
-		if (i + 1 < n)
-			out[i + 1] = (float)(mean + std * rad * sin(2.0 * M_PI * u2));
+		out[2 * p] = (float)(mean + std * rad * cos(2.0 * M_PI * u2));
+		if (2 * p + 1 < n)
+			out[2 * p + 1] = (float)(mean + std * rad * sin(2.0 * M_PI * u2));
 	}
+	r->counter = c0 + (uint64_t)pairs;
 }
