@@ -42,6 +42,9 @@ if [ -x "$build/bench/http_bench" ]; then
 	"$build/bench/http_bench"
 fi
 
+# What a checkpoint costs a running job (written in the background).
+[ -x "$build/bench/ckpt_bench" ] && "$build/bench/ckpt_bench"
+
 # The CUDA backend on GPT-2-small beside cuBLAS and PyTorch (prints
 # "skip: ..." without a CUDA device).
 [ -x "$build/bench/gpu_bench" ] && "$build/bench/gpu_bench" --torch "$here/torch_gpu_ref.py"

@@ -1772,15 +1772,17 @@ static void test_job_run_edges(void)
 	CU_ASSERT(exists(tmp_path("async/step-12.safetensors.state")));
 	/* A failure mid-run (here the checkpoint directory) ends the run with
 	 * its error, after every step done so far; threads and buffers are
-	 * released (the sanitizer build checks). */
+	 * released (the sanitizer build checks). Checkpoints are written in the
+	 * background, so the step-2 write's failure ends the run after step 4
+	 * at the latest (the step-4 checkpoint waits for it). */
 	memset(&rec, 0, sizeof(rec));
 	s.mode = PT_MODE_SYNC;
 	s.checkpoint_every = 2;
 	pt_test_write_file(tmp_path("not-a-dir"), "x", 1);
 	o.checkpoint_dir = tmp_path("not-a-dir/sub");
 	PT_CHECK_ERR_MSG(pt_job_run(&s, &o, &hooks, &last), PT_ERR_IO, "not-a-dir/sub");
-	CU_ASSERT_EQUAL(last, 2);
-	CU_ASSERT_EQUAL(rec.n, 2);
+	CU_ASSERT(last >= 2 && last <= 4);
+	CU_ASSERT_EQUAL(rec.n, last);
 	/* An invalid spec never starts. */
 	s.microbatches = 3;
 	PT_CHECK_ERR_MSG(pt_job_run(&s, &o, &hooks, &last), PT_ERR_INVALID,

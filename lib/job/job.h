@@ -157,7 +157,9 @@ typedef struct pt_job_hooks {
 	void (*on_metric)(void *ctx, const pt_job_metric *m);
 	/* Polled before every step; true stops the run (cancel or shutdown). */
 	bool (*should_stop)(void *ctx);
-	/* Called after a checkpoint file is complete (renamed into place). */
+	/* Called after a checkpoint file is complete (renamed into place), from
+	 * the runner's checkpoint writer thread: checkpoints are written in the
+	 * background while training goes on, one at a time. */
 	void (*on_checkpoint)(void *ctx, int64_t step, const char *path);
 	/* Called when the run restarts after a lost worker (restart n of the
 	 * spec's max_restarts), before it resumes at step `from` + 1; message
@@ -200,7 +202,10 @@ typedef struct pt_job_run_options {
  * every eval_every-th and the last step. A checkpoint is DIR/step-N.safetensors (the full model's
  * weights, PyTorch names) plus DIR/step-N.safetensors.state (tensor "stage<s>.state", s = 0..p-1,
  * per stage: parameters then optimizer state; metadata step, optimizer_steps, job, stages,
- * boundaries); only the newest checkpoint.keep pairs stay. Stopped before any step, the initial
+ * boundaries); only the newest checkpoint.keep pairs stay. A checkpoint is a snapshot of the
+ * gathered state handed to a writer thread, so training goes on while it is hashed and written;
+ * the next checkpoint waits for it, a failed write ends the run at the next step, and the run
+ * returns after its last checkpoint is written. Stopped before any step, the initial
  * weights are saved as step 0. resume_from (a step-N.safetensors path written for the same
  * partition) restores every stage and continues at step N + 1; the batch of each step depends only
  * on (seed, step), so in sync and semi-async mode a resumed run equals an uninterrupted one

@@ -53,6 +53,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -115,6 +116,16 @@ typedef struct runner {
 	int64_t opt_steps[PT_MAX_STAGES];
 	bool have_states;
 	int64_t last_ckpt; /* step of the newest checkpoint written or resumed (-1: none) */
+
+	/* The checkpoint writer: one thread writes one snapshot at a time while
+	 * training goes on; the next checkpoint (and the run's end, a restart)
+	 * waits for it first. Under wmu. */
+	pthread_t writer;
+	bool writer_up, writer_quit;
+	pthread_mutex_t wmu;
+	pthread_cond_t wcv;
+	struct snapshot *wjob; /* queued or being written; NULL: idle */
+	bool wbusy;
 } runner;
 
 /* load_npy reads the .npy file a data field names, confined as at submit
@@ -543,46 +554,224 @@ static void prune(const char *dir, int keep)
 	free(steps);
 }
 
-/* checkpoint writes the gathered state as step-N: the .state companion first,
- * then the weights, so a weights file always has its state next to it. */
+/* A checkpoint's snapshot: the gathered stage states (moved out of the
+ * runner, so training goes on without a copy), the full model's weights as
+ * views into them, and the metadata, all owned by the writer until written. */
+typedef struct snapshot {
+	int64_t step;
+	int p, keep;
+	char dir[4096], path[4096], spath[4200];
+	char names[PT_MAX_STAGES][32], stepbuf[32], stages[16];
+	char opt[PT_MAX_STAGES * 21 + 1], bounds[(PT_MAX_STAGES + 1) * 12 + 1];
+	pt_checkpoint_info info;
+	pt_tensor states[PT_MAX_STAGES];
+	pt_tensor *views;     /* n_weights views into states */
+	pt_st_tensor *wts;    /* names borrowed from the runner's full model */
+	size_t n_weights;
+	const pt_job_hooks *h;
+	pt_err rv;            /* the write's result */
+	char err[1024];       /* its error message (errors are per thread) */
+} snapshot;
+
+static void snapshot_free(snapshot *sn)
+{
+	if (sn == NULL)
+		return;
+	for (size_t i = 0; sn->views && i < sn->n_weights; i++)
+		pt_tensor_fini(&sn->views[i]);
+	for (int st = 0; st < sn->p; st++)
+		pt_tensor_fini(&sn->states[st]);
+	free(sn->views);
+	free(sn->wts);
+	free(sn);
+}
+
+/* snapshot_write writes step-N: the .state companion first, then the
+ * weights, so a weights file always has its state next to it (writer). */
+static pt_err snapshot_write(snapshot *sn)
+{
+	pt_st_tensor t[PT_MAX_STAGES];
+	pt_st_meta meta[] = {
+	    {"format", "pipetrain"},  {"schema_version", PT_CHECKPOINT_SCHEMA_VERSION},
+	    {"job", sn->info.job},    {"step", sn->stepbuf},
+	    {"optimizer_steps", sn->opt}, {"stages", sn->stages},
+	    {"boundaries", sn->bounds}};
+	if (mkdir(sn->dir, 0755) != 0 && errno != EEXIST)
+		return pt_set_error(PT_ERR_IO, "checkpoint directory '%s': %s", sn->dir,
+		                    strerror(errno));
+	for (int st = 0; st < sn->p; st++)
+		t[st] = (pt_st_tensor){sn->names[st], &sn->states[st]};
+	PT_TRY(pt_safetensors_write(sn->spath, t, (size_t)sn->p, meta,
+	                            sizeof(meta) / sizeof(meta[0])));
+	PT_TRY(pt_checkpoint_save_tensors(sn->path, sn->wts, sn->n_weights, &sn->info));
+	prune(sn->dir, sn->keep);
+	if (sn->h && sn->h->on_checkpoint)
+		sn->h->on_checkpoint(sn->h->ctx, sn->step, sn->path);
+	return PT_OK;
+}
+
+static void *writer_main(void *arg)
+{
+	runner *r = arg;
+	pthread_mutex_lock(&r->wmu);
+	for (;;) {
+		while (!r->writer_quit && (r->wjob == NULL || !r->wbusy))
+			pthread_cond_wait(&r->wcv, &r->wmu);
+		if (r->wjob == NULL || !r->wbusy)
+			break; /* quit with nothing queued */
+		snapshot *sn = r->wjob;
+		pthread_mutex_unlock(&r->wmu);
+		sn->rv = snapshot_write(sn);
+		if (sn->rv != PT_OK)
+			snprintf(sn->err, sizeof(sn->err), "%s", pt_last_error());
+		pthread_mutex_lock(&r->wmu);
+		r->wbusy = false;
+		pthread_cond_broadcast(&r->wcv);
+	}
+	pthread_mutex_unlock(&r->wmu);
+	return NULL;
+}
+
+/* ckpt_wait waits for the checkpoint being written, if any: on success it
+ * becomes the newest (last_ckpt, ckpt_path); a failed write's error is
+ * returned (and set) here. */
+static pt_err ckpt_wait(runner *r)
+{
+	snapshot *sn;
+	pt_err rv = PT_OK;
+	if (!r->writer_up)
+		return PT_OK;
+	pthread_mutex_lock(&r->wmu);
+	while (r->wbusy)
+		pthread_cond_wait(&r->wcv, &r->wmu);
+	sn = r->wjob;
+	r->wjob = NULL;
+	pthread_mutex_unlock(&r->wmu);
+	if (sn == NULL)
+		return PT_OK;
+	if (sn->rv == PT_OK) {
+		r->last_ckpt = sn->step;
+		snprintf(r->ckpt_path, sizeof(r->ckpt_path), "%s", sn->path);
+	} else {
+		rv = pt_set_error(sn->rv, "%s", sn->err);
+	}
+	snapshot_free(sn);
+	return rv;
+}
+
+/* ckpt_poll is ckpt_wait when the write has ended, else nothing: a failed
+ * write ends the run at the next step rather than at the next checkpoint. */
+static pt_err ckpt_poll(runner *r)
+{
+	bool ended;
+	if (!r->writer_up)
+		return PT_OK;
+	pthread_mutex_lock(&r->wmu);
+	ended = r->wjob != NULL && !r->wbusy;
+	pthread_mutex_unlock(&r->wmu);
+	return ended ? ckpt_wait(r) : PT_OK;
+}
+
+/* writer_down waits for the last write and stops the writer thread. */
+static pt_err writer_down(runner *r)
+{
+	pt_err rv = ckpt_wait(r);
+	if (r->writer_up) {
+		pthread_mutex_lock(&r->wmu);
+		r->writer_quit = true;
+		pthread_cond_broadcast(&r->wcv);
+		pthread_mutex_unlock(&r->wmu);
+		pthread_join(r->writer, NULL);
+		pthread_cond_destroy(&r->wcv);
+		pthread_mutex_destroy(&r->wmu);
+		r->writer_up = false;
+	}
+	return rv;
+}
+
+/* checkpoint hands the gathered state to the writer as step-N's snapshot,
+ * after the previous checkpoint is written (its failure fails this one).
+ * The stall is the wait for the previous write and building views. */
 static pt_err checkpoint(runner *r, int64_t step)
 {
 	const pt_job_spec *s = r->s;
-	char path[4096], spath[4200], names[PT_MAX_STAGES][32], stepbuf[32];
-	char opt[PT_MAX_STAGES * 21 + 1], bounds[(PT_MAX_STAGES + 1) * 12 + 1], stages[16];
-	pt_st_tensor t[PT_MAX_STAGES];
-	pt_checkpoint_info info = {.step = step};
+	const pt_tensor *P = pt_model_params(r->full);
+	int64_t cum[PT_MAX_STAGES + 1];
 	size_t o1 = 0, o2 = 0;
+	snapshot *sn;
+	pt_err rv = PT_OK;
 
-	if (mkdir(r->ckdir, 0755) != 0 && errno != EEXIST)
-		return pt_set_error(PT_ERR_IO, "checkpoint directory '%s': %s", r->ckdir,
-		                    strerror(errno));
-	snprintf(path, sizeof(path), "%s/step-%" PRId64 ".safetensors", r->ckdir, step);
-	snprintf(spath, sizeof(spath), "%s.state", path);
-	snprintf(info.job, sizeof(info.job), "%s", s->name ? s->name : "");
-	snprintf(stepbuf, sizeof(stepbuf), "%" PRId64, step);
-	snprintf(stages, sizeof(stages), "%d", r->p);
+	PT_TRY(ckpt_wait(r));
+	if ((sn = calloc(1, sizeof(*sn))) == NULL)
+		return pt_set_error(PT_ERR_NOMEM, "checkpoint snapshot");
+	sn->step = step;
+	sn->p = r->p;
+	sn->keep = s->checkpoint_keep;
+	sn->h = r->h;
+	snprintf(sn->dir, sizeof(sn->dir), "%s", r->ckdir);
+	snprintf(sn->path, sizeof(sn->path), "%s/step-%" PRId64 ".safetensors", r->ckdir, step);
+	snprintf(sn->spath, sizeof(sn->spath), "%s.state", sn->path);
+	sn->info.step = step;
+	snprintf(sn->info.job, sizeof(sn->info.job), "%s", s->name ? s->name : "");
+	snprintf(sn->stepbuf, sizeof(sn->stepbuf), "%" PRId64, step);
+	snprintf(sn->stages, sizeof(sn->stages), "%d", r->p);
+	cum[0] = 0;
 	for (int st = 0; st < r->p; st++) {
-		snprintf(names[st], sizeof(names[st]), "stage%d.state", st);
-		t[st] = (pt_st_tensor){names[st], &r->states[st]};
-		o1 += (size_t)snprintf(opt + o1, sizeof(opt) - o1, "%s%" PRId64, st ? "," : "",
-		                       r->opt_steps[st]);
+		snprintf(sn->names[st], sizeof(sn->names[st]), "stage%d.state", st);
+		o1 += (size_t)snprintf(sn->opt + o1, sizeof(sn->opt) - o1, "%s%" PRId64,
+		                       st ? "," : "", r->opt_steps[st]);
+		sn->states[st] = r->states[st]; /* moved: the next gather makes new ones */
+		memset(&r->states[st], 0, sizeof(r->states[st]));
+		cum[st + 1] = cum[st] + r->nparams[st];
 	}
 	for (int st = 0; st <= r->p; st++)
-		o2 += (size_t)snprintf(bounds + o2, sizeof(bounds) - o2, "%s%d", st ? "," : "",
-		                       r->first[st]);
-	pt_st_meta meta[] = {
-	    {"format", "pipetrain"},  {"schema_version", PT_CHECKPOINT_SCHEMA_VERSION},
-	    {"job", info.job},        {"step", stepbuf},
-	    {"optimizer_steps", opt}, {"stages", stages},
-	    {"boundaries", bounds}};
-	PT_TRY(pt_safetensors_write(spath, t, (size_t)r->p, meta, sizeof(meta) / sizeof(meta[0])));
-	PT_TRY(pt_checkpoint_save(path, r->full, NULL, &info));
-	r->last_ckpt = step;
-	snprintf(r->ckpt_path, sizeof(r->ckpt_path), "%s", path);
-	prune(r->ckdir, s->checkpoint_keep);
-	if (r->h && r->h->on_checkpoint)
-		r->h->on_checkpoint(r->h->ctx, step, path);
+		o2 += (size_t)snprintf(sn->bounds + o2, sizeof(sn->bounds) - o2, "%s%d",
+		                       st ? "," : "", r->first[st]);
+	/* The weights: each full-model tensor is a slice of one stage's
+	 * parameters, which lead that stage's state. */
+	sn->n_weights = (size_t)pt_model_num_tensors(r->full);
+	sn->views = calloc(sn->n_weights + 1, sizeof(*sn->views));
+	sn->wts = calloc(sn->n_weights + 1, sizeof(*sn->wts));
+	if (sn->views == NULL || sn->wts == NULL)
+		rv = pt_set_error(PT_ERR_NOMEM, "checkpoint snapshot");
+	for (size_t i = 0; rv == PT_OK && i < sn->n_weights; i++) {
+		const char *name;
+		pt_tensor *w;
+		int st = 0;
+		pt_model_tensor(r->full, (int)i, &name, &w, NULL);
+		int64_t off = w->offset - P->offset, n = pt_tensor_numel(w);
+		while (st + 1 < r->p && off >= cum[st + 1])
+			st++;
+		if (!pt_tensor_is_contiguous(w) || off < cum[st] || off + n > cum[st + 1]) {
+			rv = pt_set_error(PT_ERR_INVALID, "checkpoint: weight %s spans stages", name);
+			break;
+		}
+		rv = pt_tensor_init_on(&sn->views[i], sn->states[st].storage,
+		                       (size_t)(sn->states[st].offset + off - cum[st]) * sizeof(float),
+		                       PT_F32, w->ndim, w->shape);
+		sn->wts[i] = (pt_st_tensor){name, &sn->views[i]};
+	}
+	if (rv == PT_OK && !r->writer_up) {
+		pthread_mutex_init(&r->wmu, NULL);
+		pthread_cond_init(&r->wcv, NULL);
+		r->writer_quit = false;
+		if (pthread_create(&r->writer, NULL, writer_main, r) != 0) {
+			pthread_cond_destroy(&r->wcv);
+			pthread_mutex_destroy(&r->wmu);
+			rv = pt_set_error(PT_ERR_NOMEM, "checkpoint writer thread");
+		} else {
+			r->writer_up = true;
+		}
+	}
+	if (rv != PT_OK) {
+		snapshot_free(sn);
+		return rv;
+	}
+	pthread_mutex_lock(&r->wmu);
+	r->wjob = sn;
+	r->wbusy = true;
+	pthread_cond_broadcast(&r->wcv);
+	pthread_mutex_unlock(&r->wmu);
 	return PT_OK;
 }
 
@@ -852,17 +1041,19 @@ static pt_err train(runner *r, int64_t start, int64_t *done)
 		m.time_unix = unix_now();
 		if (r->h && r->h->on_metric)
 			r->h->on_metric(r->h->ctx, &m);
+		PT_TRY(ckpt_poll(r));
 		if (ck_due)
 			PT_TRY(checkpoint(r, step));
 		release_states(r);
 	}
 	/* Stopped early (or nothing left to do): the last step still gets one. */
+	PT_TRY(ckpt_wait(r));
 	if (r->ckdir != NULL && r->last_ckpt != *done) {
 		PT_TRY(gather(r));
 		PT_TRY(checkpoint(r, *done));
 		release_states(r);
 	}
-	return PT_OK;
+	return ckpt_wait(r);
 }
 
 /* restart decides, after the run failed with *rv, whether a worker was lost
@@ -908,6 +1099,8 @@ static bool restart(runner *r, pt_err *rv, int64_t *start)
 	}
 	pipeline_down(r);
 	r->restarts++;
+	if (ckpt_wait(r) != PT_OK) /* a failed write: resume from the one before */
+		pt_warn("job %s: %s", s->name ? s->name : "", pt_last_error());
 	*start = r->ckpt_path[0] != '\0' ? r->last_ckpt : 0;
 	snprintf(note, sizeof(note), "restart %d of %d after %s: %s; resuming from step %" PRId64,
 	         r->restarts, s->max_restarts, why, moves, *start);
@@ -969,6 +1162,11 @@ pt_err pt_job_run(const pt_job_spec *spec, const pt_job_run_options *o, const pt
 	}
 	if (rv != PT_OK)
 		snprintf(msg, sizeof(msg), "%s", pt_last_error());
+	/* The last checkpoint is written before the run returns. */
+	if (writer_down(r) != PT_OK && rv == PT_OK) {
+		rv = pt_last_code();
+		snprintf(msg, sizeof(msg), "%s", pt_last_error());
+	}
 	pipeline_down(r);
 	models_down(r);
 	data_down(r);

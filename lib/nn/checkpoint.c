@@ -70,13 +70,20 @@ out:
 	return rv;
 }
 
+pt_err pt_checkpoint_save_tensors(const char *path, const pt_st_tensor *entries, size_t n,
+                                  const pt_checkpoint_info *info)
+{
+	pt_st_meta meta[4];
+	char step[32];
+	meta_common(meta, step, sizeof(step), info);
+	return pt_safetensors_write(path, entries, n, meta, 4);
+}
+
 pt_err pt_checkpoint_save(const char *path, pt_model *m, pt_optimizer *o,
                           const pt_checkpoint_info *info)
 {
 	int nt = pt_model_num_tensors(m);
 	pt_st_tensor *entries = calloc((size_t)nt + 1, sizeof(*entries));
-	pt_st_meta meta[4];
-	char step[32];
 	pt_err rv;
 
 	if (entries == NULL)
@@ -87,8 +94,7 @@ pt_err pt_checkpoint_save(const char *path, pt_model *m, pt_optimizer *o,
 		pt_model_tensor(m, i, &name, &p, NULL);
 		entries[i] = (pt_st_tensor){name, p};
 	}
-	meta_common(meta, step, sizeof(step), info);
-	rv = pt_safetensors_write(path, entries, (size_t)nt, meta, 4);
+	rv = pt_checkpoint_save_tensors(path, entries, (size_t)nt, info);
 	free(entries);
 	if (rv == PT_OK && o != NULL)
 		rv = save_state(path, m, o, info);

@@ -13,6 +13,7 @@
 
 #include "model.h"
 #include "optim.h"
+#include "safetensors.h"
 
 #define PT_CHECKPOINT_SCHEMA_VERSION "1"
 
@@ -25,6 +26,12 @@ typedef struct pt_checkpoint_info {
  * boundary (queued ops are flushed). Blocking. */
 pt_err pt_checkpoint_save(const char *path, pt_model *m, pt_optimizer *o,
                           const pt_checkpoint_info *info);
+
+/* pt_checkpoint_save_tensors writes PATH from named tensors (host, in the
+ * model's order) with the same metadata as pt_checkpoint_save: for writers
+ * that hold the weights apart from a model (a snapshot). Blocking. */
+pt_err pt_checkpoint_save_tensors(const char *path, const pt_st_tensor *entries, size_t n,
+                                  const pt_checkpoint_info *info);
 
 /* pt_checkpoint_load reads weights from PATH into m (every parameter must be
  * present with its exact shape) and, when o is not NULL, the training state
