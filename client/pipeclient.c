@@ -968,6 +968,23 @@ pipeclient_err pipeclient_info(pipeclient *c, pipeclient_server_info *out)
 	return ok();
 }
 
+pipeclient_err pipeclient_kernels(pipeclient *c, char *buf, size_t cap)
+{
+	pt_api_request r;
+	call k;
+	pipeclient_err e;
+
+	if (c == NULL || buf == NULL || cap == 0)
+		return fail(c, PIPECLIENT_ERR_INVALID, "pipeclient_kernels: NULL argument");
+	buf[0] = '\0';
+	pt_api_request_init(&r, PT_API_SERVER_INFO);
+	if ((e = request(c, &r, 0, &k)) != PIPECLIENT_OK)
+		return e;
+	snprintf(buf, cap, "%s", k.resp.info.kernels ? k.resp.info.kernels : "");
+	call_fini(&k);
+	return ok();
+}
+
 /* -------------------------------------------------------------- checkpoint -- */
 
 static pipeclient_err write_all(pipeclient *c, int fd, const void *data, size_t n, uint64_t off,

@@ -309,6 +309,12 @@ typedef struct pipeclient_server_info {
 /* pipeclient_info asks the server for its version, device and load. */
 pipeclient_err pipeclient_info(pipeclient *c, pipeclient_server_info *out);
 
+/* pipeclient_kernels asks the server what it detected and which kernels it
+ * picked ("cpu: ...; matmul: oneDNN ...; sha256: ...; cuda:0: ..."), into
+ * buf (cap bytes, NUL-terminated, cut if longer; "" from a server that does
+ * not say). A function of its own so that pipeclient_server_info keeps its size. */
+pipeclient_err pipeclient_kernels(pipeclient *c, char *buf, size_t cap);
+
 #ifdef __cplusplus
 }
 #endif

@@ -156,8 +156,8 @@ static const command commands[] = {
     {"info", 0,
      "usage: pipeclient info [options]\n"
      "\n"
-     "The server's URL, version and protocol, device, running and queued jobs and\n"
-     "uptime.\n" COMMON_OPTIONS},
+     "The server's URL, version and protocol, device, running and queued jobs,\n"
+     "uptime, and the hardware it detected with the kernels it picked.\n" COMMON_OPTIONS},
 };
 
 static const command *find_command(const char *name)
@@ -1001,8 +1001,10 @@ static int cmd_info(cli *a)
 {
 	pipeclient_server_info si;
 	pipeclient_err e;
+	char kernels[1024];
 
-	if ((e = pipeclient_info(a->c, &si)) != PIPECLIENT_OK)
+	if ((e = pipeclient_info(a->c, &si)) != PIPECLIENT_OK ||
+	    (e = pipeclient_kernels(a->c, kernels, sizeof(kernels))) != PIPECLIENT_OK)
 		return report(a, e);
 	if (a->json) {
 		fputs("{\"server\":", stdout);
@@ -1014,6 +1016,8 @@ static int cmd_info(cli *a)
 		printf(",\"jobs_queued\":%d,\"jobs_running\":%d,\"uptime_seconds\":",
 		       si.jobs_queued, si.jobs_running);
 		json_num(stdout, si.uptime_seconds);
+		fputs(",\"kernels\":", stdout);
+		json_str(stdout, kernels);
 		fputs(",\"client_version\":", stdout);
 		json_str(stdout, PIPECLIENT_VERSION);
 		fputs("}\n", stdout);
@@ -1024,6 +1028,8 @@ static int cmd_info(cli *a)
 		       "device   %s\njobs     %d running, %d queued\nuptime   %s\n",
 		       esc(pipeclient_url(a->c)), esc(si.version), si.protocol, PIPECLIENT_VERSION,
 		       PIPECLIENT_PROTOCOL, esc(si.device), si.jobs_running, si.jobs_queued, up);
+		if (kernels[0])
+			printf("kernels  %s\n", esc(kernels));
 	}
 	return EXIT_OK;
 }

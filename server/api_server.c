@@ -31,6 +31,8 @@
 #include <nng/supplemental/tls/tls.h>
 
 #include "api/api.h"
+#include "backend.h"
+#include "device.h"
 #include "fileio.h"
 #include "log.h"
 #include "metrics.h"
@@ -104,6 +106,7 @@ struct pt_api_server {
 	atomic_bool stopping; /* contexts go idle */
 	atomic_int receiving;
 	double started;
+	char kernels[1024]; /* ServerInfo's kernels: detected at start */
 
 	pthread_mutex_t mu; /* contexts list and count */
 	srv_ctx *all;
@@ -298,6 +301,7 @@ static pt_err h_info(srv_ctx *c, const uint8_t **data, size_t *size, bool *parke
 	r.info.device = s->cfg.device;
 	pt_jobs_counts(s->cfg.jobs, &r.info.jobs_queued, &r.info.jobs_running);
 	r.info.uptime_seconds = now_mono() - s->started;
+	r.info.kernels = s->kernels;
 	return pt_api_build_response(&c->b, &r, data, size);
 }
 
@@ -1049,6 +1053,14 @@ pt_err pt_api_server_start(pt_api_server **out, const pt_api_server_config *cfg,
 		return pt_set_error(PT_ERR_NOMEM, "server");
 	s->cfg = *cfg;
 	s->started = now_mono();
+	{
+		pt_device dev = PT_CPU;
+		if (cfg->device != NULL && pt_device_parse(cfg->device, &dev) != PT_OK) {
+			dev = PT_CPU;
+			pt_clear_error();
+		}
+		pt_backend_describe(dev, s->kernels, sizeof(s->kernels));
+	}
 	pthread_mutex_init(&s->mu, NULL);
 	pthread_mutex_init(&s->wmu, NULL);
 	pthread_mutex_init(&s->dmu, NULL);

@@ -394,7 +394,9 @@ static void test_api_response_round_trip(void)
 	r.info.jobs_queued = 3;
 	r.info.jobs_running = 1;
 	r.info.uptime_seconds = 12.5;
+	r.info.kernels = "cpu: x; matmul: oneDNN 3.0.0, avx2";
 	resp_round_trip(&b, &r, &o, &keep);
+	CU_ASSERT_STRING_EQUAL(o.info.kernels, "cpu: x; matmul: oneDNN 3.0.0, avx2");
 	CU_ASSERT_STRING_EQUAL(o.info.version, "0.1.0");
 	CU_ASSERT_EQUAL(o.info.protocol, PT_API_PROTOCOL);
 	CU_ASSERT_STRING_EQUAL(o.info.device, "cpu");

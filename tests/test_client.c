@@ -30,6 +30,7 @@
 #include "json.h"
 #include "pipeclient.h"
 #include "pt_test.h"
+#include "runtime.h"
 #include "sha256.h"
 
 #define STEPS    24         /* steps of the short job */
@@ -773,15 +774,29 @@ static void test_client_info(void)
 	CU_ASSERT(si.version[0] != '\0');
 	CU_ASSERT(si.device[0] != '\0');
 	CU_ASSERT(si.uptime_seconds >= 0);
+	/* What the server detected and picked: this machine's CPU, oneDNN's ISA
+	 * and OpenSSL's SHA-256 (the server links libcrypto). */
+	{
+		char k[1024], want[80];
+		CHECK_LIB(pipeclient_kernels(c, k, sizeof(k)));
+		CU_ASSERT_PTR_NOT_NULL(strstr(k, "cpu: "));
+		CU_ASSERT_PTR_NOT_NULL(strstr(k, "; matmul: oneDNN "));
+		CU_ASSERT_PTR_NOT_NULL(strstr(k, "; sha256: openssl"));
+		snprintf(want, sizeof(want), ", %d cores (avx2 ", pt_num_cores());
+		CU_ASSERT_PTR_NOT_NULL(strstr(k, want));
+		CU_ASSERT_EQUAL(pipeclient_kernels(c, k, 0), PIPECLIENT_ERR_INVALID);
+	}
 	pipeclient_close(c);
 
 	CU_ASSERT_EQUAL(run_cli(&out, "--server", srv.url, "info", NULL), CLI_OK);
 	CU_ASSERT_PTR_NOT_NULL(strstr(out, "version"));
+	CU_ASSERT_PTR_NOT_NULL(strstr(out, "\nkernels  cpu: "));
 	free(out);
 	CU_ASSERT_EQUAL(run_cli(&out, "--server", srv.url, "--json", "info", NULL), CLI_OK);
 	CU_ASSERT_FATAL(parse_line(out, 0, &v));
 	CU_ASSERT_EQUAL(jint(&v, "protocol"), PIPECLIENT_PROTOCOL);
 	CU_ASSERT_STRING_EQUAL(jstr(&v, "version"), si.version);
+	CU_ASSERT_PTR_NOT_NULL(strstr(jstr(&v, "kernels"), "; matmul: oneDNN "));
 	pt_json_fini(&v);
 	free(out);
 }

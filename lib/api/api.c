@@ -437,7 +437,7 @@ static pt_err build_ckpt_fn(pt_fb_builder *b, const void *item, pt_fb_ref *out)
 
 static pt_err build_response_body(pt_fb_builder *b, const pt_api_response *r, pt_fb_ref *out)
 {
-	pt_fb_ref v = 0, s1 = 0, s2 = 0;
+	pt_fb_ref v = 0, s1 = 0, s2 = 0, s3 = 0;
 
 	*out = 0;
 	switch (r->kind) {
@@ -495,6 +495,7 @@ static pt_err build_response_body(pt_fb_builder *b, const pt_api_response *r, pt
 	case PT_API_SERVER_INFO:
 		str_ref(b, r->info.version, &s1);
 		str_ref(b, r->info.device, &s2);
+		str_ref(b, r->info.kernels, &s3);
 		pt_fb_start_table(b);
 		pt_fb_add_offset(b, PT_FB_API_SERVER_INFO_REPLY_VERSION, s1);
 		pt_fb_add_i32(b, PT_FB_API_SERVER_INFO_REPLY_PROTOCOL, r->info.protocol, 0);
@@ -503,6 +504,7 @@ static pt_err build_response_body(pt_fb_builder *b, const pt_api_response *r, pt
 		pt_fb_add_i32(b, PT_FB_API_SERVER_INFO_REPLY_JOBS_RUNNING, r->info.jobs_running, 0);
 		pt_fb_add_f64(b, PT_FB_API_SERVER_INFO_REPLY_UPTIME_SECONDS, r->info.uptime_seconds,
 		              0);
+		pt_fb_add_offset(b, PT_FB_API_SERVER_INFO_REPLY_KERNELS, s3);
 		break;
 	default:
 		return pt_set_error(PT_ERR_INVALID, "Response: unknown kind %d", (int)r->kind);
@@ -622,6 +624,7 @@ pt_err pt_api_parse_response(const void *buf, size_t size, pt_api_response *out)
 		    pt_fb_get_i32(body, PT_FB_API_SERVER_INFO_REPLY_JOBS_RUNNING, 0);
 		out->info.uptime_seconds =
 		    pt_fb_get_f64(body, PT_FB_API_SERVER_INFO_REPLY_UPTIME_SECONDS, 0);
+		out->info.kernels = opt_string(body, PT_FB_API_SERVER_INFO_REPLY_KERNELS);
 		break;
 	default:
 		break;

@@ -253,6 +253,7 @@ typedef struct pt_api_server_info {
 	int32_t jobs_queued;
 	int32_t jobs_running;
 	double uptime_seconds;
+	const char *kernels; /* what was detected and picked (pt_backend_describe) */
 } pt_api_server_info;
 
 /* pt_api_response is one Response. A non-OK code normally has no body

@@ -10,6 +10,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <oneapi/dnnl/dnnl.h>
+
+#include "runtime.h"
+#include "sha256.h"
+
 #ifdef PT_HAVE_CUDA
 #include "cuda/cuda_kernels.h"
 #include "cuda/cuda_ops.h"
@@ -279,4 +284,85 @@ pt_err pt_backend_check_device(pt_device dev)
 		return pt_set_error(PT_ERR_RANGE, "cuda:%d: only %d CUDA device%s here", dev.index,
 		                    n, n == 1 ? "" : "s");
 	return PT_OK;
+}
+
+/* ------------------------------------------------------ what was picked -- */
+
+/* The CPU's model name and whether /proc/cpuinfo lists each flag. */
+static void cpu_info(char *model, size_t cap, const char *const *flags, bool *have, int n)
+{
+	char line[8192];
+	FILE *f = fopen("/proc/cpuinfo", "r");
+	snprintf(model, cap, "unknown CPU");
+	for (int i = 0; i < n; i++)
+		have[i] = false;
+	if (f == NULL)
+		return;
+	bool got_model = false, got_flags = false;
+	while ((!got_model || !got_flags) && fgets(line, sizeof(line), f) != NULL) {
+		char *v = strchr(line, ':');
+		if (v == NULL)
+			continue;
+		v += strspn(v + 1, " \t") + 1;
+		v[strcspn(v, "\n")] = '\0';
+		if (!got_model && strncmp(line, "model name", 10) == 0) {
+			snprintf(model, cap, "%s", v);
+			got_model = true;
+		} else if (!got_flags && strncmp(line, "flags", 5) == 0) {
+			for (int i = 0; i < n; i++) {
+				size_t k = strlen(flags[i]);
+				for (const char *p = v; (p = strstr(p, flags[i])) != NULL; p += k)
+					if ((p == v || p[-1] == ' ') && (p[k] == ' ' || p[k] == '\0'))
+						have[i] = true;
+			}
+			got_flags = true;
+		}
+	}
+	fclose(f);
+}
+
+static const char *dnnl_isa_name(dnnl_cpu_isa_t isa)
+{
+	switch (isa) {
+	case dnnl_cpu_isa_sse41: return "sse41";
+	case dnnl_cpu_isa_avx: return "avx";
+	case dnnl_cpu_isa_avx2: return "avx2";
+	case dnnl_cpu_isa_avx2_vnni: return "avx2_vnni";
+	case dnnl_cpu_isa_avx512_core: return "avx512_core";
+	case dnnl_cpu_isa_avx512_core_vnni: return "avx512_core_vnni";
+	case dnnl_cpu_isa_avx512_core_bf16: return "avx512_core_bf16";
+	case dnnl_cpu_isa_avx512_core_amx: return "avx512_core_amx";
+	default: return "other";
+	}
+}
+
+void pt_backend_describe(pt_device dev, char *buf, size_t cap)
+{
+	static const char *const flags[] = {"avx2", "avx512f", "avx512_bf16", "amx_bf16"};
+	bool have[4];
+	char model[256];
+	const dnnl_version_t *v = dnnl_version();
+	size_t o;
+
+	cpu_info(model, sizeof(model), flags, have, 4);
+	o = (size_t)snprintf(buf, cap,
+	                     "cpu: %s, %d cores (avx2 %s, avx512f %s, avx512_bf16 %s, amx_bf16 %s); "
+	                     "matmul: oneDNN %d.%d.%d, %s; element-wise: built for x86-64-v3 (AVX2); "
+	                     "sha256: %s",
+	                     model, pt_num_cores(), have[0] ? "yes" : "no", have[1] ? "yes" : "no",
+	                     have[2] ? "yes" : "no", have[3] ? "yes" : "no", v ? v->major : 0,
+	                     v ? v->minor : 0, v ? v->patch : 0,
+	                     dnnl_isa_name(dnnl_get_effective_cpu_isa()), pt_sha256_backend());
+	if (o >= cap || dev.kind != PT_DEV_CUDA)
+		return;
+#ifdef PT_HAVE_CUDA
+	{
+		char gpu[256];
+		if (ptc_device_describe(dev.index, gpu, sizeof(gpu)) != 0)
+			snprintf(gpu, sizeof(gpu), "unavailable (%s)", ptc_last_error());
+		snprintf(buf + o, cap - o, "; cuda:%d: %s", dev.index, gpu);
+	}
+#else
+	snprintf(buf + o, cap - o, "; cuda:%d: no CUDA support in this build", dev.index);
+#endif
 }

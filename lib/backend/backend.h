@@ -43,6 +43,13 @@ pt_err pt_backend_check_device(pt_device dev);
  * no such device: PT_ERR_UNSUPPORTED. */
 pt_err pt_backend_device_memory(pt_device dev, uint64_t *total);
 
+/* pt_backend_describe writes what this machine runs and which kernels were
+ * picked at run time for a server on dev: the CPU and its vector features,
+ * oneDNN's ISA for matrix products, the build baseline of the element-wise
+ * kernels, the SHA-256 code, and for cuda:N the GPU (ServerInfo's
+ * `kernels`). Never fails: what cannot be read says so. */
+void pt_backend_describe(pt_device dev, char *buf, size_t cap);
+
 /* pt_backend_device_ready asks the device's runtime whether dev is usable now
  * (CUDA: cudaGetDeviceCount, which honours CUDA_VISIBLE_DEVICES, and
  * cudaDeviceGetAttribute on dev; no context is made). PT_OK, else an error

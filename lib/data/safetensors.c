@@ -14,6 +14,14 @@
 #include "json.h"
 #include "sha256.h"
 
+/* Checkpoints are hashed with OpenSSL's SHA-256 compression (SHA extensions
+ * where the CPU has them) in any program that links this file. A
+ * constructor here, not in sha256_openssl.c, which a static link would drop. */
+__attribute__((constructor)) static void use_openssl_sha256(void)
+{
+	pt_sha256_use_openssl();
+}
+
 #if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "safetensors.c reads little-endian data in place"
 #endif

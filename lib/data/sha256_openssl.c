@@ -1,7 +1,8 @@
 /* sha256_openssl.c - OpenSSL's SHA-256 compression (SHA extensions, AVX2 or
  * SSSE3 as the CPU has them, chosen by libcrypto at run time) installed as
- * pt_sha256's block function when libpipetrain is loaded. libpipeclient
- * keeps the portable one and so needs no libcrypto.
+ * pt_sha256's block function (safetensors.c does so at load, so every
+ * program that writes or checks checkpoints has it). libpipeclient keeps the
+ * portable one and so needs no libcrypto.
  *
  * The EVP interface hashes whole messages only; pt_sha256_ctx is a plain
  * value that callers copy, so the state is handed to SHA256_Update (whole
@@ -31,7 +32,3 @@ void pt_sha256_use_openssl(void)
 	pt_sha256_set_blocks(openssl_blocks, "openssl");
 }
 
-__attribute__((constructor)) static void install_openssl_sha256(void)
-{
-	pt_sha256_use_openssl();
-}

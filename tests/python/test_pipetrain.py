@@ -35,6 +35,7 @@ def test_full_digits_flow(server, tmp_path):
     with pipetrain.Client(server.url, timeout=20) as c:
         info = c.info()
         assert info["device"] == "cpu" and info["protocol"] >= 1
+        assert info["kernels"].startswith("cpu: ") and "; matmul: oneDNN " in info["kernels"]
         job = c.submit(digits())
         assert isinstance(job, int) and job >= 1
         points = list(c.watch(job))

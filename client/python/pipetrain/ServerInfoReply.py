@@ -66,7 +66,14 @@ class ServerInfoReply(object):
             return self._tab.Get(flatbuffers.number_types.Float64Flags, o + self._tab.Pos)
         return 0.0
 
-def ServerInfoReplyStart(builder): builder.StartObject(6)
+    # ServerInfoReply
+    def Kernels(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(16))
+        if o != 0:
+            return self._tab.String(o + self._tab.Pos)
+        return None
+
+def ServerInfoReplyStart(builder): builder.StartObject(7)
 def Start(builder):
     return ServerInfoReplyStart(builder)
 def ServerInfoReplyAddVersion(builder, version): builder.PrependUOffsetTRelativeSlot(0, flatbuffers.number_types.UOffsetTFlags.py_type(version), 0)
@@ -87,6 +94,9 @@ def AddJobsRunning(builder, jobsRunning):
 def ServerInfoReplyAddUptimeSeconds(builder, uptimeSeconds): builder.PrependFloat64Slot(5, uptimeSeconds, 0.0)
 def AddUptimeSeconds(builder, uptimeSeconds):
     return ServerInfoReplyAddUptimeSeconds(builder, uptimeSeconds)
+def ServerInfoReplyAddKernels(builder, kernels): builder.PrependUOffsetTRelativeSlot(6, flatbuffers.number_types.UOffsetTFlags.py_type(kernels), 0)
+def AddKernels(builder, kernels):
+    return ServerInfoReplyAddKernels(builder, kernels)
 def ServerInfoReplyEnd(builder): return builder.EndObject()
 def End(builder):
     return ServerInfoReplyEnd(builder)
@@ -101,6 +111,7 @@ class ServerInfoReplyT(object):
         self.jobsQueued = 0  # type: int
         self.jobsRunning = 0  # type: int
         self.uptimeSeconds = 0.0  # type: float
+        self.kernels = None  # type: str
 
     @classmethod
     def InitFromBuf(cls, buf, pos):
@@ -124,6 +135,7 @@ class ServerInfoReplyT(object):
         self.jobsQueued = serverInfoReply.JobsQueued()
         self.jobsRunning = serverInfoReply.JobsRunning()
         self.uptimeSeconds = serverInfoReply.UptimeSeconds()
+        self.kernels = serverInfoReply.Kernels()
 
     # ServerInfoReplyT
     def Pack(self, builder):
@@ -131,6 +143,8 @@ class ServerInfoReplyT(object):
             version = builder.CreateString(self.version)
         if self.device is not None:
             device = builder.CreateString(self.device)
+        if self.kernels is not None:
+            kernels = builder.CreateString(self.kernels)
         ServerInfoReplyStart(builder)
         if self.version is not None:
             ServerInfoReplyAddVersion(builder, version)
@@ -140,5 +154,7 @@ class ServerInfoReplyT(object):
         ServerInfoReplyAddJobsQueued(builder, self.jobsQueued)
         ServerInfoReplyAddJobsRunning(builder, self.jobsRunning)
         ServerInfoReplyAddUptimeSeconds(builder, self.uptimeSeconds)
+        if self.kernels is not None:
+            ServerInfoReplyAddKernels(builder, kernels)
         serverInfoReply = ServerInfoReplyEnd(builder)
         return serverInfoReply

@@ -116,7 +116,8 @@ class Client:
 
     def info(self):
         """ServerInfo: version, protocol, device, jobs_queued, jobs_running,
-        uptime_seconds (and what newer servers add)."""
+        uptime_seconds, kernels (what the server detected and picked: CPU,
+        oneDNN ISA, SHA-256 code, GPU), and what newer servers add."""
         return self._dict("ServerInfoReply", self._call("ServerInfo", {}))
 
     def submit(self, job):

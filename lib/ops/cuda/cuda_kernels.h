@@ -37,6 +37,9 @@ int ptc_device_count(int *n);
  * (cudaGetDeviceProperties; does not change the current device). */
 int ptc_device_memory(int dev, size_t *total);
 
+/* ptc_device_describe writes "NAME, sm_XY, N SMs, M GiB, driver CUDA a.b". */
+int ptc_device_describe(int dev, char *buf, size_t cap);
+
 /* ptc_device_probe asks the runtime whether device dev is usable now:
  * visible (cudaGetDeviceCount, so CUDA_VISIBLE_DEVICES counts) and answering
  * attribute queries, not in the prohibited compute mode. Creates no context;

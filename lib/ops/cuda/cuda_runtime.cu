@@ -177,6 +177,18 @@ extern "C" int ptc_device_memory(int dev, size_t *total)
 	return 0;
 }
 
+extern "C" int ptc_device_describe(int dev, char *buf, size_t cap)
+{
+	cudaDeviceProp p;
+	int driver = 0;
+	PTC_CUDA(cudaGetDeviceProperties(&p, dev));
+	cudaDriverGetVersion(&driver);
+	snprintf(buf, cap, "%s, sm_%d%d, %d SMs, %.0f GiB, driver CUDA %d.%d", p.name, p.major,
+	         p.minor, p.multiProcessorCount, (double)p.totalGlobalMem / (1 << 30),
+	         driver / 1000, driver % 1000 / 10);
+	return 0;
+}
+
 extern "C" int ptc_device_probe(int dev)
 {
 	int n = 0, major = 0, mode = 0;
