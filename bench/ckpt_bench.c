@@ -35,10 +35,11 @@ static void on_metric(void *ctx, const pt_job_metric *m)
 		r->t[m->step] = pt_now();
 }
 
-static void on_checkpoint(void *ctx, int64_t step, const char *path)
+static void on_checkpoint(void *ctx, int64_t step, const char *path, const char *sha256,
+                          uint64_t size)
 {
 	rec *r = ctx;
-	(void)path;
+	(void)path, (void)sha256, (void)size;
 	if (step >= 1 && step <= STEPS)
 		r->ck_done[step] = pt_now();
 }

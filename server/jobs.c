@@ -672,11 +672,28 @@ static bool hook_should_stop(void *ctx)
 	return atomic_load(&jb->stop) != STOP_NONE;
 }
 
-static void hook_checkpoint(void *ctx, int64_t step, const char *path)
+/* hook_checkpoint (the runner's checkpoint writer thread) lists a new
+ * checkpoint with the SHA-256 its writer computed as it wrote, so the scan
+ * does not read the file back to hash it. */
+static void hook_checkpoint(void *ctx, int64_t step, const char *path, const char *sha256,
+                            uint64_t size)
 {
 	job *jb = ctx;
+	pt_jobs *m = jb->mgr;
 	pt_debug("job %" PRIu64 ": checkpoint at step %" PRId64 ": %s", jb->id, step, path);
-	refresh_checkpoints(jb->mgr, jb);
+	pthread_mutex_lock(&m->mu);
+	ckpt *grown = strlen(sha256) == PT_SHA256_HEX - 1
+	                  ? realloc(jb->ckpts, (jb->n_ckpts + 1) * sizeof(*grown))
+	                  : NULL;
+	if (grown != NULL) {
+		jb->ckpts = grown;
+		grown[jb->n_ckpts].step = step;
+		grown[jb->n_ckpts].size = size;
+		memcpy(grown[jb->n_ckpts].sha256, sha256, PT_SHA256_HEX);
+		jb->n_ckpts++;
+	}
+	pthread_mutex_unlock(&m->mu);
+	refresh_checkpoints(m, jb);
 }
 
 /* hook_restart shows a restart after a lost worker as the running job's

@@ -20,6 +20,7 @@
 #include "model.h"
 #include "tokens.h"
 #include "fileio.h"
+#include "sha256.h"
 #include "job.h"
 #include "npy.h"
 #include "pt_test.h"
@@ -1475,8 +1476,9 @@ static void test_job_files_json_dialect_matches_flatc(void)
 typedef struct recorder {
 	int n;
 	pt_job_metric m[MAX_METRICS];
-	int n_ckpt;
+	int n_ckpt; /* written by the checkpoint writer thread; read after pt_job_run */
 	int64_t ckpt_steps[16];
+	int ckpt_bad; /* checkpoints whose reported SHA-256 or size was not the file's */
 	int64_t stop_after; /* should_stop once this many steps are done (0: never) */
 	int64_t done;
 } recorder;
@@ -1495,11 +1497,27 @@ static bool should_stop(void *ctx)
 	return r->stop_after > 0 && r->done >= r->stop_after;
 }
 
-static void on_checkpoint(void *ctx, int64_t step, const char *path)
+/* The hook runs on the runner's checkpoint writer thread: it only records
+ * (no CUnit calls); the tests assert after pt_job_run, which joins it. The
+ * SHA-256 it is given (hashed as written) must be the file's as read back. */
+static void on_checkpoint(void *ctx, int64_t step, const char *path, const char *sha256,
+                          uint64_t size)
 {
 	recorder *r = ctx;
 	struct stat st;
-	CU_ASSERT_EQUAL(stat(path, &st), 0);
+	char hex[PT_SHA256_HEX];
+	size_t n = 0;
+	void *data = NULL;
+	if (stat(path, &st) != 0 || (uint64_t)st.st_size != size ||
+	    pt_file_read(path, SIZE_MAX, &data, &n) != PT_OK) {
+		r->ckpt_bad++;
+	} else {
+		uint8_t d[PT_SHA256_BYTES];
+		pt_sha256(data, n, d);
+		pt_sha256_hex(d, hex);
+		r->ckpt_bad += strcmp(hex, sha256) != 0;
+	}
+	free(data);
 	if (r->n_ckpt < 16)
 		r->ckpt_steps[r->n_ckpt++] = step;
 }
@@ -1573,6 +1591,7 @@ static void test_job_run_digits_trains_and_checkpoints(void)
 	CU_ASSERT(rec.m[59].eval_accuracy > 0.9);
 	/* Checkpoints at 20, 40, 60; only the newest two are kept. */
 	CU_ASSERT_EQUAL_FATAL(rec.n_ckpt, 3);
+	CU_ASSERT_EQUAL(rec.ckpt_bad, 0);
 	CU_ASSERT(rec.ckpt_steps[0] == 20 && rec.ckpt_steps[1] == 40 && rec.ckpt_steps[2] == 60);
 	CU_ASSERT(!exists(tmp_path("digits/step-20.safetensors")));
 	CU_ASSERT(!exists(tmp_path("digits/step-20.safetensors.state")));
@@ -1648,6 +1667,7 @@ static void test_job_run_cancel_then_resume_is_bitwise(void)
 	CU_ASSERT_EQUAL(last, K);
 	CU_ASSERT_EQUAL(part.n, K);
 	CU_ASSERT_EQUAL_FATAL(part.n_ckpt, 2); /* step 10, and step K on stopping */
+	CU_ASSERT_EQUAL(part.ckpt_bad, 0);
 	CU_ASSERT_EQUAL(part.ckpt_steps[1], K);
 	CU_ASSERT(exists(tmp_path("resumed/step-13.safetensors")));
 

@@ -1,5 +1,6 @@
 /* fileio.c - pread/write loops, whole-file reads, write-temp-fsync-rename. */
 #include "fileio.h"
+#include "sha256.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -208,8 +209,11 @@ static pt_err fsync_dir(const char *path)
 	return PT_OK;
 }
 
-pt_err pt_file_write_atomic(const char *path, const pt_file_part *parts, size_t n)
+pt_err pt_file_write_atomic_sha256(const char *path, const pt_file_part *parts, size_t n,
+                                   char hex[65], uint64_t *size)
 {
+	pt_sha256_ctx sha;
+	uint64_t total = 0;
 	char tmp[PATH_MAX];
 	int fd, len;
 	pt_err rv = PT_OK;
@@ -220,8 +224,14 @@ pt_err pt_file_write_atomic(const char *path, const pt_file_part *parts, size_t 
 	fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
 	if (fd < 0)
 		return pt_set_error(PT_ERR_IO, "%s: create: %s", tmp, strerror(errno));
-	for (size_t i = 0; i < n && rv == PT_OK; i++)
+	if (hex != NULL)
+		pt_sha256_init(&sha);
+	for (size_t i = 0; i < n && rv == PT_OK; i++) {
 		rv = write_full(fd, parts[i].data, parts[i].len, tmp);
+		if (hex != NULL)
+			pt_sha256_update(&sha, parts[i].data, parts[i].len);
+		total += parts[i].len;
+	}
 	if (rv == PT_OK && fsync(fd) != 0)
 		rv = pt_set_error(PT_ERR_IO, "%s: fsync: %s", tmp, strerror(errno));
 	if (close(fd) != 0 && rv == PT_OK)
@@ -232,5 +242,17 @@ pt_err pt_file_write_atomic(const char *path, const pt_file_part *parts, size_t 
 		unlink(tmp);
 		return rv;
 	}
+	if (hex != NULL) {
+		uint8_t d[PT_SHA256_BYTES];
+		pt_sha256_final(&sha, d);
+		pt_sha256_hex(d, hex);
+	}
+	if (size != NULL)
+		*size = total;
 	return fsync_dir(path);
+}
+
+pt_err pt_file_write_atomic(const char *path, const pt_file_part *parts, size_t n)
+{
+	return pt_file_write_atomic_sha256(path, parts, n, NULL, NULL);
 }

@@ -64,6 +64,12 @@ typedef struct pt_file_part {
  * must not write the same path at the same time (they share the temp name). */
 pt_err pt_file_write_atomic(const char *path, const pt_file_part *parts, size_t n);
 
+/* pt_file_write_atomic_sha256 is pt_file_write_atomic that also gives the
+ * SHA-256 (64 hex digits) and size of the file written, hashed from the parts
+ * as they are written, so nobody reads the file back to list it. */
+pt_err pt_file_write_atomic_sha256(const char *path, const pt_file_part *parts, size_t n,
+                                   char hex[65], uint64_t *size);
+
 /* pt_file_tensor_bytes gives the row-major bytes of t for writing: a pointer
  * into t's storage when t is contiguous, else a new copy returned in *tmp too
  * (the caller frees *tmp, which may be NULL). Syncs t first (a host read). */

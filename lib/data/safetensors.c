@@ -530,6 +530,13 @@ static pt_err build_header(pt_buf *h, const pt_st_tensor *tensors, size_t n, con
 pt_err pt_safetensors_write(const char *path, const pt_st_tensor *tensors, size_t n,
                             const pt_st_meta *meta, size_t n_meta)
 {
+	return pt_safetensors_write_sha256(path, tensors, n, meta, n_meta, NULL, NULL);
+}
+
+pt_err pt_safetensors_write_sha256(const char *path, const pt_st_tensor *tensors, size_t n,
+                                   const pt_st_meta *meta, size_t n_meta, char file_hex[65],
+                                   uint64_t *file_size)
+{
 	const void **bytes = NULL;
 	void **tmps = NULL;
 	pt_file_part *parts = NULL;
@@ -565,7 +572,7 @@ pt_err pt_safetensors_write(const char *path, const pt_st_tensor *tensors, size_
 	parts[1] = (pt_file_part){header.data, header.len};
 	for (size_t i = 0; i < n; i++)
 		parts[i + 2] = (pt_file_part){bytes[i], pt_tensor_nbytes(tensors[i].tensor)};
-	rv = pt_file_write_atomic(path, parts, n + 2);
+	rv = pt_file_write_atomic_sha256(path, parts, n + 2, file_hex, file_size);
 done:
 	for (size_t i = 0; tmps && i < n; i++)
 		free(tmps[i]);

@@ -43,6 +43,11 @@ typedef struct pt_st_meta {
  * rename, fsync of the directory). Names must be unique, non-empty and not
  * "__metadata__"; metadata keys unique and not "data_sha256" (PT_ERR_INVALID).
  * Blocking; thread-safe for distinct paths. */
+pt_err pt_safetensors_write_sha256(const char *path, const pt_st_tensor *tensors, size_t n,
+                                   const pt_st_meta *meta, size_t n_meta, char file_hex[65],
+                                   uint64_t *file_size);
+/* pt_safetensors_write_sha256 is pt_safetensors_write that also gives the
+ * written file's SHA-256 (64 hex digits) and size (pt_file_write_atomic_sha256). */
 pt_err pt_safetensors_write(const char *path, const pt_st_tensor *tensors, size_t n,
                             const pt_st_meta *meta, size_t n_meta);
 

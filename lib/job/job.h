@@ -157,10 +157,12 @@ typedef struct pt_job_hooks {
 	void (*on_metric)(void *ctx, const pt_job_metric *m);
 	/* Polled before every step; true stops the run (cancel or shutdown). */
 	bool (*should_stop)(void *ctx);
-	/* Called after a checkpoint file is complete (renamed into place), from
+	/* Called after a checkpoint file is complete (renamed into place), with
+	 * its SHA-256 (64 hex digits, hashed as written) and size, from
 	 * the runner's checkpoint writer thread: checkpoints are written in the
 	 * background while training goes on, one at a time. */
-	void (*on_checkpoint)(void *ctx, int64_t step, const char *path);
+	void (*on_checkpoint)(void *ctx, int64_t step, const char *path, const char *sha256,
+	                      uint64_t size);
 	/* Called when the run restarts after a lost worker (restart n of the
 	 * spec's max_restarts), before it resumes at step `from` + 1; message
 	 * says which worker was lost and where the stage went. */

@@ -569,6 +569,8 @@ typedef struct snapshot {
 	pt_st_tensor *wts;    /* names borrowed from the runner's full model */
 	size_t n_weights;
 	const pt_job_hooks *h;
+	char sha256[65];      /* the weights file's, hashed as written */
+	uint64_t size;
 	pt_err rv;            /* the write's result */
 	char err[1024];       /* its error message (errors are per thread) */
 } snapshot;
@@ -603,10 +605,11 @@ static pt_err snapshot_write(snapshot *sn)
 		t[st] = (pt_st_tensor){sn->names[st], &sn->states[st]};
 	PT_TRY(pt_safetensors_write(sn->spath, t, (size_t)sn->p, meta,
 	                            sizeof(meta) / sizeof(meta[0])));
-	PT_TRY(pt_checkpoint_save_tensors(sn->path, sn->wts, sn->n_weights, &sn->info));
+	PT_TRY(pt_checkpoint_save_tensors(sn->path, sn->wts, sn->n_weights, &sn->info, sn->sha256,
+	                                  &sn->size));
 	prune(sn->dir, sn->keep);
 	if (sn->h && sn->h->on_checkpoint)
-		sn->h->on_checkpoint(sn->h->ctx, sn->step, sn->path);
+		sn->h->on_checkpoint(sn->h->ctx, sn->step, sn->path, sn->sha256, sn->size);
 	return PT_OK;
 }
 

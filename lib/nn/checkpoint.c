@@ -71,12 +71,13 @@ out:
 }
 
 pt_err pt_checkpoint_save_tensors(const char *path, const pt_st_tensor *entries, size_t n,
-                                  const pt_checkpoint_info *info)
+                                  const pt_checkpoint_info *info, char file_hex[65],
+                                  uint64_t *file_size)
 {
 	pt_st_meta meta[4];
 	char step[32];
 	meta_common(meta, step, sizeof(step), info);
-	return pt_safetensors_write(path, entries, n, meta, 4);
+	return pt_safetensors_write_sha256(path, entries, n, meta, 4, file_hex, file_size);
 }
 
 pt_err pt_checkpoint_save(const char *path, pt_model *m, pt_optimizer *o,
@@ -94,7 +95,7 @@ pt_err pt_checkpoint_save(const char *path, pt_model *m, pt_optimizer *o,
 		pt_model_tensor(m, i, &name, &p, NULL);
 		entries[i] = (pt_st_tensor){name, p};
 	}
-	rv = pt_checkpoint_save_tensors(path, entries, (size_t)nt, info);
+	rv = pt_checkpoint_save_tensors(path, entries, (size_t)nt, info, NULL, NULL);
 	free(entries);
 	if (rv == PT_OK && o != NULL)
 		rv = save_state(path, m, o, info);

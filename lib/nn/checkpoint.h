@@ -29,9 +29,12 @@ pt_err pt_checkpoint_save(const char *path, pt_model *m, pt_optimizer *o,
 
 /* pt_checkpoint_save_tensors writes PATH from named tensors (host, in the
  * model's order) with the same metadata as pt_checkpoint_save: for writers
- * that hold the weights apart from a model (a snapshot). Blocking. */
+ * that hold the weights apart from a model (a snapshot); file_hex and
+ * file_size (either may be NULL) get the written file's SHA-256 and size.
+ * Blocking. */
 pt_err pt_checkpoint_save_tensors(const char *path, const pt_st_tensor *entries, size_t n,
-                                  const pt_checkpoint_info *info);
+                                  const pt_checkpoint_info *info, char file_hex[65],
+                                  uint64_t *file_size);
 
 /* pt_checkpoint_load reads weights from PATH into m (every parameter must be
  * present with its exact shape) and, when o is not NULL, the training state
