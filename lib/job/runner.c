@@ -1037,8 +1037,12 @@ static pt_err train(runner *r, int64_t start, int64_t *done)
 		ck_due = r->ckdir != NULL &&
 		         ((s->checkpoint_every > 0 && step % s->checkpoint_every == 0) ||
 		          step == s->steps);
-		if (eval_due || ck_due)
+		/* One gathered state at a time (the memory estimate counts one): a
+		 * gather waits for the write of the last checkpoint's. */
+		if (eval_due || ck_due) {
+			PT_TRY(ckpt_wait(r));
 			PT_TRY(gather(r));
+		}
 		if (eval_due)
 			PT_TRY(evaluate(r, &m));
 		m.time_unix = unix_now();
