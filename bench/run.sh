@@ -1,12 +1,52 @@
 #!/usr/bin/env bash
 # run.sh BUILD - every benchmark of the project, as `bench <name> <value>` lines.
 # PyTorch comparisons run only where /usr/bin/python3 can import torch.
+# pt-bench and the PyTorch reference run interleaved BENCH_REPEAT times
+# (default 5), ours then theirs each round, so both see the same noise; each
+# of their figures is the median of its runs (a `#` line lists the runs).
 set -euo pipefail
 build=${1:-build}
 here=$(cd "$(dirname "$0")" && pwd)
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
+repeat=${BENCH_REPEAT:-5}
 
-ours=$("$build/bench/pt-bench")
+have_torch=false
+if /usr/bin/python3 -c 'import torch' 2>/dev/null; then
+	have_torch=true
+	# PyTorch's best CPU settings here: OpenBLAS as libblas.so.3 (Debian's
+	# libopenblas0-pthread) with its core type forced, since OpenBLAS 0.3.21
+	# misdetects recent CPUs; passive OpenMP waiting as above.
+	if [ -z "${OPENBLAS_CORETYPE:-}" ]; then
+		if grep -q avx512f /proc/cpuinfo; then export OPENBLAS_CORETYPE=SkylakeX
+		else export OPENBLAS_CORETYPE=Haswell; fi
+	fi
+fi
+runs_ours=''
+runs_theirs=''
+for _ in $(seq "$repeat"); do
+	runs_ours+=$("$build/bench/pt-bench" | grep '^bench ')$'\n'
+	if $have_torch; then
+		runs_theirs+=$(/usr/bin/python3 "$here/torch_ref.py" | grep '^torch ')$'\n'
+	fi
+done
+# medians PREFIX RUNS: "PREFIX name median" per name, in first-seen order,
+# after a "# name: v1 v2 ..." line.
+medians() {
+	printf '%s' "$2" | awk -v p="$1" '$1 == p {
+		if (!($2 in n)) order[++k] = $2
+		v[$2, ++n[$2]] = $3
+	} END {
+		for (i = 1; i <= k; i++) {
+			name = order[i]; m = n[name]; line = ""
+			for (a = 1; a <= m; a++) { x[a] = v[name, a]; line = line " " x[a] }
+			for (a = 2; a <= m; a++) for (b = a; b > 1 && x[b] + 0 < x[b - 1] + 0; b--) {
+				t = x[b]; x[b] = x[b - 1]; x[b - 1] = t }
+			med = m % 2 ? x[(m + 1) / 2] : (x[m / 2] + x[m / 2 + 1]) / 2
+			printf "# %s %s:%s\n%s %s %s\n", p, name, line, p, name, med
+		}
+	}'
+}
+ours=$(medians bench "$runs_ours")
 echo "$ours"
 
 # Communicator throughput: nng over tcp loopback against a plain TCP socket.
@@ -49,17 +89,10 @@ fi
 # "skip: ..." without a CUDA device).
 [ -x "$build/bench/gpu_bench" ] && "$build/bench/gpu_bench" --torch "$here/torch_gpu_ref.py"
 
-if /usr/bin/python3 -c 'import torch' 2>/dev/null; then
-	# PyTorch's best CPU settings here: OpenBLAS as libblas.so.3 (Debian's
-	# libopenblas0-pthread) with its core type forced, since OpenBLAS 0.3.21
-	# misdetects recent CPUs; passive OpenMP waiting as above.
-	if [ -z "${OPENBLAS_CORETYPE:-}" ]; then
-		if grep -q avx512f /proc/cpuinfo; then export OPENBLAS_CORETYPE=SkylakeX
-		else export OPENBLAS_CORETYPE=Haswell; fi
-	fi
-	theirs=$(/usr/bin/python3 "$here/torch_ref.py")
-	echo "$theirs" | sed 's/^/# /'
-	get() { echo "$1" | awk -v k="$2" '$2 == k { print $3 }'; }
+if $have_torch; then
+	theirs=$(medians torch "$runs_theirs")
+	echo "$theirs" | awk '{ print ($1 == "#" ? $0 : "# " $0) }'
+	get() { echo "$1" | awk -v k="$2" '$1 != "#" && $2 == k { print $3 }'; }
 	for w in w1_samples_per_s w2_tokens_per_s; do
 		a=$(get "$ours" "$w")
 		b=$(get "$theirs" "$w")
