@@ -159,7 +159,11 @@ static const opt_desc options[] = {
     {"max_outstanding", OPT_INT, F(max_outstanding), "32", 1, 65536, NULL,
      "requests in progress per API connection (parked WatchMetrics included); requests beyond "
      "it, and replies left unread for 10 s, are dropped"},
-    {"threads", OPT_INT, F(threads), "0", 0, 4096, NULL, "CPU threads per job (0: all cores)"},
+    {"threads", OPT_INT, F(threads), "0", 0, 4096, NULL,
+     "CPU threads per job (0: all cores, split evenly between max_jobs)"},
+    {"max_jobs", OPT_INT, F(max_jobs), "1", 1, 64, NULL,
+     "jobs that run at once on each device, first come first served; each is admitted "
+     "against memory_limit / max_jobs"},
     {"memory_limit", OPT_STRING, F(memory_limit), "", 0, 0, valid_memory,
      "host memory a job may need (bytes, or K/M/G/T suffixes); a submitted job whose "
      "estimated peak exceeds it is refused (empty: the cgroup's memory.max or "

@@ -44,7 +44,8 @@ typedef struct pt_server_config {
 	int max_connections;   /* open API connections at most (0: from RLIMIT_NOFILE) */
 	int idle_timeout;      /* seconds before an idle API connection is closed (0: never) */
 	int max_outstanding;   /* requests in progress per API connection */
-	int threads;           /* CPU threads per job (0: all cores) */
+	int threads;           /* CPU threads per job (0: all cores / max_jobs) */
+	int max_jobs;          /* jobs running at once per device */
 	int watch_interval_ms; /* parked WatchMetrics are woken at most this often */
 	int metrics_sync_ms;   /* metrics are fsynced at least this often */
 	char *memory_limit;    /* admission limit of a job's memory ("": cgroup or MemTotal) */

@@ -26,6 +26,7 @@
 #include "fileio.h"
 #include "job/job.h"
 #include "log.h"
+#include "runtime.h"
 
 #define MAX_PATH         4096
 #define JOURNAL_MAX      (1u << 30) /* a journal over 1 GiB is not replayed whole */
@@ -747,6 +748,8 @@ static void run_one(pt_jobs *m, job *jb)
 	o.worker_allow = m->cfg.worker_allow;
 	o.resume_from = jb->resume_from;
 	o.threads = m->cfg.threads;
+	if (o.threads <= 0 && m->cfg.max_jobs > 1) /* the cores, split between the jobs */
+		o.threads = pt_num_cores() / m->cfg.max_jobs > 0 ? pt_num_cores() / m->cfg.max_jobs : 1;
 	o.worker_token = m->cfg.worker_token;
 	o.advertise_host = m->cfg.advertise_host;
 	o.worker_tls = m->cfg.worker_tls;
@@ -812,6 +815,8 @@ static void run_one(pt_jobs *m, job *jb)
 	        last, msg[0] ? ": " : "", msg);
 }
 
+static pt_err start_runner(pt_jobs *m, const char *dev);
+
 static void *runner_main(void *arg)
 {
 	runner *r = arg;
@@ -833,17 +838,27 @@ static void *runner_main(void *arg)
 	return NULL;
 }
 
-/* ensure_runner starts the runner of device dev if none (lock held). */
+/* ensure_runner starts the runners of device dev (max_jobs of them: each
+ * runs one job at a time) if it has none (lock held). */
 static pt_err ensure_runner(pt_jobs *m, const char *dev)
+{
+	int want = m->cfg.max_jobs > 1 ? m->cfg.max_jobs : 1, have = 0;
+
+	for (size_t i = 0; i < m->n_runners; i++)
+		have += strcmp(m->runners[i].device, dev) == 0;
+	for (; have < want; have++)
+		PT_TRY(start_runner(m, dev));
+	return PT_OK;
+}
+
+/* start_runner starts one runner thread for device dev (lock held). */
+static pt_err start_runner(pt_jobs *m, const char *dev)
 {
 	runner *r;
 
-	for (size_t i = 0; i < m->n_runners; i++)
-		if (strcmp(m->runners[i].device, dev) == 0)
-			return PT_OK;
 	if (m->n_runners == m->cap_runners) {
 		/* Runners hold pointers to their slot: allocate once, generously. */
-		return pt_set_error(PT_ERR_RANGE, "too many device sets (%zu)", m->n_runners);
+		return pt_set_error(PT_ERR_RANGE, "too many runners (%zu)", m->n_runners);
 	}
 	r = &m->runners[m->n_runners];
 	memset(r, 0, sizeof(*r));
@@ -1101,7 +1116,14 @@ static pt_err memory_limit_init(pt_jobs *m)
 	else
 		PT_TRY(pt_job_memory_host_limit(&m->mem_limit, &source));
 	pt_job_memory_format(text, sizeof(text), m->mem_limit);
-	pt_info("jobs: memory limit %s (%s)", text, source);
+	if (m->cfg.max_jobs > 1) {
+		char each[64];
+		pt_job_memory_format(each, sizeof(each), m->mem_limit / (uint64_t)m->cfg.max_jobs);
+		pt_info("jobs: memory limit %s (%s), %s a job with --max-jobs %d", text, source, each,
+		        m->cfg.max_jobs);
+	} else {
+		pt_info("jobs: memory limit %s (%s)", text, source);
+	}
 	return PT_OK;
 }
 
@@ -1119,7 +1141,7 @@ pt_err pt_jobs_create(pt_jobs **out, const pt_jobs_config *cfg)
 	m->files_root = dup_or_null(cfg->files_root);
 	m->next_id = 1;
 	m->lock_fd = -1;
-	m->cap_runners = 64;
+	m->cap_runners = 512;
 	m->runners = calloc(m->cap_runners, sizeof(*m->runners));
 	pthread_mutex_init(&m->mu, NULL);
 	pthread_cond_init(&m->cv, NULL);
@@ -1278,7 +1300,9 @@ pt_err pt_jobs_submit(pt_jobs *m, const uint8_t *spec_table, uint64_t *id)
 	}
 	if ((rv = pt_job_spec_check_workers(&jb->spec, m->cfg.worker_allow)) != PT_OK)
 		goto fail;
-	if ((rv = pt_job_admit(&jb->spec, m->files_root, m->cfg.any_path, m->mem_limit,
+	/* With max_jobs running at once, each has its share of the memory. */
+	if ((rv = pt_job_admit(&jb->spec, m->files_root, m->cfg.any_path,
+	                       m->mem_limit / (uint64_t)(m->cfg.max_jobs > 1 ? m->cfg.max_jobs : 1),
 	                       NULL)) != PT_OK) {
 		if (rv == PT_ERR_IO) {
 			char msg[1024];

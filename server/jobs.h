@@ -37,7 +37,8 @@ typedef struct pt_jobs_config {
 	const char *files_root;     /* data paths resolve beneath it (NULL: cwd) */
 	bool any_path;              /* --allow-any-path: data paths may leave files_root */
 	const char *worker_allow;   /* --worker-allow list (NULL: any worker URL) */
-	int threads;                /* CPU threads per job (0: all cores) */
+	int threads;                /* CPU threads per job (0: all cores / max_jobs) */
+	int max_jobs;               /* jobs running at once per device (<= 1: one) */
 	int watch_interval_ms;      /* wake parked watchers at most this often */
 	int metrics_sync_ms;        /* fsync metric records at least this often */
 	const char *worker_token;   /* token shown to `pipeserver --worker`s (NULL: none) */

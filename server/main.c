@@ -241,6 +241,7 @@ int main(int argc, char **argv)
 	jc.any_path = cfg.allow_any_path;
 	jc.worker_allow = cfg.worker_allow[0] ? cfg.worker_allow : NULL;
 	jc.threads = cfg.threads;
+	jc.max_jobs = cfg.max_jobs;
 	jc.watch_interval_ms = cfg.watch_interval_ms;
 	jc.metrics_sync_ms = cfg.metrics_sync_ms;
 	jc.memory_limit = cfg.memory_limit;

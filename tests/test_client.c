@@ -1441,6 +1441,69 @@ static void test_client_interrupt(void)
 
 /* A server that shuts down (SIGTERM) while pipeclient watches a running and
  * a queued job: both watches end at once with exit 3 (server unavailable). */
+/* The SHA-256 of job's newest checkpoint (its last step's weights). */
+static void newest_sha(pipeclient *c, uint64_t job, char out[65])
+{
+	pipeclient_checkpoint *ck = NULL;
+	size_t n = 0;
+	out[0] = '\0';
+	CHECK_LIB(pipeclient_list_checkpoints(c, job, &ck, &n));
+	if (n > 0)
+		snprintf(out, 65, "%s", ck[n - 1].sha256);
+	free(ck);
+}
+
+/* --max-jobs 2: two jobs submitted together run at the same time (each
+ * starts before the other ends), each on half the cores, and each ends with
+ * the weights the same job gives alone on that server, bitwise (the SHA-256
+ * of its final checkpoint); a third waits for a free runner. */
+static void test_client_max_jobs_concurrent(void)
+{
+	const char *extra[] = {"--max-jobs", "2", NULL};
+	pipeclient_options o = {.timeout_ms = 30000};
+	server two = {.pid = -1};
+	pipeclient *c = NULL;
+	pipeclient_job ja, jb, jc;
+	uint64_t a, b, solo, third;
+	char sa[65], sb[65], ss[65];
+	const char *path = tpath("maxjobs.json");
+
+	write_job(path, "max-jobs", 150, false, "digits_x.npy", "digits_y.npy");
+	CU_ASSERT_FATAL(server_start(&two, "maxjobs", NULL, extra));
+	o.url = two.url;
+	CHECK_LIB(pipeclient_connect(&c, &o));
+	CHECK_LIB(pipeclient_submit_file(c, path, &a));
+	CHECK_LIB(pipeclient_submit_file(c, path, &b));
+	CHECK_LIB(pipeclient_submit_file(c, path, &third));
+	CU_ASSERT_EQUAL(wait_final(c, a, NULL), PIPECLIENT_SUCCEEDED);
+	CU_ASSERT_EQUAL(wait_final(c, b, NULL), PIPECLIENT_SUCCEEDED);
+	CU_ASSERT_EQUAL(wait_final(c, third, NULL), PIPECLIENT_SUCCEEDED);
+	CHECK_LIB(pipeclient_get(c, a, &ja));
+	CHECK_LIB(pipeclient_get(c, b, &jb));
+	CHECK_LIB(pipeclient_get(c, third, &jc));
+	printf("\n    a %.3f-%.3f, b %.3f-%.3f, third %.3f-%.3f", 0.0,
+	       ja.finished_unix - ja.started_unix, jb.started_unix - ja.started_unix,
+	       jb.finished_unix - ja.started_unix, jc.started_unix - ja.started_unix,
+	       jc.finished_unix - ja.started_unix);
+	CU_ASSERT(ja.started_unix < jb.finished_unix && jb.started_unix < ja.finished_unix);
+	/* Two runners: the third starts when one of the first two has ended. */
+	CU_ASSERT(jc.started_unix >= (ja.finished_unix < jb.finished_unix ? ja.finished_unix
+	                                                                    : jb.finished_unix));
+	pipeclient_job_fini(&ja);
+	pipeclient_job_fini(&jb);
+	pipeclient_job_fini(&jc);
+	newest_sha(c, a, sa);
+	newest_sha(c, b, sb);
+	CHECK_LIB(pipeclient_submit_file(c, path, &solo));
+	CU_ASSERT_EQUAL(wait_final(c, solo, NULL), PIPECLIENT_SUCCEEDED);
+	newest_sha(c, solo, ss);
+	CU_ASSERT(sa[0] != '\0');
+	CU_ASSERT_STRING_EQUAL(sa, ss);
+	CU_ASSERT_STRING_EQUAL(sb, ss);
+	pipeclient_close(c);
+	CU_ASSERT(server_stop(&two));
+}
+
 static void test_client_watch_server_stops(void)
 {
 	pipeclient_options o = {.timeout_ms = 30000};
@@ -1836,6 +1899,7 @@ int main(void)
 	    {"test_client_info", test_client_info},
 	    {"test_client_cli_submit_follow", test_client_cli_submit_follow},
 	    {"test_client_token_job_rates", test_client_token_job_rates},
+	    {"test_client_max_jobs_concurrent", test_client_max_jobs_concurrent},
 	    {"test_client_lib_submit_watch", test_client_lib_submit_watch},
 	    {"test_client_get_list", test_client_get_list},
 	    {"test_client_names_escaped", test_client_names_escaped},
