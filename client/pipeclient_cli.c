@@ -45,6 +45,8 @@ static const char usage_text[] =
     "  status JOB                      state, progress and latest metrics of a job, the\n"
     "                                  bubble fraction and per-stage busy time and traffic\n"
     "  list                            every job the server knows\n"
+    "  queue                           the waiting jobs in the order they will run, and why\n"
+    "                                  each waits\n"
     "  cancel JOB                      stop a job; print the state it will end in\n"
     "  watch JOB                       loss lines until the job ends (a progress bar with\n"
     "                                  steps, rate and ETA on a terminal)\n"
@@ -122,6 +124,13 @@ static const command commands[] = {
      "usage: pipeclient list [options]\n"
      "\n"
      "Every job the server knows, oldest first: id, state, step, loss, name.\n" COMMON_OPTIONS},
+    {"queue", 0,
+     "usage: pipeclient queue [options]\n"
+     "\n"
+     "The queued jobs in the order they will start (per device: higher priority\n"
+     "first, first come first served within a priority) with why each waits:\n"
+     "its place, the runners busy, the job ahead of it. With --json one object\n"
+     "with a \"jobs\" array.\n" COMMON_OPTIONS},
     {"cancel", 1,
      "usage: pipeclient cancel JOB [options]\n"
      "\n"
@@ -890,6 +899,60 @@ static int cmd_list(cli *a)
 	return EXIT_OK;
 }
 
+/* The place a queued job's message gives ("queued: place N on DEV; ..."). */
+static int queue_place(const pipeclient_job *j)
+{
+	int place = 0;
+	if (sscanf(j->message, "queued: place %d on ", &place) != 1)
+		place = 1 << 30;
+	return place;
+}
+
+static int cmp_queued(const void *x, const void *y)
+{
+	const pipeclient_job *a = *(const pipeclient_job *const *)x,
+	                     *b = *(const pipeclient_job *const *)y;
+	int pa = queue_place(a), pb = queue_place(b);
+	return pa != pb ? (pa < pb ? -1 : 1) : (a->id < b->id ? -1 : a->id > b->id);
+}
+
+static int cmd_queue(cli *a)
+{
+	pipeclient_job *jobs, **q;
+	size_t n, k = 0;
+	pipeclient_err e;
+
+	if ((e = pipeclient_list(a->c, &jobs, &n)) != PIPECLIENT_OK)
+		return report(a, e);
+	if ((q = calloc(n + 1, sizeof(*q))) == NULL) {
+		pipeclient_jobs_free(jobs, n);
+		fprintf(stderr, "pipeclient: out of memory\n");
+		return EXIT_ERROR;
+	}
+	for (size_t i = 0; i < n; i++)
+		if (jobs[i].state == PIPECLIENT_QUEUED)
+			q[k++] = &jobs[i];
+	qsort(q, k, sizeof(*q), cmp_queued);
+	if (a->json) {
+		fputs("{\"jobs\":[", stdout);
+		for (size_t i = 0; i < k; i++) {
+			fputs(i ? ",{" : "{", stdout);
+			json_job_fields(stdout, q[i]);
+			fputc('}', stdout);
+		}
+		fputs("]}\n", stdout);
+	} else if (k == 0) {
+		printf("no job is waiting\n");
+	} else {
+		printf("%-6s %-20s %s\n", "ID", "NAME", "WHY IT WAITS");
+		for (size_t i = 0; i < k; i++)
+			printf("%-6" PRIu64 " %-20s %s\n", q[i]->id, esc(q[i]->name), esc(q[i]->message));
+	}
+	free(q);
+	pipeclient_jobs_free(jobs, n);
+	return EXIT_OK;
+}
+
 static int cmd_cancel(cli *a, uint64_t id)
 {
 	pipeclient_job_state st;
@@ -1206,6 +1269,8 @@ int main(int argc, char **argv)
 		rv = cmd_status(&a, id);
 	else if (strcmp(cmd, "list") == 0)
 		rv = cmd_list(&a);
+	else if (strcmp(cmd, "queue") == 0)
+		rv = cmd_queue(&a);
 	else if (strcmp(cmd, "cancel") == 0)
 		rv = cmd_cancel(&a, id);
 	else if (strcmp(cmd, "watch") == 0)

@@ -713,17 +713,62 @@ static void hook_restart(void *ctx, int n, int64_t from, const char *message)
 	journal_state(jb, PT_JOB_RUNNING, from, t, message);
 }
 
-/* next_job returns the oldest queued job of device dev (lock held). */
+/* runs_before tells whether queued job a runs before queued job b: a higher
+ * priority first, then the earlier in the queue. */
+static bool runs_before(const job *a, const job *b)
+{
+	return a->spec.priority != b->spec.priority ? a->spec.priority > b->spec.priority
+	                                            : a->queue_seq < b->queue_seq;
+}
+
+/* next_job returns the queued job of device dev that runs next (lock held). */
 static job *next_job(pt_jobs *m, const char *dev)
 {
 	job *best = NULL;
 	for (size_t i = 0; i < m->n_jobs; i++) {
 		job *jb = m->jobs[i];
 		if (jb->state == PT_JOB_QUEUED && strcmp(jb->device, dev) == 0 &&
-		    (best == NULL || jb->queue_seq < best->queue_seq))
+		    (best == NULL || runs_before(jb, best)))
 			best = jb;
 	}
 	return best;
+}
+
+/* queue_reason says why queued job jb waits (lock held): its place in its
+ * device's queue, the runners busy and the job that runs next ahead of it. */
+static void queue_reason(const pt_jobs *m, const job *jb, char *buf, size_t cap)
+{
+	int runners = m->cfg.max_jobs > 1 ? m->cfg.max_jobs : 1, busy = 0, ahead = 0;
+	const job *next = NULL;
+	char ids[64] = "";
+	size_t o = 0;
+
+	for (size_t i = 0; i < m->n_jobs; i++) {
+		const job *j = m->jobs[i];
+		if (j == jb || strcmp(j->device, jb->device) != 0)
+			continue;
+		if (j->state == PT_JOB_STARTING || j->state == PT_JOB_RUNNING) {
+			busy++;
+			if (o < sizeof(ids) - 24)
+				o += (size_t)snprintf(ids + o, sizeof(ids) - o, "%s%" PRIu64,
+				                      busy > 1 ? ", " : "", j->id);
+		} else if (j->state == PT_JOB_QUEUED && runs_before(j, jb)) {
+			ahead++;
+			if (next == NULL || runs_before(j, next))
+				next = j;
+		}
+	}
+	o = (size_t)snprintf(buf, cap, "queued: place %d on %s; ", ahead + 1, jb->device);
+	if (o >= cap)
+		return;
+	if (busy >= runners)
+		o += (size_t)snprintf(buf + o, cap - o, "%d of %d runners busy (job%s %s)", busy,
+		                      runners, busy > 1 ? "s" : "", ids);
+	else
+		o += (size_t)snprintf(buf + o, cap - o, "a runner is free");
+	if (o < cap && next != NULL)
+		snprintf(buf + o, cap - o, "; behind job %" PRIu64 " (priority %d)%s", next->id,
+		         next->spec.priority, ahead > 1 ? " and others" : "");
 }
 
 static void run_one(pt_jobs *m, job *jb)
@@ -1398,13 +1443,25 @@ pt_err pt_jobs_cancel(pt_jobs *m, uint64_t id, pt_api_job_state *state)
 	return PT_OK;
 }
 
-static void fill_info(const job *jb, pt_api_job_info *ji, bool with_spec)
+/* fill_info describes jb (lock held); a queued job's message is why it
+ * waits (queue_reason, into reason, QUEUE_REASON bytes), then its own. */
+#define QUEUE_REASON 512
+static void fill_info(const pt_jobs *m, const job *jb, pt_api_job_info *ji, bool with_spec,
+                      char *reason)
 {
 	memset(ji, 0, sizeof(*ji));
 	ji->id = jb->id;
 	ji->name = jb->spec.name;
 	ji->state = jb->state;
 	ji->message = jb->message[0] ? jb->message : NULL;
+	if (jb->state == PT_JOB_QUEUED && reason != NULL) {
+		queue_reason(m, jb, reason, QUEUE_REASON);
+		if (jb->message[0]) {
+			size_t o = strlen(reason);
+			snprintf(reason + o, QUEUE_REASON - o, " (%.300s)", jb->message);
+		}
+		ji->message = reason;
+	}
 	ji->step = jb->step;
 	ji->steps = jb->spec.steps;
 	ji->submitted_unix = jb->submitted;
@@ -1432,7 +1489,8 @@ pt_err pt_jobs_reply_get(pt_jobs *m, uint64_t req_id, uint64_t id, pt_fb_builder
 		pthread_mutex_unlock(&m->mu);
 		return pt_set_error(PT_ERR_NOTFOUND, "no job %" PRIu64, id);
 	}
-	fill_info(jb, &ji, true);
+	char reason[QUEUE_REASON];
+	fill_info(m, jb, &ji, true, reason);
 	pt_api_response_init(&r, req_id, PT_API_OK, PT_API_GET_JOB);
 	r.jobs = &ji;
 	r.n_jobs = 1;
@@ -1448,20 +1506,26 @@ pt_err pt_jobs_reply_list(pt_jobs *m, uint64_t req_id, pt_fb_builder *b, const u
 	pt_api_job_info *v;
 	pt_err rv;
 
+	char *reasons;
+
 	pthread_mutex_lock(&m->mu);
 	v = calloc(m->n_jobs ? m->n_jobs : 1, sizeof(*v));
-	if (v == NULL) {
+	reasons = malloc((m->n_jobs ? m->n_jobs : 1) * QUEUE_REASON);
+	if (v == NULL || reasons == NULL) {
 		pthread_mutex_unlock(&m->mu);
+		free(v);
+		free(reasons);
 		return pt_set_error(PT_ERR_NOMEM, "list");
 	}
 	for (size_t i = 0; i < m->n_jobs; i++)
-		fill_info(m->jobs[i], &v[i], false);
+		fill_info(m, m->jobs[i], &v[i], false, reasons + i * QUEUE_REASON);
 	pt_api_response_init(&r, req_id, PT_API_OK, PT_API_LIST_JOBS);
 	r.jobs = v;
 	r.n_jobs = m->n_jobs;
 	rv = pt_api_build_response(b, &r, data, size);
 	pthread_mutex_unlock(&m->mu);
 	free(v);
+	free(reasons);
 	return rv;
 }
 
@@ -1632,7 +1696,7 @@ pt_err pt_jobs_replay_journal(const uint8_t *journal, size_t n, size_t *good, pt
 	if ((jb = job_new(&m, 1)) == NULL)
 		return pt_set_error(PT_ERR_NOMEM, "job");
 	replay(jb, journal, n, good);
-	fill_info(jb, &ji, false);
+	fill_info(&m, jb, &ji, false, NULL);
 	pt_api_response_init(&r, 0, PT_API_OK, PT_API_LIST_JOBS);
 	r.jobs = &ji;
 	r.n_jobs = 1;

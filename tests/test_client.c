@@ -636,6 +636,7 @@ static void test_client_help(void)
 	    {"submit", {"--follow", "--every N", NULL}},
 	    {"status", {NULL}},
 	    {"list", {NULL}},
+	    {"queue", {NULL}},
 	    {"cancel", {NULL}},
 	    {"watch", {"--every N", NULL}},
 	    {"checkpoint", {"--step N", "-o, --output FILE", NULL}},
@@ -1441,6 +1442,79 @@ static void test_client_interrupt(void)
 
 /* A server that shuts down (SIGTERM) while pipeclient watches a running and
  * a queued job: both watches end at once with exit 3 (server unavailable). */
+/* write_job_priority writes the short job with "priority": prio. */
+static void write_job_priority(const char *path, const char *name, int prio)
+{
+	char *text;
+	FILE *f;
+	write_job(path, name, STEPS, false, "digits_x.npy", "digits_y.npy");
+	text = read_text(path, NULL);
+	CU_ASSERT_FATAL(text != NULL && text[0] == '{');
+	f = fopen(path, "w");
+	CU_ASSERT_FATAL(f != NULL);
+	fprintf(f, "{ \"priority\": %d,%s", prio, text + 1);
+	fclose(f);
+	free(text);
+}
+
+/* Priorities: with the one runner busy, a later priority-5 job runs before
+ * an earlier priority-0 one; each queued job says why it waits (status,
+ * `pipeclient queue`), and the queue lists them in the order they run. */
+static void test_client_priority_queue(void)
+{
+	pipeclient *c = connect_lib();
+	pipeclient_job_state st;
+	pipeclient_job jl, j0, j5;
+	uint64_t l, p0, p5;
+	char want[256], buf[32], *out;
+	const char *f0 = tpath("prio0.json"), *f5 = tpath("prio5.json");
+	seen s = {.last_step = -1, .ordered = true, .stop_after = 1};
+
+	write_job_priority(f0, "prio-0", 0);
+	write_job_priority(f5, "prio-5", 5);
+	CHECK_LIB(pipeclient_submit_file(c, job_long, &l));
+	CU_ASSERT_EQUAL(pipeclient_watch(c, l, -1, 500, collect, &s, NULL), PIPECLIENT_ERR_STOPPED);
+	CHECK_LIB(pipeclient_submit_file(c, f0, &p0));
+	CHECK_LIB(pipeclient_submit_file(c, f5, &p5));
+	CHECK_LIB(pipeclient_get(c, p0, &j0));
+	CHECK_LIB(pipeclient_get(c, p5, &j5));
+	CU_ASSERT_EQUAL(j0.state, PIPECLIENT_QUEUED);
+	snprintf(want, sizeof(want),
+	         "queued: place 2 on cpu; 1 of 1 runners busy (job %" PRIu64 "); behind job %" PRIu64
+	         " (priority 5)",
+	         l, p5);
+	CU_ASSERT_STRING_EQUAL(j0.message, want);
+	snprintf(want, sizeof(want), "queued: place 1 on cpu; 1 of 1 runners busy (job %" PRIu64 ")",
+	         l);
+	CU_ASSERT_STRING_EQUAL(j5.message, want);
+	pipeclient_job_fini(&j0);
+	pipeclient_job_fini(&j5);
+	CU_ASSERT_EQUAL(run_cli(&out, "--server", srv.url, "queue", NULL), CLI_OK);
+	snprintf(want, sizeof(want), "\n%-6" PRIu64 " %-20s queued: place 1 on cpu; ", p5, "prio-5");
+	CU_ASSERT_PTR_NOT_NULL(strstr(out, want));
+	CU_ASSERT(strstr(out, want) != NULL && strstr(out, "prio-0") > strstr(out, want));
+	free(out);
+	snprintf(buf, sizeof(buf), "%" PRIu64, p0);
+	CU_ASSERT_EQUAL(run_cli(&out, "--server", srv.url, "status", buf, NULL), CLI_OK);
+	CU_ASSERT_PTR_NOT_NULL(strstr(out, "  message: queued: place 2 on cpu; "));
+	free(out);
+	CHECK_LIB(pipeclient_cancel(c, l, &st));
+	CU_ASSERT_EQUAL(wait_final(c, p0, NULL), PIPECLIENT_SUCCEEDED);
+	CU_ASSERT_EQUAL(wait_final(c, p5, NULL), PIPECLIENT_SUCCEEDED);
+	CHECK_LIB(pipeclient_get(c, l, &jl));
+	CHECK_LIB(pipeclient_get(c, p0, &j0));
+	CHECK_LIB(pipeclient_get(c, p5, &j5));
+	CU_ASSERT(j5.started_unix >= jl.finished_unix);
+	CU_ASSERT(j0.started_unix >= j5.finished_unix); /* the later, higher one ran first */
+	pipeclient_job_fini(&jl);
+	pipeclient_job_fini(&j0);
+	pipeclient_job_fini(&j5);
+	CU_ASSERT_EQUAL(run_cli(&out, "--server", srv.url, "queue", NULL), CLI_OK);
+	CU_ASSERT_STRING_EQUAL(out, "no job is waiting\n");
+	free(out);
+	pipeclient_close(c);
+}
+
 /* The SHA-256 of job's newest checkpoint (its last step's weights). */
 static void newest_sha(pipeclient *c, uint64_t job, char out[65])
 {
@@ -1900,6 +1974,7 @@ int main(void)
 	    {"test_client_cli_submit_follow", test_client_cli_submit_follow},
 	    {"test_client_token_job_rates", test_client_token_job_rates},
 	    {"test_client_max_jobs_concurrent", test_client_max_jobs_concurrent},
+	    {"test_client_priority_queue", test_client_priority_queue},
 	    {"test_client_lib_submit_watch", test_client_lib_submit_watch},
 	    {"test_client_get_list", test_client_get_list},
 	    {"test_client_names_escaped", test_client_names_escaped},

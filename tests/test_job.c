@@ -199,6 +199,7 @@ static bool spec_equal(const pt_job_spec *a, const pt_job_spec *b, double tol)
 	EQ(weight_stashing);
 	EQ(use_graphs);
 	EQ(max_restarts);
+	EQ(priority);
 	ok &= str_eq("init_from", a->init_from, b->init_from);
 #undef EQ
 #undef EQF
@@ -324,12 +325,13 @@ static void test_job_spec_roundtrip_all_fields(void)
 	    "{\"every_steps\": 5, \"keep\": 9, \"resume\": false}, \"device\": \"cuda:1\", "
 	    "\"seed\": 9223372036854775807, \"eval_every\": 4, \"compress\": true, \"recompute\": "
 	    "1, \"weight_stashing\": false, \"use_graphs\": true, \"max_restarts\": 2, "
-	    "\"init_from\": \"w/step-5.safetensors\"");
+	    "\"init_from\": \"w/step-5.safetensors\", \"priority\": -7");
 	PT_CHECK_OK(decode_json(j, &a));
 	CU_ASSERT_STRING_EQUAL(a.init_from, "w/step-5.safetensors");
 	CU_ASSERT_STRING_EQUAL(a.data.val_tokens, "v.bin");
 	CU_ASSERT_EQUAL(a.worker_timeout_ms, 2500);
 	CU_ASSERT_EQUAL(a.max_restarts, 2);
+	CU_ASSERT_EQUAL(a.priority, -7);
 	CU_ASSERT(a.use_graphs);
 	CU_ASSERT_EQUAL(a.loss, PT_LOSS_MSE);
 	CU_ASSERT_EQUAL(a.mode, PT_MODE_ASYNC);
@@ -875,6 +877,12 @@ static void test_job_spec_validation_of_c_specs(void)
 	PT_CHECK_ERR_MSG(pt_job_spec_validate(&s, PT_SOURCE_ROOT, false), PT_ERR_RANGE,
 	                 "max_restarts: -1 (0 to 1000)");
 	s.max_restarts = 0;
+	s.priority = 1001;
+	PT_CHECK_ERR_MSG(pt_job_spec_validate(&s, PT_SOURCE_ROOT, false), PT_ERR_RANGE,
+	                 "priority: 1001 (-1000 to 1000)");
+	s.priority = -1000;
+	PT_CHECK_OK(pt_job_spec_validate(&s, PT_SOURCE_ROOT, false));
+	s.priority = 0;
 	PT_CHECK_OK(pt_job_spec_validate(&s, PT_SOURCE_ROOT, false));
 	/* Relative data paths resolve against files_root. */
 	PT_CHECK_ERR_MSG(pt_job_spec_validate(&s, "/nonexistent", false), PT_ERR_IO,

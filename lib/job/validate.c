@@ -462,6 +462,8 @@ pt_err pt_job_spec_validate(const pt_job_spec *s, const char *files_root, bool a
 		                    s->worker_timeout_ms);
 	if (s->max_restarts < 0 || s->max_restarts > 1000)
 		return pt_set_error(PT_ERR_RANGE, "max_restarts: %d (0 to 1000)", s->max_restarts);
+	if (s->priority < -1000 || s->priority > 1000)
+		return pt_set_error(PT_ERR_RANGE, "priority: %d (-1000 to 1000)", s->priority);
 	for (int i = 0; i < s->n_workers; i++) {
 		/* The control URL of a `pipeserver --worker` (lib/job/workers.c). */
 		static const char *const schemes[] = {"tcp://",      "tcp4://", "tcp6://", "ipc://",

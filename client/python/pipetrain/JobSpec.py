@@ -200,7 +200,14 @@ class JobSpec(object):
             return self._tab.String(o + self._tab.Pos)
         return None
 
-def JobSpecStart(builder): builder.StartObject(21)
+    # JobSpec
+    def Priority(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(46))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
+        return 0
+
+def JobSpecStart(builder): builder.StartObject(22)
 def Start(builder):
     return JobSpecStart(builder)
 def JobSpecAddName(builder, name): builder.PrependUOffsetTRelativeSlot(0, flatbuffers.number_types.UOffsetTFlags.py_type(name), 0)
@@ -269,6 +276,9 @@ def AddMaxRestarts(builder, maxRestarts):
 def JobSpecAddInitFrom(builder, initFrom): builder.PrependUOffsetTRelativeSlot(20, flatbuffers.number_types.UOffsetTFlags.py_type(initFrom), 0)
 def AddInitFrom(builder, initFrom):
     return JobSpecAddInitFrom(builder, initFrom)
+def JobSpecAddPriority(builder, priority): builder.PrependInt32Slot(21, priority, 0)
+def AddPriority(builder, priority):
+    return JobSpecAddPriority(builder, priority)
 def JobSpecEnd(builder): return builder.EndObject()
 def End(builder):
     return JobSpecEnd(builder)
@@ -302,6 +312,7 @@ class JobSpecT(object):
         self.useGraphs = False  # type: bool
         self.maxRestarts = 0  # type: int
         self.initFrom = None  # type: str
+        self.priority = 0  # type: int
 
     @classmethod
     def InitFromBuf(cls, buf, pos):
@@ -351,6 +362,7 @@ class JobSpecT(object):
         self.useGraphs = jobSpec.UseGraphs()
         self.maxRestarts = jobSpec.MaxRestarts()
         self.initFrom = jobSpec.InitFrom()
+        self.priority = jobSpec.Priority()
 
     # JobSpecT
     def Pack(self, builder):
@@ -406,5 +418,6 @@ class JobSpecT(object):
         JobSpecAddMaxRestarts(builder, self.maxRestarts)
         if self.initFrom is not None:
             JobSpecAddInitFrom(builder, initFrom)
+        JobSpecAddPriority(builder, self.priority)
         jobSpec = JobSpecEnd(builder)
         return jobSpec
