@@ -1,0 +1,118 @@
+/* w3_bench - a real-scale job: what a user waits for beyond the step.
+ *
+ * W3 is the GPT-2-small shape (vocab 50304, d 768, 12 blocks, 12 heads,
+ * context 256, batch 8, AdamW, fp32, 1 stage) trained by pt_job_run on the
+ * shipped text for 5 steps, with a checkpoint after step 3 (and the final
+ * one) and no held-out set. Each step's end is the time of its metric.
+ * Prints:
+ *   bench w3_step_s              median step of steps 2, 3 and 5
+ *   bench w3_tokens_per_s        8 x 256 tokens over that
+ *   bench w3_first_step_s        from pt_job_run's start to step 1's end,
+ *                                less one step: set-up (initialisation,
+ *                                data, first-touch) before the first step
+ *   bench w3_checkpoint_stall_s  step 4 (after the step-3 checkpoint) over
+ *                                the median step: training time one
+ *                                checkpoint costs
+ *   bench w3_rss_gb              this process's peak RSS (the job and its
+ *                                final checkpoint)
+ * and, when `python3 bench/torch_w3_ref.py` runs (PyTorch, same model and
+ * batch, eager, same cores), w3_vs_torch and w3_rss_vs_torch.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+
+#include "job.h"
+#include "runtime.h"
+
+#define STEPS 5
+
+static double t_end[STEPS + 1];
+
+static void on_metric(void *ctx, const pt_job_metric *m)
+{
+	(void)ctx;
+	if (m->step >= 1 && m->step <= STEPS)
+		t_end[m->step] = pt_now();
+}
+
+static double median3(double a, double b, double c)
+{
+	return a > b ? (b > c ? b : (a > c ? c : a)) : (a > c ? a : (b > c ? c : b));
+}
+
+int main(int argc, char **argv)
+{
+	const char *script = argc > 1 ? argv[1] : PT_SOURCE_ROOT "/bench/torch_w3_ref.py";
+	char dir[] = "/tmp/pt-w3-bench.XXXXXX", text[4096], cmd[4200], line[256];
+	char blocks[12 * 64] = "";
+	pt_job_spec s;
+	pt_job_run_options o = {0};
+	pt_job_hooks h = {.on_metric = on_metric};
+	struct rusage ru;
+	double t0, step, ours_tps, ours_rss, v, torch_tps = 0, torch_rss = 0;
+	int64_t last = 0;
+	FILE *p;
+
+	pt_runtime_ensure_passive_wait(argv);
+	if (mkdtemp(dir) == NULL)
+		return 1;
+	for (int i = 0; i < 12; i++)
+		strcat(blocks, "{ \"kind\": \"TransformerBlock\", \"dim\": 768, \"n_head\": 12 },");
+	snprintf(text, sizeof(text),
+	         "{ \"name\": \"w3\", \"model\": ["
+	         "{ \"kind\": \"Embedding\", \"vocab\": 50304, \"dim\": 768, \"max_seq\": 256 }, %s"
+	         "{ \"kind\": \"LayerNorm\", \"dim\": 768 },"
+	         "{ \"kind\": \"Linear\", \"in_features\": 768, \"out_features\": 50304 } ],"
+	         "\"data\": { \"format\": \"Tokens16\", \"tokens\": \"examples/data/text.u16\","
+	         " \"seq_len\": 256, \"vocab\": 50304, \"held_out\": 0 },"
+	         "\"loss\": \"CrossEntropy\", \"optimizer\": { \"kind\": \"AdamW\", \"lr\": 0.0003 },"
+	         "\"batch_size\": 8, \"microbatches\": 1, \"steps\": %d, \"mode\": \"Sync\","
+	         "\"checkpoint\": { \"every_steps\": 3, \"keep\": 1 }, \"seed\": 1 }",
+	         blocks, STEPS);
+	if (pt_job_spec_parse_json(text, strlen(text), &s) != PT_OK) {
+		fprintf(stderr, "w3_bench: %s\n", pt_last_error());
+		return 1;
+	}
+	o.checkpoint_dir = dir;
+	o.files_root = PT_SOURCE_ROOT;
+	t0 = pt_now();
+	if (pt_job_run(&s, &o, &h, &last) != PT_OK || last != STEPS) {
+		fprintf(stderr, "w3_bench: %s\n", pt_last_error());
+		return 1;
+	}
+	pt_job_spec_fini(&s);
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+	if (system(cmd) != 0)
+		return 1;
+	getrusage(RUSAGE_SELF, &ru);
+	step = median3(t_end[2] - t_end[1], t_end[3] - t_end[2], t_end[5] - t_end[4]);
+	ours_tps = 8.0 * 256 / step;
+	ours_rss = (double)ru.ru_maxrss / 1048576.0;
+	printf("bench w3_step_s %.3f\n", step);
+	printf("bench w3_tokens_per_s %.1f\n", ours_tps);
+	printf("bench w3_first_step_s %.2f\n", t_end[1] - t0 - step);
+	printf("bench w3_checkpoint_stall_s %.3f\n", t_end[4] - t_end[3] - step);
+	printf("bench w3_rss_gb %.2f\n", ours_rss);
+	fflush(stdout);
+
+	snprintf(cmd, sizeof(cmd), "/usr/bin/python3 '%s' 2>&1", script);
+	if ((p = popen(cmd, "r")) == NULL)
+		return 0;
+	while (fgets(line, sizeof(line), p) != NULL) {
+		printf("# %s", line);
+		if (sscanf(line, "torch w3_tokens_per_s %lf", &v) == 1)
+			torch_tps = v;
+		if (sscanf(line, "torch w3_rss_gb %lf", &v) == 1)
+			torch_rss = v;
+	}
+	pclose(p);
+	if (torch_tps > 0 && torch_rss > 0) {
+		printf("bench w3_vs_torch %.3f\n", ours_tps / torch_tps);
+		printf("bench w3_rss_vs_torch %.3f\n", ours_rss / torch_rss);
+	} else {
+		printf("# PyTorch reference did not run: w3_vs_torch and w3_rss_vs_torch skipped\n");
+	}
+	return 0;
+}
