@@ -243,8 +243,12 @@ static void data_down(runner *r)
 static pt_err models_up(runner *r)
 {
 	const pt_job_spec *s = r->s;
-	pt_model_config one = {.batch = 1, .input = r->in, .n_slots = 1, .seed = s->seed};
-	pt_model_config full = {.batch = r->B, .input = r->in, .n_slots = 1, .seed = s->seed};
+	/* Neither draws weights: `one` only measures a stage's arena, and the
+	 * full model's weights are gathered from the stages before every use. */
+	pt_model_config one = {
+	    .batch = 1, .input = r->in, .n_slots = 1, .seed = s->seed, .no_init = true};
+	pt_model_config full = {
+	    .batch = r->B, .input = r->in, .n_slots = 1, .seed = s->seed, .no_init = true};
 	int64_t sum = 0, total;
 
 	if (s->boundaries != NULL) {

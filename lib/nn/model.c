@@ -291,7 +291,7 @@ pt_err pt_model_create(pt_model **out, const pt_layer_spec *layers, int n_layers
 	m->out_shape = cur;
 	if ((rv = alloc_params(m)) != PT_OK)
 		goto fail;
-	for (int i = 0; i < m->n_layers; i++)
+	for (int i = 0; i < m->n_layers && !cfg->no_init; i++)
 		m->layers[i].vt->init(&m->layers[i], cfg->seed);
 	if ((rv = place_params(m)) != PT_OK)
 		goto fail;

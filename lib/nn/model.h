@@ -29,6 +29,9 @@ typedef struct pt_model_config {
 	 * layers compute (zero-initialised: PT_CPU). Initial weights are drawn on
 	 * the host and copied, so they equal the CPU model's bitwise. */
 	pt_device device;
+	/* No initial weights drawn: parameters start at zero, for a model whose
+	 * weights are always set before use (a job runner's evaluation copy). */
+	bool no_init;
 } pt_model_config;
 
 typedef struct pt_model pt_model;

@@ -5,6 +5,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "backend.h"
 #include "dispatch.h"
@@ -46,6 +47,40 @@ static pt_err storage_new(pt_storage **out, void *data, size_t nbytes, pt_device
 	return PT_OK;
 }
 
+/* Host storages of at least this many bytes are anonymous mappings: the
+ * kernel's zero pages, touched only where written (and given back at once
+ * when freed), in 2 MiB-aligned runs that may be huge pages. Smaller ones
+ * come from malloc, zeroed; so do all under AddressSanitizer, which checks
+ * malloc'd memory only. */
+#if defined(__SANITIZE_ADDRESS__)
+#define MAP_MIN SIZE_MAX
+#else
+#define MAP_MIN ((size_t)32 << 20)
+#endif
+#define HUGE_2M  ((size_t)2 << 20)
+
+/* map_zeroed returns len (a multiple of HUGE_2M) zero bytes aligned to 2 MiB,
+ * or NULL. */
+static void *map_zeroed(size_t len)
+{
+	uint8_t *p = mmap(NULL, len + HUGE_2M, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+	                  -1, 0);
+	uintptr_t a;
+	size_t head;
+	if (p == MAP_FAILED)
+		return NULL;
+	a = ((uintptr_t)p + HUGE_2M - 1) & ~(uintptr_t)(HUGE_2M - 1);
+	head = (size_t)(a - (uintptr_t)p);
+	if (head > 0)
+		munmap(p, head);
+	if (HUGE_2M - head > 0)
+		munmap((uint8_t *)a + len, HUGE_2M - head);
+#ifdef MADV_HUGEPAGE
+	(void)madvise((void *)a, len, MADV_HUGEPAGE); /* best effort */
+#endif
+	return (void *)a;
+}
+
 pt_err pt_storage_create(pt_storage **out, size_t nbytes, pt_device dev)
 {
 	void *data;
@@ -63,6 +98,17 @@ pt_err pt_storage_create(pt_storage **out, size_t nbytes, pt_device dev)
 	}
 	if (rounded < nbytes)
 		return pt_set_error(PT_ERR_OVERFLOW, "storage of %zu bytes", nbytes);
+	if (rounded >= MAP_MIN && rounded <= SIZE_MAX - 2 * HUGE_2M) {
+		size_t len = (rounded + HUGE_2M - 1) & ~(HUGE_2M - 1);
+		if ((data = map_zeroed(len)) != NULL) {
+			if (storage_new(out, data, nbytes, dev, true, NULL) != PT_OK) {
+				munmap(data, len);
+				return PT_ERR_NOMEM;
+			}
+			(*out)->mapped = len;
+			return PT_OK;
+		}
+	}
 	data = aligned_alloc(64, rounded ? rounded : 64);
 	if (data == NULL)
 		return pt_set_error(PT_ERR_NOMEM, "storage of %zu bytes", nbytes);
@@ -103,6 +149,8 @@ void pt_storage_release(pt_storage *s)
 		return;
 	if (s->owns_data && s->device.kind != PT_DEV_CPU)
 		pt_backend_free(s->device, s->data);
+	else if (s->owns_data && s->mapped > 0)
+		munmap(s->data, s->mapped);
 	else if (s->owns_data)
 		free(s->data);
 	pt_storage_release(s->parent);

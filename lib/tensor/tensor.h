@@ -62,6 +62,7 @@ typedef struct pt_storage {
 	pt_device device;
 	struct pt_storage *parent; /* slice of parent (holds a reference), or NULL */
 	bool owns_data;            /* free(data) on destroy */
+	size_t mapped;             /* > 0: data is an anonymous mapping of this many bytes */
 	_Atomic int state;         /* pt_state */
 	/* The dispatcher whose queue will write this storage while PENDING. */
 	struct pt_dispatcher *_Atomic pending_in;
