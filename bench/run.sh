@@ -82,6 +82,10 @@ if [ -x "$build/bench/http_bench" ]; then
 	"$build/bench/http_bench"
 fi
 
+# A real-scale job (GPT-2-small shape, ~4 minutes with its PyTorch reference):
+# set-up before the first step, checkpoint stall, peak RSS, vs PyTorch.
+[ -x "$build/bench/w3_bench" ] && "$build/bench/w3_bench" "$here/torch_w3_ref.py"
+
 # What a checkpoint costs a running job (written in the background).
 [ -x "$build/bench/ckpt_bench" ] && "$build/bench/ckpt_bench"
 
