@@ -24,7 +24,7 @@
 #define EVERY 6
 
 typedef struct rec {
-	double t[STEPS + 1];     /* metric time of each step (monotonic) */
+	double t[STEPS + 1];       /* metric time of each step (monotonic) */
 	double ck_done[STEPS + 1]; /* when step N's checkpoint was complete */
 } rec;
 
@@ -79,24 +79,25 @@ int main(int argc, char **argv)
 	pt_runtime_ensure_passive_wait(argv);
 	if (mkdtemp(dir) == NULL)
 		return 1;
-	snprintf(text, sizeof(text),
-	         "{ \"name\": \"ckpt-bench\", \"model\": ["
-	         "{ \"kind\": \"Embedding\", \"vocab\": 8192, \"dim\": 512, \"max_seq\": 64 },"
-	         "%s%s%s%s%s%s"
-	         "{ \"kind\": \"LayerNorm\", \"dim\": 512 },"
-	         "{ \"kind\": \"Linear\", \"in_features\": 512, \"out_features\": 8192 } ],"
-	         "\"data\": { \"format\": \"Tokens16\", \"tokens\": \"examples/data/text.u16\","
-	         " \"seq_len\": 64, \"vocab\": 8192 },"
-	         "\"loss\": \"CrossEntropy\", \"optimizer\": { \"kind\": \"AdamW\", \"lr\": 0.0003 },"
-	         "\"batch_size\": 8, \"microbatches\": 1, \"steps\": %d, \"mode\": \"Sync\","
-	         "\"eval_every\": 0, \"checkpoint\": { \"every_steps\": %d, \"keep\": 2 },"
-	         "\"seed\": 1 }",
-	         "{ \"kind\": \"TransformerBlock\", \"dim\": 512, \"n_head\": 8 },",
-	         "{ \"kind\": \"TransformerBlock\", \"dim\": 512, \"n_head\": 8 },",
-	         "{ \"kind\": \"TransformerBlock\", \"dim\": 512, \"n_head\": 8 },",
-	         "{ \"kind\": \"TransformerBlock\", \"dim\": 512, \"n_head\": 8 },",
-	         "{ \"kind\": \"TransformerBlock\", \"dim\": 512, \"n_head\": 8 },",
-	         "{ \"kind\": \"TransformerBlock\", \"dim\": 512, \"n_head\": 8 },", STEPS, EVERY);
+	snprintf(
+	    text, sizeof(text),
+	    "{ \"name\": \"ckpt-bench\", \"model\": ["
+	    "{ \"kind\": \"Embedding\", \"vocab\": 8192, \"dim\": 512, \"max_seq\": 64 },"
+	    "%s%s%s%s%s%s"
+	    "{ \"kind\": \"LayerNorm\", \"dim\": 512 },"
+	    "{ \"kind\": \"Linear\", \"in_features\": 512, \"out_features\": 8192 } ],"
+	    "\"data\": { \"format\": \"Tokens16\", \"tokens\": \"examples/data/text.u16\","
+	    " \"seq_len\": 64, \"vocab\": 8192 },"
+	    "\"loss\": \"CrossEntropy\", \"optimizer\": { \"kind\": \"AdamW\", \"lr\": 0.0003 },"
+	    "\"batch_size\": 8, \"microbatches\": 1, \"steps\": %d, \"mode\": \"Sync\","
+	    "\"eval_every\": 0, \"checkpoint\": { \"every_steps\": %d, \"keep\": 2 },"
+	    "\"seed\": 1 }",
+	    "{ \"kind\": \"TransformerBlock\", \"dim\": 512, \"n_head\": 8 },",
+	    "{ \"kind\": \"TransformerBlock\", \"dim\": 512, \"n_head\": 8 },",
+	    "{ \"kind\": \"TransformerBlock\", \"dim\": 512, \"n_head\": 8 },",
+	    "{ \"kind\": \"TransformerBlock\", \"dim\": 512, \"n_head\": 8 },",
+	    "{ \"kind\": \"TransformerBlock\", \"dim\": 512, \"n_head\": 8 },",
+	    "{ \"kind\": \"TransformerBlock\", \"dim\": 512, \"n_head\": 8 },", STEPS, EVERY);
 	if (pt_job_spec_parse_json(text, strlen(text), &s) != PT_OK) {
 		fprintf(stderr, "ckpt_bench: %s\n", pt_last_error());
 		return 1;

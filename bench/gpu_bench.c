@@ -115,7 +115,8 @@ static void print_profile(const pt_kernel_timer *kt, double step_s)
 		if (kt->op_calls[i] > 0)
 			order[n++] = i;
 	for (int i = 1; i < n; i++)
-		for (int j = i; j > 0 && kt->op_seconds[order[j]] > kt->op_seconds[order[j - 1]]; j--) {
+		for (int j = i; j > 0 && kt->op_seconds[order[j]] > kt->op_seconds[order[j - 1]];
+		     j--) {
 			int s = order[j];
 			order[j] = order[j - 1];
 			order[j - 1] = s;
@@ -125,7 +126,8 @@ static void print_profile(const pt_kernel_timer *kt, double step_s)
 	       kt->seconds * 1e3, step_s * 1e3);
 	for (int i = 0; i < n && i < 16; i++)
 		printf("#   %-22s %8.2f ms %5.1f %% %6llu calls\n", pt_op_name((pt_op)order[i]),
-		       kt->op_seconds[order[i]] * 1e3, 100.0 * kt->op_seconds[order[i]] / kt->seconds,
+		       kt->op_seconds[order[i]] * 1e3,
+		       100.0 * kt->op_seconds[order[i]] / kt->seconds,
 		       (unsigned long long)kt->op_calls[order[i]]);
 }
 

@@ -60,17 +60,18 @@ int main(int argc, char **argv)
 		return 1;
 	for (int i = 0; i < 12; i++)
 		strcat(blocks, "{ \"kind\": \"TransformerBlock\", \"dim\": 768, \"n_head\": 12 },");
-	snprintf(text, sizeof(text),
-	         "{ \"name\": \"w3\", \"model\": ["
-	         "{ \"kind\": \"Embedding\", \"vocab\": 50304, \"dim\": 768, \"max_seq\": 256 }, %s"
-	         "{ \"kind\": \"LayerNorm\", \"dim\": 768 },"
-	         "{ \"kind\": \"Linear\", \"in_features\": 768, \"out_features\": 50304 } ],"
-	         "\"data\": { \"format\": \"Tokens16\", \"tokens\": \"examples/data/text.u16\","
-	         " \"seq_len\": 256, \"vocab\": 50304, \"held_out\": 0 },"
-	         "\"loss\": \"CrossEntropy\", \"optimizer\": { \"kind\": \"AdamW\", \"lr\": 0.0003 },"
-	         "\"batch_size\": 8, \"microbatches\": 1, \"steps\": %d, \"mode\": \"Sync\","
-	         "\"checkpoint\": { \"every_steps\": 3, \"keep\": 1 }, \"seed\": 1 }",
-	         blocks, STEPS);
+	snprintf(
+	    text, sizeof(text),
+	    "{ \"name\": \"w3\", \"model\": ["
+	    "{ \"kind\": \"Embedding\", \"vocab\": 50304, \"dim\": 768, \"max_seq\": 256 }, %s"
+	    "{ \"kind\": \"LayerNorm\", \"dim\": 768 },"
+	    "{ \"kind\": \"Linear\", \"in_features\": 768, \"out_features\": 50304 } ],"
+	    "\"data\": { \"format\": \"Tokens16\", \"tokens\": \"examples/data/text.u16\","
+	    " \"seq_len\": 256, \"vocab\": 50304, \"held_out\": 0 },"
+	    "\"loss\": \"CrossEntropy\", \"optimizer\": { \"kind\": \"AdamW\", \"lr\": 0.0003 },"
+	    "\"batch_size\": 8, \"microbatches\": 1, \"steps\": %d, \"mode\": \"Sync\","
+	    "\"checkpoint\": { \"every_steps\": 3, \"keep\": 1 }, \"seed\": 1 }",
+	    blocks, STEPS);
 	if (pt_job_spec_parse_json(text, strlen(text), &s) != PT_OK) {
 		fprintf(stderr, "w3_bench: %s\n", pt_last_error());
 		return 1;
@@ -112,7 +113,8 @@ int main(int argc, char **argv)
 		printf("bench w3_vs_torch %.3f\n", ours_tps / torch_tps);
 		printf("bench w3_rss_vs_torch %.3f\n", ours_rss / torch_rss);
 	} else {
-		printf("# PyTorch reference did not run: w3_vs_torch and w3_rss_vs_torch skipped\n");
+		printf(
+		    "# PyTorch reference did not run: w3_vs_torch and w3_rss_vs_torch skipped\n");
 	}
 	return 0;
 }

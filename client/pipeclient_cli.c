@@ -444,8 +444,9 @@ static const char *rate_text(const pipeclient_metric *m, char *buf, size_t cap)
 {
 	char n[48];
 	bool tokens = isfinite(m->tokens_per_second) && m->tokens_per_second > 0;
-	snprintf(buf, cap, "%s %s/s", sig3(tokens ? m->tokens_per_second : m->samples_per_second,
-	                                  n, sizeof(n)), tokens ? "tokens" : "samples");
+	snprintf(buf, cap, "%s %s/s",
+	         sig3(tokens ? m->tokens_per_second : m->samples_per_second, n, sizeof(n)),
+	         tokens ? "tokens" : "samples");
 	return buf;
 }
 
@@ -462,7 +463,8 @@ static void print_job_text(const pipeclient_job *j)
 		const pipeclient_metric *m = &j->last;
 		char rate[80];
 		printf("  loss %.6g at step %" PRId64 " (lr %.3g, %s, bubble %.0f %%)\n", m->loss,
-		       m->step, m->learning_rate, rate_text(m, rate, sizeof(rate)), 100 * m->bubble);
+		       m->step, m->learning_rate, rate_text(m, rate, sizeof(rate)),
+		       100 * m->bubble);
 		if (isfinite(m->eval_accuracy) || isfinite(m->eval_loss))
 			printf("  held-out loss %.6g, accuracy %.2f %%\n", m->eval_loss,
 			       100 * m->eval_accuracy);
@@ -634,8 +636,7 @@ static bool on_metric(void *ctx, uint64_t job, const pipeclient_metric *m)
 			char r3[48];
 			snprintf(stats, sizeof(stats), "loss %.4f  %s steps/s  ETA %s", m->loss,
 			         sig3(rate, r3, sizeof(r3)), eta);
-		}
-		else
+		} else
 			snprintf(stats, sizeof(stats), "loss %.4f  ETA %s", m->loss, eta);
 		layout(w->steps, &bar, &cols);
 		sparkline_render(spark, sizeof(spark), w->loss, w->n_loss, cols);
@@ -946,7 +947,8 @@ static int cmd_queue(cli *a)
 	} else {
 		printf("%-6s %-20s %s\n", "ID", "NAME", "WHY IT WAITS");
 		for (size_t i = 0; i < k; i++)
-			printf("%-6" PRIu64 " %-20s %s\n", q[i]->id, esc(q[i]->name), esc(q[i]->message));
+			printf("%-6" PRIu64 " %-20s %s\n", q[i]->id, esc(q[i]->name),
+			       esc(q[i]->message));
 	}
 	free(q);
 	pipeclient_jobs_free(jobs, n);

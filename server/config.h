@@ -25,14 +25,14 @@ typedef struct pt_server_config {
 	char *data_dir;
 	char *config_file;
 	char *auth_token_file;
-	char *auth_token; /* read from auth_token_file at load time */
-	char *device;     /* "cpu" or "cuda:N": the default device of jobs */
-	char *files_root; /* data paths in job specs are beneath it ("": <data_dir>/files) */
+	char *auth_token;    /* read from auth_token_file at load time */
+	char *device;        /* "cpu" or "cuda:N": the default device of jobs */
+	char *files_root;    /* data paths in job specs are beneath it ("": <data_dir>/files) */
 	bool allow_any_path; /* data paths may leave files_root */
 	char *worker_allow;  /* CIDR|host[,...] placement.workers may name ("": any) */
-	char *tls_cert;   /* PEM certificate (chain) for tls+tcp:// listeners */
-	char *tls_key;    /* PEM private key (may be the same file as tls_cert) */
-	char *tls_ca;     /* PEM CA: when set, clients must present a certificate */
+	char *tls_cert;      /* PEM certificate (chain) for tls+tcp:// listeners */
+	char *tls_key;       /* PEM private key (may be the same file as tls_cert) */
+	char *tls_ca;        /* PEM CA: when set, clients must present a certificate */
 	char *worker_tls_ca; /* PEM CA verifying tls+tcp:// workers and stage data ports */
 	char *log_level;
 	char *log_format;      /* text or json */

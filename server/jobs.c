@@ -794,7 +794,8 @@ static void run_one(pt_jobs *m, job *jb)
 	o.resume_from = jb->resume_from;
 	o.threads = m->cfg.threads;
 	if (o.threads <= 0 && m->cfg.max_jobs > 1) /* the cores, split between the jobs */
-		o.threads = pt_num_cores() / m->cfg.max_jobs > 0 ? pt_num_cores() / m->cfg.max_jobs : 1;
+		o.threads =
+		    pt_num_cores() / m->cfg.max_jobs > 0 ? pt_num_cores() / m->cfg.max_jobs : 1;
 	o.worker_token = m->cfg.worker_token;
 	o.advertise_host = m->cfg.advertise_host;
 	o.worker_tls = m->cfg.worker_tls;
@@ -1164,8 +1165,8 @@ static pt_err memory_limit_init(pt_jobs *m)
 	if (m->cfg.max_jobs > 1) {
 		char each[64];
 		pt_job_memory_format(each, sizeof(each), m->mem_limit / (uint64_t)m->cfg.max_jobs);
-		pt_info("jobs: memory limit %s (%s), %s a job with --max-jobs %d", text, source, each,
-		        m->cfg.max_jobs);
+		pt_info("jobs: memory limit %s (%s), %s a job with --max-jobs %d", text, source,
+		        each, m->cfg.max_jobs);
 	} else {
 		pt_info("jobs: memory limit %s (%s)", text, source);
 	}

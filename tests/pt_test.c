@@ -46,7 +46,8 @@ int pt_test_main(const pt_test_suite *suites)
 		if (suite == NULL)
 			return 99;
 		for (const pt_test_case *t = s->tests; t->name; t++) {
-			if ((only && !name_listed(t->name, only)) || (skip && name_listed(t->name, skip)))
+			if ((only && !name_listed(t->name, only)) ||
+			    (skip && name_listed(t->name, skip)))
 				continue;
 			if (CU_add_test(suite, t->name, t->fn) == NULL)
 				return 99;

@@ -873,9 +873,9 @@ static void test_client_token_job_rates(void)
 	           "\"optimizer\": { \"kind\": \"AdamW\", \"lr\": 0.003 }, \"batch_size\": 8, "
 	           "\"microbatches\": 2, \"steps\": 4, \"mode\": \"Sync\", \"seed\": 1 }\n");
 	fclose(f);
-	CU_ASSERT_EQUAL(run_cli(&out, "--server", srv.url, "submit", path, "--follow", "--every",
-	                        "1", NULL),
-	                CLI_OK);
+	CU_ASSERT_EQUAL(
+	    run_cli(&out, "--server", srv.url, "submit", path, "--follow", "--every", "1", NULL),
+	    CLI_OK);
 	CU_ASSERT_PTR_NOT_NULL(strstr(out, "step 4/4  loss "));
 	CU_ASSERT_PTR_NOT_NULL(strstr(out, " tokens/s"));
 	CU_ASSERT_PTR_NULL(strstr(out, "samples/s"));
@@ -1480,17 +1480,18 @@ static void test_client_priority_queue(void)
 	CHECK_LIB(pipeclient_get(c, p5, &j5));
 	CU_ASSERT_EQUAL(j0.state, PIPECLIENT_QUEUED);
 	snprintf(want, sizeof(want),
-	         "queued: place 2 on cpu; 1 of 1 runners busy (job %" PRIu64 "); behind job %" PRIu64
-	         " (priority 5)",
+	         "queued: place 2 on cpu; 1 of 1 runners busy (job %" PRIu64
+	         "); behind job %" PRIu64 " (priority 5)",
 	         l, p5);
 	CU_ASSERT_STRING_EQUAL(j0.message, want);
-	snprintf(want, sizeof(want), "queued: place 1 on cpu; 1 of 1 runners busy (job %" PRIu64 ")",
-	         l);
+	snprintf(want, sizeof(want),
+	         "queued: place 1 on cpu; 1 of 1 runners busy (job %" PRIu64 ")", l);
 	CU_ASSERT_STRING_EQUAL(j5.message, want);
 	pipeclient_job_fini(&j0);
 	pipeclient_job_fini(&j5);
 	CU_ASSERT_EQUAL(run_cli(&out, "--server", srv.url, "queue", NULL), CLI_OK);
-	snprintf(want, sizeof(want), "\n%-6" PRIu64 " %-20s queued: place 1 on cpu; ", p5, "prio-5");
+	snprintf(want, sizeof(want), "\n%-6" PRIu64 " %-20s queued: place 1 on cpu; ", p5,
+	         "prio-5");
 	CU_ASSERT_PTR_NOT_NULL(strstr(out, want));
 	CU_ASSERT(strstr(out, want) != NULL && strstr(out, "prio-0") > strstr(out, want));
 	free(out);
@@ -1561,8 +1562,8 @@ static void test_client_max_jobs_concurrent(void)
 	       jc.finished_unix - ja.started_unix);
 	CU_ASSERT(ja.started_unix < jb.finished_unix && jb.started_unix < ja.finished_unix);
 	/* Two runners: the third starts when one of the first two has ended. */
-	CU_ASSERT(jc.started_unix >= (ja.finished_unix < jb.finished_unix ? ja.finished_unix
-	                                                                    : jb.finished_unix));
+	CU_ASSERT(jc.started_unix >=
+	          (ja.finished_unix < jb.finished_unix ? ja.finished_unix : jb.finished_unix));
 	pipeclient_job_fini(&ja);
 	pipeclient_job_fini(&jb);
 	pipeclient_job_fini(&jc);

@@ -1486,7 +1486,7 @@ typedef struct recorder {
 	pt_job_metric m[MAX_METRICS];
 	int n_ckpt; /* written by the checkpoint writer thread; read after pt_job_run */
 	int64_t ckpt_steps[16];
-	int ckpt_bad; /* checkpoints whose reported SHA-256 or size was not the file's */
+	int ckpt_bad;       /* checkpoints whose reported SHA-256 or size was not the file's */
 	int64_t stop_after; /* should_stop once this many steps are done (0: never) */
 	int64_t done;
 } recorder;

@@ -440,8 +440,8 @@ static void test_sha256_vectors_and_backends(void)
 		}
 		memset(data, 'a', 1000000);
 		hex_of(data, 1000000, hex);
-		CU_ASSERT_STRING_EQUAL(hex,
-		    "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+		CU_ASSERT_STRING_EQUAL(
+		    hex, "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
 	}
 	/* Random pieces through the portable path, then through OpenSSL's. */
 	for (size_t i = 0; i < n; i++)

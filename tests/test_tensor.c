@@ -519,11 +519,14 @@ static void test_tensor_rng_parallel_fill_equals_serial(void)
 		for (int64_t p = 0; p < (n + 1) / 2; p++) {
 			uint32_t w[4];
 			pt_philox(42, 9, 5 + (uint64_t)p, w);
-			double u1 = ((double)w[0] + 1.0) / 4294967296.0, u2 = (double)w[1] / 4294967296.0;
+			double u1 = ((double)w[0] + 1.0) / 4294967296.0,
+			       u2 = (double)w[1] / 4294967296.0;
 			double rad = sqrt(-2.0 * log(u1));
-			bad += z[2 * p] != (float)(0.5 + (double)0.02f * rad * cos(2.0 * M_PI * u2));
+			bad +=
+			    z[2 * p] != (float)(0.5 + (double)0.02f * rad * cos(2.0 * M_PI * u2));
 			if (2 * p + 1 < n)
-				bad += z[2 * p + 1] != (float)(0.5 + (double)0.02f * rad * sin(2.0 * M_PI * u2));
+				bad += z[2 * p + 1] !=
+				       (float)(0.5 + (double)0.02f * rad * sin(2.0 * M_PI * u2));
 		}
 		for (int64_t i = 0; i < n; i++) {
 			uint32_t w[4];
@@ -637,8 +640,8 @@ static const pt_test_case access_tests[] = {
 };
 static const pt_test_case rng_tests[] = {
     {"test_tensor_philox_known_answers", test_tensor_philox_known_answers},
-	    {"test_tensor_philox_streams", test_tensor_philox_streams},
-	    {"test_tensor_rng_parallel_fill_equals_serial", test_tensor_rng_parallel_fill_equals_serial},
+    {"test_tensor_philox_streams", test_tensor_philox_streams},
+    {"test_tensor_rng_parallel_fill_equals_serial", test_tensor_rng_parallel_fill_equals_serial},
     {NULL, NULL},
 };
 

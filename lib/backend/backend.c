@@ -312,7 +312,8 @@ static void cpu_info(char *model, size_t cap, const char *const *flags, bool *ha
 			for (int i = 0; i < n; i++) {
 				size_t k = strlen(flags[i]);
 				for (const char *p = v; (p = strstr(p, flags[i])) != NULL; p += k)
-					if ((p == v || p[-1] == ' ') && (p[k] == ' ' || p[k] == '\0'))
+					if ((p == v || p[-1] == ' ') &&
+					    (p[k] == ' ' || p[k] == '\0'))
 						have[i] = true;
 			}
 			got_flags = true;
@@ -324,15 +325,24 @@ static void cpu_info(char *model, size_t cap, const char *const *flags, bool *ha
 static const char *dnnl_isa_name(dnnl_cpu_isa_t isa)
 {
 	switch (isa) {
-	case dnnl_cpu_isa_sse41: return "sse41";
-	case dnnl_cpu_isa_avx: return "avx";
-	case dnnl_cpu_isa_avx2: return "avx2";
-	case dnnl_cpu_isa_avx2_vnni: return "avx2_vnni";
-	case dnnl_cpu_isa_avx512_core: return "avx512_core";
-	case dnnl_cpu_isa_avx512_core_vnni: return "avx512_core_vnni";
-	case dnnl_cpu_isa_avx512_core_bf16: return "avx512_core_bf16";
-	case dnnl_cpu_isa_avx512_core_amx: return "avx512_core_amx";
-	default: return "other";
+	case dnnl_cpu_isa_sse41:
+		return "sse41";
+	case dnnl_cpu_isa_avx:
+		return "avx";
+	case dnnl_cpu_isa_avx2:
+		return "avx2";
+	case dnnl_cpu_isa_avx2_vnni:
+		return "avx2_vnni";
+	case dnnl_cpu_isa_avx512_core:
+		return "avx512_core";
+	case dnnl_cpu_isa_avx512_core_vnni:
+		return "avx512_core_vnni";
+	case dnnl_cpu_isa_avx512_core_bf16:
+		return "avx512_core_bf16";
+	case dnnl_cpu_isa_avx512_core_amx:
+		return "avx512_core_amx";
+	default:
+		return "other";
 	}
 }
 
@@ -345,14 +355,14 @@ void pt_backend_describe(pt_device dev, char *buf, size_t cap)
 	size_t o;
 
 	cpu_info(model, sizeof(model), flags, have, 4);
-	o = (size_t)snprintf(buf, cap,
-	                     "cpu: %s, %d cores (avx2 %s, avx512f %s, avx512_bf16 %s, amx_bf16 %s); "
-	                     "matmul: oneDNN %d.%d.%d, %s; element-wise: built for x86-64-v3 (AVX2); "
-	                     "sha256: %s",
-	                     model, pt_num_cores(), have[0] ? "yes" : "no", have[1] ? "yes" : "no",
-	                     have[2] ? "yes" : "no", have[3] ? "yes" : "no", v ? v->major : 0,
-	                     v ? v->minor : 0, v ? v->patch : 0,
-	                     dnnl_isa_name(dnnl_get_effective_cpu_isa()), pt_sha256_backend());
+	o = (size_t)snprintf(
+	    buf, cap,
+	    "cpu: %s, %d cores (avx2 %s, avx512f %s, avx512_bf16 %s, amx_bf16 %s); "
+	    "matmul: oneDNN %d.%d.%d, %s; element-wise: built for x86-64-v3 (AVX2); "
+	    "sha256: %s",
+	    model, pt_num_cores(), have[0] ? "yes" : "no", have[1] ? "yes" : "no",
+	    have[2] ? "yes" : "no", have[3] ? "yes" : "no", v ? v->major : 0, v ? v->minor : 0,
+	    v ? v->patch : 0, dnnl_isa_name(dnnl_get_effective_cpu_isa()), pt_sha256_backend());
 	if (o >= cap || dev.kind != PT_DEV_CUDA)
 		return;
 #ifdef PT_HAVE_CUDA

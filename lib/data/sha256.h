@@ -34,8 +34,8 @@ void pt_sha256(const void *data, size_t n, uint8_t out[PT_SHA256_BYTES]);
 /* pt_sha256_blocks_fn compresses n 64-byte blocks at p into the state h.
  * The portable one is the default; pt_sha256_set_blocks installs another
  * (a program linking libpipetrain's safetensors code has OpenSSL's, which
- * uses the CPU's SHA extensions where it has them, from its start); pt_sha256_backend names the one in
- * use ("portable", "openssl"). Digests are the same whichever runs. */
+ * uses the CPU's SHA extensions where it has them, from its start); pt_sha256_backend names the one
+ * in use ("portable", "openssl"). Digests are the same whichever runs. */
 typedef void (*pt_sha256_blocks_fn)(uint32_t h[8], const uint8_t *p, size_t n);
 void pt_sha256_set_blocks(pt_sha256_blocks_fn fn, const char *name);
 const char *pt_sha256_backend(void);

@@ -31,4 +31,3 @@ void pt_sha256_use_openssl(void)
 {
 	pt_sha256_set_blocks(openssl_blocks, "openssl");
 }
-

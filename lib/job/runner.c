@@ -102,14 +102,14 @@ typedef struct runner {
 
 	pt_dataset all, train, held;
 	pt_batch_iter it;
-	int64_t per_epoch; /* batches per epoch */
-	pt_tokens tk, val; /* val: data.val_tokens (count 0: none) */
-	int64_t train_end; /* tokens: training windows lie in [0, train_end) */
+	int64_t per_epoch;       /* batches per epoch */
+	pt_tokens tk, val;       /* val: data.val_tokens (count 0: none) */
+	int64_t train_end;       /* tokens: training windows lie in [0, train_end) */
 	const pt_tokens *etk;    /* tokens: the evaluation windows' file */
 	int64_t eval_lo, n_eval; /* its windows: n_eval from token eval_lo (Npy: rows) */
-	pt_tensor x, y;   /* one batch */
-	pt_tensor ex, ey; /* one evaluation microbatch */
-	pt_loss *loss;    /* the evaluation's loss, on the full model's output */
+	pt_tensor x, y;          /* one batch */
+	pt_tensor ex, ey;        /* one evaluation microbatch */
+	pt_loss *loss;           /* the evaluation's loss, on the full model's output */
 	bool have_eval;
 
 	pt_tensor states[PT_MAX_STAGES]; /* gathered at eval/checkpoint steps */
@@ -569,14 +569,14 @@ typedef struct snapshot {
 	char opt[PT_MAX_STAGES * 21 + 1], bounds[(PT_MAX_STAGES + 1) * 12 + 1];
 	pt_checkpoint_info info;
 	pt_tensor states[PT_MAX_STAGES];
-	pt_tensor *views;     /* n_weights views into states */
-	pt_st_tensor *wts;    /* names borrowed from the runner's full model */
+	pt_tensor *views;  /* n_weights views into states */
+	pt_st_tensor *wts; /* names borrowed from the runner's full model */
 	size_t n_weights;
 	const pt_job_hooks *h;
-	char sha256[65];      /* the weights file's, hashed as written */
+	char sha256[65]; /* the weights file's, hashed as written */
 	uint64_t size;
-	pt_err rv;            /* the write's result */
-	char err[1024];       /* its error message (errors are per thread) */
+	pt_err rv;      /* the write's result */
+	char err[1024]; /* its error message (errors are per thread) */
 } snapshot;
 
 static void snapshot_free(snapshot *sn)
@@ -598,8 +598,8 @@ static pt_err snapshot_write(snapshot *sn)
 {
 	pt_st_tensor t[PT_MAX_STAGES];
 	pt_st_meta meta[] = {
-	    {"format", "pipetrain"},  {"schema_version", PT_CHECKPOINT_SCHEMA_VERSION},
-	    {"job", sn->info.job},    {"step", sn->stepbuf},
+	    {"format", "pipetrain"},      {"schema_version", PT_CHECKPOINT_SCHEMA_VERSION},
+	    {"job", sn->info.job},        {"step", sn->stepbuf},
 	    {"optimizer_steps", sn->opt}, {"stages", sn->stages},
 	    {"boundaries", sn->bounds}};
 	if (mkdir(sn->dir, 0755) != 0 && errno != EEXIST)
@@ -750,11 +750,13 @@ static pt_err checkpoint(runner *r, int64_t step)
 		while (st + 1 < r->p && off >= cum[st + 1])
 			st++;
 		if (!pt_tensor_is_contiguous(w) || off < cum[st] || off + n > cum[st + 1]) {
-			rv = pt_set_error(PT_ERR_INVALID, "checkpoint: weight %s spans stages", name);
+			rv = pt_set_error(PT_ERR_INVALID, "checkpoint: weight %s spans stages",
+			                  name);
 			break;
 		}
 		rv = pt_tensor_init_on(&sn->views[i], sn->states[st].storage,
-		                       (size_t)(sn->states[st].offset + off - cum[st]) * sizeof(float),
+		                       (size_t)(sn->states[st].offset + off - cum[st]) *
+		                           sizeof(float),
 		                       PT_F32, w->ndim, w->shape);
 		sn->wts[i] = (pt_st_tensor){name, &sn->views[i]};
 	}

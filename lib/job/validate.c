@@ -466,8 +466,8 @@ pt_err pt_job_spec_validate(const pt_job_spec *s, const char *files_root, bool a
 		return pt_set_error(PT_ERR_RANGE, "priority: %d (-1000 to 1000)", s->priority);
 	for (int i = 0; i < s->n_workers; i++) {
 		/* The control URL of a `pipeserver --worker` (lib/job/workers.c). */
-		static const char *const schemes[] = {"tcp://",      "tcp4://", "tcp6://", "ipc://",
-		                                      "abstract://", "tls+tcp://"};
+		static const char *const schemes[] = {"tcp://", "tcp4://",     "tcp6://",
+		                                      "ipc://", "abstract://", "tls+tcp://"};
 		const char *u = s->workers[i];
 		bool known = false;
 		for (size_t k = 0; u != NULL && k < sizeof(schemes) / sizeof(schemes[0]); k++)
@@ -477,8 +477,8 @@ pt_err pt_job_spec_validate(const pt_job_spec *s, const char *files_root, bool a
 		if (!known)
 			return pt_set_error(
 			    PT_ERR_INVALID,
-			    "placement.workers[%d]: '%s' is not a tcp://, tls+tcp:// or ipc:// URL", i,
-			    u ? u : "(null)");
+			    "placement.workers[%d]: '%s' is not a tcp://, tls+tcp:// or ipc:// URL",
+			    i, u ? u : "(null)");
 	}
 
 	/* Checkpoints. */

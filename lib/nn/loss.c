@@ -40,7 +40,8 @@ pt_err pt_loss_create_dev(pt_loss **out, pt_loss_kind kind, int ndim, const int6
 	l->ignore_index = ignore_index;
 	l->rows = rows;
 	if (kind == PT_LOSS_CROSS_ENTROPY) {
-		if ((rv = pt_tensor_init_dev(&l->losses, dev, PT_F32, 1, (int64_t[]){rows})) != PT_OK ||
+		if ((rv = pt_tensor_init_dev(&l->losses, dev, PT_F32, 1, (int64_t[]){rows})) !=
+		        PT_OK ||
 		    (rv = pt_tensor_init_dev(&l->probs, dev, PT_F32, ndim, shape)) != PT_OK)
 			goto fail;
 		l->host_losses = malloc(sizeof(float) * (size_t)rows);
@@ -131,8 +132,8 @@ pt_err pt_loss_compute_gradient(pt_loss *l, const pt_tensor *pred, const pt_tens
 	                                 n ? scale / (float)n : 0.0f);
 }
 
-pt_err pt_loss_compute_both(pt_loss *l, const pt_tensor *pred, const pt_tensor *target,
-                            float scale, double *loss, int64_t *count, pt_tensor *dpred)
+pt_err pt_loss_compute_both(pt_loss *l, const pt_tensor *pred, const pt_tensor *target, float scale,
+                            double *loss, int64_t *count, pt_tensor *dpred)
 {
 	int64_t n = 0;
 	double sum = 0.0;

@@ -37,7 +37,7 @@ pt_err pt_loss_compute_gradient(pt_loss *l, const pt_tensor *pred, const pt_tens
 /* pt_loss_compute_both is pt_loss_compute_loss then pt_loss_compute_gradient
  * on the same pair, with bitwise the same results, computing the softmax and
  * counting the targets once. */
-pt_err pt_loss_compute_both(pt_loss *l, const pt_tensor *pred, const pt_tensor *target,
-                            float scale, double *loss, int64_t *count, pt_tensor *dpred);
+pt_err pt_loss_compute_both(pt_loss *l, const pt_tensor *pred, const pt_tensor *target, float scale,
+                            double *loss, int64_t *count, pt_tensor *dpred);
 
 #endif

@@ -63,7 +63,8 @@ pt_err pt_trainer_create(pt_trainer **out, pt_model *model, pt_optimizer *opt,
 	/* The loss and its gradient live where the model computes. */
 	if ((rv = pt_loss_create_dev(&t->loss, loss_kind, nd, shape, ignore_index,
 	                             pt_model_device(model))) != PT_OK ||
-	    (rv = pt_tensor_init_dev(&t->dpred, pt_model_device(model), PT_F32, nd, shape)) != PT_OK)
+	    (rv = pt_tensor_init_dev(&t->dpred, pt_model_device(model), PT_F32, nd, shape)) !=
+	        PT_OK)
 		goto fail;
 	*out = t;
 	return PT_OK;

@@ -57,14 +57,14 @@ static pt_err storage_new(pt_storage **out, void *data, size_t nbytes, pt_device
 #else
 #define MAP_MIN ((size_t)32 << 20)
 #endif
-#define HUGE_2M  ((size_t)2 << 20)
+#define HUGE_2M ((size_t)2 << 20)
 
 /* map_zeroed returns len (a multiple of HUGE_2M) zero bytes aligned to 2 MiB,
  * or NULL. */
 static void *map_zeroed(size_t len)
 {
-	uint8_t *p = mmap(NULL, len + HUGE_2M, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
-	                  -1, 0);
+	uint8_t *p =
+	    mmap(NULL, len + HUGE_2M, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	uintptr_t a;
 	size_t head;
 	if (p == MAP_FAILED)
