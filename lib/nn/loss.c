@@ -86,6 +86,26 @@ static pt_err count_targets(pt_loss *l, const pt_tensor *target, int64_t *count)
 	return PT_OK;
 }
 
+/* ce_forward runs the cross-entropy forward (losses and probabilities in l)
+ * and counts the targets that count; with loss, the mean loss too. */
+static pt_err ce_forward(pt_loss *l, const pt_tensor *pred, const pt_tensor *target, double *loss,
+                         int64_t *n)
+{
+	double sum = 0.0;
+	if (pt_tensor_numel(target) != l->rows)
+		return pt_set_error(PT_ERR_SHAPE, "cross-entropy: %ld targets for %ld rows",
+		                    (long)pt_tensor_numel(target), (long)l->rows);
+	PT_TRY(pt_cross_entropy_forward(&l->losses, &l->probs, pred, target, l->ignore_index));
+	PT_TRY(count_targets(l, target, n));
+	if (loss == NULL)
+		return PT_OK;
+	PT_TRY(pt_tensor_read(&l->losses, l->host_losses, sizeof(float) * (size_t)l->rows));
+	for (int64_t i = 0; i < l->rows; i++)
+		sum += l->host_losses[i];
+	*loss = *n ? sum / (double)*n : 0.0;
+	return PT_OK;
+}
+
 pt_err pt_loss_compute_loss(pt_loss *l, const pt_tensor *pred, const pt_tensor *target,
                             double *loss, int64_t *count)
 {
@@ -97,17 +117,7 @@ pt_err pt_loss_compute_loss(pt_loss *l, const pt_tensor *pred, const pt_tensor *
 		PT_TRY(pt_tensor_item(&l->scalar, 0, &v));
 		*loss = v;
 	} else {
-		double sum = 0.0;
-		if (pt_tensor_numel(target) != l->rows)
-			return pt_set_error(PT_ERR_SHAPE, "cross-entropy: %ld targets for %ld rows",
-			                    (long)pt_tensor_numel(target), (long)l->rows);
-		PT_TRY(
-		    pt_cross_entropy_forward(&l->losses, &l->probs, pred, target, l->ignore_index));
-		PT_TRY(pt_tensor_read(&l->losses, l->host_losses, sizeof(float) * (size_t)l->rows));
-		PT_TRY(count_targets(l, target, &n));
-		for (int64_t i = 0; i < l->rows; i++)
-			sum += l->host_losses[i];
-		*loss = n ? sum / (double)n : 0.0;
+		PT_TRY(ce_forward(l, pred, target, loss, &n));
 	}
 	if (count)
 		*count = n;
@@ -117,17 +127,13 @@ pt_err pt_loss_compute_loss(pt_loss *l, const pt_tensor *pred, const pt_tensor *
 pt_err pt_loss_compute_gradient(pt_loss *l, const pt_tensor *pred, const pt_tensor *target,
                                 float scale, pt_tensor *dpred)
 {
+	int64_t n = 0;
 	if (l->kind == PT_LOSS_MSE) {
-		int64_t n = pt_tensor_numel(pred);
+		n = pt_tensor_numel(pred);
 		return pt_mse_backward(dpred, pred, target, n ? scale / (float)n : 0.0f);
 	}
-	int64_t n = 0;
-	if (pt_tensor_numel(target) != l->rows)
-		return pt_set_error(PT_ERR_SHAPE, "cross-entropy: %ld targets for %ld rows",
-		                    (long)pt_tensor_numel(target), (long)l->rows);
-	PT_TRY(count_targets(l, target, &n));
 	/* Softmax again rather than keep per-microbatch probabilities alive. */
-	PT_TRY(pt_cross_entropy_forward(&l->losses, &l->probs, pred, target, l->ignore_index));
+	PT_TRY(ce_forward(l, pred, target, NULL, &n));
 	return pt_cross_entropy_backward(dpred, &l->probs, target, l->ignore_index,
 	                                 n ? scale / (float)n : 0.0f);
 }
@@ -136,20 +142,11 @@ pt_err pt_loss_compute_both(pt_loss *l, const pt_tensor *pred, const pt_tensor *
                             double *loss, int64_t *count, pt_tensor *dpred)
 {
 	int64_t n = 0;
-	double sum = 0.0;
 	if (l->kind == PT_LOSS_MSE) {
 		PT_TRY(pt_loss_compute_loss(l, pred, target, loss, count));
 		return pt_loss_compute_gradient(l, pred, target, scale, dpred);
 	}
-	if (pt_tensor_numel(target) != l->rows)
-		return pt_set_error(PT_ERR_SHAPE, "cross-entropy: %ld targets for %ld rows",
-		                    (long)pt_tensor_numel(target), (long)l->rows);
-	PT_TRY(pt_cross_entropy_forward(&l->losses, &l->probs, pred, target, l->ignore_index));
-	PT_TRY(pt_tensor_read(&l->losses, l->host_losses, sizeof(float) * (size_t)l->rows));
-	PT_TRY(count_targets(l, target, &n));
-	for (int64_t i = 0; i < l->rows; i++)
-		sum += l->host_losses[i];
-	*loss = n ? sum / (double)n : 0.0;
+	PT_TRY(ce_forward(l, pred, target, loss, &n));
 	if (count)
 		*count = n;
 	return pt_cross_entropy_backward(dpred, &l->probs, target, l->ignore_index,
