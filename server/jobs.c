@@ -861,8 +861,6 @@ static void run_one(pt_jobs *m, job *jb)
 	        last, msg[0] ? ": " : "", msg);
 }
 
-static pt_err start_runner(pt_jobs *m, const char *dev);
-
 static void *runner_main(void *arg)
 {
 	runner *r = arg;
@@ -882,19 +880,6 @@ static void *runner_main(void *arg)
 	}
 	pthread_mutex_unlock(&m->mu);
 	return NULL;
-}
-
-/* ensure_runner starts the runners of device dev (max_jobs of them: each
- * runs one job at a time) if it has none (lock held). */
-static pt_err ensure_runner(pt_jobs *m, const char *dev)
-{
-	int want = m->cfg.max_jobs > 1 ? m->cfg.max_jobs : 1, have = 0;
-
-	for (size_t i = 0; i < m->n_runners; i++)
-		have += strcmp(m->runners[i].device, dev) == 0;
-	for (; have < want; have++)
-		PT_TRY(start_runner(m, dev));
-	return PT_OK;
 }
 
 /* start_runner starts one runner thread for device dev (lock held). */
@@ -917,6 +902,19 @@ static pt_err start_runner(pt_jobs *m, const char *dev)
 	}
 	r->started = true;
 	m->n_runners++;
+	return PT_OK;
+}
+
+/* ensure_runner starts the runners of device dev (max_jobs of them: each
+ * runs one job at a time) if it has none (lock held). */
+static pt_err ensure_runner(pt_jobs *m, const char *dev)
+{
+	int want = m->cfg.max_jobs > 1 ? m->cfg.max_jobs : 1, have = 0;
+
+	for (size_t i = 0; i < m->n_runners; i++)
+		have += strcmp(m->runners[i].device, dev) == 0;
+	for (; have < want; have++)
+		PT_TRY(start_runner(m, dev));
 	return PT_OK;
 }
 

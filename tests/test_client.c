@@ -1543,6 +1543,21 @@ static void test_client_max_jobs_concurrent(void)
 	char sa[65], sb[65], ss[65];
 	const char *path = tpath("maxjobs.json");
 
+	/* The runners are bounded: 1 to 64 per device, else exit 2 naming it. */
+	for (int k = 0; k < 2; k++) {
+		char cmd[2 * PATH_MAX], *out;
+		int st;
+		snprintf(cmd, sizeof(cmd), "'%s' --max-jobs %s --data-dir '%s' > '%s' 2>&1",
+		         server_bin, k ? "0" : "65", tpath("maxjobs-bad"),
+		         tpath("maxjobs-bad.out"));
+		st = system(cmd);
+		CU_ASSERT(WIFEXITED(st) && WEXITSTATUS(st) == 2);
+		out = read_text(tpath("maxjobs-bad.out"), NULL);
+		CU_ASSERT_FATAL(out != NULL);
+		CU_ASSERT_PTR_NOT_NULL(strstr(out, "max_jobs (from flags): "));
+		CU_ASSERT_PTR_NOT_NULL(strstr(out, "is not an integer in [1, 64]"));
+		free(out);
+	}
 	write_job(path, "max-jobs", 150, false, "digits_x.npy", "digits_y.npy");
 	CU_ASSERT_FATAL(server_start(&two, "maxjobs", NULL, extra));
 	o.url = two.url;
