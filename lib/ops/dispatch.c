@@ -241,40 +241,39 @@ static double mono_s(void)
 	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-/* The device of the call's first operand (a non-CPU one wins), or NULL. */
+/* The device of the call's first operand that lives on one (not the CPU),
+ * or NULL. */
 static const pt_device *call_device(const pt_op_call *c)
 {
-	const pt_device *d = NULL;
 	for (int k = 0; k < c->n_out; k++)
-		if (c->out[k] && (d == NULL || c->out[k]->storage->device.kind != PT_DEV_CPU))
-			d = &c->out[k]->storage->device;
+		if (c->out[k] && c->out[k]->storage->device.kind != PT_DEV_CPU)
+			return &c->out[k]->storage->device;
 	for (int k = 0; k < c->n_in; k++)
-		if (c->in[k] && (d == NULL || c->in[k]->storage->device.kind != PT_DEV_CPU))
-			d = &c->in[k]->storage->device;
-	return d;
+		if (c->in[k] && c->in[k]->storage->device.kind != PT_DEV_CPU)
+			return &c->in[k]->storage->device;
+	return NULL;
 }
 
 /* Runs one planned kernel, timed when the thread has a kernel timer. */
 static pt_err run_kernel(const pt_op_call *c, void *workspace)
 {
 	pt_kernel_timer *kt = kernel_timer;
-	const pt_device *dev = NULL;
-	double t0;
+	const pt_device *dev;
+	double t0, dt;
 	pt_err rv;
 	if (kt == NULL)
 		return c->kernel(c, workspace);
-	if (kt->sync_device && (dev = call_device(c)) != NULL && dev->kind == PT_DEV_CPU)
-		dev = NULL;
+	dev = kt->sync_device ? call_device(c) : NULL;
 	if (dev != NULL)
 		(void)pt_backend_sync(*dev);
 	t0 = mono_s();
 	rv = c->kernel(c, workspace);
 	if (dev != NULL && rv == PT_OK)
 		rv = pt_backend_sync(*dev);
-	t0 = mono_s() - t0;
-	kt->seconds += t0;
+	dt = mono_s() - t0;
+	kt->seconds += dt;
 	kt->calls++;
-	kt->op_seconds[c->op] += t0;
+	kt->op_seconds[c->op] += dt;
 	kt->op_calls[c->op]++;
 	return rv;
 }
