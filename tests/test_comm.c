@@ -16,6 +16,7 @@
 #include <nng/protocol/pipeline0/pull.h>
 #include <nng/protocol/pipeline0/push.h>
 #include <openssl/evp.h>
+#include <openssl/kdf.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -29,6 +30,7 @@
 #include "comm.h"
 #include "fb.h"
 #include "nccl_comm.h"
+#include "nh.h"
 #include "pt_test.h"
 #include "sha256.h"
 
@@ -1037,28 +1039,130 @@ enum {
 	F_FRAG_SIZE
 };
 
-/* The MAC trailer of lib/comm/nng.c, written here from its file comment with
- * libcrypto directly: "PTMC", nonce (u32 instance, u64 counter), and the
- * ChaCha20-Poly1305 tag of everything before the tag plus the destination
- * rank (u32 LE), all associated data. */
+/* The MAC trailer of lib/comm/nng.c, written here from its file comment and
+ * nh.h with libcrypto directly: "PTMC", nonce (u32 instance, u64 counter),
+ * and the ChaCha20-Poly1305 tag (associated data only) of NH(everything
+ * before the tag), le64(its length) and le32(destination rank); both keys
+ * from the session key by HKDF-SHA256. */
 #define TRAILER 32
+
+static void hkdf(const uint8_t *key, const char *info, uint8_t *out, size_t n)
+{
+	EVP_PKEY_CTX *x = EVP_PKEY_CTX_new_id(EVP_PKEY_HKDF, NULL);
+
+	CU_ASSERT_FATAL(x != NULL);
+	CU_ASSERT_FATAL(EVP_PKEY_derive_init(x) == 1);
+	CU_ASSERT_FATAL(EVP_PKEY_CTX_set_hkdf_md(x, EVP_sha256()) == 1);
+	CU_ASSERT_FATAL(EVP_PKEY_CTX_set1_hkdf_key(x, key, PT_COMM_KEY_BYTES) == 1);
+	CU_ASSERT_FATAL(EVP_PKEY_CTX_add1_hkdf_info(x, (const unsigned char *)info,
+	                                            (int)strlen(info)) == 1);
+	CU_ASSERT_FATAL(EVP_PKEY_derive(x, out, &n) == 1);
+	EVP_PKEY_CTX_free(x);
+}
+
+static uint32_t le32(const uint8_t *p)
+{
+	return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+/* nh_ref is NH as nh.h describes it, over 1032 key bytes (little-endian u32
+ * words): 16 bytes per zero-padded 1 KiB chunk. */
+static void nh_ref(const uint8_t *nk, const uint8_t *msg, size_t n, uint8_t *out)
+{
+	for (size_t off = 0; off < n; off += 1024, out += 16) {
+		uint8_t chunk[1024] = {0};
+		uint64_t a = 0, b = 0;
+		memcpy(chunk, msg + off, n - off < 1024 ? n - off : 1024);
+		for (int i = 0; i < 256; i += 2) {
+			uint32_t w0 = le32(chunk + 4 * i), w1 = le32(chunk + 4 * i + 4);
+			a += (uint64_t)(uint32_t)(w0 + le32(nk + 4 * i)) *
+			     (uint32_t)(w1 + le32(nk + 4 * i + 4));
+			b += (uint64_t)(uint32_t)(w0 + le32(nk + 4 * i + 8)) *
+			     (uint32_t)(w1 + le32(nk + 4 * i + 12));
+		}
+		for (int i = 0; i < 8; i++) {
+			out[i] = (uint8_t)(a >> (8 * i));
+			out[8 + i] = (uint8_t)(b >> (8 * i));
+		}
+	}
+}
 
 static void mac_of(const uint8_t *body, size_t len, const uint8_t *key, int dst, uint8_t tag[16])
 {
 	EVP_CIPHER_CTX *x = EVP_CIPHER_CTX_new();
-	uint8_t d[4] = {(uint8_t)dst, (uint8_t)(dst >> 8), (uint8_t)(dst >> 16),
-	                (uint8_t)(dst >> 24)};
-	uint8_t out[16];
+	uint8_t mk[32], nk[1032], out[16], tail[12];
+	size_t n = len - 16;
+	uint8_t *h = malloc((n + 1023) / 1024 * 16 + 1);
 	int ol;
 
-	CU_ASSERT_FATAL(x != NULL);
-	CU_ASSERT_EQUAL(EVP_EncryptInit_ex2(x, EVP_chacha20_poly1305(), key, body + len - 28, NULL),
+	CU_ASSERT_FATAL(x != NULL && h != NULL);
+	hkdf(key, "pipetrain frame mac v4", mk, sizeof(mk));
+	hkdf(key, "pipetrain frame nh v4", nk, sizeof(nk));
+	nh_ref(nk, body, n, h);
+	CU_ASSERT_EQUAL(EVP_EncryptInit_ex2(x, EVP_chacha20_poly1305(), mk, body + n - 12, NULL),
 	                1);
-	CU_ASSERT_EQUAL(EVP_EncryptUpdate(x, NULL, &ol, body, (int)(len - 16)), 1);
-	CU_ASSERT_EQUAL(EVP_EncryptUpdate(x, NULL, &ol, d, 4), 1);
+	CU_ASSERT_EQUAL(EVP_EncryptUpdate(x, NULL, &ol, h, (int)((n + 1023) / 1024 * 16)), 1);
+	for (int i = 0; i < 8; i++)
+		tail[i] = (uint8_t)((uint64_t)n >> (8 * i));
+	for (int i = 0; i < 4; i++)
+		tail[8 + i] = (uint8_t)((uint32_t)dst >> (8 * i));
+	CU_ASSERT_EQUAL(EVP_EncryptUpdate(x, NULL, &ol, tail, 12), 1);
 	CU_ASSERT_EQUAL(EVP_EncryptFinal_ex(x, out, &ol), 1);
 	CU_ASSERT_EQUAL(EVP_CIPHER_CTX_ctrl(x, EVP_CTRL_AEAD_GET_TAG, 16, tag), 1);
 	EVP_CIPHER_CTX_free(x);
+	free(h);
+}
+
+/* NH (nh.h): every backend this CPU has gives nh_ref's bytes for lengths
+ * around chunk boundaries; pt_nh_copy copies exactly and hashes as pt_nh;
+ * one flipped bit anywhere changes its chunk's output. */
+static void test_comm_nh(void)
+{
+	const size_t lens[] = {0, 1, 4, 1023, 1024, 1025, 2048, 5000, 65539};
+	const char *backends[] = {"portable", "avx2"};
+	uint8_t kb[PT_NH_KEY_BYTES], *msg = malloc(65539), *dst = malloc(65539);
+	uint8_t *want = malloc(1040), *got = malloc(1040);
+	uint32_t key[PT_NH_KEY_WORDS];
+
+	if (cur->kind != IMPL_NNG || strcmp(cur->scheme, "tcp") != 0 || cur->compress) {
+		printf("(once, in the nng tcp suite) ");
+		free(msg), free(dst), free(want), free(got);
+		return;
+	}
+	fill_random(kb, sizeof(kb), 11);
+	fill_random(msg, 65539, 12);
+	for (int i = 0; i < PT_NH_KEY_WORDS; i++)
+		key[i] = le32(kb + 4 * i);
+	for (size_t b = 0; b < 2; b++) {
+		if (pt_nh_set_backend(backends[b]) != 0) {
+			printf("(no %s here) ", backends[b]);
+			continue;
+		}
+		CU_ASSERT_STRING_EQUAL(pt_nh_backend(), backends[b]);
+		for (size_t k = 0; k < sizeof(lens) / sizeof(lens[0]); k++) {
+			size_t n = lens[k], outs = pt_nh_outputs(n);
+			CU_ASSERT_EQUAL(outs, (n + 1023) / 1024 * 16);
+			nh_ref(kb, msg, n, want);
+			pt_nh(key, msg, n, got);
+			CU_ASSERT(memcmp(want, got, outs) == 0);
+		}
+		memset(dst, 0, 65539);
+		pt_nh_copy(key, dst + 3, msg + 3, 64, got); /* unaligned both ways */
+		nh_ref(kb, msg + 3, 65536, want);
+		CU_ASSERT(memcmp(want, got, 64 * 16) == 0);
+		CU_ASSERT(memcmp(dst + 3, msg + 3, 65536) == 0);
+		CU_ASSERT(dst[0] == 0 && dst[1] == 0 && dst[2] == 0);
+		nh_ref(kb, msg, 5000, want);
+		for (size_t pos = 0; pos < 5000; pos += 97) {
+			msg[pos] ^= (uint8_t)(1u << (pos % 8));
+			pt_nh(key, msg, 5000, got);
+			CU_ASSERT(memcmp(want + pos / 1024 * 16, got + pos / 1024 * 16, 16) != 0);
+			msg[pos] ^= (uint8_t)(1u << (pos % 8));
+		}
+	}
+	CU_ASSERT_EQUAL(pt_nh_set_backend("no-such"), -1);
+	CU_ASSERT_EQUAL(pt_nh_set_backend(NULL), 0);
+	free(msg), free(dst), free(want), free(got);
 }
 
 /* seal appends a trailer to msg for rank dst: tagged under key, or with
@@ -1306,8 +1410,12 @@ static void test_comm_forged(void)
 
 	memcpy(other, g.key, sizeof(other));
 	other[0] ^= 1;
+	/* 4 KiB payloads are hashed, then copied; 70,000-byte ones are copied
+	 * out while hashed (and the copy dropped when the tag is wrong). */
+	for (int z = 0; z < 2; z++) {
+	int64_t sz = z ? 70000 : 4096;
 	fake_frame f = {
-	    .source = 1, .seq = 1000000, .dtype = PT_U8, .dim = 4096, .raw = 4096, .payload = 4096};
+	    .source = 1, .seq = 1000000, .dtype = PT_U8, .dim = sz, .raw = sz, .payload = sz};
 	fake_send(s, &f, SEAL_NONE, NULL);
 	fake_send(s, &f, SEAL_ZERO, NULL);
 	fake_send(s, &f, SEAL_KEY, other);
@@ -1315,6 +1423,10 @@ static void test_comm_forged(void)
 	msg = fake_build(&f);
 	seal(msg, g.key, 0);
 	((uint8_t *)nng_msg_body(msg))[nng_msg_len(msg) - TRAILER - 1] ^= 1; /* last payload byte */
+	CU_ASSERT_EQUAL(nng_sendmsg(s, msg, 0), 0);
+	msg = fake_build(&f);
+	seal(msg, g.key, 0);
+	((uint8_t *)nng_msg_body(msg))[nng_msg_len(msg) / 2] ^= 0x80; /* a middle byte */
 	CU_ASSERT_EQUAL(nng_sendmsg(s, msg, 0), 0);
 	f.source = 0; /* the coordinator */
 	fake_send(s, &f, SEAL_NONE, NULL);
@@ -1326,13 +1438,14 @@ static void test_comm_forged(void)
 	fake_send(s, &f, SEAL_KEY, g.key);
 	f.frag_index = 1; /* a replayed middle fragment: no error either */
 	f.frag_count = 2;
-	f.frag_size = 4096;
-	f.frag_offset = 4096;
-	f.raw = 8192;
-	f.dim = 8192;
+	f.frag_size = (uint64_t)sz;
+	f.frag_offset = (uint64_t)sz;
+	f.raw = 2 * sz;
+	f.dim = 2 * sz;
 	fake_send(s, &f, SEAL_KEY, g.key);
-	CU_ASSERT_EQUAL(errors_reach(g.c[0], e0 + 10) - e0, 10);
+	CU_ASSERT_EQUAL(errors_reach(g.c[0], e0 + 11 * (z + 1)) - e0, 11 * (z + 1));
 	PT_CHECK_ERR(pt_comm_recv(g.c[0], PT_ANY_RANK, PT_CH_ANY, 0, &r), PT_ERR_TIMEOUT);
+	}
 	nng_close(s);
 	sleep_ms(200); /* the stranger's disconnect marks nobody lost */
 
@@ -1348,7 +1461,7 @@ static void test_comm_forged(void)
 	CU_ASSERT(r.meta.seq == 0 && r.meta.step == 7);
 	pt_msg_fini(&r);
 	PT_CHECK_ERR(pt_comm_recv(g.c[0], PT_ANY_RANK, PT_CH_ANY, 0, &r), PT_ERR_TIMEOUT);
-	CU_ASSERT_EQUAL(pt_comm_get_stats(g.c[0]).errors - e0, 10);
+	CU_ASSERT_EQUAL(pt_comm_get_stats(g.c[0]).errors - e0, 22);
 	CU_ASSERT_EQUAL(pt_comm_get_stats(g.c[1]).errors, 0);
 	pt_tensor_fini(&t);
 	group_free(&g);
@@ -1485,6 +1598,38 @@ static void test_comm_wire_format(void)
 	unlink(path);
 	rmdir(dir);
 	nng_msg_free(msg);
+	/* Larger payloads: the sender hashes the chunks its copy covers while
+	 * copying; the tag must still be the one written from the description,
+	 * for payloads that end on, before and after a chunk boundary, and for
+	 * a fragmented tensor's fragments (8 MiB each). */
+	const int64_t sizes[] = {256, 2000, 4096 - 40, 65536 + 7, (int64_t)(9u << 20) / 4};
+	for (size_t k = 0; k < sizeof(sizes) / sizeof(sizes[0]); k++) {
+		pt_tensor big;
+		make_f32(&big, sizes[k], 0.25f);
+		for (int64_t i = 0; i < sizes[k]; i++)
+			pt_tensor_f32(&big)[i] = (float)((i * 7919) % 1000);
+		PT_CHECK_OK(pt_comm_send_forward(c, 1, &big, (int)k, 0));
+		size_t got = 0, want = (size_t)sizes[k] * 4;
+		while (got < want) {
+			CU_ASSERT_EQUAL_FATAL(nng_recvmsg(pull, &msg, 0), 0);
+			body = nng_msg_body(msg);
+			len = nng_msg_len(msg);
+			root = pt_fb_root(body);
+			poff = pt_fb_get_u64(root, F_POFF, 0);
+			uint64_t fsize = pt_fb_get_u64(root, F_FRAG_SIZE, 0);
+			CU_ASSERT_EQUAL(poff + fsize + TRAILER, len);
+			CU_ASSERT(memcmp(body + poff, (uint8_t *)pt_tensor_data(&big) + got, fsize) ==
+			          0);
+			mac_of(body, len, key, 1, tag);
+			CU_ASSERT(memcmp(tag, body + len - 16, 16) == 0);
+			got += fsize;
+			nng_msg_free(msg);
+			if (fsize == 0)
+				break;
+		}
+		CU_ASSERT_EQUAL(got, want);
+		pt_tensor_fini(&big);
+	}
 	pt_tensor_fini(&t);
 	pt_comm_destroy(c);
 	nng_close(pull);
@@ -1899,6 +2044,7 @@ static const test_def tests[] = {
     {"test_comm_no_auth", test_comm_no_auth, false},
     {"test_comm_seq_gap", test_comm_seq_gap, false},
     {"test_comm_wire_format", test_comm_wire_format, false},
+    {"test_comm_nh", test_comm_nh, false},
     {"test_comm_lz4", test_comm_lz4, false},
     {"test_comm_max_msg", test_comm_max_msg, false},
     {"test_comm_device_tensors", test_comm_device_tensors, false},

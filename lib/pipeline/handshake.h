@@ -19,8 +19,8 @@
 #include "pipeline.h"
 
 /* The handshake protocol version this build speaks (2: heartbeats; 3: a
- * session key in StageJoin, authenticated frames). */
-#define PT_WORKER_PROTOCOL 3
+ * session key in StageJoin, authenticated frames; 4: frame tags over NH). */
+#define PT_WORKER_PROTOCOL 4
 
 /* Which request a WorkerRequest carries. */
 typedef enum pt_worker_msg { PT_WORKER_PEERS, PT_WORKER_JOIN, PT_WORKER_PING } pt_worker_msg;
