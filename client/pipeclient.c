@@ -1197,3 +1197,61 @@ pipeclient_err pipeclient_fetch_checkpoint(pipeclient *c, uint64_t job, int64_t 
 		*out = info;
 	return ok();
 }
+
+pipeclient_err pipeclient_workers(pipeclient *c, pipeclient_worker **out, size_t *n)
+{
+	pt_api_request r;
+	pt_api_worker_info wi;
+	pipeclient_worker *arr;
+	pipeclient_err e;
+	call k;
+
+	if (c == NULL || out == NULL || n == NULL)
+		return fail(c, PIPECLIENT_ERR_INVALID, "pipeclient_workers: NULL argument");
+	*out = NULL;
+	*n = 0;
+	pt_api_request_init(&r, PT_API_LIST_WORKERS);
+	if ((e = request(c, &r, 0, &k)) != PIPECLIENT_OK)
+		return e;
+	arr = calloc(k.resp.n_workers ? k.resp.n_workers : 1, sizeof(*arr));
+	if (arr == NULL) {
+		call_fini(&k);
+		return fail(c, PIPECLIENT_ERR_NOMEM, "out of memory");
+	}
+	for (size_t i = 0; i < k.resp.n_workers; i++) {
+		if (pt_api_response_worker(&k.resp, i, &wi) != PT_OK) {
+			free(arr);
+			call_fini(&k);
+			return fail(c, PIPECLIENT_ERR_PROTOCOL, "ListWorkers: %s", pt_last_error());
+		}
+		snprintf(arr[i].url, sizeof(arr[i].url), "%s", wi.url ? wi.url : "");
+		snprintf(arr[i].state, sizeof(arr[i].state), "%s",
+		         pt_api_worker_state_name(wi.state));
+		arr[i].job = wi.job;
+		arr[i].draining = wi.draining;
+		arr[i].since_unix = wi.since_unix;
+		arr[i].last_heartbeat_unix = wi.last_heartbeat_unix;
+		snprintf(arr[i].message, sizeof(arr[i].message), "%s",
+		         wi.message ? wi.message : "");
+	}
+	*out = arr;
+	*n = k.resp.n_workers;
+	call_fini(&k);
+	return ok();
+}
+
+pipeclient_err pipeclient_drain_worker(pipeclient *c, const char *url)
+{
+	pt_api_request r;
+	pipeclient_err e;
+	call k;
+
+	if (c == NULL || url == NULL)
+		return fail(c, PIPECLIENT_ERR_INVALID, "pipeclient_drain_worker: NULL argument");
+	pt_api_request_init(&r, PT_API_DRAIN_WORKER);
+	r.url = url;
+	if ((e = request(c, &r, 0, &k)) != PIPECLIENT_OK)
+		return e;
+	call_fini(&k);
+	return ok();
+}

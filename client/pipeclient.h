@@ -315,6 +315,26 @@ pipeclient_err pipeclient_info(pipeclient *c, pipeclient_server_info *out);
  * not say). A function of its own so that pipeclient_server_info keeps its size. */
 pipeclient_err pipeclient_kernels(pipeclient *c, char *buf, size_t cap);
 
+/* A worker of the server's pool (--pool). */
+typedef struct pipeclient_worker {
+	char url[256];
+	char state[16];    /* "idle", "busy", "unreachable" or "unknown" (not probed yet) */
+	uint64_t job;      /* the job it serves (0: none) */
+	bool draining;     /* lends itself to no more jobs */
+	double since_unix; /* when the state began */
+	double last_heartbeat_unix; /* the last answered probe (0: never) */
+	char message[160];          /* the worker's words, or why it is unreachable */
+} pipeclient_worker;
+
+/* pipeclient_workers returns the server's pool workers, in pool order, as a
+ * new array (*out, *n; free() it); none without a pool. */
+pipeclient_err pipeclient_workers(pipeclient *c, pipeclient_worker **out, size_t *n);
+
+/* pipeclient_drain_worker tells the server to lend the pool worker at url
+ * to no more jobs (its current job finishes). PIPECLIENT_ERR_SERVER_NOT_FOUND
+ * when the pool has no such worker. */
+pipeclient_err pipeclient_drain_worker(pipeclient *c, const char *url);
+
 #ifdef __cplusplus
 }
 #endif

@@ -131,6 +131,19 @@ static const command commands[] = {
      "first, first come first served within a priority) with why each waits:\n"
      "its place, the runners busy, the job ahead of it. With --json one object\n"
      "with a \"jobs\" array.\n" COMMON_OPTIONS},
+    {"workers", 0,
+     "usage: pipeclient workers [options]\n"
+     "\n"
+     "The server's worker pool (--pool): each worker's URL, state (idle, busy,\n"
+     "unreachable, unknown until first probed), the job it serves, how long it has\n"
+     "been so, its last heartbeat and its own words. With --json one object with a\n"
+     "\"workers\" array.\n" COMMON_OPTIONS},
+    {"drain", 1,
+     "usage: pipeclient drain URL [options]\n"
+     "\n"
+     "Lend the pool worker at URL to no more jobs; the job it serves finishes.\n"
+     "(Take it out of the --pool list and send the server SIGHUP to remove it.)\n" COMMON_OPTIONS
+     "\nexit status: 0 draining, 4 the pool has no such worker\n"},
     {"cancel", 1,
      "usage: pipeclient cancel JOB [options]\n"
      "\n"
@@ -955,6 +968,80 @@ static int cmd_queue(cli *a)
 	return EXIT_OK;
 }
 
+/* ago writes s seconds as "42s", "5m07s" or "3h12m". */
+static void ago(double s, char *buf, size_t cap)
+{
+	long t = s > 0 ? (long)s : 0;
+	if (t < 60)
+		snprintf(buf, cap, "%lds", t);
+	else if (t < 3600)
+		snprintf(buf, cap, "%ldm%02lds", t / 60, t % 60);
+	else
+		snprintf(buf, cap, "%ldh%02ldm", t / 3600, t / 60 % 60);
+}
+
+static int cmd_workers(cli *a)
+{
+	pipeclient_worker *w;
+	size_t n;
+	pipeclient_err e;
+	double now = (double)time(NULL);
+
+	if ((e = pipeclient_workers(a->c, &w, &n)) != PIPECLIENT_OK)
+		return report(a, e);
+	if (a->json) {
+		fputs("{\"workers\":[", stdout);
+		for (size_t i = 0; i < n; i++) {
+			fputs(i ? ",{\"url\":" : "{\"url\":", stdout);
+			json_str(stdout, w[i].url);
+			fputs(",\"state\":", stdout);
+			json_str(stdout, w[i].state);
+			printf(",\"job\":%" PRIu64 ",\"draining\":%s,\"since_unix\":", w[i].job,
+			       w[i].draining ? "true" : "false");
+			json_num(stdout, w[i].since_unix);
+			fputs(",\"last_heartbeat_unix\":", stdout);
+			json_num(stdout, w[i].last_heartbeat_unix);
+			fputs(",\"message\":", stdout);
+			json_str(stdout, w[i].message);
+			fputc('}', stdout);
+		}
+		fputs("]}\n", stdout);
+	} else if (n == 0) {
+		printf("no worker pool (pipeserver --pool)\n");
+	} else {
+		printf("%-28s %-12s %-6s %-9s %-10s %s\n", "URL", "STATE", "JOB", "FOR",
+		       "HEARTBEAT", "MESSAGE");
+		for (size_t i = 0; i < n; i++) {
+			char job[24] = "-", since[32], hb[32] = "never";
+			if (w[i].job)
+				snprintf(job, sizeof(job), "%" PRIu64, w[i].job);
+			ago(now - w[i].since_unix, since, sizeof(since));
+			if (w[i].last_heartbeat_unix > 0) {
+				ago(now - w[i].last_heartbeat_unix, hb, sizeof(hb) - 4);
+				strcat(hb, " ago");
+			}
+			printf("%-28s %-12s %-6s %-9s %-10s %s\n", esc(w[i].url),
+			       w[i].draining ? "draining" : w[i].state, job, since, hb,
+			       esc(w[i].message));
+		}
+	}
+	free(w);
+	return EXIT_OK;
+}
+
+static int cmd_drain(cli *a, const char *url)
+{
+	pipeclient_err e = pipeclient_drain_worker(a->c, url);
+
+	if (e != PIPECLIENT_OK)
+		return report(a, e);
+	if (a->json)
+		printf("{\"draining\":true}\n");
+	else
+		printf("draining %s: it takes no more jobs\n", esc(url));
+	return EXIT_OK;
+}
+
 static int cmd_cancel(cli *a, uint64_t id)
 {
 	pipeclient_job_state st;
@@ -1095,6 +1182,19 @@ static int cmd_info(cli *a)
 		       PIPECLIENT_PROTOCOL, esc(si.device), si.jobs_running, si.jobs_queued, up);
 		if (kernels[0])
 			printf("kernels  %s\n", esc(kernels));
+		pipeclient_worker *w = NULL;
+		size_t n = 0;
+		if (pipeclient_workers(a->c, &w, &n) == PIPECLIENT_OK && n > 0) {
+			int idle = 0, busy = 0, gone = 0;
+			for (size_t i = 0; i < n; i++) {
+				idle += strcmp(w[i].state, "idle") == 0 && w[i].job == 0;
+				busy += strcmp(w[i].state, "busy") == 0;
+				gone += strcmp(w[i].state, "unreachable") == 0;
+			}
+			printf("workers  %zu in the pool: %d idle, %d busy, %d unreachable\n", n,
+			       idle, busy, gone);
+		}
+		free(w);
 	}
 	return EXIT_OK;
 }
@@ -1245,6 +1345,9 @@ int main(int argc, char **argv)
 	if (strcmp(cmd, "submit") == 0) {
 		if (nargs != 1)
 			return usage_error("submit takes one job FILE");
+	} else if (strcmp(cmd, "drain") == 0) {
+		if (nargs != 1)
+			return usage_error("drain takes one worker URL");
 	} else if (k->nargs == 1) {
 		if (nargs != 1)
 			return usage_error("%s takes one JOB id", cmd);
@@ -1273,6 +1376,10 @@ int main(int argc, char **argv)
 		rv = cmd_list(&a);
 	else if (strcmp(cmd, "queue") == 0)
 		rv = cmd_queue(&a);
+	else if (strcmp(cmd, "workers") == 0)
+		rv = cmd_workers(&a);
+	else if (strcmp(cmd, "drain") == 0)
+		rv = cmd_drain(&a, args[0]);
 	else if (strcmp(cmd, "cancel") == 0)
 		rv = cmd_cancel(&a, id);
 	else if (strcmp(cmd, "watch") == 0)

@@ -302,6 +302,24 @@ static pt_err h_info(srv_ctx *c, const uint8_t **data, size_t *size, bool *parke
 	pt_jobs_counts(s->cfg.jobs, &r.info.jobs_queued, &r.info.jobs_running);
 	r.info.uptime_seconds = now_mono() - s->started;
 	r.info.kernels = s->kernels;
+	pt_jobs_pool_counts(s->cfg.jobs, &r.info.workers, &r.info.workers_free,
+	                    &r.info.workers_busy, &r.info.workers_unreachable);
+	return pt_api_build_response(&c->b, &r, data, size);
+}
+
+static pt_err h_workers(srv_ctx *c, const uint8_t **data, size_t *size, bool *parked)
+{
+	return pt_jobs_reply_workers(c->srv->cfg.jobs, c->r.id, &c->b, data, size);
+}
+
+static pt_err h_drain(srv_ctx *c, const uint8_t **data, size_t *size, bool *parked)
+{
+	pt_api_response r;
+
+	if (c->r.url == NULL)
+		return pt_set_error(PT_ERR_INVALID, "DrainWorker: url is missing");
+	PT_TRY(pt_jobs_drain_worker(c->srv->cfg.jobs, c->r.url));
+	pt_api_response_init(&r, c->r.id, PT_API_OK, PT_API_DRAIN_WORKER);
 	return pt_api_build_response(&c->b, &r, data, size);
 }
 
@@ -315,8 +333,10 @@ static const handler handlers[PT_API_KIND_COUNT] = {
     [PT_API_FETCH_CHECKPOINT] = {PT_API_FETCH_CHECKPOINT, h_fetch, H_WORKER, PT_API_BAD_REQUEST},
     [PT_API_LIST_CHECKPOINTS] = {PT_API_LIST_CHECKPOINTS, h_list_ckpts, H_INLINE, PT_API_NOT_FOUND},
     [PT_API_SERVER_INFO] = {PT_API_SERVER_INFO, h_info, H_INLINE, PT_API_INTERNAL},
+    [PT_API_LIST_WORKERS] = {PT_API_LIST_WORKERS, h_workers, H_INLINE, PT_API_INTERNAL},
+    [PT_API_DRAIN_WORKER] = {PT_API_DRAIN_WORKER, h_drain, H_INLINE, PT_API_NOT_FOUND},
 };
-_Static_assert(PT_API_KIND_COUNT == 9, "a handler for every request kind");
+_Static_assert(PT_API_KIND_COUNT == 11, "a handler for every request kind");
 
 /* ------------------------------------------------------------- replies -- */
 

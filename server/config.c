@@ -101,6 +101,32 @@ static pt_err valid_worker_allow(const char *v)
 	return pt_job_worker_allow_parse(v);
 }
 
+static pt_err valid_pool(const char *v)
+{
+	if (*v == '\0' || *v == '@')
+		return PT_OK;
+	for (const char *p = v; *p;) {
+		const char *e = strchr(p, ',');
+		size_t n = e ? (size_t)(e - p) : strlen(p);
+		while (n > 0 && *p == ' ')
+			p++, n--;
+		if (!(n > 6 && (strncmp(p, "tcp://", 6) == 0 || strncmp(p, "ipc://", 6) == 0)) &&
+		    !(n > 10 && strncmp(p, "tls+tcp://", 10) == 0))
+			return pt_set_error(PT_ERR_INVALID,
+			                    "'%.*s' is not a tcp://, tls+tcp:// or ipc:// URL",
+			                    (int)n, p);
+		p = e ? e + 1 : p + n;
+	}
+	return PT_OK;
+}
+
+static pt_err valid_devices(const char *v)
+{
+	return strcmp(v, "cpu") == 0 || strcmp(v, "none") == 0
+	           ? PT_OK
+	           : pt_set_error(PT_ERR_INVALID, "'%s': cpu or none", v);
+}
+
 static pt_err valid_nonempty(const char *v)
 {
 	return *v ? PT_OK : pt_set_error(PT_ERR_INVALID, "empty value");
@@ -178,6 +204,15 @@ static const opt_desc options[] = {
     {"advertise_host", OPT_STRING, F(advertise_host), "", 0, 0, NULL,
      "with --worker: host name or IP that peers dial for this process's stage data (empty: "
      "the address the coordinator reached this worker on)"},
+    {"pool", OPT_STRING, F(pool), "", 0, 0, valid_pool,
+     "worker pool: `pipeserver --worker` URLs, comma-separated, or @FILE with one a line "
+     "(re-read on SIGHUP); jobs that name no placement.workers go to free pool workers"},
+    {"devices", OPT_STRING, F(devices), "cpu", 0, 0, valid_devices,
+     "where stages of jobs without workers may run in this process: cpu, or none (only on "
+     "pool workers)"},
+    {"strict_priority", OPT_BOOL, F(strict_priority), "false", 0, 0, NULL,
+     "a queued job waiting for more pool workers than are free holds up every job behind "
+     "it (default: jobs behind it that fit start first)"},
     {"help", OPT_BOOL, F(help), "false", 0, 0, NULL, "print this table and exit"},
 };
 #undef F

@@ -51,6 +51,9 @@ typedef struct pt_server_config {
 	char *memory_limit;    /* admission limit of a job's memory ("": cgroup or MemTotal) */
 	bool worker;           /* --worker: host stages for other servers' jobs (worker.h) */
 	char *advertise_host;  /* --worker: host peers dial for stage data ("": automatic) */
+	char *pool;            /* worker pool: "URL,..." or "@FILE" ("": none) */
+	char *devices;         /* "cpu" (stages may run here) or "none" */
+	bool strict_priority;  /* a job waiting for pool workers holds up those behind it */
 	bool help;
 } pt_server_config;
 

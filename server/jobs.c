@@ -7,6 +7,7 @@
  * a slow fsync delays only that job. Job structs live until pt_jobs_destroy.
  */
 #include "jobs.h"
+#include "pool.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -61,6 +62,8 @@ typedef struct job {
 	char *resume_from;  /* checkpoint to resume from when it runs next */
 	int restarts;       /* of the current run, after lost workers */
 	int deaths;         /* runs in a row that died with the server (REC_DEATHS) */
+	char **pool_urls;   /* the pool workers of its current run (n_pool), or NULL */
+	int n_pool;
 
 	pt_api_metric_point *points; /* steps strictly increasing */
 	size_t n_points, cap_points;
@@ -91,6 +94,15 @@ typedef struct runner {
 	pt_jobs *mgr;
 } runner;
 
+/* A job run on pool workers: a thread of its own (the coordinator). */
+typedef struct pool_run {
+	pthread_t thread;
+	bool done; /* under mu: the thread returned (join it) */
+	job *jb;
+	pt_jobs *mgr;
+	struct pool_run *next;
+} pool_run;
+
 struct pt_jobs {
 	pt_jobs_config cfg;
 	char *data_dir, *device, *files_root;
@@ -103,8 +115,10 @@ struct pt_jobs {
 	runner *runners;
 	size_t n_runners, cap_runners;
 	bool stopping, shut;
-	int lock_fd;        /* flock on data_dir/lock: one server per data dir */
-	uint64_t mem_limit; /* admission: a job's host memory estimate at most this */
+	int lock_fd;         /* flock on data_dir/lock: one server per data dir */
+	uint64_t mem_limit;  /* admission: a job's host memory estimate at most this */
+	pt_pool *pool;       /* --pool (NULL: none) */
+	pool_run *pool_runs; /* under mu */
 };
 
 /* ------------------------------------------------------------- helpers -- */
@@ -721,13 +735,32 @@ static bool runs_before(const job *a, const job *b)
 	                                            : a->queue_seq < b->queue_seq;
 }
 
+_Static_assert((int)PT_POOL_IDLE == (int)PT_API_WORKER_IDLE &&
+                   (int)PT_POOL_BUSY == (int)PT_API_WORKER_BUSY &&
+                   (int)PT_POOL_UNREACHABLE == (int)PT_API_WORKER_UNREACHABLE,
+               "pool states are the schema's WorkerState");
+
+/* pooled tells whether jb may run on pool workers: the server has a pool
+ * and the job names no workers of its own. */
+static bool pooled(const pt_jobs *m, const job *jb)
+{
+	return m->pool != NULL && jb->spec.n_workers == 0;
+}
+
+/* local_ok tells whether a local runner may run jb: its stages run on the
+ * server's devices unless it names workers, and --devices none has none. */
+static bool local_ok(const pt_jobs *m, const job *jb)
+{
+	return !m->cfg.no_local || jb->spec.n_workers > 0;
+}
+
 /* next_job returns the queued job of device dev that runs next (lock held). */
 static job *next_job(pt_jobs *m, const char *dev)
 {
 	job *best = NULL;
 	for (size_t i = 0; i < m->n_jobs; i++) {
 		job *jb = m->jobs[i];
-		if (jb->state == PT_JOB_QUEUED && strcmp(jb->device, dev) == 0 &&
+		if (jb->state == PT_JOB_QUEUED && strcmp(jb->device, dev) == 0 && local_ok(m, jb) &&
 		    (best == NULL || runs_before(jb, best)))
 			best = jb;
 	}
@@ -758,7 +791,25 @@ static void queue_reason(const pt_jobs *m, const job *jb, char *buf, size_t cap)
 				next = j;
 		}
 	}
-	o = (size_t)snprintf(buf, cap, "queued: place %d on %s; ", ahead + 1, jb->device);
+	if (pooled(m, jb)) {
+		int free_n = 0, n = pt_pool_counts(m->pool, &free_n, NULL, NULL, NULL);
+		o = (size_t)snprintf(buf, cap, "queued: needs %d worker%s, %d of %d free; ",
+		                     jb->spec.stages, jb->spec.stages > 1 ? "s" : "", free_n, n);
+		if (m->cfg.no_local) {
+			if (o < cap && next != NULL)
+				snprintf(buf + o, cap - o, "behind job %" PRIu64 " (priority %d)%s",
+				         next->id, next->spec.priority,
+				         ahead > 1 ? " and others" : "");
+			else if (o >= 2)
+				buf[o - 2] = '\0';
+			return;
+		}
+		if (o >= cap)
+			return;
+		o += (size_t)snprintf(buf + o, cap - o, "or a runner on %s: ", jb->device);
+	} else {
+		o = (size_t)snprintf(buf, cap, "queued: place %d on %s; ", ahead + 1, jb->device);
+	}
 	if (o >= cap)
 		return;
 	if (busy >= runners)
@@ -769,6 +820,13 @@ static void queue_reason(const pt_jobs *m, const job *jb, char *buf, size_t cap)
 	if (o < cap && next != NULL)
 		snprintf(buf + o, cap - o, "; behind job %" PRIu64 " (priority %d)%s", next->id,
 		         next->spec.priority, ahead > 1 ? " and others" : "");
+}
+
+/* hook_claim lends a free pool worker to a pooled job as a spare. */
+static bool hook_claim(void *ctx, const char *url)
+{
+	job *jb = ctx;
+	return jb->mgr->pool != NULL && pt_pool_claim(jb->mgr->pool, url, jb->id);
 }
 
 static void run_one(pt_jobs *m, job *jb)
@@ -799,9 +857,18 @@ static void run_one(pt_jobs *m, job *jb)
 	o.worker_token = m->cfg.worker_token;
 	o.advertise_host = m->cfg.advertise_host;
 	o.worker_tls = m->cfg.worker_tls;
+	/* A pooled run: its stages go to the workers the pool lent it (the
+	 * operator's list: --worker-allow is for URLs that jobs name). */
+	pt_job_spec spec = jb->spec;
+	if (jb->pool_urls != NULL) {
+		spec.workers = jb->pool_urls;
+		spec.n_workers = jb->n_pool;
+		o.worker_allow = NULL;
+		h.claim_worker = hook_claim;
+	}
 	journal_state(jb, PT_JOB_STARTING, jb->step, jb->started, NULL);
 	pt_info("job %" PRIu64 " (%s) starting on %s%s%s", jb->id,
-	        jb->spec.name ? jb->spec.name : "", jb->device,
+	        jb->spec.name ? jb->spec.name : "", jb->pool_urls ? "pool workers" : jb->device,
 	        o.resume_from ? ", resuming from " : "", o.resume_from ? o.resume_from : "");
 	/* The status states the data read and the evaluation set (kept on success). */
 	if (pt_job_data_describe(&jb->spec, o.files_root, o.any_path, note, sizeof(note)) != PT_OK)
@@ -816,7 +883,7 @@ static void run_one(pt_jobs *m, job *jb)
 	pthread_mutex_unlock(&m->mu);
 	journal_state(jb, PT_JOB_RUNNING, jb->step, t, msg);
 
-	rv = pt_job_run(&jb->spec, &o, &h, &last);
+	rv = pt_job_run(&spec, &o, &h, &last);
 	if (rv != PT_OK)
 		snprintf(msg, sizeof(msg), "%s: %s", pt_strerror(rv), pt_last_error());
 	refresh_checkpoints(m, jb);
@@ -880,6 +947,132 @@ static void *runner_main(void *arg)
 	}
 	pthread_mutex_unlock(&m->mu);
 	return NULL;
+}
+
+static void schedule_pool(pt_jobs *m);
+
+/* pool_run_main runs one job on the pool workers it was lent, gives them
+ * back and places the queue again. */
+static void *pool_run_main(void *arg)
+{
+	pool_run *pr = arg;
+	pt_jobs *m = pr->mgr;
+	job *jb = pr->jb;
+
+	run_one(m, jb);
+	pt_pool_release(m->pool, jb->id);
+	pthread_mutex_lock(&m->mu);
+	for (int i = 0; i < jb->n_pool; i++)
+		free(jb->pool_urls[i]);
+	free(jb->pool_urls);
+	jb->pool_urls = NULL;
+	jb->n_pool = 0;
+	pr->done = true;
+	schedule_pool(m);
+	pthread_cond_broadcast(&m->cv);
+	pthread_mutex_unlock(&m->mu);
+	return NULL;
+}
+
+/* reap_pool_runs joins the pooled runs that ended (lock held; they are done
+ * with the lock by then). */
+static void reap_pool_runs(pt_jobs *m)
+{
+	pool_run **pp = &m->pool_runs;
+
+	while (*pp != NULL) {
+		pool_run *pr = *pp;
+		if (!pr->done) {
+			pp = &pr->next;
+			continue;
+		}
+		pthread_join(pr->thread, NULL);
+		*pp = pr->next;
+		free(pr);
+	}
+}
+
+static int by_queue_order(const void *a, const void *b)
+{
+	const job *x = *(job *const *)a, *y = *(job *const *)b;
+	return runs_before(x, y) ? -1 : runs_before(y, x) ? 1 : 0;
+}
+
+/* schedule_pool lends free pool workers to queued jobs in queue order (lock
+ * held): a job that needs more workers than are free waits and, unless
+ * --strict-priority, the jobs behind it that fit go first (backfill). */
+static void schedule_pool(pt_jobs *m)
+{
+	job *q[256];
+	size_t n = 0;
+	int free_n = 0;
+
+	if (m->pool == NULL || m->stopping)
+		return;
+	reap_pool_runs(m);
+	pt_pool_counts(m->pool, &free_n, NULL, NULL, NULL);
+	for (size_t i = 0; i < m->n_jobs && n < sizeof(q) / sizeof(q[0]); i++)
+		if (m->jobs[i]->state == PT_JOB_QUEUED && pooled(m, m->jobs[i]))
+			q[n++] = m->jobs[i];
+	qsort(q, n, sizeof(q[0]), by_queue_order);
+	for (size_t i = 0; i < n && free_n > 0; i++) {
+		job *jb = q[i];
+		int need = jb->spec.stages;
+		char **urls;
+		pool_run *pr;
+		if (need > free_n) {
+			if (m->cfg.strict_priority)
+				break;
+			continue;
+		}
+		urls = calloc(PT_MAX_STAGES, sizeof(*urls));
+		pr = calloc(1, sizeof(*pr));
+		if (need > PT_MAX_STAGES || urls == NULL || pr == NULL ||
+		    !pt_pool_take(m->pool, need, jb->id, urls)) {
+			free(urls);
+			free(pr);
+			break;
+		}
+		/* The rest of the pool follows as spares, claimed only if free
+		 * when the run needs one (hook_claim). */
+		int n_urls = need;
+		pt_pool_worker *all = NULL;
+		int n_all = pt_pool_list(m->pool, &all);
+		for (int k = 0; k < n_all && n_urls < PT_MAX_STAGES; k++)
+			if (all[k].job != jb->id && (urls[n_urls] = strdup(all[k].url)) != NULL)
+				n_urls++;
+		free(all);
+		jb->pool_urls = urls;
+		jb->n_pool = n_urls;
+		pr->jb = jb;
+		pr->mgr = m;
+		set_state(jb, PT_JOB_STARTING, NULL, now_unix());
+		if (pthread_create(&pr->thread, NULL, pool_run_main, pr) != 0) {
+			pt_pool_release(m->pool, jb->id);
+			for (int k = 0; k < n_urls; k++)
+				free(urls[k]);
+			free(urls);
+			free(pr);
+			jb->pool_urls = NULL;
+			jb->n_pool = 0;
+			set_state(jb, PT_JOB_QUEUED, NULL, now_unix());
+			break;
+		}
+		pt_info("job %" PRIu64 " placed on %d pool worker%s", jb->id, need,
+		        need > 1 ? "s" : "");
+		pr->next = m->pool_runs;
+		m->pool_runs = pr;
+		free_n -= need;
+	}
+}
+
+/* pool_changed: a pool worker became free (the pool's heartbeat thread). */
+static void pool_changed(void *ctx)
+{
+	pt_jobs *m = ctx;
+	pthread_mutex_lock(&m->mu);
+	schedule_pool(m);
+	pthread_mutex_unlock(&m->mu);
 }
 
 /* start_runner starts one runner thread for device dev (lock held). */
@@ -1197,8 +1390,17 @@ pt_err pt_jobs_create(pt_jobs **out, const pt_jobs_config *cfg)
 		pt_jobs_destroy(m);
 		return rv;
 	}
+	if (cfg->pool != NULL && cfg->pool[0] != '\0') {
+		pt_pool_config pc = {.spec = cfg->pool, .tls = cfg->worker_tls};
+		if ((rv = pt_pool_create(&m->pool, &pc, pool_changed, m)) != PT_OK) {
+			pt_jobs_destroy(m);
+			return rv;
+		}
+	}
 	pthread_mutex_lock(&m->mu);
 	rv = recover(m);
+	if (rv == PT_OK)
+		schedule_pool(m);
 	pthread_mutex_unlock(&m->mu);
 	if (rv != PT_OK) {
 		pt_jobs_destroy(m);
@@ -1232,7 +1434,20 @@ void pt_jobs_shutdown(pt_jobs *m)
 			pthread_join(m->runners[i].thread, NULL);
 			m->runners[i].started = false;
 		}
+	/* Pooled runs: stopping keeps schedule_pool from starting more. */
 	pthread_mutex_lock(&m->mu);
+	pool_run *runs = m->pool_runs;
+	m->pool_runs = NULL;
+	pthread_mutex_unlock(&m->mu);
+	while (runs != NULL) {
+		pool_run *next = runs->next;
+		pthread_join(runs->thread, NULL);
+		free(runs);
+		runs = next;
+	}
+	pt_pool_destroy(m->pool); /* its heartbeats may call pool_changed: no lock held */
+	pthread_mutex_lock(&m->mu);
+	m->pool = NULL;
 	m->shut = true;
 	pthread_mutex_unlock(&m->mu);
 	for (size_t i = 0; i < m->n_jobs; i++)
@@ -1304,6 +1519,30 @@ static void remove_job_dir(job *jb)
 		pt_warn("submit cleanup: rmdir %s: %s", jb->dir, strerror(errno));
 }
 
+/* check_fit refuses a job that could never run here: stages on local
+ * devices with --devices none and no pool, or more stages than the pool has
+ * workers and no local devices to fall back to. */
+static pt_err check_fit(pt_jobs *m, const pt_job_spec *s)
+{
+	int n;
+
+	if (s->n_workers > 0 || !m->cfg.no_local)
+		return PT_OK;
+	if (m->pool == NULL)
+		return pt_set_error(
+		    PT_ERR_INVALID,
+		    "placement.workers: this server has no local devices (--devices "
+		    "none) and no --pool; name the workers of the job's stages");
+	n = pt_pool_counts(m->pool, NULL, NULL, NULL, NULL);
+	if (s->stages > n)
+		return pt_set_error(
+		    PT_ERR_INVALID,
+		    "placement.stages: %d stages need %d pool workers; the pool has "
+		    "%d and this server no local devices (--devices none)",
+		    s->stages, s->stages, n);
+	return PT_OK;
+}
+
 pt_err pt_jobs_submit(pt_jobs *m, const uint8_t *spec_table, uint64_t *id)
 {
 	char ckdir[MAX_PATH + 16];
@@ -1344,6 +1583,8 @@ pt_err pt_jobs_submit(pt_jobs *m, const uint8_t *spec_table, uint64_t *id)
 	}
 	if ((rv = pt_job_spec_check_workers(&jb->spec, m->cfg.worker_allow)) != PT_OK)
 		goto fail;
+	if ((rv = check_fit(m, &jb->spec)) != PT_OK)
+		goto fail;
 	/* With max_jobs running at once, each has its share of the memory. */
 	if ((rv = pt_job_admit(&jb->spec, m->files_root, m->cfg.any_path,
 	                       m->mem_limit / (uint64_t)(m->cfg.max_jobs > 1 ? m->cfg.max_jobs : 1),
@@ -1383,6 +1624,7 @@ pt_err pt_jobs_submit(pt_jobs *m, const uint8_t *spec_table, uint64_t *id)
 		goto fail_io;
 	}
 	jb->queue_seq = m->next_seq++;
+	schedule_pool(m); /* the pool first: free workers before a local runner */
 	if ((rv = ensure_runner(m, jb->device)) != PT_OK) {
 		/* Journaled but no runner: fail it visibly rather than lose it. */
 		char msg[300];
@@ -1405,6 +1647,79 @@ fail:
 	if (rv != PT_OK && jb->id != 0)
 		remove_job_dir(jb);
 	job_free(jb);
+	return rv;
+}
+
+void pt_jobs_pool_counts(pt_jobs *m, int32_t *all, int32_t *free_n, int32_t *busy,
+                         int32_t *unreachable)
+{
+	int f = 0, b = 0, u = 0, n = 0;
+
+	pthread_mutex_lock(&m->mu);
+	if (m->pool != NULL)
+		n = pt_pool_counts(m->pool, &f, NULL, &b, &u);
+	pthread_mutex_unlock(&m->mu);
+	*all = n;
+	*free_n = f;
+	*busy = b;
+	*unreachable = u;
+}
+
+pt_err pt_jobs_reply_workers(pt_jobs *m, uint64_t req_id, pt_fb_builder *b, const uint8_t **data,
+                             size_t *size)
+{
+	pt_pool_worker *w = NULL;
+	pt_api_worker_info *wi = NULL;
+	pt_api_response r;
+	int n = 0;
+	pt_err rv;
+
+	pthread_mutex_lock(&m->mu);
+	if (m->pool != NULL)
+		n = pt_pool_list(m->pool, &w);
+	pthread_mutex_unlock(&m->mu);
+	if (n < 0 || (n > 0 && (wi = calloc((size_t)n, sizeof(*wi))) == NULL)) {
+		free(w);
+		return pt_set_error(PT_ERR_NOMEM, "worker list");
+	}
+	for (int i = 0; i < n; i++) {
+		wi[i].url = w[i].url;
+		wi[i].state = (pt_api_worker_state)w[i].state;
+		wi[i].job = w[i].job;
+		wi[i].draining = w[i].draining;
+		wi[i].since_unix = w[i].since;
+		wi[i].last_heartbeat_unix = w[i].last_heartbeat;
+		wi[i].message = w[i].message;
+	}
+	pt_api_response_init(&r, req_id, PT_API_OK, PT_API_LIST_WORKERS);
+	r.workers = wi;
+	r.n_workers = (size_t)n;
+	rv = pt_api_build_response(b, &r, data, size);
+	free(wi);
+	free(w);
+	return rv;
+}
+
+pt_err pt_jobs_drain_worker(pt_jobs *m, const char *url)
+{
+	pt_err rv;
+
+	pthread_mutex_lock(&m->mu);
+	rv = m->pool != NULL ? pt_pool_drain(m->pool, url)
+	                     : pt_set_error(PT_ERR_NOTFOUND, "this server has no worker pool");
+	pthread_mutex_unlock(&m->mu);
+	return rv;
+}
+
+pt_err pt_jobs_reload_pool(pt_jobs *m)
+{
+	pt_err rv = PT_OK;
+
+	if (m->pool != NULL && (rv = pt_pool_reload(m->pool)) == PT_OK) {
+		pthread_mutex_lock(&m->mu);
+		schedule_pool(m);
+		pthread_mutex_unlock(&m->mu);
+	}
 	return rv;
 }
 

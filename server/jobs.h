@@ -46,6 +46,9 @@ typedef struct pt_jobs_config {
 	const char *memory_limit;   /* admission limit (pt_job_memory_parse; NULL or "": the
 	                             * cgroup's or the machine's memory) */
 	pt_job_tls worker_tls;      /* for tls+tcp:// workers */
+	const char *pool;           /* --pool: "URL,..." or "@FILE" (NULL or "": none) */
+	bool no_local;              /* --devices none: stages never run in this process */
+	bool strict_priority;       /* a job waiting for pool workers holds up those behind */
 } pt_jobs_config;
 
 /* pt_jobs_waiter is a parked WatchMetrics request, embedded by the caller.
@@ -76,6 +79,25 @@ void pt_jobs_destroy(pt_jobs *j);
  * down, PT_ERR_IO/NOMEM for the server's own failures, anything else is a
  * spec problem named in pt_last_error(). Blocks (fsync). */
 pt_err pt_jobs_submit(pt_jobs *j, const uint8_t *spec_table, uint64_t *id);
+
+/* pt_jobs_pool_counts gives the pool's workers: all, free, busy and
+ * unreachable (zeros without a pool). */
+void pt_jobs_pool_counts(pt_jobs *j, int32_t *all, int32_t *free_n, int32_t *busy,
+                         int32_t *unreachable);
+
+/* pt_jobs_reply_workers builds the ListWorkersReply to request req_id (empty
+ * without a pool). */
+pt_err pt_jobs_reply_workers(pt_jobs *j, uint64_t req_id, pt_fb_builder *b, const uint8_t **data,
+                             size_t *size);
+
+/* pt_jobs_drain_worker: the pool worker at url takes no more jobs;
+ * PT_ERR_NOTFOUND naming it when the pool has no such worker (or there is
+ * no pool). */
+pt_err pt_jobs_drain_worker(pt_jobs *j, const char *url);
+
+/* pt_jobs_reload_pool re-reads an @FILE pool list (SIGHUP); PT_OK without
+ * a pool. */
+pt_err pt_jobs_reload_pool(pt_jobs *j);
 
 /* pt_jobs_cancel cancels a queued job at once or asks a running job to stop
  * within one step (it keeps its last checkpoint); *state gets the state the

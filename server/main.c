@@ -8,6 +8,7 @@
  * connections are capped below it so that jobs always have descriptors.
  * With --worker the process serves pipeline stages for other servers' jobs
  * instead of the job API (server/worker.h); SIGTERM ends a running stage.
+ * SIGHUP re-reads an --pool @FILE list.
  */
 #include <errno.h>
 #include <signal.h>
@@ -142,6 +143,7 @@ int main(int argc, char **argv)
 	sigemptyset(&set);
 	sigaddset(&set, SIGTERM);
 	sigaddset(&set, SIGINT);
+	sigaddset(&set, SIGHUP);
 	pthread_sigmask(SIG_BLOCK, &set, NULL);
 	signal(SIGPIPE, SIG_IGN);
 
@@ -250,6 +252,9 @@ int main(int argc, char **argv)
 	jc.worker_token = cfg.auth_token;
 	jc.advertise_host = cfg.advertise_host[0] ? cfg.advertise_host : NULL;
 	jc.worker_tls = (pt_job_tls){cfg.tls_cert, cfg.tls_key, cfg.worker_tls_ca};
+	jc.pool = cfg.pool;
+	jc.no_local = strcmp(cfg.devices, "none") == 0;
+	jc.strict_priority = cfg.strict_priority;
 	if (pt_jobs_create(&jobs, &jc) != PT_OK) {
 		fprintf(stderr, "pipeserver: %s\n", pt_last_error());
 		goto out;
@@ -296,8 +301,16 @@ int main(int argc, char **argv)
 		}
 	}
 
-	while (sigwait(&set, &sig) != 0)
-		;
+	for (;;) {
+		while (sigwait(&set, &sig) != 0)
+			;
+		if (sig != SIGHUP)
+			break;
+		if (pt_jobs_reload_pool(jobs) != PT_OK)
+			pt_error("SIGHUP: pool not re-read: %s", pt_last_error());
+		else
+			pt_info("SIGHUP: pool re-read");
+	}
 	pt_info("signal %d (%s): shutting down", sig, strsignal(sig));
 	pt_http_destroy(http);
 	http = NULL;

@@ -393,6 +393,19 @@ pt_err pt_metrics_render(pt_metrics *m, pt_metrics_buf *b)
 	for (int s = 0; s < PT_JOB_STATE_COUNT; s++)
 		pt_metrics_buf_printf(b, "pipetrain_jobs{state=\"%s\"} %d\n",
 		                      pt_api_job_state_name((pt_api_job_state)s), by_state[s]);
+	{
+		int32_t all, free_n, busy, gone;
+		pt_jobs_pool_counts(m->cfg.jobs, &all, &free_n, &busy, &gone);
+		family(b, "pipetrain_workers", "gauge",
+		       "Workers of the pool (--pool), by state: free (idle, lent to no job, not "
+		       "draining), busy, unreachable, other (draining or not yet probed).");
+		pt_metrics_buf_printf(b,
+		                      "pipetrain_workers{state=\"free\"} %d\n"
+		                      "pipetrain_workers{state=\"busy\"} %d\n"
+		                      "pipetrain_workers{state=\"unreachable\"} %d\n"
+		                      "pipetrain_workers{state=\"other\"} %d\n",
+		                      free_n, busy, gone, all - free_n - busy - gone);
+	}
 
 	family(b, "pipetrain_api_requests_total", "counter",
 	       "API requests answered, by request kind and result code.");

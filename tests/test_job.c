@@ -1539,7 +1539,10 @@ static pt_err run_example(const char *name, int64_t steps, int64_t every, int ke
 {
 	char src[256];
 	pt_job_spec s, t;
-	pt_job_hooks hooks = {rec, on_metric, should_stop, on_checkpoint, NULL};
+	pt_job_hooks hooks = {.ctx = rec,
+	                      .on_metric = on_metric,
+	                      .should_stop = should_stop,
+	                      .on_checkpoint = on_checkpoint};
 	pt_job_run_options o = {.checkpoint_dir = ckdir,
 	                        .files_root = PT_SOURCE_ROOT,
 	                        .resume_from = resume_from,
@@ -1763,7 +1766,7 @@ static void test_job_run_edges(void)
 	static recorder rec;
 	int64_t last = -1;
 	pt_job_spec s;
-	pt_job_hooks hooks = {&rec, on_metric, NULL, on_checkpoint, NULL};
+	pt_job_hooks hooks = {.ctx = &rec, .on_metric = on_metric, .on_checkpoint = on_checkpoint};
 	pt_job_run_options o = {.files_root = PT_SOURCE_ROOT, .threads = 2};
 	memset(&rec, 0, sizeof(rec));
 	load_spec(pt_test_path("examples/digits.json"), &s);
@@ -1827,7 +1830,10 @@ static void test_job_run_init_from(void)
 	static recorder rec;
 	int64_t last = -1;
 	pt_job_spec s;
-	pt_job_hooks hooks = {&rec, on_metric, always, on_checkpoint, NULL};
+	pt_job_hooks hooks = {.ctx = &rec,
+	                      .on_metric = on_metric,
+	                      .should_stop = always,
+	                      .on_checkpoint = on_checkpoint};
 	pt_job_run_options o = {.files_root = PT_SOURCE_ROOT, .any_path = true, .threads = 2};
 	pt_safetensors *st;
 	pt_tensor w;
@@ -1969,7 +1975,7 @@ static void test_job_eval_every_held_out_row(void)
 static void test_job_eval_mse_partial_microbatch(void)
 {
 	static recorder rec;
-	pt_job_hooks hooks = {&rec, on_metric, NULL, NULL, NULL};
+	pt_job_hooks hooks = {.ctx = &rec, .on_metric = on_metric};
 	pt_job_run_options o = {
 	    .checkpoint_dir = tmp_path("evalmse"), .files_root = tmpdir, .threads = 2};
 	int64_t xs[2] = {100, 64}, ys[2] = {100, 10}, last;
@@ -2103,7 +2109,10 @@ static void test_job_run_examples_as_shipped(void)
 		static recorder rec;
 		char src[64], dir[64];
 		pt_job_spec s;
-		pt_job_hooks hooks = {&rec, on_metric, should_stop, on_checkpoint, NULL};
+		pt_job_hooks hooks = {.ctx = &rec,
+		                      .on_metric = on_metric,
+		                      .should_stop = should_stop,
+		                      .on_checkpoint = on_checkpoint};
 		pt_job_run_options o = {.files_root = PT_SOURCE_ROOT, .threads = 2};
 		int64_t last;
 		double t0 = pt_now();

@@ -785,6 +785,236 @@ static void test_workers_tls_job(void)
 	CU_ASSERT_EQUAL(wf_proc_stop(&w1), 0);
 }
 
+/* ----------------------------------------------------------------- pool -- */
+
+/* pool_count asks the server for its pool and counts the workers in state
+ * st (-1: any), only draining ones if draining_only. */
+static int pool_count(wf_api *a, int st, bool draining_only)
+{
+	pt_api_request q;
+	pt_api_response r;
+	pt_api_worker_info w;
+	int n = 0;
+
+	pt_api_request_init(&q, PT_API_LIST_WORKERS);
+	CU_ASSERT_FATAL(wf_api_call(a, &q, &r));
+	CU_ASSERT_EQUAL_FATAL(r.code, PT_API_OK);
+	for (size_t i = 0; i < r.n_workers; i++) {
+		PT_CHECK_OK(pt_api_response_worker(&r, i, &w));
+		if ((st < 0 || (int)w.state == st) && (!draining_only || w.draining))
+			n++;
+	}
+	return n;
+}
+
+static bool pool_wait(wf_api *a, int st, int n, double seconds)
+{
+	double t0 = wf_mono();
+	while (pool_count(a, st, false) != n) {
+		if (wf_mono() - t0 > seconds)
+			return false;
+		usleep(20000);
+	}
+	return true;
+}
+
+/* local_final_loss trains spec in this process and returns its last loss. */
+static double local_final_loss(const pt_job_spec *spec)
+{
+	pt_job_run_options o = {.files_root = PT_SOURCE_ROOT, .threads = 2};
+	losses l;
+	pt_job_hooks h = {.ctx = &l, .on_metric = on_metric};
+	int64_t last = 0;
+
+	memset(&l, 0, sizeof(l));
+	PT_CHECK_OK(pt_job_run(spec, &o, &h, &last));
+	return l.last.loss;
+}
+
+/* A server with a pool of 3 workers and no local devices: a 4-stage job is
+ * refused naming the shortfall; a long 2-stage job A takes 2 workers, a
+ * 2-stage job B waits and says why, a 1-stage job C behind it fits and
+ * starts first (backfill); B runs when A gives its workers back; every
+ * job's final loss equals its in-process run bitwise; ListWorkers and
+ * ServerInfo count the workers; DrainWorker takes one out of lending. */
+static void test_workers_pool(void)
+{
+	char data_dir[400], pool[1024], reason[600];
+	wf_proc w[3], srv;
+	pt_job_spec a, b, c, big;
+	pt_api_job_info ji;
+	pt_api_request q;
+	pt_api_response r;
+	wf_api api;
+	uint64_t ida, idb, idc;
+	double want_a, want_b, want_c;
+
+	for (int i = 0; i < 3; i++)
+		CU_ASSERT_FATAL(worker_start(&w[i], NULL));
+	snprintf(pool, sizeof(pool), "%s,%s,%s", w[0].url, w[1].url, w[2].url);
+	snprintf(data_dir, sizeof(data_dir), "%s/pool-data", tmpdir);
+	{
+		const char *args[] = {"--listen",
+		                      "tcp://127.0.0.1:0",
+		                      "--data-dir",
+		                      data_dir,
+		                      "--files-root",
+		                      PT_SOURCE_ROOT,
+		                      "--pool",
+		                      pool,
+		                      "--devices",
+		                      "none",
+		                      "--threads",
+		                      "2",
+		                      NULL};
+		CU_ASSERT_FATAL(proc_start(&srv, args));
+	}
+	wf_api_open(&api, srv.url, NULL);
+	CU_ASSERT_FATAL(pool_wait(&api, PT_API_WORKER_IDLE, 3, 10));
+	pt_api_request_init(&q, PT_API_SERVER_INFO);
+	CU_ASSERT_FATAL(wf_api_call(&api, &q, &r));
+	CU_ASSERT(r.info.workers == 3 && r.info.workers_free == 3 && r.info.workers_busy == 0 &&
+	          r.info.workers_unreachable == 0);
+
+	wf_digits_spec(&big, 4, STEPS, NULL, 0);
+	pt_api_request_init(&q, PT_API_SUBMIT_JOB);
+	q.spec = &big;
+	CU_ASSERT_FATAL(wf_api_call(&api, &q, &r));
+	CU_ASSERT_EQUAL(r.code, PT_API_INVALID_JOB);
+	CU_ASSERT_STRING_EQUAL(r.message ? r.message : "",
+	                       "placement.stages: 4 stages need 4 pool workers; the pool has 3 "
+	                       "and this server no local devices (--devices none)");
+
+	wf_digits_spec(&a, 2, 600, NULL, 0);
+	wf_digits_spec(&b, 2, STEPS, NULL, 0);
+	wf_digits_spec(&c, 1, STEPS, NULL, 0);
+	b.seed = 7;
+	want_a = local_final_loss(&a);
+	want_b = local_final_loss(&b);
+	want_c = local_final_loss(&c);
+	CU_ASSERT_NOT_EQUAL_FATAL((ida = wf_api_submit(&api, &a)), 0);
+	CU_ASSERT_NOT_EQUAL_FATAL((idb = wf_api_submit(&api, &b)), 0);
+	wf_api_get(&api, idb, &ji);
+	snprintf(reason, sizeof(reason), "%s", ji.message ? ji.message : "");
+	CU_ASSERT_EQUAL(ji.state, PT_JOB_QUEUED);
+	if (strstr(reason, "queued: needs 2 workers, 1 of 3 free") != reason)
+		fprintf(stderr, "job B waits: \"%s\"\n", reason);
+	CU_ASSERT(strstr(reason, "queued: needs 2 workers, 1 of 3 free") == reason);
+	CU_ASSERT_EQUAL(pool_count(&api, PT_API_WORKER_BUSY, false), 2);
+	/* C needs one worker: it starts while B waits for two. */
+	CU_ASSERT_NOT_EQUAL_FATAL((idc = wf_api_submit(&api, &c)), 0);
+	CU_ASSERT_EQUAL(wf_api_wait_final(&api, idc, 60, &ji), PT_JOB_SUCCEEDED);
+	CU_ASSERT(ji.has_last && ji.last.loss == want_c);
+	wf_api_get(&api, ida, &ji);
+	CU_ASSERT_EQUAL(ji.state, PT_JOB_RUNNING); /* C ran beside A, before B */
+	wf_api_get(&api, idb, &ji);
+	CU_ASSERT_EQUAL(ji.state, PT_JOB_QUEUED);
+	CU_ASSERT_EQUAL(wf_api_wait_final(&api, ida, 120, &ji), PT_JOB_SUCCEEDED);
+	CU_ASSERT(ji.has_last && ji.last.loss == want_a);
+	CU_ASSERT_EQUAL(wf_api_wait_final(&api, idb, 60, &ji), PT_JOB_SUCCEEDED);
+	CU_ASSERT(ji.has_last && ji.last.loss == want_b);
+	CU_ASSERT_FATAL(pool_wait(&api, PT_API_WORKER_IDLE, 3, 10));
+
+	pt_api_request_init(&q, PT_API_DRAIN_WORKER);
+	q.url = w[1].url;
+	CU_ASSERT_FATAL(wf_api_call(&api, &q, &r));
+	CU_ASSERT_EQUAL(r.code, PT_API_OK);
+	CU_ASSERT_EQUAL(pool_count(&api, -1, true), 1);
+	pt_api_request_init(&q, PT_API_SERVER_INFO);
+	CU_ASSERT_FATAL(wf_api_call(&api, &q, &r));
+	CU_ASSERT(r.info.workers == 3 && r.info.workers_free == 2);
+	pt_api_request_init(&q, PT_API_DRAIN_WORKER);
+	q.url = "tcp://127.0.0.1:1";
+	CU_ASSERT_FATAL(wf_api_call(&api, &q, &r));
+	CU_ASSERT_EQUAL(r.code, PT_API_NOT_FOUND);
+
+	wf_api_close(&api);
+	pt_job_spec_fini(&a);
+	pt_job_spec_fini(&b);
+	pt_job_spec_fini(&c);
+	pt_job_spec_fini(&big);
+	CU_ASSERT_EQUAL(wf_proc_stop(&srv), 0);
+	for (int i = 0; i < 3; i++)
+		CU_ASSERT_EQUAL(wf_proc_stop(&w[i]), 0);
+}
+
+/* A pooled job whose worker is killed mid-run restarts (max_restarts 1) on
+ * the pool's free worker, claimed as a spare, and ends with the losses of its
+ * uninterrupted in-process run, bitwise; the dead worker shows unreachable. */
+static void test_workers_pool_restart(void)
+{
+	char data_dir[400], pool[1024];
+	wf_proc w[3], srv;
+	pt_job_spec a;
+	pt_api_job_info ji;
+	pt_api_request q;
+	pt_api_response r;
+	wf_api api;
+	uint64_t ida;
+	double want, t0;
+	int victim = -1, st;
+
+	for (int i = 0; i < 3; i++)
+		CU_ASSERT_FATAL(worker_start(&w[i], NULL));
+	snprintf(pool, sizeof(pool), "%s,%s,%s", w[0].url, w[1].url, w[2].url);
+	snprintf(data_dir, sizeof(data_dir), "%s/pool-restart-data", tmpdir);
+	{
+		const char *args[] = {"--listen",
+		                      "tcp://127.0.0.1:0",
+		                      "--data-dir",
+		                      data_dir,
+		                      "--files-root",
+		                      PT_SOURCE_ROOT,
+		                      "--pool",
+		                      pool,
+		                      "--devices",
+		                      "none",
+		                      "--threads",
+		                      "2",
+		                      NULL};
+		CU_ASSERT_FATAL(proc_start(&srv, args));
+	}
+	wf_api_open(&api, srv.url, NULL);
+	CU_ASSERT_FATAL(pool_wait(&api, PT_API_WORKER_IDLE, 3, 10));
+	wf_digits_spec(&a, 2, 3000, NULL, 0);
+	a.max_restarts = 1;
+	a.checkpoint_every = 50;
+	a.worker_timeout_ms = HB_TIMEOUT_MS;
+	want = local_final_loss(&a);
+	CU_ASSERT_NOT_EQUAL_FATAL((ida = wf_api_submit(&api, &a)), 0);
+	t0 = wf_mono();
+	do {
+		usleep(10000);
+		wf_api_get(&api, ida, &ji);
+	} while (ji.step < 60 && !pt_api_job_state_final(ji.state) && wf_mono() - t0 < 60);
+	CU_ASSERT_EQUAL_FATAL(ji.state, PT_JOB_RUNNING);
+	pt_api_request_init(&q, PT_API_LIST_WORKERS);
+	CU_ASSERT_FATAL(wf_api_call(&api, &q, &r));
+	for (size_t i = 0; i < r.n_workers && victim < 0; i++) {
+		pt_api_worker_info wi;
+		PT_CHECK_OK(pt_api_response_worker(&r, i, &wi));
+		for (int k = 0; k < 3 && wi.job == ida; k++)
+			if (strcmp(wi.url, w[k].url) == 0)
+				victim = k;
+	}
+	CU_ASSERT_FATAL(victim >= 0);
+	kill(w[victim].pid, SIGKILL);
+	CU_ASSERT_EQUAL(waitpid(w[victim].pid, &st, 0), w[victim].pid);
+	CU_ASSERT_EQUAL(wf_api_wait_final(&api, ida, 180, &ji), PT_JOB_SUCCEEDED);
+	if (ji.message == NULL || strstr(ji.message, "succeeded after 1 restart") == NULL)
+		fprintf(stderr, "pooled restart: \"%s\"\n", ji.message ? ji.message : "");
+	CU_ASSERT(ji.message != NULL && strstr(ji.message, "succeeded after 1 restart") != NULL);
+	CU_ASSERT(ji.has_last && ji.last.loss == want);
+	CU_ASSERT(pool_wait(&api, PT_API_WORKER_UNREACHABLE, 1, 15));
+	CU_ASSERT(pool_wait(&api, PT_API_WORKER_IDLE, 2, 15));
+	wf_api_close(&api);
+	pt_job_spec_fini(&a);
+	CU_ASSERT_EQUAL(wf_proc_stop(&srv), 0);
+	for (int i = 0; i < 3; i++)
+		if (i != victim)
+			CU_ASSERT_EQUAL(wf_proc_stop(&w[i]), 0);
+}
+
 static const pt_test_case worker_tests[] = {
     {"test_workers_job_matches_local", test_workers_job_matches_local},
     {"test_workers_handshake_refusals", test_workers_handshake_refusals},
@@ -797,6 +1027,8 @@ static const pt_test_case worker_tests[] = {
     {"test_workers_join_waits_for_dead_session", test_workers_join_waits_for_dead_session},
     {"test_workers_forged_frames_ignored", test_workers_forged_frames_ignored},
     {"test_workers_tls_job", test_workers_tls_job},
+    {"test_workers_pool", test_workers_pool},
+    {"test_workers_pool_restart", test_workers_pool_restart},
     {NULL, NULL},
 };
 static const pt_test_suite suites[] = {

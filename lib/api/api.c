@@ -34,6 +34,8 @@ KIND_IS(PT_API_WATCH_METRICS, WATCH_METRICS);
 KIND_IS(PT_API_FETCH_CHECKPOINT, FETCH_CHECKPOINT);
 KIND_IS(PT_API_LIST_CHECKPOINTS, LIST_CHECKPOINTS);
 KIND_IS(PT_API_SERVER_INFO, SERVER_INFO);
+KIND_IS(PT_API_LIST_WORKERS, LIST_WORKERS);
+KIND_IS(PT_API_DRAIN_WORKER, DRAIN_WORKER);
 #undef KIND_IS
 _Static_assert(PT_API_KIND_COUNT - 1 == PT_FB_API_REQUEST_BODY_MEMBERS &&
                    PT_API_KIND_COUNT - 1 == PT_FB_API_RESPONSE_BODY_MEMBERS,
@@ -127,6 +129,10 @@ static pt_err str_ref(pt_fb_builder *b, const char *s, pt_fb_ref *out)
 static pt_err build_request_body(pt_fb_builder *b, const pt_api_request *r, pt_fb_ref spec_ref,
                                  pt_fb_ref *out)
 {
+	pt_fb_ref url_ref = 0;
+
+	if (r->kind == PT_API_DRAIN_WORKER)
+		str_ref(b, r->url, &url_ref);
 	pt_fb_start_table(b);
 	switch (r->kind) {
 	case PT_API_SUBMIT_JOB:
@@ -149,7 +155,10 @@ static pt_err build_request_body(pt_fb_builder *b, const pt_api_request *r, pt_f
 		pt_fb_add_u64(b, PT_FB_API_FETCH_CHECKPOINT_OFFSET, r->offset, 0);
 		pt_fb_add_u32(b, PT_FB_API_FETCH_CHECKPOINT_LENGTH, r->length, PT_API_MAX_CHUNK);
 		break;
-	default: /* ListJobs, ServerInfo: empty tables */
+	case PT_API_DRAIN_WORKER:
+		pt_fb_add_offset(b, PT_FB_API_DRAIN_WORKER_URL, url_ref);
+		break;
+	default: /* ListJobs, ServerInfo, ListWorkers: empty tables */
 		break;
 	}
 	return pt_fb_end_table(b, out);
@@ -297,6 +306,9 @@ pt_err pt_api_parse_request(const void *buf, size_t size, pt_api_request *out)
 		out->length =
 		    pt_fb_get_u32(body, PT_FB_API_FETCH_CHECKPOINT_LENGTH, PT_API_MAX_CHUNK);
 		break;
+	case PT_API_DRAIN_WORKER:
+		out->url = opt_string(body, PT_FB_API_DRAIN_WORKER_URL);
+		break;
 	default:
 		break;
 	}
@@ -435,6 +447,24 @@ static pt_err build_ckpt_fn(pt_fb_builder *b, const void *item, pt_fb_ref *out)
 	return pt_fb_end_table(b, out);
 }
 
+static pt_err build_worker_fn(pt_fb_builder *b, const void *item, pt_fb_ref *out)
+{
+	const pt_api_worker_info *w = item;
+	pt_fb_ref url = 0, msg = 0;
+
+	str_ref(b, w->url, &url);
+	str_ref(b, w->message, &msg);
+	pt_fb_start_table(b);
+	pt_fb_add_offset(b, PT_FB_API_WORKER_INFO_URL, url);
+	pt_fb_add_u8(b, PT_FB_API_WORKER_INFO_STATE, (uint8_t)w->state, 0);
+	pt_fb_add_u64(b, PT_FB_API_WORKER_INFO_JOB, w->job, 0);
+	pt_fb_add_bool(b, PT_FB_API_WORKER_INFO_DRAINING, w->draining, false);
+	pt_fb_add_f64(b, PT_FB_API_WORKER_INFO_SINCE_UNIX, w->since_unix, 0);
+	pt_fb_add_f64(b, PT_FB_API_WORKER_INFO_LAST_HEARTBEAT_UNIX, w->last_heartbeat_unix, 0);
+	pt_fb_add_offset(b, PT_FB_API_WORKER_INFO_MESSAGE, msg);
+	return pt_fb_end_table(b, out);
+}
+
 static pt_err build_response_body(pt_fb_builder *b, const pt_api_response *r, pt_fb_ref *out)
 {
 	pt_fb_ref v = 0, s1 = 0, s2 = 0, s3 = 0;
@@ -505,6 +535,20 @@ static pt_err build_response_body(pt_fb_builder *b, const pt_api_response *r, pt
 		pt_fb_add_f64(b, PT_FB_API_SERVER_INFO_REPLY_UPTIME_SECONDS, r->info.uptime_seconds,
 		              0);
 		pt_fb_add_offset(b, PT_FB_API_SERVER_INFO_REPLY_KERNELS, s3);
+		pt_fb_add_i32(b, PT_FB_API_SERVER_INFO_REPLY_WORKERS, r->info.workers, 0);
+		pt_fb_add_i32(b, PT_FB_API_SERVER_INFO_REPLY_WORKERS_FREE, r->info.workers_free, 0);
+		pt_fb_add_i32(b, PT_FB_API_SERVER_INFO_REPLY_WORKERS_BUSY, r->info.workers_busy, 0);
+		pt_fb_add_i32(b, PT_FB_API_SERVER_INFO_REPLY_WORKERS_UNREACHABLE,
+		              r->info.workers_unreachable, 0);
+		break;
+	case PT_API_LIST_WORKERS:
+		PT_TRY(build_table_vector(b, r->workers, r->n_workers, sizeof(*r->workers),
+		                          build_worker_fn, &v));
+		pt_fb_start_table(b);
+		pt_fb_add_offset(b, PT_FB_API_LIST_WORKERS_REPLY_WORKERS, v);
+		break;
+	case PT_API_DRAIN_WORKER:
+		pt_fb_start_table(b);
 		break;
 	default:
 		return pt_set_error(PT_ERR_INVALID, "Response: unknown kind %d", (int)r->kind);
@@ -625,6 +669,17 @@ pt_err pt_api_parse_response(const void *buf, size_t size, pt_api_response *out)
 		out->info.uptime_seconds =
 		    pt_fb_get_f64(body, PT_FB_API_SERVER_INFO_REPLY_UPTIME_SECONDS, 0);
 		out->info.kernels = opt_string(body, PT_FB_API_SERVER_INFO_REPLY_KERNELS);
+		out->info.workers = pt_fb_get_i32(body, PT_FB_API_SERVER_INFO_REPLY_WORKERS, 0);
+		out->info.workers_free =
+		    pt_fb_get_i32(body, PT_FB_API_SERVER_INFO_REPLY_WORKERS_FREE, 0);
+		out->info.workers_busy =
+		    pt_fb_get_i32(body, PT_FB_API_SERVER_INFO_REPLY_WORKERS_BUSY, 0);
+		out->info.workers_unreachable =
+		    pt_fb_get_i32(body, PT_FB_API_SERVER_INFO_REPLY_WORKERS_UNREACHABLE, 0);
+		break;
+	case PT_API_LIST_WORKERS:
+		out->vec_ = pt_fb_get_vector(body, PT_FB_API_LIST_WORKERS_REPLY_WORKERS, &n);
+		out->n_workers = n;
 		break;
 	default:
 		break;
@@ -734,4 +789,32 @@ pt_err pt_api_response_checkpoint(const pt_api_response *r, size_t i, pt_api_che
 	out->size = pt_fb_get_u64(t, PT_FB_API_CHECKPOINT_INFO_SIZE, 0);
 	out->sha256 = opt_string(t, PT_FB_API_CHECKPOINT_INFO_SHA256);
 	return PT_OK;
+}
+
+pt_err pt_api_response_worker(const pt_api_response *r, size_t i, pt_api_worker_info *out)
+{
+	const uint8_t *t;
+	uint8_t st;
+
+	if (r == NULL || out == NULL || (r->n_workers && r->vec_ == NULL))
+		return pt_set_error(PT_ERR_INVALID, "pt_api_response_worker: not a parsed view");
+	if (i >= r->n_workers)
+		return pt_set_error(PT_ERR_RANGE, "worker %zu of %zu", i, r->n_workers);
+	t = pt_fb_vec_table(r->vec_, (uint32_t)i);
+	out->url = opt_string(t, PT_FB_API_WORKER_INFO_URL);
+	st = pt_fb_get_u8(t, PT_FB_API_WORKER_INFO_STATE, 0);
+	out->state =
+	    st <= PT_API_WORKER_UNREACHABLE ? (pt_api_worker_state)st : PT_API_WORKER_UNKNOWN;
+	out->job = pt_fb_get_u64(t, PT_FB_API_WORKER_INFO_JOB, 0);
+	out->draining = pt_fb_get_bool(t, PT_FB_API_WORKER_INFO_DRAINING, false);
+	out->since_unix = pt_fb_get_f64(t, PT_FB_API_WORKER_INFO_SINCE_UNIX, 0);
+	out->last_heartbeat_unix = pt_fb_get_f64(t, PT_FB_API_WORKER_INFO_LAST_HEARTBEAT_UNIX, 0);
+	out->message = opt_string(t, PT_FB_API_WORKER_INFO_MESSAGE);
+	return PT_OK;
+}
+
+const char *pt_api_worker_state_name(pt_api_worker_state s)
+{
+	static const char *const names[] = {"unknown", "idle", "busy", "unreachable"};
+	return (unsigned)s < 4 ? names[s] : "unknown";
 }

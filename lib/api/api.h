@@ -113,7 +113,9 @@ bool pt_api_job_state_final(pt_api_job_state s);
 	X(PT_API_WATCH_METRICS, "WatchMetrics")                                                    \
 	X(PT_API_FETCH_CHECKPOINT, "FetchCheckpoint")                                              \
 	X(PT_API_LIST_CHECKPOINTS, "ListCheckpoints")                                              \
-	X(PT_API_SERVER_INFO, "ServerInfo")
+	X(PT_API_SERVER_INFO, "ServerInfo")                                                        \
+	X(PT_API_LIST_WORKERS, "ListWorkers")                                                      \
+	X(PT_API_DRAIN_WORKER, "DrainWorker")
 
 typedef enum pt_api_kind {
 #define PT_API_KIND_ENUM(name, str) name,
@@ -152,6 +154,9 @@ typedef struct pt_api_request {
 	int64_t step;    /* checkpoint step; -1 = the latest (default) */
 	uint64_t offset; /* byte range [offset, offset + length) */
 	uint32_t length; /* default and maximum PT_API_MAX_CHUNK */
+
+	/* DrainWorker: the pool worker's URL (NULL = absent) */
+	const char *url;
 } pt_api_request;
 
 /* pt_api_request_init zeroes r, sets kind and the schema defaults (cursor -1,
@@ -254,7 +259,26 @@ typedef struct pt_api_server_info {
 	int32_t jobs_running;
 	double uptime_seconds;
 	const char *kernels; /* what was detected and picked (pt_backend_describe) */
+	int32_t workers, workers_free, workers_busy, workers_unreachable; /* --pool */
 } pt_api_server_info;
+
+/* pt_api_worker_state is the schema's WorkerState. */
+typedef enum pt_api_worker_state {
+	PT_API_WORKER_UNKNOWN,
+	PT_API_WORKER_IDLE,
+	PT_API_WORKER_BUSY,
+	PT_API_WORKER_UNREACHABLE,
+} pt_api_worker_state;
+
+/* pt_api_worker_info is one WorkerInfo: a worker of the server's pool. */
+typedef struct pt_api_worker_info {
+	const char *url;
+	pt_api_worker_state state;
+	uint64_t job; /* the job it serves (0: none) */
+	bool draining;
+	double since_unix, last_heartbeat_unix; /* 0: never */
+	const char *message;                    /* NULL = absent */
+} pt_api_worker_info;
 
 /* pt_api_response is one Response. A non-OK code normally has no body
  * (kind PT_API_NONE) and says why in message. */
@@ -298,10 +322,21 @@ typedef struct pt_api_response {
 	/* ServerInfoReply */
 	pt_api_server_info info;
 
+	/* ListWorkersReply. Building: workers[0..n_workers). Parsed: NULL; read
+	 * with pt_api_response_worker. */
+	const pt_api_worker_info *workers;
+	size_t n_workers;
+
 	/* Parsed views only: the verified vector behind jobs/points/checkpoints
 	 * (GetJobReply: the JobInfo table itself). Private. */
 	const uint8_t *vec_;
 } pt_api_response;
+
+/* pt_api_response_worker reads worker i of a parsed ListWorkersReply. */
+pt_err pt_api_response_worker(const pt_api_response *r, size_t i, pt_api_worker_info *out);
+
+/* pt_api_worker_state_name returns "unknown", "idle", "busy", "unreachable". */
+const char *pt_api_worker_state_name(pt_api_worker_state s);
 
 /* pt_api_response_init zeroes r and sets id, code and kind (cursor -1, step -1). */
 void pt_api_response_init(pt_api_response *r, uint64_t id, pt_api_code code, pt_api_kind kind);

@@ -168,6 +168,10 @@ typedef struct pt_job_hooks {
 	 * spec's max_restarts), before it resumes at step `from` + 1; message
 	 * says which worker was lost and where the stage went. */
 	void (*on_restart)(void *ctx, int n, int64_t from, const char *message);
+	/* When set, a spare of placement.workers is used only if this claims it
+	 * (true): a server lends its pool's free workers as spares this way. A
+	 * spare refused is passed over for this run. */
+	bool (*claim_worker)(void *ctx, const char *url);
 } pt_job_hooks;
 
 /* TLS for tls+tcp:// workers (files; NULL or "": unset). The coordinator
@@ -269,6 +273,14 @@ typedef struct pt_job_workers pt_job_workers;
  * is left: sessions made so far are ended. Blocking (up to timeout_ms per
  * request); thread-safe. */
 pt_err pt_job_workers_join(const pt_job_workers_options *o, pt_job_workers **out, int *failed);
+
+/* pt_job_worker_probe asks the `pipeserver --worker` at url for its state
+ * (StagePing with session 0) within timeout_ms, on a connection of its own:
+ * *busy tells whether it serves a session, state gets its words ("idle",
+ * "serving stage rank 1 of world 3"). tls: for tls+tcp:// URLs (may be NULL
+ * otherwise). Errors name the worker (unreachable, no reply, malformed). */
+pt_err pt_job_worker_probe(const char *url, const pt_job_tls *tls, int timeout_ms, bool *busy,
+                           char *state, size_t n);
 
 /* pt_job_workers_comm returns rank 0's communicator (owned by ws). */
 pt_comm *pt_job_workers_comm(const pt_job_workers *ws);

@@ -318,15 +318,22 @@ static pt_err nccl_up(runner *r, pt_device dev, pt_device *devs)
 }
 
 /* next_spare returns the first worker of placement.workers that serves no
- * stage and was not lost or refused in this run (-1: none left). */
-static int next_spare(const runner *r)
+ * stage, was not lost or refused in this run and, with a claim_worker hook,
+ * is claimed (-1: none left). */
+static int next_spare(runner *r)
 {
 	for (int i = 0; i < r->s->n_workers; i++) {
 		bool used = r->bad[i];
 		for (int st = 0; st < r->p && !used; st++)
 			used = r->place[st] == i;
-		if (!used)
-			return i;
+		if (used)
+			continue;
+		if (r->h && r->h->claim_worker &&
+		    !r->h->claim_worker(r->h->ctx, r->s->workers[i])) {
+			r->bad[i] = true;
+			continue;
+		}
+		return i;
 	}
 	return -1;
 }

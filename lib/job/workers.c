@@ -544,7 +544,8 @@ pt_err pt_job_workers_join(const pt_job_workers_options *o, pt_job_workers **out
 	}
 	if (tls && !set(o->tls.ca)) {
 		pt_job_workers_end(ws);
-		return pt_set_error(PT_ERR_INVALID, "tls+tcp:// workers need a CA (--worker-tls-ca)");
+		return pt_set_error(PT_ERR_INVALID,
+		                    "tls+tcp:// workers need a CA (--worker-tls-ca)");
 	}
 	/* One key per session: a restart on a spare joins with a new one. */
 	if ((rv = pt_comm_key_generate(key)) != PT_OK ||
@@ -809,4 +810,53 @@ pt_err pt_job_spec_check_workers(const pt_job_spec *s, const char *allow)
 			                    i, u);
 	}
 	return PT_OK;
+}
+
+/* ---------------------------------------------------------------- probe -- */
+
+pt_err pt_job_worker_probe(const char *url, const pt_job_tls *tls, int timeout_ms, bool *busy,
+                           char *state, size_t n)
+{
+	pt_job_workers ws = {.n = 0, .timeout_ms = timeout_ms, .tls = tls};
+	link *l = &ws.links[0];
+	pt_worker_request q = {.kind = PT_WORKER_PING, .session = 0};
+	pt_worker_reply r;
+	pt_fb_builder b;
+	nng_msg *msg = NULL;
+	pt_err rv;
+
+	*busy = false;
+	if (n > 0)
+		state[0] = '\0';
+	l->ws = &ws;
+	l->stage = -1;
+	l->url = url;
+	pthread_mutex_init(&l->amu, NULL);
+	mono_cond_init(&l->acv);
+	if ((rv = pt_fb_builder_init(&b, 128)) == PT_OK) {
+		if (strncmp(url, "tls+tcp://", 10) == 0 && (tls == NULL || !set(tls->ca)))
+			rv = pt_set_error(PT_ERR_INVALID, "worker %s: tls+tcp:// needs a CA", url);
+		if (rv == PT_OK && (rv = open_link(l, timeout_ms)) == PT_OK &&
+		    (rv = exchange(l, &b, &q, &r, &msg)) == PT_OK) {
+			*busy = r.busy;
+			snprintf(state, n, "%s",
+			         r.message ? r.message : (r.busy ? "busy" : "idle"));
+		}
+		if (rv != PT_OK) { /* "stage -1 (worker URL): why" -> "worker URL: why" */
+			char why[512];
+			const char *e = pt_last_error(), *p = strstr(e, "): ");
+			snprintf(why, sizeof(why), "%s",
+			         strncmp(e, "stage -1 (", 10) == 0 && p ? p + 3 : e);
+			pt_set_error(rv, "worker %s: %s", url, why);
+		}
+		pt_fb_builder_fini(&b);
+	}
+	nng_msg_free(msg);
+	if (l->open)
+		nng_close(l->sock);
+	if (l->aio != NULL)
+		nng_aio_free(l->aio);
+	pthread_cond_destroy(&l->acv);
+	pthread_mutex_destroy(&l->amu);
+	return rv;
 }

@@ -14,7 +14,7 @@ ROOT = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
 
 class Server:
-    def __init__(self, token=None, root=ROOT):
+    def __init__(self, token=None, root=ROOT, extra=()):
         self.dir = tempfile.mkdtemp(prefix="pt-py-")
         args = [os.environ["PIPESERVER"], "--listen", "tcp://127.0.0.1:0",
                 "--data-dir", os.path.join(self.dir, "data"), "--files-root", root]
@@ -24,6 +24,7 @@ class Server:
                 f.write(token + "\n")
             os.chmod(path, 0o600)
             args += ["--auth-token-file", path]
+        args += list(extra)
         self.log = open(os.path.join(self.dir, "server.log"), "w")
         env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE")
         self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=self.log, env=env,
@@ -45,6 +46,13 @@ class Server:
                 self.proc.wait()
         self.log.close()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class Worker(Server):
+    """`pipeserver --worker` on loopback."""
+
+    def __init__(self):
+        super().__init__(extra=("--worker",))
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ import flatbuffers
 import pytest
 
 import pipetrain
-from conftest import ROOT, Server
+from conftest import ROOT, Server, Worker, wait_for
 
 DIGITS = os.path.join(ROOT, "examples", "digits.json")
 
@@ -206,6 +206,28 @@ def test_object_api_unpacks_a_reply():
     assert got.id == 5 and got.bodyType == ResponseBody.ResponseBody.ServerInfoReply
     assert got.body.version == b"9.9.9" or got.body.version == "9.9.9"
     assert got.body.protocol == 7
+
+
+def test_pool_workers():
+    """workers() lists the pool with states; a job without workers runs on
+    two of them; drain_worker marks one; an unknown URL is NotFound."""
+    ws = [Worker(), Worker()]
+    s = Server(extra=("--pool", ",".join(w.url for w in ws), "--devices", "none"))
+    try:
+        with pipetrain.Client(s.url) as c:
+            assert wait_for(lambda: [w["state"] for w in c.workers()] == ["Idle", "Idle"])
+            assert [w["url"] for w in c.workers()] == [w.url for w in ws]
+            assert c.info()["workers"] == 2 and c.info()["workers_free"] == 2
+            job = c.submit(digits(steps=20, placement={"stages": 2}))
+            assert wait_for(lambda: c.get(job)["state"] == "Succeeded")
+            c.drain_worker(ws[0].url)
+            assert [w["draining"] for w in c.workers()] == [True, False]
+            with pytest.raises(pipetrain.NotFound):
+                c.drain_worker("tcp://127.0.0.1:1")
+    finally:
+        s.stop()
+        for w in ws:
+            w.stop()
 
 
 def test_wrong_token():

@@ -12,6 +12,8 @@ class RequestBody(object):
     FetchCheckpoint = 6
     ListCheckpoints = 7
     ServerInfo = 8
+    ListWorkers = 9
+    DrainWorker = 10
 
 def RequestBodyCreator(unionType, table):
     from flatbuffers.table import Table
@@ -33,4 +35,8 @@ def RequestBodyCreator(unionType, table):
         return ListCheckpointsT.InitFromBuf(table.Bytes, table.Pos)
     if unionType == RequestBody().ServerInfo:
         return ServerInfoT.InitFromBuf(table.Bytes, table.Pos)
+    if unionType == RequestBody().ListWorkers:
+        return ListWorkersT.InitFromBuf(table.Bytes, table.Pos)
+    if unionType == RequestBody().DrainWorker:
+        return DrainWorkerT.InitFromBuf(table.Bytes, table.Pos)
     return None

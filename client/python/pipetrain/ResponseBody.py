@@ -12,6 +12,8 @@ class ResponseBody(object):
     FetchCheckpointReply = 6
     ListCheckpointsReply = 7
     ServerInfoReply = 8
+    ListWorkersReply = 9
+    DrainWorkerReply = 10
 
 def ResponseBodyCreator(unionType, table):
     from flatbuffers.table import Table
@@ -33,4 +35,8 @@ def ResponseBodyCreator(unionType, table):
         return ListCheckpointsReplyT.InitFromBuf(table.Bytes, table.Pos)
     if unionType == ResponseBody().ServerInfoReply:
         return ServerInfoReplyT.InitFromBuf(table.Bytes, table.Pos)
+    if unionType == ResponseBody().ListWorkersReply:
+        return ListWorkersReplyT.InitFromBuf(table.Bytes, table.Pos)
+    if unionType == ResponseBody().DrainWorkerReply:
+        return DrainWorkerReplyT.InitFromBuf(table.Bytes, table.Pos)
     return None

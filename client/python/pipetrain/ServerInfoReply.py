@@ -73,7 +73,35 @@ class ServerInfoReply(object):
             return self._tab.String(o + self._tab.Pos)
         return None
 
-def ServerInfoReplyStart(builder): builder.StartObject(7)
+    # ServerInfoReply
+    def Workers(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(18))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
+        return 0
+
+    # ServerInfoReply
+    def WorkersFree(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(20))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
+        return 0
+
+    # ServerInfoReply
+    def WorkersBusy(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(22))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
+        return 0
+
+    # ServerInfoReply
+    def WorkersUnreachable(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(24))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
+        return 0
+
+def ServerInfoReplyStart(builder): builder.StartObject(11)
 def Start(builder):
     return ServerInfoReplyStart(builder)
 def ServerInfoReplyAddVersion(builder, version): builder.PrependUOffsetTRelativeSlot(0, flatbuffers.number_types.UOffsetTFlags.py_type(version), 0)
@@ -97,6 +125,18 @@ def AddUptimeSeconds(builder, uptimeSeconds):
 def ServerInfoReplyAddKernels(builder, kernels): builder.PrependUOffsetTRelativeSlot(6, flatbuffers.number_types.UOffsetTFlags.py_type(kernels), 0)
 def AddKernels(builder, kernels):
     return ServerInfoReplyAddKernels(builder, kernels)
+def ServerInfoReplyAddWorkers(builder, workers): builder.PrependInt32Slot(7, workers, 0)
+def AddWorkers(builder, workers):
+    return ServerInfoReplyAddWorkers(builder, workers)
+def ServerInfoReplyAddWorkersFree(builder, workersFree): builder.PrependInt32Slot(8, workersFree, 0)
+def AddWorkersFree(builder, workersFree):
+    return ServerInfoReplyAddWorkersFree(builder, workersFree)
+def ServerInfoReplyAddWorkersBusy(builder, workersBusy): builder.PrependInt32Slot(9, workersBusy, 0)
+def AddWorkersBusy(builder, workersBusy):
+    return ServerInfoReplyAddWorkersBusy(builder, workersBusy)
+def ServerInfoReplyAddWorkersUnreachable(builder, workersUnreachable): builder.PrependInt32Slot(10, workersUnreachable, 0)
+def AddWorkersUnreachable(builder, workersUnreachable):
+    return ServerInfoReplyAddWorkersUnreachable(builder, workersUnreachable)
 def ServerInfoReplyEnd(builder): return builder.EndObject()
 def End(builder):
     return ServerInfoReplyEnd(builder)
@@ -112,6 +152,10 @@ class ServerInfoReplyT(object):
         self.jobsRunning = 0  # type: int
         self.uptimeSeconds = 0.0  # type: float
         self.kernels = None  # type: str
+        self.workers = 0  # type: int
+        self.workersFree = 0  # type: int
+        self.workersBusy = 0  # type: int
+        self.workersUnreachable = 0  # type: int
 
     @classmethod
     def InitFromBuf(cls, buf, pos):
@@ -136,6 +180,10 @@ class ServerInfoReplyT(object):
         self.jobsRunning = serverInfoReply.JobsRunning()
         self.uptimeSeconds = serverInfoReply.UptimeSeconds()
         self.kernels = serverInfoReply.Kernels()
+        self.workers = serverInfoReply.Workers()
+        self.workersFree = serverInfoReply.WorkersFree()
+        self.workersBusy = serverInfoReply.WorkersBusy()
+        self.workersUnreachable = serverInfoReply.WorkersUnreachable()
 
     # ServerInfoReplyT
     def Pack(self, builder):
@@ -156,5 +204,9 @@ class ServerInfoReplyT(object):
         ServerInfoReplyAddUptimeSeconds(builder, self.uptimeSeconds)
         if self.kernels is not None:
             ServerInfoReplyAddKernels(builder, kernels)
+        ServerInfoReplyAddWorkers(builder, self.workers)
+        ServerInfoReplyAddWorkersFree(builder, self.workersFree)
+        ServerInfoReplyAddWorkersBusy(builder, self.workersBusy)
+        ServerInfoReplyAddWorkersUnreachable(builder, self.workersUnreachable)
         serverInfoReply = ServerInfoReplyEnd(builder)
         return serverInfoReply

@@ -172,6 +172,18 @@ class Client:
         return [self._dict("CheckpointInfo", r.Checkpoints(i))
                 for i in range(r.CheckpointsLength())]
 
+    def workers(self):
+        """ListWorkers: the server's pool workers (--pool) as dicts: url,
+        state ("Idle", "Busy", "Unreachable", "Unknown"), job (0: none),
+        draining, since_unix, last_heartbeat_unix, message. [] without a pool."""
+        r = self._call("ListWorkers", {})
+        return [self._dict("WorkerInfo", r.Workers(i)) for i in range(r.WorkersLength())]
+
+    def drain_worker(self, url):
+        """DrainWorker: the pool worker at url is lent to no more jobs (its
+        current job finishes); an unknown url raises NotFound."""
+        self._call("DrainWorker", {"url": url})
+
     def fetch_checkpoint(self, job, path, step=None, progress=None, chunk=FETCH_CHUNK):
         """Downloads checkpoint step (None: the latest) of job to path in
         ranges of chunk bytes (at most 4 MiB, the server's cap), into
