@@ -10,8 +10,9 @@
   workers' probes open the port of PIPETRAIN_LISTEN; workers request
   nvidia.com/gpu.
 - docker-compose.yml: a server and two or more workers, secrets and volumes
-  defined; the job files' placement.workers name the compose and Kubernetes
-  workers (host names, ports, counts).
+  defined; the servers' PIPETRAIN_POOL names the compose and Kubernetes
+  workers (host names, ports, counts); the shipped job files name no workers
+  and fit the pool.
 - Dockerfile: multi-stage, CUDA devel -> runtime of one version, the build
   stage runs deploy/install-deps.sh, deploy/build.sh and deploy/stage.sh,
   non-root USER, HEALTHCHECK, VOLUME of the data directory, ENTRYPOINT
@@ -368,24 +369,36 @@ for name, (path, svc) in services.items():
             bad(path, f"Service {name}: targetPort {t} is no container port")
 
 
-def check_job_workers(path, want):
-    spec = json.loads(read(path))
-    placement = spec.get("placement") or {}
-    got = placement.get("workers") or []
+def check_pool(path, what, env, want):
+    """The server's PIPETRAIN_POOL names exactly the workers want."""
+    got = [u.strip() for u in (env.get("PIPETRAIN_POOL") or "").split(",") if u.strip()]
     if got != want:
-        bad(path, f"placement.workers {got} do not name the workers {want}")
-    if placement.get("stages", 1) != len(got):
-        bad(path, f"placement.stages {placement.get('stages')} != {len(got)} workers")
+        bad(path, f"{what}: PIPETRAIN_POOL {got} does not name the workers {want}")
+
+
+def check_job_placed(path, n_workers):
+    """A shipped job names no workers (the server places it on its pool) and
+    fits the pool."""
+    placement = json.loads(read(path)).get("placement") or {}
+    if placement.get("workers"):
+        bad(path, "names placement.workers: the server's pool places it")
+    if placement.get("stages", 1) > n_workers:
+        bad(path, f"placement.stages {placement.get('stages')} > {n_workers} pool workers")
 
 
 k8s_job = os.path.join(K8S_DIR, "digits-job.json")
-if worker_sets and os.path.exists(k8s_job):
+if worker_sets:
     sts, _, listen = worker_sets[0]
-    n = len(json.loads(read(k8s_job))["placement"].get("workers") or [])
-    if n > sts["spec"].get("replicas", 1):
-        bad(k8s_job, f"{n} workers but {sts['spec'].get('replicas', 1)} replicas")
+    n = sts["spec"].get("replicas", 1)
     base, svc = sts["metadata"]["name"], sts["spec"]["serviceName"]
-    check_job_workers(k8s_job, [f"tcp://{base}-{i}.{svc}:{listen}" for i in range(n)])
+    for path, o in workloads:
+        if o.get("kind") != "Deployment":
+            continue
+        for c in o["spec"]["template"]["spec"]["containers"]:
+            check_pool(path, o["metadata"]["name"], env_of(c),
+                       [f"tcp://{base}-{i}.{svc}:{listen}" for i in range(n)])
+    if os.path.exists(k8s_job):
+        check_job_placed(k8s_job, n)
 
 
 # ---- docker-compose.yml ----------------------------------------------------
@@ -415,9 +428,12 @@ for name, s in svcs.items():
             bad(compose_path, f"{name}: no PIPETRAIN_HTTP (the image's health check needs it)")
 if not server_seen or len(workers) < 2:
     bad(compose_path, f"needs a server and two workers (workers: {workers})")
+for name, s in svcs.items():
+    if env_of(s).get("PIPETRAIN_WORKER") not in ("true", "1", "yes"):
+        check_pool(compose_path, name, env_of(s), sorted(workers))
 compose_job = os.path.join(ROOT, "deploy/digits-compose.json")
 if os.path.exists(compose_job):
-    check_job_workers(compose_job, sorted(workers))
+    check_job_placed(compose_job, len(workers))
 
 
 # ---- Dockerfile -------------------------------------------------------------

@@ -5,9 +5,10 @@
 #     image sets: 0 for a running server (GET /healthz) and worker (TCP
 #     connect), 1 once they are gone and for a server without PIPETRAIN_HTTP.
 #  2. The shipped multi-worker job files (deploy/digits-compose.json,
-#     deploy/k8s/digits-job.json) train to completion on `pipeserver --worker`
-#     processes, with their placement.workers pointed at those workers
-#     (the same spec otherwise, data resolved against the source root).
+#     deploy/k8s/digits-job.json), as shipped, train to completion on a
+#     server whose --pool is four `pipeserver --worker` processes and which
+#     has no local devices, as the deploy files configure it (data resolved
+#     against the source root).
 set -euo pipefail
 
 src=${1:?usage: deploy_probe.sh SOURCE_ROOT BUILD_ROOT}
@@ -44,8 +45,9 @@ for i in 1 2 3 4; do
 	start "worker$i" --worker --listen tcp://127.0.0.1:0
 	workers+=("$url")
 done
+pool=$(IFS=,; echo "${workers[*]}")
 start server --listen tcp://127.0.0.1:0 --http 127.0.0.1:0 --data-dir "$tmp/data" \
-	--files-root "$src"
+	--files-root "$src" --pool "$pool" --devices none
 server_url=$url
 http=
 for _ in $(seq 100); do
@@ -71,29 +73,17 @@ expect 1 "server without PIPETRAIN_HTTP" env -u PIPETRAIN_HTTP bash "$check" 5
 expect 1 "wrong HTTP port (a worker's)" env PIPETRAIN_HTTP="127.0.0.1:${workers[0]##*:}" \
 	bash "$check" 2
 
-# The job files, their workers replaced by the loopback ones (placement.stages
-# and every other field as shipped).
+# The job files as shipped: the server places them on its pool.
 run_job() { # run_job FILE
-	local file=$1 job
-	job=$tmp/$(basename "$file")
-	/usr/bin/env python3 - "$file" "$job" "${workers[@]}" <<'EOF'
-import json
-import sys
-
-src, dst, urls = sys.argv[1], sys.argv[2], sys.argv[3:]
-spec = json.load(open(src))
-n = len(spec["placement"]["workers"])
-spec["placement"]["workers"] = urls[:n]
-json.dump(spec, open(dst, "w"))
-EOF
-	if ! "$pc" --server "$server_url" submit "$job" --follow >"$tmp/job.out" 2>&1; then
-		echo "FAIL: $file on loopback workers:" >&2
+	local file=$1
+	if ! "$pc" --server "$server_url" submit "$file" --follow >"$tmp/job.out" 2>&1; then
+		echo "FAIL: $file on the pool:" >&2
 		tail -n 20 "$tmp/job.out" >&2
 		tail -n 20 "$tmp/server.log" >&2
 		fail=1
 		return
 	fi
-	echo "deploy_probe: $(basename "$file") trained on its workers: $(tail -n 1 "$tmp/job.out")"
+	echo "deploy_probe: $(basename "$file") trained on the pool: $(tail -n 1 "$tmp/job.out")"
 }
 run_job "$src/deploy/digits-compose.json"
 run_job "$src/deploy/k8s/digits-job.json"
