@@ -4,7 +4,7 @@
  *
  * Topology (names carry this process's pid, so runs never collide): a
  * namespace ptn<pid>br holds bridge br0; each host h (0: this test, the
- * client; 1: the server; 2..6: workers w0..w4) is a namespace ptn<pid>h<h>
+ * client; 1: the server; 2..7: workers w0..w5) is a namespace ptn<pid>h<h>
  * with address 10.99.0.<h+1>/24 on a veth whose other end ptn<pid>p<h> sits
  * on the bridge. Bringing that end down cuts the host off without either
  * side's TCP noticing. This process moves itself into the client namespace
@@ -18,7 +18,11 @@
  * and its last checkpoint is the last step; (c) the same with a link taken
  * down mid-run, and the cut-off worker idle again once the link is back; (d)
  * a wrong protocol version, a wrong or missing token and a busy worker are
- * refused across hosts, and a job naming the busy worker fails saying so.
+ * refused across hosts, and a job naming the busy worker fails saying so;
+ * (e) a second server on the server host whose --pool is the six workers
+ * (--devices none) runs three 2-stage jobs submitted together at the same
+ * time (their run times overlap), each with the losses of its in-process
+ * run, bitwise.
  *
  * Needs root and iproute2: otherwise, or when the namespaces or veths cannot
  * be made, it exits 77 saying why. Everything it made (processes,
@@ -45,7 +49,7 @@
 #include "pt_test.h"
 #include "worker_fixture.h"
 
-#define N_WORKERS  5
+#define N_WORKERS  6
 #define N_HOSTS    (2 + N_WORKERS)
 #define H_CLIENT   0
 #define H_SERVER   1
@@ -60,7 +64,7 @@ static char server_bin[PATH_MAX + 64], ip_bin[64], tmpdir[256], logfile[300], to
 static char ns_host[N_HOSTS][32], ns_bridge[32];
 static bool made_host[N_HOSTS], made_bridge;
 static int home_ns = -1;
-static wf_proc server, workers[N_WORKERS];
+static wf_proc server, pool_server, workers[N_WORKERS];
 static double ref_loss[STEPS]; /* the single-process run */
 
 /* ------------------------------------------------------------- commands -- */
@@ -124,11 +128,12 @@ static void kill_ns_pids(const char *ns)
 
 static void kill_children(void)
 {
-	wf_proc *all[N_WORKERS + 1];
+	wf_proc *all[N_WORKERS + 2];
 	all[0] = &server;
+	all[1] = &pool_server;
 	for (int i = 0; i < N_WORKERS; i++)
-		all[i + 1] = &workers[i];
-	for (int i = 0; i <= N_WORKERS; i++)
+		all[i + 2] = &workers[i];
+	for (int i = 0; i < N_WORKERS + 2; i++)
 		if (all[i]->pid > 0) {
 			kill(all[i]->pid, SIGKILL);
 			kill(all[i]->pid, SIGCONT);
@@ -605,7 +610,106 @@ static void test_netns_handshake_refusals(void)
 	wf_hs_close(&b);
 }
 
+/* The pool: three 2-stage jobs on six pool workers run side by side. */
+#define POOL_STEPS 300
+static double pool_ref[3][POOL_STEPS];
+
+static void pool_ref_metric(void *ctx, const pt_job_metric *m)
+{
+	double *v = ctx;
+	if (m->step >= 1 && m->step <= POOL_STEPS)
+		v[m->step - 1] = m->loss;
+}
+
+static void test_netns_pool_concurrent(void)
+{
+	char addr[32], url[64], data_dir[400], pool[8 * 80] = "";
+	const char *args[] = {"--listen",
+	                      url,
+	                      "--data-dir",
+	                      data_dir,
+	                      "--files-root",
+	                      PT_SOURCE_ROOT,
+	                      "--threads",
+	                      "2",
+	                      "--auth-token-file",
+	                      token_file,
+	                      "--pool",
+	                      pool,
+	                      "--devices",
+	                      "none",
+	                      "--log-level",
+	                      "info",
+	                      NULL};
+	pt_job_spec spec[3];
+	pt_api_job_info ji[3];
+	pt_api_request q;
+	pt_api_response r;
+	wf_api api;
+	uint64_t id[3];
+	double t0;
+
+	for (int i = 0; i < N_WORKERS; i++)
+		snprintf(pool + strlen(pool), sizeof(pool) - strlen(pool), "%s%s", i ? "," : "",
+		         workers[i].url);
+	snprintf(url, sizeof(url), "tcp://%s:7200", host_addr(H_SERVER, addr, sizeof(addr)));
+	snprintf(data_dir, sizeof(data_dir), "%s/pool-data", tmpdir);
+	CU_ASSERT_FATAL(start_in(&pool_server, H_SERVER, args));
+	wf_api_open(&api, pool_server.url, TOKEN);
+	t0 = wf_mono();
+	for (;;) { /* every worker probed idle */
+		int idle = 0;
+		pt_api_request_init(&q, PT_API_SERVER_INFO);
+		CU_ASSERT_FATAL(wf_api_call(&api, &q, &r));
+		idle = r.info.workers_free;
+		if (idle == N_WORKERS || wf_mono() - t0 > 20)
+			break;
+		usleep(50000);
+	}
+	CU_ASSERT_EQUAL_FATAL(r.info.workers_free, N_WORKERS);
+	for (int j = 0; j < 3; j++) {
+		pt_job_run_options o = {.files_root = PT_SOURCE_ROOT, .threads = 2};
+		pt_job_hooks h = {.ctx = pool_ref[j], .on_metric = pool_ref_metric};
+		int64_t last = 0;
+		wf_digits_spec(&spec[j], 2, POOL_STEPS, NULL, 0);
+		spec[j].seed = 100 + (uint64_t)j;
+		spec[j].worker_timeout_ms = TIMEOUT_MS;
+		PT_CHECK_OK(pt_job_run(&spec[j], &o, &h, &last));
+	}
+	for (int j = 0; j < 3; j++)
+		CU_ASSERT_NOT_EQUAL_FATAL((id[j] = wf_api_submit(&api, &spec[j])), 0);
+	for (int j = 0; j < 3; j++) {
+		double v[POOL_STEPS];
+		if (wf_api_wait_final(&api, id[j], 120, &ji[j]) != PT_JOB_SUCCEEDED)
+			fprintf(stderr, "pooled job %d: %s\n", j,
+			        ji[j].message ? ji[j].message : "");
+		CU_ASSERT_EQUAL(ji[j].state, PT_JOB_SUCCEEDED);
+		CU_ASSERT_EQUAL(wf_api_losses(&api, id[j], v, POOL_STEPS), POOL_STEPS);
+		wf_expect_same_losses(pool_ref[j], v, POOL_STEPS, "pooled");
+		wf_api_get(&api, id[j], &ji[j]); /* wf_api_losses reused the reply */
+	}
+	for (int a = 0; a < 3; a++)
+		for (int b = a + 1; b < 3; b++) {
+			bool overlap = ji[a].started_unix < ji[b].finished_unix &&
+			               ji[b].started_unix < ji[a].finished_unix;
+			if (!overlap)
+				fprintf(
+				    stderr,
+				    "jobs %d and %d did not overlap: [%.3f, %.3f] [%.3f, %.3f]\n",
+				    a, b, ji[a].started_unix, ji[a].finished_unix,
+				    ji[b].started_unix, ji[b].finished_unix);
+			CU_ASSERT(overlap);
+		}
+	for (int j = 0; j < 3; j++)
+		pt_job_spec_fini(&spec[j]);
+	wf_api_close(&api);
+	CU_ASSERT_EQUAL(wf_proc_stop(&pool_server), 0);
+	for (int i = 0; i < N_WORKERS; i++)
+		CU_ASSERT_TRUE(wf_wait_idle(workers[i].url, 5000));
+}
+
 static const pt_test_case netns_tests[] = {
+    {"test_netns_pool_concurrent", test_netns_pool_concurrent},
     {"test_netns_job_matches_single_process", test_netns_job_matches_single_process},
     {"test_netns_killed_worker", test_netns_killed_worker},
     {"test_netns_link_down", test_netns_link_down},

@@ -1015,6 +1015,81 @@ static void test_workers_pool_restart(void)
 			CU_ASSERT_EQUAL(wf_proc_stop(&w[i]), 0);
 }
 
+/* kill -9 of a server while two pooled jobs run: started again on the same
+ * data directory and pool, it places both again (their workers idle once the
+ * dead coordinator's sessions expire) and each finishes from its last
+ * checkpoint with the losses of its uninterrupted run, bitwise. */
+static void test_workers_pool_server_killed(void)
+{
+	char data_dir[400], pool[1024];
+	wf_proc w[4], srv;
+	pt_job_spec spec[2];
+	pt_api_job_info ji;
+	wf_api api;
+	uint64_t id[2];
+	double want[2], t0;
+	int st;
+
+	for (int i = 0; i < 4; i++)
+		CU_ASSERT_FATAL(worker_start(&w[i], NULL));
+	snprintf(pool, sizeof(pool), "%s,%s,%s,%s", w[0].url, w[1].url, w[2].url, w[3].url);
+	snprintf(data_dir, sizeof(data_dir), "%s/pool-killed-data", tmpdir);
+	const char *args[] = {"--listen",
+	                      "tcp://127.0.0.1:0",
+	                      "--data-dir",
+	                      data_dir,
+	                      "--files-root",
+	                      PT_SOURCE_ROOT,
+	                      "--pool",
+	                      pool,
+	                      "--devices",
+	                      "none",
+	                      "--threads",
+	                      "2",
+	                      NULL};
+	CU_ASSERT_FATAL(proc_start(&srv, args));
+	wf_api_open(&api, srv.url, NULL);
+	CU_ASSERT_FATAL(pool_wait(&api, PT_API_WORKER_IDLE, 4, 10));
+	for (int j = 0; j < 2; j++) {
+		wf_digits_spec(&spec[j], 2, 3000, NULL, 0);
+		spec[j].seed = 11 + (uint64_t)j;
+		spec[j].checkpoint_every = 50;
+		spec[j].worker_timeout_ms = HB_TIMEOUT_MS;
+		want[j] = local_final_loss(&spec[j]);
+		CU_ASSERT_NOT_EQUAL_FATAL((id[j] = wf_api_submit(&api, &spec[j])), 0);
+	}
+	t0 = wf_mono();
+	for (int j = 0; j < 2; j++)
+		do {
+			usleep(10000);
+			wf_api_get(&api, id[j], &ji);
+		} while (ji.step < 60 && !pt_api_job_state_final(ji.state) && wf_mono() - t0 < 60);
+	wf_api_get(&api, id[0], &ji);
+	CU_ASSERT_EQUAL_FATAL(ji.state, PT_JOB_RUNNING);
+	wf_api_get(&api, id[1], &ji);
+	CU_ASSERT_EQUAL_FATAL(ji.state, PT_JOB_RUNNING);
+	wf_api_close(&api);
+	kill(srv.pid, SIGKILL);
+	CU_ASSERT_EQUAL(waitpid(srv.pid, &st, 0), srv.pid);
+
+	CU_ASSERT_FATAL(proc_start(&srv, args));
+	wf_api_open(&api, srv.url, NULL);
+	for (int j = 0; j < 2; j++) {
+		CU_ASSERT_EQUAL(wf_api_wait_final(&api, id[j], 180, &ji), PT_JOB_SUCCEEDED);
+		if (!ji.has_last || ji.last.loss != want[j])
+			fprintf(stderr, "job %d after the kill: %s, loss %.17g want %.17g\n", j,
+			        ji.message ? ji.message : "", ji.last.loss, want[j]);
+		CU_ASSERT(ji.has_last && ji.last.loss == want[j]);
+		CU_ASSERT_EQUAL(ji.step, 3000);
+	}
+	wf_api_close(&api);
+	for (int j = 0; j < 2; j++)
+		pt_job_spec_fini(&spec[j]);
+	CU_ASSERT_EQUAL(wf_proc_stop(&srv), 0);
+	for (int i = 0; i < 4; i++)
+		CU_ASSERT_EQUAL(wf_proc_stop(&w[i]), 0);
+}
+
 static const pt_test_case worker_tests[] = {
     {"test_workers_job_matches_local", test_workers_job_matches_local},
     {"test_workers_handshake_refusals", test_workers_handshake_refusals},
@@ -1029,6 +1104,7 @@ static const pt_test_case worker_tests[] = {
     {"test_workers_tls_job", test_workers_tls_job},
     {"test_workers_pool", test_workers_pool},
     {"test_workers_pool_restart", test_workers_pool_restart},
+    {"test_workers_pool_server_killed", test_workers_pool_server_killed},
     {NULL, NULL},
 };
 static const pt_test_suite suites[] = {
