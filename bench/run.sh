@@ -71,6 +71,10 @@ if [ -x "$build/bench/overlap_bench" ]; then
 	"$build/bench/overlap_bench"
 fi
 
+# The shared service: three jobs on a pool of 6 sleep-based workers together vs
+# one after another, placement of a 4-stage job, queue wait with a worker free.
+[ -x "$build/bench/sched_bench" ] && "$build/bench/sched_bench"
+
 # Workers (pipeserver --worker on loopback): submit to first step with 1 and
 # 4 workers, and the 4-worker digits job's throughput next to one process.
 if [ -x "$build/bench/dist_bench" ]; then

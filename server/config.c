@@ -213,6 +213,9 @@ static const opt_desc options[] = {
     {"strict_priority", OPT_BOOL, F(strict_priority), "false", 0, 0, NULL,
      "a queued job waiting for more pool workers than are free holds up every job behind "
      "it (default: jobs behind it that fit start first)"},
+    {"task_delay_ms", OPT_INT, F(task_delay_ms), "0", 0, 60000, NULL,
+     "with --worker, for tests and benchmarks only: every forward and backward of the "
+     "stage it serves sleeps this long first (work that does not need the CPU)"},
     {"help", OPT_BOOL, F(help), "false", 0, 0, NULL, "print this table and exit"},
 };
 #undef F

@@ -54,6 +54,7 @@ typedef struct pt_server_config {
 	char *pool;            /* worker pool: "URL,..." or "@FILE" ("": none) */
 	char *devices;         /* "cpu" (stages may run here) or "none" */
 	bool strict_priority;  /* a job waiting for pool workers holds up those behind it */
+	int task_delay_ms;     /* --worker, tests and benchmarks: stage tasks sleep first */
 	bool help;
 } pt_server_config;
 

@@ -1665,6 +1665,27 @@ void pt_jobs_pool_counts(pt_jobs *m, int32_t *all, int32_t *free_n, int32_t *bus
 	*unreachable = u;
 }
 
+int pt_jobs_devices_in_use(pt_jobs *m)
+{
+	const char *seen[64];
+	int n = 0;
+
+	pthread_mutex_lock(&m->mu);
+	for (size_t i = 0; i < m->n_jobs; i++) {
+		const job *jb = m->jobs[i];
+		bool dup = false;
+		if ((jb->state != PT_JOB_STARTING && jb->state != PT_JOB_RUNNING) ||
+		    jb->pool_urls != NULL || jb->spec.n_workers > 0)
+			continue;
+		for (int k = 0; k < n && !dup; k++)
+			dup = strcmp(seen[k], jb->device) == 0;
+		if (!dup && n < 64)
+			seen[n++] = jb->device;
+	}
+	pthread_mutex_unlock(&m->mu);
+	return n;
+}
+
 pt_err pt_jobs_reply_workers(pt_jobs *m, uint64_t req_id, pt_fb_builder *b, const uint8_t **data,
                              size_t *size)
 {

@@ -85,6 +85,10 @@ pt_err pt_jobs_submit(pt_jobs *j, const uint8_t *spec_table, uint64_t *id);
 void pt_jobs_pool_counts(pt_jobs *j, int32_t *all, int32_t *free_n, int32_t *busy,
                          int32_t *unreachable);
 
+/* pt_jobs_devices_in_use counts the server's own devices that run a job's
+ * stages now (jobs on workers do not count). */
+int pt_jobs_devices_in_use(pt_jobs *j);
+
 /* pt_jobs_reply_workers builds the ListWorkersReply to request req_id (empty
  * without a pool). */
 pt_err pt_jobs_reply_workers(pt_jobs *j, uint64_t req_id, pt_fb_builder *b, const uint8_t **data,

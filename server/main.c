@@ -27,6 +27,7 @@
 #include "jobs.h"
 #include "log.h"
 #include "metrics.h"
+#include "pipeline.h"
 #include "worker.h"
 
 #ifndef PT_VERSION
@@ -209,6 +210,8 @@ int main(int argc, char **argv)
 	}
 
 	if (cfg.worker) {
+		/* Benchmarks and tests: sleep-based stage work (0: none). */
+		pt_stage_host_set_task_delay(cfg.task_delay_ms);
 		pt_worker_config wc = {.urls = (const char *const *)cfg.listen,
 		                       .n_urls = cfg.n_listen,
 		                       .auth_token = cfg.auth_token,

@@ -394,6 +394,39 @@ pt_err pt_metrics_render(pt_metrics *m, pt_metrics_buf *b)
 		pt_metrics_buf_printf(b, "pipetrain_jobs{state=\"%s\"} %d\n",
 		                      pt_api_job_state_name((pt_api_job_state)s), by_state[s]);
 	{
+		static const double le[] = {0.01, 0.1, 1, 10, 60, 600, 3600};
+		uint64_t cnt[sizeof(le) / sizeof(le[0]) + 1] = {0};
+		double sum = 0;
+		uint64_t n = 0;
+		for (size_t i = 0; i < r.n_jobs; i++) {
+			pt_api_job_info j;
+			double w;
+			if (pt_api_response_job(&r, i, &j) != PT_OK || j.started_unix <= 0)
+				continue;
+			w = j.started_unix - j.submitted_unix;
+			w = w > 0 ? w : 0;
+			for (size_t k = 0; k < sizeof(le) / sizeof(le[0]); k++)
+				cnt[k] += w <= le[k];
+			sum += w;
+			n++;
+		}
+		family(b, "pipetrain_queue_wait_seconds", "histogram",
+		       "Seconds each job known to the server waited from submit to its (latest) "
+		       "start.");
+		for (size_t k = 0; k < sizeof(le) / sizeof(le[0]); k++)
+			pt_metrics_buf_printf(b, "pipetrain_queue_wait_seconds_bucket{le=\"%g\"} %" PRIu64 "\n",
+			                      le[k], cnt[k]);
+		pt_metrics_buf_printf(b,
+		                      "pipetrain_queue_wait_seconds_bucket{le=\"+Inf\"} %" PRIu64 "\n"
+		                      "pipetrain_queue_wait_seconds_sum %.6f\n"
+		                      "pipetrain_queue_wait_seconds_count %" PRIu64 "\n",
+		                      n, sum, n);
+		family(b, "pipetrain_devices_in_use", "gauge",
+		       "The server's own devices running a job's stages now.");
+		pt_metrics_buf_printf(b, "pipetrain_devices_in_use %d\n",
+		                      pt_jobs_devices_in_use(m->cfg.jobs));
+	}
+	{
 		int32_t all, free_n, busy, gone;
 		pt_jobs_pool_counts(m->cfg.jobs, &all, &free_n, &busy, &gone);
 		family(b, "pipetrain_workers", "gauge",
