@@ -304,6 +304,7 @@ static pt_err h_info(srv_ctx *c, const uint8_t **data, size_t *size, bool *parke
 	r.info.kernels = s->kernels;
 	pt_jobs_pool_counts(s->cfg.jobs, &r.info.workers, &r.info.workers_free,
 	                    &r.info.workers_busy, &r.info.workers_unreachable);
+	r.info.devices_in_use = pt_jobs_devices_in_use(s->cfg.jobs);
 	return pt_api_build_response(&c->b, &r, data, size);
 }
 

@@ -835,11 +835,12 @@ static double local_final_loss(const pt_job_spec *spec)
  * refused naming the shortfall; a long 2-stage job A takes 2 workers, a
  * 2-stage job B waits and says why, a 1-stage job C behind it fits and
  * starts first (backfill); B runs when A gives its workers back; every
- * job's final loss equals its in-process run bitwise; ListWorkers and
- * ServerInfo count the workers; DrainWorker takes one out of lending. */
+ * job's final loss equals its in-process run bitwise; with A running again,
+ * a later priority-5 job starts before an earlier priority-0 one; ListWorkers
+ * and ServerInfo count the workers; DrainWorker takes one out of lending. */
 static void test_workers_pool(void)
 {
-	char data_dir[400], pool[1024], reason[600];
+	char data_dir[400], pool[1024], reason[600], want_msg[200];
 	wf_proc w[3], srv;
 	pt_job_spec a, b, c, big;
 	pt_api_job_info ji;
@@ -915,6 +916,36 @@ static void test_workers_pool(void)
 	CU_ASSERT(ji.has_last && ji.last.loss == want_b);
 	CU_ASSERT_FATAL(pool_wait(&api, PT_API_WORKER_IDLE, 3, 10));
 
+	/* Priorities: with one worker free, a later priority-5 job starts before
+	 * an earlier priority-0 one once A's two workers come back. */
+	{
+		pt_job_spec d, e;
+		pt_api_job_info jd, je;
+		uint64_t idd, ide;
+		CU_ASSERT_NOT_EQUAL_FATAL((ida = wf_api_submit(&api, &a)), 0);
+		wf_digits_spec(&d, 2, STEPS, NULL, 0);
+		wf_digits_spec(&e, 2, STEPS, NULL, 0);
+		e.priority = 5;
+		CU_ASSERT_NOT_EQUAL_FATAL((idd = wf_api_submit(&api, &d)), 0);
+		CU_ASSERT_NOT_EQUAL_FATAL((ide = wf_api_submit(&api, &e)), 0);
+		wf_api_get(&api, idd, &jd);
+		snprintf(reason, sizeof(reason), "%s", jd.message ? jd.message : "");
+		snprintf(want_msg, sizeof(want_msg),
+		         "queued: needs 2 workers, 1 of 3 free; behind job %llu (priority 5)",
+		         (unsigned long long)ide);
+		if (strcmp(reason, want_msg) != 0)
+			fprintf(stderr, "job D waits: \"%s\"\n", reason);
+		CU_ASSERT_STRING_EQUAL(reason, want_msg);
+		CU_ASSERT_EQUAL(wf_api_wait_final(&api, ida, 120, &ji), PT_JOB_SUCCEEDED);
+		CU_ASSERT_EQUAL(wf_api_wait_final(&api, ide, 60, &je), PT_JOB_SUCCEEDED);
+		CU_ASSERT_EQUAL(wf_api_wait_final(&api, idd, 60, &jd), PT_JOB_SUCCEEDED);
+		CU_ASSERT(je.started_unix > 0 && je.started_unix < jd.started_unix);
+		CU_ASSERT(jd.has_last && je.has_last && jd.last.loss == je.last.loss);
+		pt_job_spec_fini(&d);
+		pt_job_spec_fini(&e);
+		CU_ASSERT_FATAL(pool_wait(&api, PT_API_WORKER_IDLE, 3, 10));
+	}
+
 	pt_api_request_init(&q, PT_API_DRAIN_WORKER);
 	q.url = w[1].url;
 	CU_ASSERT_FATAL(wf_api_call(&api, &q, &r));
@@ -938,25 +969,30 @@ static void test_workers_pool(void)
 		CU_ASSERT_EQUAL(wf_proc_stop(&w[i]), 0);
 }
 
-/* A pooled job whose worker is killed mid-run restarts (max_restarts 1) on
- * the pool's free worker, claimed as a spare, and ends with the losses of its
- * uninterrupted in-process run, bitwise; the dead worker shows unreachable. */
+/* Three pooled jobs on seven workers (one free): a worker of job A killed
+ * mid-run restarts A (max_restarts 1) on the free worker, claimed as a
+ * spare, and A ends with the losses of its uninterrupted in-process run,
+ * bitwise; B and C finish undisturbed, bitwise; the dead worker shows
+ * unreachable. */
 static void test_workers_pool_restart(void)
 {
-	char data_dir[400], pool[1024];
-	wf_proc w[3], srv;
-	pt_job_spec a;
+	enum { NW = 7 };
+	char data_dir[400], pool[NW * 80] = "";
+	wf_proc w[NW], srv;
+	pt_job_spec spec[3];
 	pt_api_job_info ji;
 	pt_api_request q;
 	pt_api_response r;
 	wf_api api;
-	uint64_t ida;
-	double want, t0;
+	uint64_t id[3];
+	double want[3], t0;
 	int victim = -1, st;
 
-	for (int i = 0; i < 3; i++)
+	for (int i = 0; i < NW; i++) {
 		CU_ASSERT_FATAL(worker_start(&w[i], NULL));
-	snprintf(pool, sizeof(pool), "%s,%s,%s", w[0].url, w[1].url, w[2].url);
+		snprintf(pool + strlen(pool), sizeof(pool) - strlen(pool), "%s%s", i ? "," : "",
+		         w[i].url);
+	}
 	snprintf(data_dir, sizeof(data_dir), "%s/pool-restart-data", tmpdir);
 	{
 		const char *args[] = {"--listen",
@@ -975,17 +1011,21 @@ static void test_workers_pool_restart(void)
 		CU_ASSERT_FATAL(proc_start(&srv, args));
 	}
 	wf_api_open(&api, srv.url, NULL);
-	CU_ASSERT_FATAL(pool_wait(&api, PT_API_WORKER_IDLE, 3, 10));
-	wf_digits_spec(&a, 2, 3000, NULL, 0);
-	a.max_restarts = 1;
-	a.checkpoint_every = 50;
-	a.worker_timeout_ms = HB_TIMEOUT_MS;
-	want = local_final_loss(&a);
-	CU_ASSERT_NOT_EQUAL_FATAL((ida = wf_api_submit(&api, &a)), 0);
+	CU_ASSERT_FATAL(pool_wait(&api, PT_API_WORKER_IDLE, NW, 10));
+	for (int j = 0; j < 3; j++) {
+		wf_digits_spec(&spec[j], 2, 3000, NULL, 0);
+		spec[j].seed = 21 + (uint64_t)j;
+		spec[j].max_restarts = j == 0 ? 1 : 0;
+		spec[j].checkpoint_every = 50;
+		spec[j].worker_timeout_ms = HB_TIMEOUT_MS;
+		want[j] = local_final_loss(&spec[j]);
+	}
+	for (int j = 0; j < 3; j++)
+		CU_ASSERT_NOT_EQUAL_FATAL((id[j] = wf_api_submit(&api, &spec[j])), 0);
 	t0 = wf_mono();
 	do {
 		usleep(10000);
-		wf_api_get(&api, ida, &ji);
+		wf_api_get(&api, id[0], &ji);
 	} while (ji.step < 60 && !pt_api_job_state_final(ji.state) && wf_mono() - t0 < 60);
 	CU_ASSERT_EQUAL_FATAL(ji.state, PT_JOB_RUNNING);
 	pt_api_request_init(&q, PT_API_LIST_WORKERS);
@@ -993,24 +1033,40 @@ static void test_workers_pool_restart(void)
 	for (size_t i = 0; i < r.n_workers && victim < 0; i++) {
 		pt_api_worker_info wi;
 		PT_CHECK_OK(pt_api_response_worker(&r, i, &wi));
-		for (int k = 0; k < 3 && wi.job == ida; k++)
+		for (int k = 0; k < NW && wi.job == id[0]; k++)
 			if (strcmp(wi.url, w[k].url) == 0)
 				victim = k;
 	}
 	CU_ASSERT_FATAL(victim >= 0);
+	for (int j = 1; j < 3; j++) { /* B and C are running beside A */
+		wf_api_get(&api, id[j], &ji);
+		CU_ASSERT_EQUAL(ji.state, PT_JOB_RUNNING);
+	}
 	kill(w[victim].pid, SIGKILL);
 	CU_ASSERT_EQUAL(waitpid(w[victim].pid, &st, 0), w[victim].pid);
-	CU_ASSERT_EQUAL(wf_api_wait_final(&api, ida, 180, &ji), PT_JOB_SUCCEEDED);
-	if (ji.message == NULL || strstr(ji.message, "succeeded after 1 restart") == NULL)
-		fprintf(stderr, "pooled restart: \"%s\"\n", ji.message ? ji.message : "");
-	CU_ASSERT(ji.message != NULL && strstr(ji.message, "succeeded after 1 restart") != NULL);
-	CU_ASSERT(ji.has_last && ji.last.loss == want);
+	for (int j = 0; j < 3; j++) {
+		CU_ASSERT_EQUAL(wf_api_wait_final(&api, id[j], 180, &ji), PT_JOB_SUCCEEDED);
+		if (!ji.has_last || ji.last.loss != want[j])
+			fprintf(stderr, "pooled job %d: %s\n", j, ji.message ? ji.message : "");
+		CU_ASSERT(ji.has_last && ji.last.loss == want[j]);
+		if (j == 0) {
+			if (ji.message == NULL ||
+			    strstr(ji.message, "succeeded after 1 restart") == NULL)
+				fprintf(stderr, "pooled restart: \"%s\"\n",
+				        ji.message ? ji.message : "");
+			CU_ASSERT(ji.message != NULL &&
+			          strstr(ji.message, "succeeded after 1 restart") != NULL);
+		} else {
+			CU_ASSERT(ji.message == NULL || strstr(ji.message, "restart") == NULL);
+		}
+	}
 	CU_ASSERT(pool_wait(&api, PT_API_WORKER_UNREACHABLE, 1, 15));
-	CU_ASSERT(pool_wait(&api, PT_API_WORKER_IDLE, 2, 15));
+	CU_ASSERT(pool_wait(&api, PT_API_WORKER_IDLE, NW - 1, 15));
 	wf_api_close(&api);
-	pt_job_spec_fini(&a);
+	for (int j = 0; j < 3; j++)
+		pt_job_spec_fini(&spec[j]);
 	CU_ASSERT_EQUAL(wf_proc_stop(&srv), 0);
-	for (int i = 0; i < 3; i++)
+	for (int i = 0; i < NW; i++)
 		if (i != victim)
 			CU_ASSERT_EQUAL(wf_proc_stop(&w[i]), 0);
 }

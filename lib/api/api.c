@@ -540,6 +540,7 @@ static pt_err build_response_body(pt_fb_builder *b, const pt_api_response *r, pt
 		pt_fb_add_i32(b, PT_FB_API_SERVER_INFO_REPLY_WORKERS_BUSY, r->info.workers_busy, 0);
 		pt_fb_add_i32(b, PT_FB_API_SERVER_INFO_REPLY_WORKERS_UNREACHABLE,
 		              r->info.workers_unreachable, 0);
+		pt_fb_add_i32(b, PT_FB_API_SERVER_INFO_REPLY_DEVICES_IN_USE, r->info.devices_in_use, 0);
 		break;
 	case PT_API_LIST_WORKERS:
 		PT_TRY(build_table_vector(b, r->workers, r->n_workers, sizeof(*r->workers),
@@ -676,6 +677,8 @@ pt_err pt_api_parse_response(const void *buf, size_t size, pt_api_response *out)
 		    pt_fb_get_i32(body, PT_FB_API_SERVER_INFO_REPLY_WORKERS_BUSY, 0);
 		out->info.workers_unreachable =
 		    pt_fb_get_i32(body, PT_FB_API_SERVER_INFO_REPLY_WORKERS_UNREACHABLE, 0);
+		out->info.devices_in_use =
+		    pt_fb_get_i32(body, PT_FB_API_SERVER_INFO_REPLY_DEVICES_IN_USE, 0);
 		break;
 	case PT_API_LIST_WORKERS:
 		out->vec_ = pt_fb_get_vector(body, PT_FB_API_LIST_WORKERS_REPLY_WORKERS, &n);

@@ -94,10 +94,12 @@ def test_cancel_running(server):
     with pipetrain.Client(server.url) as c:
         job = c.submit(digits(steps=100000, every=0))
         assert pipetrain_wait(lambda: c.get(job)["state"] == "Running")
+        assert c.info()["devices_in_use"] == 1  # its stages run on the server's cpu
         assert c.cancel(job) == "Cancelled"
         for _ in c.watch(job):
             pass
         assert c.get(job)["state"] == "Cancelled"
+        assert c.info()["devices_in_use"] == 0
 
 
 def pipetrain_wait(pred):
@@ -220,6 +222,7 @@ def test_pool_workers():
             assert c.info()["workers"] == 2 and c.info()["workers_free"] == 2
             job = c.submit(digits(steps=20, placement={"stages": 2}))
             assert wait_for(lambda: c.get(job)["state"] == "Succeeded")
+            assert c.info()["devices_in_use"] == 0
             c.drain_worker(ws[0].url)
             assert [w["draining"] for w in c.workers()] == [True, False]
             with pytest.raises(pipetrain.NotFound):

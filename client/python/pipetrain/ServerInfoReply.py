@@ -101,7 +101,14 @@ class ServerInfoReply(object):
             return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
         return 0
 
-def ServerInfoReplyStart(builder): builder.StartObject(11)
+    # ServerInfoReply
+    def DevicesInUse(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(26))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
+        return 0
+
+def ServerInfoReplyStart(builder): builder.StartObject(12)
 def Start(builder):
     return ServerInfoReplyStart(builder)
 def ServerInfoReplyAddVersion(builder, version): builder.PrependUOffsetTRelativeSlot(0, flatbuffers.number_types.UOffsetTFlags.py_type(version), 0)
@@ -137,6 +144,9 @@ def AddWorkersBusy(builder, workersBusy):
 def ServerInfoReplyAddWorkersUnreachable(builder, workersUnreachable): builder.PrependInt32Slot(10, workersUnreachable, 0)
 def AddWorkersUnreachable(builder, workersUnreachable):
     return ServerInfoReplyAddWorkersUnreachable(builder, workersUnreachable)
+def ServerInfoReplyAddDevicesInUse(builder, devicesInUse): builder.PrependInt32Slot(11, devicesInUse, 0)
+def AddDevicesInUse(builder, devicesInUse):
+    return ServerInfoReplyAddDevicesInUse(builder, devicesInUse)
 def ServerInfoReplyEnd(builder): return builder.EndObject()
 def End(builder):
     return ServerInfoReplyEnd(builder)
@@ -156,6 +166,7 @@ class ServerInfoReplyT(object):
         self.workersFree = 0  # type: int
         self.workersBusy = 0  # type: int
         self.workersUnreachable = 0  # type: int
+        self.devicesInUse = 0  # type: int
 
     @classmethod
     def InitFromBuf(cls, buf, pos):
@@ -184,6 +195,7 @@ class ServerInfoReplyT(object):
         self.workersFree = serverInfoReply.WorkersFree()
         self.workersBusy = serverInfoReply.WorkersBusy()
         self.workersUnreachable = serverInfoReply.WorkersUnreachable()
+        self.devicesInUse = serverInfoReply.DevicesInUse()
 
     # ServerInfoReplyT
     def Pack(self, builder):
@@ -208,5 +220,6 @@ class ServerInfoReplyT(object):
         ServerInfoReplyAddWorkersFree(builder, self.workersFree)
         ServerInfoReplyAddWorkersBusy(builder, self.workersBusy)
         ServerInfoReplyAddWorkersUnreachable(builder, self.workersUnreachable)
+        ServerInfoReplyAddDevicesInUse(builder, self.devicesInUse)
         serverInfoReply = ServerInfoReplyEnd(builder)
         return serverInfoReply
