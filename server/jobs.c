@@ -1906,14 +1906,25 @@ pt_err pt_jobs_reply_watch(pt_jobs *m, const pt_api_request *q, pt_jobs_waiter *
 		pthread_mutex_unlock(&m->mu);
 		return PT_OK;
 	}
+	/* The points are copied and the reply built after the lock is given
+	 * back: the job's runner takes the lock for every step's metric, and
+	 * a hundred watchers woken at once must not hold it up. */
+	pt_api_metric_point *copy = n ? malloc(n * sizeof(*copy)) : NULL;
+	if (n && copy == NULL) {
+		pthread_mutex_unlock(&m->mu);
+		return pt_set_error(PT_ERR_NOMEM, "%zu metric points", n);
+	}
+	if (n)
+		memcpy(copy, jb->points + lo, n * sizeof(*copy));
 	pt_api_response_init(&r, q->id, PT_API_OK, PT_API_WATCH_METRICS);
-	r.points = jb->points + lo;
+	r.points = copy;
 	r.n_points = n;
-	r.cursor = n ? jb->points[lo + n - 1].step : q->cursor;
+	r.cursor = n ? copy[n - 1].step : q->cursor;
 	r.state = jb->state;
 	r.ended = ended && lo + n == jb->n_points;
-	rv = pt_api_build_response(b, &r, data, size);
 	pthread_mutex_unlock(&m->mu);
+	rv = pt_api_build_response(b, &r, data, size);
+	free(copy);
 	return rv;
 }
 

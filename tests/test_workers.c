@@ -1013,7 +1013,7 @@ static void test_workers_pool_restart(void)
 	wf_api_open(&api, srv.url, NULL);
 	CU_ASSERT_FATAL(pool_wait(&api, PT_API_WORKER_IDLE, NW, 10));
 	for (int j = 0; j < 3; j++) {
-		wf_digits_spec(&spec[j], 2, 3000, NULL, 0);
+		wf_digits_spec(&spec[j], 2, 1000, NULL, 0);
 		spec[j].seed = 21 + (uint64_t)j;
 		spec[j].max_restarts = j == 0 ? 1 : 0;
 		spec[j].checkpoint_every = 50;
@@ -1107,7 +1107,7 @@ static void test_workers_pool_server_killed(void)
 	wf_api_open(&api, srv.url, NULL);
 	CU_ASSERT_FATAL(pool_wait(&api, PT_API_WORKER_IDLE, 4, 10));
 	for (int j = 0; j < 2; j++) {
-		wf_digits_spec(&spec[j], 2, 3000, NULL, 0);
+		wf_digits_spec(&spec[j], 2, 1000, NULL, 0);
 		spec[j].seed = 11 + (uint64_t)j;
 		spec[j].checkpoint_every = 50;
 		spec[j].worker_timeout_ms = HB_TIMEOUT_MS;
@@ -1136,7 +1136,7 @@ static void test_workers_pool_server_killed(void)
 			fprintf(stderr, "job %d after the kill: %s, loss %.17g want %.17g\n", j,
 			        ji.message ? ji.message : "", ji.last.loss, want[j]);
 		CU_ASSERT(ji.has_last && ji.last.loss == want[j]);
-		CU_ASSERT_EQUAL(ji.step, 3000);
+		CU_ASSERT_EQUAL(ji.step, 1000);
 	}
 	wf_api_close(&api);
 	for (int j = 0; j < 2; j++)
