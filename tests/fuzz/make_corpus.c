@@ -130,10 +130,10 @@ static void api(const pt_job_spec *specs)
 	pt_api_request q;
 	pt_api_response r;
 	char name[64];
-	static const pt_api_kind kinds[] = {PT_API_GET_JOB,          PT_API_LIST_JOBS,
-	                                    PT_API_CANCEL_JOB,       PT_API_WATCH_METRICS,
-	                                    PT_API_FETCH_CHECKPOINT, PT_API_LIST_CHECKPOINTS,
-	                                    PT_API_SERVER_INFO};
+	static const pt_api_kind kinds[] = {
+	    PT_API_GET_JOB,       PT_API_LIST_JOBS,        PT_API_CANCEL_JOB,
+	    PT_API_WATCH_METRICS, PT_API_FETCH_CHECKPOINT, PT_API_LIST_CHECKPOINTS,
+	    PT_API_SERVER_INFO,   PT_API_LIST_WORKERS,     PT_API_DRAIN_WORKER};
 
 	for (size_t i = 0; i < N_SPECS; i++) {
 		pt_api_request_init(&q, PT_API_SUBMIT_JOB);
@@ -152,6 +152,8 @@ static void api(const pt_job_spec *specs)
 			q.cursor = 3;
 			q.wait_ms = 250;
 			q.max_points = 10;
+		} else if (kinds[i] == PT_API_DRAIN_WORKER) {
+			q.url = "tcp://10.0.0.7:7700";
 		} else if (kinds[i] == PT_API_FETCH_CHECKPOINT) {
 			q.step = 20;
 			q.offset = 4096;
@@ -230,6 +232,17 @@ static void api(const pt_job_spec *specs)
 		pt_api_response_init(&r, 6, PT_API_OK, PT_API_SERVER_INFO);
 		r.info = (pt_api_server_info){"0.1.0", PT_API_PROTOCOL, "cpu", 1, 2, 12.5};
 		put_response("rep-ServerInfo", &r);
+		{
+			pt_api_worker_info wi[2] = {{"tcp://10.0.0.7:7700", PT_API_WORKER_BUSY, 9,
+			                             false, 1.7e9, 1.7e9, "stage 0 of job 9"},
+			                            {"tcp://10.0.0.8:7700",
+			                             PT_API_WORKER_UNREACHABLE, 0, true, 1.7e9, 0,
+			                             NULL}};
+			pt_api_response_init(&r, 9, PT_API_OK, PT_API_LIST_WORKERS);
+			r.workers = wi;
+			r.n_workers = 2;
+			put_response("rep-ListWorkers", &r);
+		}
 		pt_api_response_init(&r, 7, PT_API_OK, PT_API_SUBMIT_JOB);
 		r.job = 9;
 		put_response("rep-SubmitJob", &r);
