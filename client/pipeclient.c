@@ -1233,6 +1233,8 @@ pipeclient_err pipeclient_workers(pipeclient *c, pipeclient_worker **out, size_t
 		arr[i].last_heartbeat_unix = wi.last_heartbeat_unix;
 		snprintf(arr[i].message, sizeof(arr[i].message), "%s",
 		         wi.message ? wi.message : "");
+		snprintf(arr[i].devices, sizeof(arr[i].devices), "%s",
+		         wi.devices ? wi.devices : "");
 	}
 	*out = arr;
 	*n = k.resp.n_workers;

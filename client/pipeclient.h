@@ -324,6 +324,7 @@ typedef struct pipeclient_worker {
 	double since_unix; /* when the state began */
 	double last_heartbeat_unix; /* the last answered probe (0: never) */
 	char message[160];          /* the worker's words, or why it is unreachable */
+	char devices[128]; /* what it computes on ("cpu (16 cores), cuda:0"; "": unknown) */
 } pipeclient_worker;
 
 /* pipeclient_workers returns the server's pool workers, in pool order, as a

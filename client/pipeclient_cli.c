@@ -1003,14 +1003,16 @@ static int cmd_workers(cli *a)
 			json_num(stdout, w[i].last_heartbeat_unix);
 			fputs(",\"message\":", stdout);
 			json_str(stdout, w[i].message);
+			fputs(",\"devices\":", stdout);
+			json_str(stdout, w[i].devices);
 			fputc('}', stdout);
 		}
 		fputs("]}\n", stdout);
 	} else if (n == 0) {
 		printf("no worker pool (pipeserver --pool)\n");
 	} else {
-		printf("%-28s %-12s %-6s %-9s %-10s %s\n", "URL", "STATE", "JOB", "FOR",
-		       "HEARTBEAT", "MESSAGE");
+		printf("%-28s %-12s %-6s %-9s %-10s %-22s %s\n", "URL", "STATE", "JOB", "FOR",
+		       "HEARTBEAT", "DEVICES", "MESSAGE");
 		for (size_t i = 0; i < n; i++) {
 			char job[24] = "-", since[32], hb[32] = "never";
 			if (w[i].job)
@@ -1020,9 +1022,9 @@ static int cmd_workers(cli *a)
 				ago(now - w[i].last_heartbeat_unix, hb, sizeof(hb) - 4);
 				strcat(hb, " ago");
 			}
-			printf("%-28s %-12s %-6s %-9s %-10s %s\n", esc(w[i].url),
+			printf("%-28s %-12s %-6s %-9s %-10s %-22s %s\n", esc(w[i].url),
 			       w[i].draining ? "draining" : w[i].state, job, since, hb,
-			       esc(w[i].message));
+			       w[i].devices[0] ? esc(w[i].devices) : "-", esc(w[i].message));
 		}
 	}
 	free(w);

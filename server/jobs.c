@@ -1711,6 +1711,7 @@ pt_err pt_jobs_reply_workers(pt_jobs *m, uint64_t req_id, pt_fb_builder *b, cons
 		wi[i].since_unix = w[i].since;
 		wi[i].last_heartbeat_unix = w[i].last_heartbeat;
 		wi[i].message = w[i].message;
+		wi[i].devices = w[i].devices[0] ? w[i].devices : NULL;
 	}
 	pt_api_response_init(&r, req_id, PT_API_OK, PT_API_LIST_WORKERS);
 	r.workers = wi;

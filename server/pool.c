@@ -179,10 +179,10 @@ static bool probe_round(pt_pool *p, bool all)
 		}
 	pthread_mutex_unlock(&p->mu);
 	for (int j = 0; j < k; j++) {
-		char state[160];
+		char state[160], devices[128];
 		bool busy = false;
 		pt_err rv = pt_job_worker_probe(url[j], &p->cfg.tls, p->cfg.timeout_ms, &busy,
-		                                state, sizeof(state));
+		                                state, sizeof(state), devices, sizeof(devices));
 		if (rv != PT_OK) { /* the URL is beside it in every listing */
 			const char *e = pt_last_error();
 			size_t ul = strlen(url[j]);
@@ -209,8 +209,10 @@ static bool probe_round(pt_pool *p, bool all)
 				freed = freed || (st == PT_POOL_IDLE && !w->draining);
 			}
 			w->state = st;
-			if (rv == PT_OK)
+			if (rv == PT_OK) {
 				w->last_heartbeat = t;
+				snprintf(w->devices, sizeof(w->devices), "%s", devices);
+			}
 			snprintf(w->message, sizeof(w->message), "%s", state);
 		}
 		pthread_mutex_unlock(&p->mu);

@@ -46,6 +46,7 @@ typedef struct pt_pool_worker {
 	double since;          /* unix time the state began */
 	double last_heartbeat; /* unix time of the last answered probe (0: never) */
 	char message[160];     /* the worker's words, or why it is unreachable */
+	char devices[128];     /* what it computes on, from its last answer ("": unknown) */
 } pt_pool_worker;
 
 typedef struct pt_pool_config {

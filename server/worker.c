@@ -42,6 +42,7 @@
 #include <nng/protocol/reqrep0/rep.h>
 #include <nng/supplemental/tls/tls.h>
 
+#include "backend.h"
 #include "comm.h"
 #include "fileio.h"
 #include "handshake.h"
@@ -63,6 +64,7 @@ typedef enum wstate { W_IDLE, W_JOINED, W_RUNNING, W_DONE } wstate;
 
 struct pt_worker {
 	pt_worker_config cfg;
+	char devices[256]; /* what it computes on, for StagePing replies */
 	nng_socket sock;
 	bool sock_open;
 	bool tls_data; /* stage data on tls+tcp:// (a control URL is) */
@@ -381,6 +383,7 @@ static void on_ping(pt_worker *w, const pt_worker_request *q, pt_worker_reply *r
 	pthread_mutex_unlock(&w->mu);
 	r->message = msg;
 	r->busy = w->state != W_IDLE;
+	r->devices = w->devices;
 	if (q->session == 0) {
 		r->ok = true;
 		if (w->state == W_IDLE)
@@ -510,6 +513,20 @@ static void resolved_url(nng_listener l, const char *url, char *out, size_t n)
 		snprintf(out, n, "%.*s:%d", (int)(colon - url), url, port);
 }
 
+/* describe_devices writes what this worker computes on: "cpu (16 cores)",
+ * then every CUDA device the runtime lists ("cpu (16 cores), cuda:0"). */
+static void describe_devices(char *buf, size_t cap)
+{
+	int n = 0;
+	size_t o = (size_t)snprintf(buf, cap, "cpu (%d core%s)", pt_num_cores(),
+	                            pt_num_cores() == 1 ? "" : "s");
+
+	if (pt_backend_device_count(PT_DEV_CUDA, &n) != PT_OK)
+		n = 0;
+	for (int i = 0; i < n && o < cap; i++)
+		o += (size_t)snprintf(buf + o, cap - o, ", cuda:%d", i);
+}
+
 pt_err pt_worker_start(pt_worker **out, const pt_worker_config *cfg, FILE *announce)
 {
 	pt_worker *w;
@@ -520,6 +537,7 @@ pt_err pt_worker_start(pt_worker **out, const pt_worker_config *cfg, FILE *annou
 	if ((w = calloc(1, sizeof(*w))) == NULL)
 		return pt_set_error(PT_ERR_NOMEM, "worker");
 	w->cfg = *cfg;
+	describe_devices(w->devices, sizeof(w->devices));
 	pthread_mutex_init(&w->mu, NULL);
 	pthread_cond_init(&w->cv, NULL);
 	if ((e = pt_fb_builder_init(&w->b, 1024)) != PT_OK) {

@@ -21,6 +21,7 @@
 #include "handshake.h"
 #include "job.h"
 #include "pt_test.h"
+#include "runtime.h"
 #include "worker_fixture.h"
 
 #include <limits.h>
@@ -876,6 +877,18 @@ static void test_workers_pool(void)
 	CU_ASSERT_FATAL(wf_api_call(&api, &q, &r));
 	CU_ASSERT(r.info.workers == 3 && r.info.workers_free == 3 && r.info.workers_busy == 0 &&
 	          r.info.workers_unreachable == 0);
+	pt_api_request_init(&q, PT_API_LIST_WORKERS);
+	CU_ASSERT_FATAL(wf_api_call(&api, &q, &r));
+	CU_ASSERT_EQUAL(r.n_workers, 3);
+	for (size_t i = 0; i < r.n_workers; i++) { /* what each computes on, from its ping */
+		pt_api_worker_info wi;
+		char want[64];
+		PT_CHECK_OK(pt_api_response_worker(&r, i, &wi));
+		snprintf(want, sizeof(want), "cpu (%d core%s)", pt_num_cores(),
+		         pt_num_cores() == 1 ? "" : "s");
+		CU_ASSERT_STRING_EQUAL(wi.url, w[i].url);
+		CU_ASSERT(wi.devices != NULL && strncmp(wi.devices, want, strlen(want)) == 0);
+	}
 
 	wf_digits_spec(&big, 4, STEPS, NULL, 0);
 	pt_api_request_init(&q, PT_API_SUBMIT_JOB);
@@ -1146,6 +1159,61 @@ static void test_workers_pool_server_killed(void)
 		CU_ASSERT_EQUAL(wf_proc_stop(&w[i]), 0);
 }
 
+/* --pool @FILE: the list is read at start and again on SIGHUP: a worker
+ * added to the file joins the pool, one taken out leaves it (no job holds
+ * it), and a file that no longer parses keeps the pool as it was. */
+static void test_workers_pool_file_reload(void)
+{
+	char data_dir[400], file[400], at[420], list[1024];
+	wf_proc w[3], srv;
+	wf_api api;
+
+	for (int i = 0; i < 3; i++)
+		CU_ASSERT_FATAL(worker_start(&w[i], NULL));
+	snprintf(file, sizeof(file), "%s/pool.txt", tmpdir);
+	snprintf(at, sizeof(at), "@%s", file);
+	snprintf(list, sizeof(list), "# the pool\n%s\n\n  %s  # second\n", w[0].url, w[1].url);
+	pt_test_write_file(file, list, strlen(list));
+	snprintf(data_dir, sizeof(data_dir), "%s/pool-file-data", tmpdir);
+	{
+		const char *args[] = {"--listen",
+		                      "tcp://127.0.0.1:0",
+		                      "--data-dir",
+		                      data_dir,
+		                      "--files-root",
+		                      PT_SOURCE_ROOT,
+		                      "--pool",
+		                      at,
+		                      NULL};
+		CU_ASSERT_FATAL(proc_start(&srv, args));
+	}
+	wf_api_open(&api, srv.url, NULL);
+	CU_ASSERT(pool_wait(&api, PT_API_WORKER_IDLE, 2, 10));
+	CU_ASSERT_EQUAL(pool_count(&api, -1, false), 2);
+
+	snprintf(list, sizeof(list), "%s\n%s\n%s\n", w[0].url, w[1].url, w[2].url);
+	pt_test_write_file(file, list, strlen(list));
+	kill(srv.pid, SIGHUP);
+	CU_ASSERT(pool_wait(&api, PT_API_WORKER_IDLE, 3, 10));
+
+	snprintf(list, sizeof(list), "%s\n", w[2].url);
+	pt_test_write_file(file, list, strlen(list));
+	kill(srv.pid, SIGHUP);
+	CU_ASSERT(pool_wait(&api, -1, 1, 10));
+	CU_ASSERT_EQUAL(pool_count(&api, PT_API_WORKER_IDLE, false), 1);
+
+	snprintf(list, sizeof(list), "%s\nhttp://not-a-worker\n", w[0].url);
+	pt_test_write_file(file, list, strlen(list));
+	kill(srv.pid, SIGHUP);
+	usleep(300000);
+	CU_ASSERT_EQUAL(pool_count(&api, -1, false), 1); /* kept as it was */
+
+	wf_api_close(&api);
+	CU_ASSERT_EQUAL(wf_proc_stop(&srv), 0);
+	for (int i = 0; i < 3; i++)
+		CU_ASSERT_EQUAL(wf_proc_stop(&w[i]), 0);
+}
+
 static const pt_test_case worker_tests[] = {
     {"test_workers_job_matches_local", test_workers_job_matches_local},
     {"test_workers_handshake_refusals", test_workers_handshake_refusals},
@@ -1161,6 +1229,7 @@ static const pt_test_case worker_tests[] = {
     {"test_workers_pool", test_workers_pool},
     {"test_workers_pool_restart", test_workers_pool_restart},
     {"test_workers_pool_server_killed", test_workers_pool_server_killed},
+    {"test_workers_pool_file_reload", test_workers_pool_file_reload},
     {NULL, NULL},
 };
 static const pt_test_suite suites[] = {

@@ -450,10 +450,11 @@ static pt_err build_ckpt_fn(pt_fb_builder *b, const void *item, pt_fb_ref *out)
 static pt_err build_worker_fn(pt_fb_builder *b, const void *item, pt_fb_ref *out)
 {
 	const pt_api_worker_info *w = item;
-	pt_fb_ref url = 0, msg = 0;
+	pt_fb_ref url = 0, msg = 0, devs = 0;
 
 	str_ref(b, w->url, &url);
 	str_ref(b, w->message, &msg);
+	str_ref(b, w->devices, &devs);
 	pt_fb_start_table(b);
 	pt_fb_add_offset(b, PT_FB_API_WORKER_INFO_URL, url);
 	pt_fb_add_u8(b, PT_FB_API_WORKER_INFO_STATE, (uint8_t)w->state, 0);
@@ -462,6 +463,7 @@ static pt_err build_worker_fn(pt_fb_builder *b, const void *item, pt_fb_ref *out
 	pt_fb_add_f64(b, PT_FB_API_WORKER_INFO_SINCE_UNIX, w->since_unix, 0);
 	pt_fb_add_f64(b, PT_FB_API_WORKER_INFO_LAST_HEARTBEAT_UNIX, w->last_heartbeat_unix, 0);
 	pt_fb_add_offset(b, PT_FB_API_WORKER_INFO_MESSAGE, msg);
+	pt_fb_add_offset(b, PT_FB_API_WORKER_INFO_DEVICES, devs);
 	return pt_fb_end_table(b, out);
 }
 
@@ -540,7 +542,8 @@ static pt_err build_response_body(pt_fb_builder *b, const pt_api_response *r, pt
 		pt_fb_add_i32(b, PT_FB_API_SERVER_INFO_REPLY_WORKERS_BUSY, r->info.workers_busy, 0);
 		pt_fb_add_i32(b, PT_FB_API_SERVER_INFO_REPLY_WORKERS_UNREACHABLE,
 		              r->info.workers_unreachable, 0);
-		pt_fb_add_i32(b, PT_FB_API_SERVER_INFO_REPLY_DEVICES_IN_USE, r->info.devices_in_use, 0);
+		pt_fb_add_i32(b, PT_FB_API_SERVER_INFO_REPLY_DEVICES_IN_USE, r->info.devices_in_use,
+		              0);
 		break;
 	case PT_API_LIST_WORKERS:
 		PT_TRY(build_table_vector(b, r->workers, r->n_workers, sizeof(*r->workers),
@@ -813,6 +816,7 @@ pt_err pt_api_response_worker(const pt_api_response *r, size_t i, pt_api_worker_
 	out->since_unix = pt_fb_get_f64(t, PT_FB_API_WORKER_INFO_SINCE_UNIX, 0);
 	out->last_heartbeat_unix = pt_fb_get_f64(t, PT_FB_API_WORKER_INFO_LAST_HEARTBEAT_UNIX, 0);
 	out->message = opt_string(t, PT_FB_API_WORKER_INFO_MESSAGE);
+	out->devices = opt_string(t, PT_FB_API_WORKER_INFO_DEVICES);
 	return PT_OK;
 }
 

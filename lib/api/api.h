@@ -279,6 +279,7 @@ typedef struct pt_api_worker_info {
 	bool draining;
 	double since_unix, last_heartbeat_unix; /* 0: never */
 	const char *message;                    /* NULL = absent */
+	const char *devices;                    /* what it computes on; NULL = absent */
 } pt_api_worker_info;
 
 /* pt_api_response is one Response. A non-OK code normally has no body

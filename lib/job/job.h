@@ -277,10 +277,11 @@ pt_err pt_job_workers_join(const pt_job_workers_options *o, pt_job_workers **out
 /* pt_job_worker_probe asks the `pipeserver --worker` at url for its state
  * (StagePing with session 0) within timeout_ms, on a connection of its own:
  * *busy tells whether it serves a session, state gets its words ("idle",
- * "serving stage rank 1 of world 3"). tls: for tls+tcp:// URLs (may be NULL
+ * "serving stage rank 1 of world 3"), devices (dn bytes) what it computes on
+ * ("cpu (16 cores), cuda:0"; "" from an older worker). tls: for tls+tcp:// URLs (may be NULL
  * otherwise). Errors name the worker (unreachable, no reply, malformed). */
 pt_err pt_job_worker_probe(const char *url, const pt_job_tls *tls, int timeout_ms, bool *busy,
-                           char *state, size_t n);
+                           char *state, size_t n, char *devices, size_t dn);
 
 /* pt_job_workers_comm returns rank 0's communicator (owned by ws). */
 pt_comm *pt_job_workers_comm(const pt_job_workers *ws);

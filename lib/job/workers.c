@@ -815,7 +815,7 @@ pt_err pt_job_spec_check_workers(const pt_job_spec *s, const char *allow)
 /* ---------------------------------------------------------------- probe -- */
 
 pt_err pt_job_worker_probe(const char *url, const pt_job_tls *tls, int timeout_ms, bool *busy,
-                           char *state, size_t n)
+                           char *state, size_t n, char *devices, size_t dn)
 {
 	pt_job_workers ws = {.n = 0, .timeout_ms = timeout_ms, .tls = tls};
 	link *l = &ws.links[0];
@@ -828,6 +828,8 @@ pt_err pt_job_worker_probe(const char *url, const pt_job_tls *tls, int timeout_m
 	*busy = false;
 	if (n > 0)
 		state[0] = '\0';
+	if (dn > 0)
+		devices[0] = '\0';
 	l->ws = &ws;
 	l->stage = -1;
 	l->url = url;
@@ -841,6 +843,8 @@ pt_err pt_job_worker_probe(const char *url, const pt_job_tls *tls, int timeout_m
 			*busy = r.busy;
 			snprintf(state, n, "%s",
 			         r.message ? r.message : (r.busy ? "busy" : "idle"));
+			if (dn > 0)
+				snprintf(devices, dn, "%s", r.devices ? r.devices : "");
 		}
 		if (rv != PT_OK) { /* "stage -1 (worker URL): why" -> "worker URL: why" */
 			char why[512];

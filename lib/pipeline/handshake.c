@@ -115,7 +115,7 @@ pt_err pt_handshake_decode_request(const void *buf, size_t len, pt_worker_reques
 pt_err pt_handshake_encode_reply(pt_fb_builder *b, pt_worker_msg kind, const pt_worker_reply *r,
                                  const uint8_t **data, size_t *size)
 {
-	pt_fb_ref msg = 0, url = 0, root = 0;
+	pt_fb_ref msg = 0, url = 0, devs = 0, root = 0;
 	bool join = kind == PT_WORKER_JOIN;
 
 	pt_fb_builder_reset(b);
@@ -123,6 +123,8 @@ pt_err pt_handshake_encode_reply(pt_fb_builder *b, pt_worker_msg kind, const pt_
 		pt_fb_create_cstring(b, r->message, &msg);
 	if (join && r->data_url != NULL)
 		pt_fb_create_cstring(b, r->data_url, &url);
+	if (kind == PT_WORKER_PING && r->devices != NULL)
+		pt_fb_create_cstring(b, r->devices, &devs);
 	pt_fb_start_table(b);
 	if (join) {
 		pt_fb_add_u64(b, PT_FB_STAGE_STAGE_JOIN_REPLY_SESSION, r->session, 0);
@@ -130,8 +132,10 @@ pt_err pt_handshake_encode_reply(pt_fb_builder *b, pt_worker_msg kind, const pt_
 		pt_fb_add_bool(b, PT_FB_STAGE_STAGE_JOIN_REPLY_BUSY, r->busy, false);
 	}
 	pt_fb_add_offset(b, PT_FB_STAGE_STAGE_JOIN_REPLY_MESSAGE, msg);
-	if (kind == PT_WORKER_PING)
+	if (kind == PT_WORKER_PING) {
 		pt_fb_add_bool(b, PT_FB_STAGE_STAGE_PING_REPLY_BUSY, r->busy, false);
+		pt_fb_add_offset(b, PT_FB_STAGE_STAGE_PING_REPLY_DEVICES, devs);
+	}
 	pt_fb_force_bool(b, PT_FB_STAGE_STAGE_JOIN_REPLY_OK, r->ok);
 	pt_fb_end_table(b, &root);
 	return pt_fb_finish(b, root, NULL, data, size);
@@ -157,6 +161,7 @@ pt_err pt_handshake_decode_reply(const void *buf, size_t len, pt_worker_msg kind
 		r->busy = pt_fb_get_bool(t, PT_FB_STAGE_STAGE_JOIN_REPLY_BUSY, false);
 	} else if (kind == PT_WORKER_PING) {
 		r->busy = pt_fb_get_bool(t, PT_FB_STAGE_STAGE_PING_REPLY_BUSY, false);
+		r->devices = pt_fb_get_string(t, PT_FB_STAGE_STAGE_PING_REPLY_DEVICES, NULL);
 	}
 	return PT_OK;
 }

@@ -51,6 +51,7 @@ typedef struct pt_worker_reply {
 	uint64_t session;     /* join: to quote in StagePeers */
 	bool busy;            /* ping: a session is joined or running; join: refused for
 	                       * that reason (retry once that session ends) */
+	const char *devices;  /* ping: what the worker computes on (NULL when absent) */
 } pt_worker_reply;
 
 /* pt_handshake_encode_request writes q as a WorkerRequest root into b. */

@@ -219,6 +219,7 @@ def test_pool_workers():
         with pipetrain.Client(s.url) as c:
             assert wait_for(lambda: [w["state"] for w in c.workers()] == ["Idle", "Idle"])
             assert [w["url"] for w in c.workers()] == [w.url for w in ws]
+            assert all(w["devices"].startswith("cpu (") for w in c.workers())
             assert c.info()["workers"] == 2 and c.info()["workers_free"] == 2
             job = c.submit(digits(steps=20, placement={"stages": 2}))
             assert wait_for(lambda: c.get(job)["state"] == "Succeeded")

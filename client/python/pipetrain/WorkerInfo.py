@@ -73,7 +73,14 @@ class WorkerInfo(object):
             return self._tab.String(o + self._tab.Pos)
         return None
 
-def WorkerInfoStart(builder): builder.StartObject(7)
+    # WorkerInfo
+    def Devices(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(18))
+        if o != 0:
+            return self._tab.String(o + self._tab.Pos)
+        return None
+
+def WorkerInfoStart(builder): builder.StartObject(8)
 def Start(builder):
     return WorkerInfoStart(builder)
 def WorkerInfoAddUrl(builder, url): builder.PrependUOffsetTRelativeSlot(0, flatbuffers.number_types.UOffsetTFlags.py_type(url), 0)
@@ -97,6 +104,9 @@ def AddLastHeartbeatUnix(builder, lastHeartbeatUnix):
 def WorkerInfoAddMessage(builder, message): builder.PrependUOffsetTRelativeSlot(6, flatbuffers.number_types.UOffsetTFlags.py_type(message), 0)
 def AddMessage(builder, message):
     return WorkerInfoAddMessage(builder, message)
+def WorkerInfoAddDevices(builder, devices): builder.PrependUOffsetTRelativeSlot(7, flatbuffers.number_types.UOffsetTFlags.py_type(devices), 0)
+def AddDevices(builder, devices):
+    return WorkerInfoAddDevices(builder, devices)
 def WorkerInfoEnd(builder): return builder.EndObject()
 def End(builder):
     return WorkerInfoEnd(builder)
@@ -112,6 +122,7 @@ class WorkerInfoT(object):
         self.sinceUnix = 0.0  # type: float
         self.lastHeartbeatUnix = 0.0  # type: float
         self.message = None  # type: str
+        self.devices = None  # type: str
 
     @classmethod
     def InitFromBuf(cls, buf, pos):
@@ -136,6 +147,7 @@ class WorkerInfoT(object):
         self.sinceUnix = workerInfo.SinceUnix()
         self.lastHeartbeatUnix = workerInfo.LastHeartbeatUnix()
         self.message = workerInfo.Message()
+        self.devices = workerInfo.Devices()
 
     # WorkerInfoT
     def Pack(self, builder):
@@ -143,6 +155,8 @@ class WorkerInfoT(object):
             url = builder.CreateString(self.url)
         if self.message is not None:
             message = builder.CreateString(self.message)
+        if self.devices is not None:
+            devices = builder.CreateString(self.devices)
         WorkerInfoStart(builder)
         if self.url is not None:
             WorkerInfoAddUrl(builder, url)
@@ -153,5 +167,7 @@ class WorkerInfoT(object):
         WorkerInfoAddLastHeartbeatUnix(builder, self.lastHeartbeatUnix)
         if self.message is not None:
             WorkerInfoAddMessage(builder, message)
+        if self.devices is not None:
+            WorkerInfoAddDevices(builder, devices)
         workerInfo = WorkerInfoEnd(builder)
         return workerInfo
