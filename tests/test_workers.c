@@ -819,6 +819,43 @@ static bool pool_wait(wf_api *a, int st, int n, double seconds)
 	return true;
 }
 
+/* pool_server starts a server whose --pool is the URL list pool, with no
+ * local devices and its data in tmpdir/name. */
+static void pool_server(wf_proc *srv, const char *name, const char *pool)
+{
+	char data_dir[400];
+	snprintf(data_dir, sizeof(data_dir), "%s/%s", tmpdir, name);
+	const char *args[] = {"--listen",
+	                      "tcp://127.0.0.1:0",
+	                      "--data-dir",
+	                      data_dir,
+	                      "--files-root",
+	                      PT_SOURCE_ROOT,
+	                      "--pool",
+	                      pool,
+	                      "--devices",
+	                      "none",
+	                      "--threads",
+	                      "2",
+	                      NULL};
+	CU_ASSERT_FATAL(proc_start(srv, args));
+}
+
+/* pool_setup starts n workers into w and a pool_server of them (pool gets
+ * the list), opens api on it and waits until every worker is idle. */
+static void pool_setup(wf_proc *w, int n, const char *name, wf_proc *srv, wf_api *api, char *pool,
+                       size_t cap)
+{
+	pool[0] = '\0';
+	for (int i = 0; i < n; i++) {
+		CU_ASSERT_FATAL(worker_start(&w[i], NULL));
+		snprintf(pool + strlen(pool), cap - strlen(pool), "%s%s", i ? "," : "", w[i].url);
+	}
+	pool_server(srv, name, pool);
+	wf_api_open(api, srv->url, NULL);
+	CU_ASSERT_FATAL(pool_wait(api, PT_API_WORKER_IDLE, n, 10));
+}
+
 /* local_final_loss trains spec in this process and returns its last loss. */
 static double local_final_loss(const pt_job_spec *spec)
 {
@@ -841,7 +878,7 @@ static double local_final_loss(const pt_job_spec *spec)
  * and ServerInfo count the workers; DrainWorker takes one out of lending. */
 static void test_workers_pool(void)
 {
-	char data_dir[400], pool[1024], reason[600], want_msg[200];
+	char pool[1024], reason[600], want_msg[200];
 	wf_proc w[3], srv;
 	pt_job_spec a, b, c, big;
 	pt_api_job_info ji;
@@ -851,28 +888,7 @@ static void test_workers_pool(void)
 	uint64_t ida, idb, idc;
 	double want_a, want_b, want_c;
 
-	for (int i = 0; i < 3; i++)
-		CU_ASSERT_FATAL(worker_start(&w[i], NULL));
-	snprintf(pool, sizeof(pool), "%s,%s,%s", w[0].url, w[1].url, w[2].url);
-	snprintf(data_dir, sizeof(data_dir), "%s/pool-data", tmpdir);
-	{
-		const char *args[] = {"--listen",
-		                      "tcp://127.0.0.1:0",
-		                      "--data-dir",
-		                      data_dir,
-		                      "--files-root",
-		                      PT_SOURCE_ROOT,
-		                      "--pool",
-		                      pool,
-		                      "--devices",
-		                      "none",
-		                      "--threads",
-		                      "2",
-		                      NULL};
-		CU_ASSERT_FATAL(proc_start(&srv, args));
-	}
-	wf_api_open(&api, srv.url, NULL);
-	CU_ASSERT_FATAL(pool_wait(&api, PT_API_WORKER_IDLE, 3, 10));
+	pool_setup(w, 3, "pool-data", &srv, &api, pool, sizeof(pool));
 	pt_api_request_init(&q, PT_API_SERVER_INFO);
 	CU_ASSERT_FATAL(wf_api_call(&api, &q, &r));
 	CU_ASSERT(r.info.workers == 3 && r.info.workers_free == 3 && r.info.workers_busy == 0 &&
@@ -990,7 +1006,7 @@ static void test_workers_pool(void)
 static void test_workers_pool_restart(void)
 {
 	enum { NW = 7 };
-	char data_dir[400], pool[NW * 80] = "";
+	char pool[NW * 80];
 	wf_proc w[NW], srv;
 	pt_job_spec spec[3];
 	pt_api_job_info ji;
@@ -1001,30 +1017,7 @@ static void test_workers_pool_restart(void)
 	double want[3], t0;
 	int victim = -1, st;
 
-	for (int i = 0; i < NW; i++) {
-		CU_ASSERT_FATAL(worker_start(&w[i], NULL));
-		snprintf(pool + strlen(pool), sizeof(pool) - strlen(pool), "%s%s", i ? "," : "",
-		         w[i].url);
-	}
-	snprintf(data_dir, sizeof(data_dir), "%s/pool-restart-data", tmpdir);
-	{
-		const char *args[] = {"--listen",
-		                      "tcp://127.0.0.1:0",
-		                      "--data-dir",
-		                      data_dir,
-		                      "--files-root",
-		                      PT_SOURCE_ROOT,
-		                      "--pool",
-		                      pool,
-		                      "--devices",
-		                      "none",
-		                      "--threads",
-		                      "2",
-		                      NULL};
-		CU_ASSERT_FATAL(proc_start(&srv, args));
-	}
-	wf_api_open(&api, srv.url, NULL);
-	CU_ASSERT_FATAL(pool_wait(&api, PT_API_WORKER_IDLE, NW, 10));
+	pool_setup(w, NW, "pool-restart-data", &srv, &api, pool, sizeof(pool));
 	for (int j = 0; j < 3; j++) {
 		wf_digits_spec(&spec[j], 2, 1000, NULL, 0);
 		spec[j].seed = 21 + (uint64_t)j;
@@ -1090,7 +1083,7 @@ static void test_workers_pool_restart(void)
  * checkpoint with the losses of its uninterrupted run, bitwise. */
 static void test_workers_pool_server_killed(void)
 {
-	char data_dir[400], pool[1024];
+	char pool[1024];
 	wf_proc w[4], srv;
 	pt_job_spec spec[2];
 	pt_api_job_info ji;
@@ -1099,26 +1092,7 @@ static void test_workers_pool_server_killed(void)
 	double want[2], t0;
 	int st;
 
-	for (int i = 0; i < 4; i++)
-		CU_ASSERT_FATAL(worker_start(&w[i], NULL));
-	snprintf(pool, sizeof(pool), "%s,%s,%s,%s", w[0].url, w[1].url, w[2].url, w[3].url);
-	snprintf(data_dir, sizeof(data_dir), "%s/pool-killed-data", tmpdir);
-	const char *args[] = {"--listen",
-	                      "tcp://127.0.0.1:0",
-	                      "--data-dir",
-	                      data_dir,
-	                      "--files-root",
-	                      PT_SOURCE_ROOT,
-	                      "--pool",
-	                      pool,
-	                      "--devices",
-	                      "none",
-	                      "--threads",
-	                      "2",
-	                      NULL};
-	CU_ASSERT_FATAL(proc_start(&srv, args));
-	wf_api_open(&api, srv.url, NULL);
-	CU_ASSERT_FATAL(pool_wait(&api, PT_API_WORKER_IDLE, 4, 10));
+	pool_setup(w, 4, "pool-killed-data", &srv, &api, pool, sizeof(pool));
 	for (int j = 0; j < 2; j++) {
 		wf_digits_spec(&spec[j], 2, 1000, NULL, 0);
 		spec[j].seed = 11 + (uint64_t)j;
@@ -1141,7 +1115,7 @@ static void test_workers_pool_server_killed(void)
 	kill(srv.pid, SIGKILL);
 	CU_ASSERT_EQUAL(waitpid(srv.pid, &st, 0), srv.pid);
 
-	CU_ASSERT_FATAL(proc_start(&srv, args));
+	pool_server(&srv, "pool-killed-data", pool);
 	wf_api_open(&api, srv.url, NULL);
 	for (int j = 0; j < 2; j++) {
 		CU_ASSERT_EQUAL(wf_api_wait_final(&api, id[j], 180, &ji), PT_JOB_SUCCEEDED);
