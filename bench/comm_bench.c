@@ -36,9 +36,9 @@
 
 #include "comm.h"
 
-#define MIN_SECONDS 1.0
-#define TRIES       3
-#define AUTH_ROUNDS 15
+#define MIN_SECONDS  1.0
+#define TRIES        3
+#define AUTH_ROUNDS  15
 #define AUTH_SECONDS 0.4
 
 static double now_s(void)
@@ -230,15 +230,16 @@ static int cmp_double(const void *a, const void *b)
  * one, alternating runs of the same count (which one goes first alternates
  * too): best GB/s of each, the median ratio on/off, and the CPU time of all
  * runs of each (*cpu_on, *cpu_off). */
-static void auth_pair(ctx *c, size_t bytes, double *on, double *off, double *ratio,
-                      double *cpu_on, double *cpu_off)
+static void auth_pair(ctx *c, size_t bytes, double *on, double *off, double *ratio, double *cpu_on,
+                      double *cpu_off)
 {
 	double r[AUTH_ROUNDS];
 	int count = 1;
 	double s;
 
 	while ((s = nng_run(c->tx, c->rx, c->t, count)) < AUTH_SECONDS)
-		count = s < AUTH_SECONDS / 8 ? count * 8 : (int)(count * 1.2 * AUTH_SECONDS / s) + 1;
+		count =
+		    s < AUTH_SECONDS / 8 ? count * 8 : (int)(count * 1.2 * AUTH_SECONDS / s) + 1;
 	*on = *off = *cpu_on = *cpu_off = 0;
 	for (int k = 0; k < AUTH_ROUNDS; k++) {
 		double a = 0, b = 0;

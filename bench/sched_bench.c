@@ -200,8 +200,8 @@ static int cmp_d(const void *a, const void *b)
 
 int main(void)
 {
-	char urls[N_WORKERS][256], pool[N_WORKERS * 260] = "", url[256], dir[] =
-	                                                                 "/tmp/sched-bench.XXXXXX";
+	char urls[N_WORKERS][256], pool[N_WORKERS * 260] = "", url[256],
+	                                            dir[] = "/tmp/sched-bench.XXXXXX";
 	char data_dir[300];
 	pid_t pids[N_WORKERS + 1];
 	pt_api_job_info ji;
@@ -215,19 +215,29 @@ int main(void)
 	}
 	snprintf(data_dir, sizeof(data_dir), "%s/data", dir);
 	for (int i = 0; i < N_WORKERS; i++) {
-		const char *argv[] = {bin,           "--worker", "--listen", "tcp://127.0.0.1:0",
-		                      "--log-level", "warn",     "--task-delay-ms", TASK_MS,
-		                      NULL};
+		const char *argv[] = {
+		    bin,           "--worker", "--listen",        "tcp://127.0.0.1:0",
+		    "--log-level", "warn",     "--task-delay-ms", TASK_MS,
+		    NULL};
 		pids[i] = bench_spawn(argv, urls[i], sizeof(urls[i]));
 		snprintf(pool + strlen(pool), sizeof(pool) - strlen(pool), "%s%s", i ? "," : "",
 		         urls[i]);
 	}
 	{
-		const char *argv[] = {bin,          "--listen",     "tcp://127.0.0.1:0",
-		                      "--data-dir", data_dir,       "--files-root",
-		                      PT_SOURCE_ROOT, "--pool",      pool,
-		                      "--devices",  "none",         "--log-level",
-		                      "warn",       NULL};
+		const char *argv[] = {bin,
+		                      "--listen",
+		                      "tcp://127.0.0.1:0",
+		                      "--data-dir",
+		                      data_dir,
+		                      "--files-root",
+		                      PT_SOURCE_ROOT,
+		                      "--pool",
+		                      pool,
+		                      "--devices",
+		                      "none",
+		                      "--log-level",
+		                      "warn",
+		                      NULL};
 		pids[N_WORKERS] = bench_spawn(argv, url, sizeof(url));
 	}
 	if (nng_req0_open(&sock) != 0 || nng_dial(sock, url, NULL, 0) != 0 ||

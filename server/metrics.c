@@ -414,10 +414,12 @@ pt_err pt_metrics_render(pt_metrics *m, pt_metrics_buf *b)
 		       "Seconds each job known to the server waited from submit to its (latest) "
 		       "start.");
 		for (size_t k = 0; k < sizeof(le) / sizeof(le[0]); k++)
-			pt_metrics_buf_printf(b, "pipetrain_queue_wait_seconds_bucket{le=\"%g\"} %" PRIu64 "\n",
-			                      le[k], cnt[k]);
+			pt_metrics_buf_printf(
+			    b, "pipetrain_queue_wait_seconds_bucket{le=\"%g\"} %" PRIu64 "\n",
+			    le[k], cnt[k]);
 		pt_metrics_buf_printf(b,
-		                      "pipetrain_queue_wait_seconds_bucket{le=\"+Inf\"} %" PRIu64 "\n"
+		                      "pipetrain_queue_wait_seconds_bucket{le=\"+Inf\"} %" PRIu64
+		                      "\n"
 		                      "pipetrain_queue_wait_seconds_sum %.6f\n"
 		                      "pipetrain_queue_wait_seconds_count %" PRIu64 "\n",
 		                      n, sum, n);

@@ -1054,8 +1054,8 @@ static void hkdf(const uint8_t *key, const char *info, uint8_t *out, size_t n)
 	CU_ASSERT_FATAL(EVP_PKEY_derive_init(x) == 1);
 	CU_ASSERT_FATAL(EVP_PKEY_CTX_set_hkdf_md(x, EVP_sha256()) == 1);
 	CU_ASSERT_FATAL(EVP_PKEY_CTX_set1_hkdf_key(x, key, PT_COMM_KEY_BYTES) == 1);
-	CU_ASSERT_FATAL(EVP_PKEY_CTX_add1_hkdf_info(x, (const unsigned char *)info,
-	                                            (int)strlen(info)) == 1);
+	CU_ASSERT_FATAL(
+	    EVP_PKEY_CTX_add1_hkdf_info(x, (const unsigned char *)info, (int)strlen(info)) == 1);
 	CU_ASSERT_FATAL(EVP_PKEY_derive(x, out, &n) == 1);
 	EVP_PKEY_CTX_free(x);
 }
@@ -1413,38 +1413,43 @@ static void test_comm_forged(void)
 	/* 4 KiB payloads are hashed, then copied; 70,000-byte ones are copied
 	 * out while hashed (and the copy dropped when the tag is wrong). */
 	for (int z = 0; z < 2; z++) {
-	int64_t sz = z ? 70000 : 4096;
-	fake_frame f = {
-	    .source = 1, .seq = 1000000, .dtype = PT_U8, .dim = sz, .raw = sz, .payload = sz};
-	fake_send(s, &f, SEAL_NONE, NULL);
-	fake_send(s, &f, SEAL_ZERO, NULL);
-	fake_send(s, &f, SEAL_KEY, other);
-	fake_send(s, &f, SEAL_RANK1, g.key);
-	msg = fake_build(&f);
-	seal(msg, g.key, 0);
-	((uint8_t *)nng_msg_body(msg))[nng_msg_len(msg) - TRAILER - 1] ^= 1; /* last payload byte */
-	CU_ASSERT_EQUAL(nng_sendmsg(s, msg, 0), 0);
-	msg = fake_build(&f);
-	seal(msg, g.key, 0);
-	((uint8_t *)nng_msg_body(msg))[nng_msg_len(msg) / 2] ^= 0x80; /* a middle byte */
-	CU_ASSERT_EQUAL(nng_sendmsg(s, msg, 0), 0);
-	f.source = 0; /* the coordinator */
-	fake_send(s, &f, SEAL_NONE, NULL);
-	fake_send(s, &f, SEAL_KEY, other);
-	fill_random(junk, sizeof(junk), 5);
-	send_raw(s, junk, sizeof(junk), SEAL_NONE, NULL);
-	f.source = 1;
-	f.seq = 0; /* authentic, but rank 1 sent seq 0 already */
-	fake_send(s, &f, SEAL_KEY, g.key);
-	f.frag_index = 1; /* a replayed middle fragment: no error either */
-	f.frag_count = 2;
-	f.frag_size = (uint64_t)sz;
-	f.frag_offset = (uint64_t)sz;
-	f.raw = 2 * sz;
-	f.dim = 2 * sz;
-	fake_send(s, &f, SEAL_KEY, g.key);
-	CU_ASSERT_EQUAL(errors_reach(g.c[0], e0 + 11 * (z + 1)) - e0, 11 * (z + 1));
-	PT_CHECK_ERR(pt_comm_recv(g.c[0], PT_ANY_RANK, PT_CH_ANY, 0, &r), PT_ERR_TIMEOUT);
+		int64_t sz = z ? 70000 : 4096;
+		fake_frame f = {.source = 1,
+		                .seq = 1000000,
+		                .dtype = PT_U8,
+		                .dim = sz,
+		                .raw = sz,
+		                .payload = sz};
+		fake_send(s, &f, SEAL_NONE, NULL);
+		fake_send(s, &f, SEAL_ZERO, NULL);
+		fake_send(s, &f, SEAL_KEY, other);
+		fake_send(s, &f, SEAL_RANK1, g.key);
+		msg = fake_build(&f);
+		seal(msg, g.key, 0);
+		((uint8_t *)nng_msg_body(msg))[nng_msg_len(msg) - TRAILER - 1] ^=
+		    1; /* last payload byte */
+		CU_ASSERT_EQUAL(nng_sendmsg(s, msg, 0), 0);
+		msg = fake_build(&f);
+		seal(msg, g.key, 0);
+		((uint8_t *)nng_msg_body(msg))[nng_msg_len(msg) / 2] ^= 0x80; /* a middle byte */
+		CU_ASSERT_EQUAL(nng_sendmsg(s, msg, 0), 0);
+		f.source = 0; /* the coordinator */
+		fake_send(s, &f, SEAL_NONE, NULL);
+		fake_send(s, &f, SEAL_KEY, other);
+		fill_random(junk, sizeof(junk), 5);
+		send_raw(s, junk, sizeof(junk), SEAL_NONE, NULL);
+		f.source = 1;
+		f.seq = 0; /* authentic, but rank 1 sent seq 0 already */
+		fake_send(s, &f, SEAL_KEY, g.key);
+		f.frag_index = 1; /* a replayed middle fragment: no error either */
+		f.frag_count = 2;
+		f.frag_size = (uint64_t)sz;
+		f.frag_offset = (uint64_t)sz;
+		f.raw = 2 * sz;
+		f.dim = 2 * sz;
+		fake_send(s, &f, SEAL_KEY, g.key);
+		CU_ASSERT_EQUAL(errors_reach(g.c[0], e0 + 11 * (z + 1)) - e0, 11 * (z + 1));
+		PT_CHECK_ERR(pt_comm_recv(g.c[0], PT_ANY_RANK, PT_CH_ANY, 0, &r), PT_ERR_TIMEOUT);
 	}
 	nng_close(s);
 	sleep_ms(200); /* the stranger's disconnect marks nobody lost */
@@ -1618,8 +1623,8 @@ static void test_comm_wire_format(void)
 			poff = pt_fb_get_u64(root, F_POFF, 0);
 			uint64_t fsize = pt_fb_get_u64(root, F_FRAG_SIZE, 0);
 			CU_ASSERT_EQUAL(poff + fsize + TRAILER, len);
-			CU_ASSERT(memcmp(body + poff, (uint8_t *)pt_tensor_data(&big) + got, fsize) ==
-			          0);
+			CU_ASSERT(
+			    memcmp(body + poff, (uint8_t *)pt_tensor_data(&big) + got, fsize) == 0);
 			mac_of(body, len, key, 1, tag);
 			CU_ASSERT(memcmp(tag, body + len - 16, 16) == 0);
 			got += fsize;

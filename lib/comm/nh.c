@@ -129,8 +129,7 @@ void pt_nh(const uint32_t *key, const uint8_t *msg, size_t n, uint8_t *out)
 	}
 }
 
-void pt_nh_copy(const uint32_t *key, uint8_t *dst, const uint8_t *src, size_t chunks,
-                uint8_t *out)
+void pt_nh_copy(const uint32_t *key, uint8_t *dst, const uint8_t *src, size_t chunks, uint8_t *out)
 {
 	nh_chunk_fn f = impl();
 	uint64_t r[2];

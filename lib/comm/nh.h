@@ -22,8 +22,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define PT_NH_CHUNK     1024                 /* message bytes per output */
-#define PT_NH_OUT       16                   /* output bytes per chunk */
+#define PT_NH_CHUNK     1024                  /* message bytes per output */
+#define PT_NH_OUT       16                    /* output bytes per chunk */
 #define PT_NH_KEY_WORDS (PT_NH_CHUNK / 4 + 2) /* u32 key words */
 #define PT_NH_KEY_BYTES (PT_NH_KEY_WORDS * 4)
 
@@ -40,8 +40,7 @@ void pt_nh(const uint32_t *key, const uint8_t *msg, size_t n, uint8_t *out);
 /* pt_nh_copy copies `chunks` whole chunks from src to dst and hashes them on
  * the way (one read of src), writing 16 bytes per chunk to out: the same
  * bytes pt_nh gives for them. */
-void pt_nh_copy(const uint32_t *key, uint8_t *dst, const uint8_t *src, size_t chunks,
-                uint8_t *out);
+void pt_nh_copy(const uint32_t *key, uint8_t *dst, const uint8_t *src, size_t chunks, uint8_t *out);
 
 /* pt_nh_backend names the code pt_nh runs ("avx2", "portable");
  * pt_nh_set_backend picks one ("avx2" only where the CPU has it; NULL: the

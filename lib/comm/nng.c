@@ -149,8 +149,8 @@ typedef struct nng_comm {
 	uint8_t mac_key[PT_COMM_KEY_BYTES]; /* ChaCha20-Poly1305 */
 	uint32_t nh_key[PT_NH_KEY_WORDS];
 	EVP_CIPHER *aead;
-	EVP_CIPHER_CTX *rx_mac;           /* I/O thread only */
-	uint8_t *rx_nh;                   /* I/O thread only: NH outputs of a payload */
+	EVP_CIPHER_CTX *rx_mac; /* I/O thread only */
+	uint8_t *rx_nh;         /* I/O thread only: NH outputs of a payload */
 	size_t rx_nh_cap;
 	uint32_t mac_instance;            /* nonce prefix, random per communicator */
 	atomic_uint_fast64_t mac_counter; /* nonce suffix, one per frame */
@@ -512,7 +512,8 @@ static bool mac_tag(nng_comm *c, EVP_CIPHER_CTX *x, const uint8_t *body, size_t 
 			bytes = pt_nh_outputs(k);
 		}
 		for (size_t done = 0; done < bytes;) { /* int-sized updates */
-			size_t k = bytes - done < ((size_t)1 << 30) ? bytes - done : (size_t)1 << 30;
+			size_t k =
+			    bytes - done < ((size_t)1 << 30) ? bytes - done : (size_t)1 << 30;
 			if (EVP_EncryptUpdate(x, NULL, &ol, p + done, (int)k) != 1)
 				return false;
 			done += k;
@@ -531,8 +532,8 @@ static bool mac_tag(nng_comm *c, EVP_CIPHER_CTX *x, const uint8_t *body, size_t 
  * frame's NH chunks that lie wholly inside on the way; *pre says which (nh
  * holds 16 bytes per 1 KiB of size). The bytes around them are plainly
  * copied. */
-static void copy_hashed(const nng_comm *c, uint8_t *dst, const uint8_t *src, size_t at,
-                        size_t size, uint8_t *nh, nh_pre *pre)
+static void copy_hashed(const nng_comm *c, uint8_t *dst, const uint8_t *src, size_t at, size_t size,
+                        uint8_t *nh, nh_pre *pre)
 {
 	size_t c0 = (at + PT_NH_CHUNK - 1) / PT_NH_CHUNK, c1 = (at + size) / PT_NH_CHUNK;
 	size_t head, mid;
@@ -704,8 +705,8 @@ static pt_err out_prepare(nng_comm *c, const pt_msg *m, out_msg *o)
 		if (c->auth && o->raw >= 2 * PT_NH_CHUNK) {
 			size_t frag = o->nfrags == 1 ? o->raw : FRAG_BYTES;
 			if ((o->nh = malloc(pt_nh_outputs(frag))) == NULL)
-				return pt_set_error(PT_ERR_NOMEM, "MAC scratch of a %zu-byte tensor",
-				                    o->raw);
+				return pt_set_error(PT_ERR_NOMEM,
+				                    "MAC scratch of a %zu-byte tensor", o->raw);
 		}
 	}
 	return pt_fb_builder_init(&o->b, 512);
