@@ -967,8 +967,8 @@ static void *pool_run_main(void *arg)
 	free(jb->pool_urls);
 	jb->pool_urls = NULL;
 	jb->n_pool = 0;
+	schedule_pool(m); /* before done: it reaps ended runs, never this one */
 	pr->done = true;
-	schedule_pool(m);
 	pthread_cond_broadcast(&m->cv);
 	pthread_mutex_unlock(&m->mu);
 	return NULL;

@@ -819,9 +819,9 @@ static bool pool_wait(wf_api *a, int st, int n, double seconds)
 	return true;
 }
 
-/* pool_server starts a server whose --pool is the URL list pool, with no
- * local devices and its data in tmpdir/name. */
-static void pool_server(wf_proc *srv, const char *name, const char *pool)
+/* pool_server starts a server whose --pool is pool (a URL list or @FILE),
+ * with --devices devices and its data in tmpdir/name. */
+static void pool_server(wf_proc *srv, const char *name, const char *pool, const char *devices)
 {
 	char data_dir[400];
 	snprintf(data_dir, sizeof(data_dir), "%s/%s", tmpdir, name);
@@ -834,7 +834,7 @@ static void pool_server(wf_proc *srv, const char *name, const char *pool)
 	                      "--pool",
 	                      pool,
 	                      "--devices",
-	                      "none",
+	                      devices,
 	                      "--threads",
 	                      "2",
 	                      NULL};
@@ -851,7 +851,7 @@ static void pool_setup(wf_proc *w, int n, const char *name, wf_proc *srv, wf_api
 		CU_ASSERT_FATAL(worker_start(&w[i], NULL));
 		snprintf(pool + strlen(pool), cap - strlen(pool), "%s%s", i ? "," : "", w[i].url);
 	}
-	pool_server(srv, name, pool);
+	pool_server(srv, name, pool, "none");
 	wf_api_open(api, srv->url, NULL);
 	CU_ASSERT_FATAL(pool_wait(api, PT_API_WORKER_IDLE, n, 10));
 }
@@ -1115,7 +1115,7 @@ static void test_workers_pool_server_killed(void)
 	kill(srv.pid, SIGKILL);
 	CU_ASSERT_EQUAL(waitpid(srv.pid, &st, 0), srv.pid);
 
-	pool_server(&srv, "pool-killed-data", pool);
+	pool_server(&srv, "pool-killed-data", pool, "none");
 	wf_api_open(&api, srv.url, NULL);
 	for (int j = 0; j < 2; j++) {
 		CU_ASSERT_EQUAL(wf_api_wait_final(&api, id[j], 180, &ji), PT_JOB_SUCCEEDED);
@@ -1138,7 +1138,7 @@ static void test_workers_pool_server_killed(void)
  * it), and a file that no longer parses keeps the pool as it was. */
 static void test_workers_pool_file_reload(void)
 {
-	char data_dir[400], file[400], at[420], list[1024];
+	char file[400], at[420], list[1024];
 	wf_proc w[3], srv;
 	wf_api api;
 
@@ -1148,19 +1148,7 @@ static void test_workers_pool_file_reload(void)
 	snprintf(at, sizeof(at), "@%s", file);
 	snprintf(list, sizeof(list), "# the pool\n%s\n\n  %s  # second\n", w[0].url, w[1].url);
 	pt_test_write_file(file, list, strlen(list));
-	snprintf(data_dir, sizeof(data_dir), "%s/pool-file-data", tmpdir);
-	{
-		const char *args[] = {"--listen",
-		                      "tcp://127.0.0.1:0",
-		                      "--data-dir",
-		                      data_dir,
-		                      "--files-root",
-		                      PT_SOURCE_ROOT,
-		                      "--pool",
-		                      at,
-		                      NULL};
-		CU_ASSERT_FATAL(proc_start(&srv, args));
-	}
+	pool_server(&srv, "pool-file-data", at, "cpu");
 	wf_api_open(&api, srv.url, NULL);
 	CU_ASSERT(pool_wait(&api, PT_API_WORKER_IDLE, 2, 10));
 	CU_ASSERT_EQUAL(pool_count(&api, -1, false), 2);
@@ -1188,6 +1176,56 @@ static void test_workers_pool_file_reload(void)
 		CU_ASSERT_EQUAL(wf_proc_stop(&w[i]), 0);
 }
 
+/* Bad pools are refused at start, naming the problem: an entry that is no
+ * worker URL (flag: exit 2), a file over the 256-worker limit or listing a
+ * worker twice (exit 1); DrainWorker without a URL is refused. */
+static void test_workers_pool_refusals(void)
+{
+	char file[400], at[420], data_dir[400], *big = malloc(257 * 40 + 1);
+	size_t o = 0;
+	wf_proc srv, w0;
+	wf_api api;
+	pt_api_request q;
+	pt_api_response r;
+	int st;
+
+	CU_ASSERT_PTR_NOT_NULL_FATAL(big);
+	snprintf(data_dir, sizeof(data_dir), "%s/pool-refusals", tmpdir);
+	{
+		const char *args[] = {
+		    "--listen", "tcp://127.0.0.1:0",          "--data-dir", data_dir,
+		    "--pool",   "tcp://127.0.0.1:1,http://x", NULL};
+		CU_ASSERT_FALSE(proc_start(&srv, args));
+		CU_ASSERT_EQUAL(waitpid(srv.pid, &st, 0), srv.pid);
+		CU_ASSERT(WIFEXITED(st) && WEXITSTATUS(st) == 2);
+	}
+	snprintf(file, sizeof(file), "%s/big-pool.txt", tmpdir);
+	snprintf(at, sizeof(at), "@%s", file);
+	for (int i = 0; i < 257; i++)
+		o += (size_t)snprintf(big + o, 40, "tcp://127.0.0.1:%d\n", 20000 + i);
+	const char *lists[] = {big, "tcp://127.0.0.1:5\ntcp://127.0.0.1:5\n"};
+	for (size_t k = 0; k < 2; k++) {
+		const char *args[] = {
+		    "--listen", "tcp://127.0.0.1:0", "--data-dir", data_dir, "--pool", at, NULL};
+		pt_test_write_file(file, lists[k], strlen(lists[k]));
+		CU_ASSERT_FALSE(proc_start(&srv, args));
+		CU_ASSERT_EQUAL(waitpid(srv.pid, &st, 0), srv.pid);
+		CU_ASSERT(WIFEXITED(st) && WEXITSTATUS(st) != 0);
+	}
+	free(big);
+
+	CU_ASSERT_FATAL(worker_start(&w0, NULL));
+	pool_server(&srv, "pool-refusals-ok", w0.url, "none");
+	wf_api_open(&api, srv.url, NULL);
+	pt_api_request_init(&q, PT_API_DRAIN_WORKER); /* no url */
+	CU_ASSERT_FATAL(wf_api_call(&api, &q, &r));
+	CU_ASSERT_NOT_EQUAL(r.code, PT_API_OK);
+	CU_ASSERT(r.message != NULL && strstr(r.message, "url") != NULL);
+	wf_api_close(&api);
+	CU_ASSERT_EQUAL(wf_proc_stop(&srv), 0);
+	CU_ASSERT_EQUAL(wf_proc_stop(&w0), 0);
+}
+
 static const pt_test_case worker_tests[] = {
     {"test_workers_job_matches_local", test_workers_job_matches_local},
     {"test_workers_handshake_refusals", test_workers_handshake_refusals},
@@ -1204,6 +1242,7 @@ static const pt_test_case worker_tests[] = {
     {"test_workers_pool_restart", test_workers_pool_restart},
     {"test_workers_pool_server_killed", test_workers_pool_server_killed},
     {"test_workers_pool_file_reload", test_workers_pool_file_reload},
+    {"test_workers_pool_refusals", test_workers_pool_refusals},
     {NULL, NULL},
 };
 static const pt_test_suite suites[] = {
