@@ -968,21 +968,46 @@ pipeclient_err pipeclient_info(pipeclient *c, pipeclient_server_info *out)
 	return ok();
 }
 
-pipeclient_err pipeclient_kernels(pipeclient *c, char *buf, size_t cap)
+/* info_string asks for ServerInfo and copies the string field that pick
+ * chooses into buf. */
+static pipeclient_err info_string(pipeclient *c, char *buf, size_t cap, const char *what,
+                                  const char *(*pick)(const pt_api_server_info *))
 {
 	pt_api_request r;
 	call k;
 	pipeclient_err e;
+	const char *v;
 
 	if (c == NULL || buf == NULL || cap == 0)
-		return fail(c, PIPECLIENT_ERR_INVALID, "pipeclient_kernels: NULL argument");
+		return fail(c, PIPECLIENT_ERR_INVALID, "%s: NULL argument", what);
 	buf[0] = '\0';
 	pt_api_request_init(&r, PT_API_SERVER_INFO);
 	if ((e = request(c, &r, 0, &k)) != PIPECLIENT_OK)
 		return e;
-	snprintf(buf, cap, "%s", k.resp.info.kernels ? k.resp.info.kernels : "");
+	v = pick(&k.resp.info);
+	snprintf(buf, cap, "%s", v ? v : "");
 	call_fini(&k);
 	return ok();
+}
+
+static const char *pick_kernels(const pt_api_server_info *i)
+{
+	return i->kernels;
+}
+
+static const char *pick_devices(const pt_api_server_info *i)
+{
+	return i->devices;
+}
+
+pipeclient_err pipeclient_kernels(pipeclient *c, char *buf, size_t cap)
+{
+	return info_string(c, buf, cap, "pipeclient_kernels", pick_kernels);
+}
+
+pipeclient_err pipeclient_devices(pipeclient *c, char *buf, size_t cap)
+{
+	return info_string(c, buf, cap, "pipeclient_devices", pick_devices);
 }
 
 /* -------------------------------------------------------------- checkpoint -- */

@@ -315,6 +315,12 @@ pipeclient_err pipeclient_info(pipeclient *c, pipeclient_server_info *out);
  * not say). A function of its own so that pipeclient_server_info keeps its size. */
 pipeclient_err pipeclient_kernels(pipeclient *c, char *buf, size_t cap);
 
+/* pipeclient_devices asks the server where stages of jobs without workers
+ * run in its process and who holds each GPU ("cpu, cuda:0 (job 3), cuda:1
+ * (free)"), into buf as pipeclient_kernels does ("": none, or an older
+ * server). */
+pipeclient_err pipeclient_devices(pipeclient *c, char *buf, size_t cap);
+
 /* A worker of the server's pool (--pool). */
 typedef struct pipeclient_worker {
 	char url[256];

@@ -1155,10 +1155,11 @@ static int cmd_info(cli *a)
 {
 	pipeclient_server_info si;
 	pipeclient_err e;
-	char kernels[1024];
+	char kernels[1024], devices[1024];
 
 	if ((e = pipeclient_info(a->c, &si)) != PIPECLIENT_OK ||
-	    (e = pipeclient_kernels(a->c, kernels, sizeof(kernels))) != PIPECLIENT_OK)
+	    (e = pipeclient_kernels(a->c, kernels, sizeof(kernels))) != PIPECLIENT_OK ||
+	    (e = pipeclient_devices(a->c, devices, sizeof(devices))) != PIPECLIENT_OK)
 		return report(a, e);
 	if (a->json) {
 		fputs("{\"server\":", stdout);
@@ -1172,6 +1173,8 @@ static int cmd_info(cli *a)
 		json_num(stdout, si.uptime_seconds);
 		fputs(",\"kernels\":", stdout);
 		json_str(stdout, kernels);
+		fputs(",\"devices\":", stdout);
+		json_str(stdout, devices);
 		fputs(",\"client_version\":", stdout);
 		json_str(stdout, PIPECLIENT_VERSION);
 		fputs("}\n", stdout);
@@ -1184,6 +1187,8 @@ static int cmd_info(cli *a)
 		       PIPECLIENT_PROTOCOL, esc(si.device), si.jobs_running, si.jobs_queued, up);
 		if (kernels[0])
 			printf("kernels  %s\n", esc(kernels));
+		if (devices[0])
+			printf("devices  %s\n", esc(devices));
 		pipeclient_worker *w = NULL;
 		size_t n = 0;
 		if (pipeclient_workers(a->c, &w, &n) == PIPECLIENT_OK && n > 0) {

@@ -294,6 +294,7 @@ static pt_err h_info(srv_ctx *c, const uint8_t **data, size_t *size, bool *parke
 {
 	pt_api_server *s = c->srv;
 	pt_api_response r;
+	char devices[1024];
 
 	pt_api_response_init(&r, c->r.id, PT_API_OK, PT_API_SERVER_INFO);
 	r.info.version = s->cfg.version;
@@ -305,6 +306,8 @@ static pt_err h_info(srv_ctx *c, const uint8_t **data, size_t *size, bool *parke
 	pt_jobs_pool_counts(s->cfg.jobs, &r.info.workers, &r.info.workers_free,
 	                    &r.info.workers_busy, &r.info.workers_unreachable);
 	r.info.devices_in_use = pt_jobs_devices_in_use(s->cfg.jobs);
+	pt_jobs_describe_devices(s->cfg.jobs, devices, sizeof(devices));
+	r.info.devices = devices[0] ? devices : NULL;
 	return pt_api_build_response(&c->b, &r, data, size);
 }
 

@@ -120,11 +120,62 @@ static pt_err valid_pool(const char *v)
 	return PT_OK;
 }
 
+pt_err pt_server_devices_parse(const char *v, pt_server_devices *d)
+{
+	const char *p = v;
+
+	memset(d, 0, sizeof(*d));
+	if (strcmp(v, "none") == 0)
+		return PT_OK;
+	if (strcmp(v, "all") == 0) {
+		d->cpu = d->all = true;
+		return PT_OK;
+	}
+	while (*p) {
+		const char *e = strchr(p, ',');
+		size_t n = e ? (size_t)(e - p) : strlen(p);
+		char item[32], *end;
+		while (n > 0 && *p == ' ')
+			p++, n--;
+		while (n > 0 && p[n - 1] == ' ')
+			n--;
+		if (n == 0 || n >= sizeof(item))
+			return pt_set_error(PT_ERR_INVALID, "'%s': an empty or overlong entry", v);
+		memcpy(item, p, n);
+		item[n] = '\0';
+		if (strcmp(item, "cpu") == 0) {
+			d->cpu = true;
+		} else if (strncmp(item, "cuda:", 5) == 0 && item[5] >= '0' && item[5] <= '9') {
+			long k = strtol(item + 5, &end, 10);
+			if (*end != '\0' || k > 1023)
+				return pt_set_error(PT_ERR_INVALID,
+				                    "'%s': cuda:N with N a device number", item);
+			for (int i = 0; i < d->n_gpus; i++)
+				if (d->gpus[i] == (int)k)
+					return pt_set_error(PT_ERR_INVALID, "'%s' is listed twice",
+					                    item);
+			if (d->n_gpus == PT_SERVER_MAX_GPUS)
+				return pt_set_error(PT_ERR_INVALID, "more than %d GPUs",
+				                    PT_SERVER_MAX_GPUS);
+			d->gpus[d->n_gpus++] = (int)k;
+		} else {
+			return pt_set_error(
+			    PT_ERR_INVALID,
+			    "'%s': cpu, cuda:N, a comma-separated list of them, all or "
+			    "none",
+			    item);
+		}
+		p = e ? e + 1 : p + n;
+		if (e && *p == '\0')
+			return pt_set_error(PT_ERR_INVALID, "'%s': an empty entry", v);
+	}
+	return PT_OK;
+}
+
 static pt_err valid_devices(const char *v)
 {
-	return strcmp(v, "cpu") == 0 || strcmp(v, "none") == 0
-	           ? PT_OK
-	           : pt_set_error(PT_ERR_INVALID, "'%s': cpu or none", v);
+	pt_server_devices d;
+	return pt_server_devices_parse(v, &d);
 }
 
 static pt_err valid_nonempty(const char *v)
@@ -208,8 +259,9 @@ static const opt_desc options[] = {
      "worker pool: `pipeserver --worker` URLs, comma-separated, or @FILE with one a line "
      "(re-read on SIGHUP); jobs that name no placement.workers go to free pool workers"},
     {"devices", OPT_STRING, F(devices), "cpu", 0, 0, valid_devices,
-     "where stages of jobs without workers may run in this process: cpu, or none (only on "
-     "pool workers)"},
+     "where stages of jobs without workers run in this process: cpu, cuda:N, a list of them "
+     "(cpu,cuda:0,cuda:1: one stage per GPU, jobs side by side), all (the CPU and every "
+     "GPU found), or none (only on pool workers)"},
     {"strict_priority", OPT_BOOL, F(strict_priority), "false", 0, 0, NULL,
      "a queued job waiting for more pool workers than are free holds up every job behind "
      "it (default: jobs behind it that fit start first)"},

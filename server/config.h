@@ -52,11 +52,23 @@ typedef struct pt_server_config {
 	bool worker;           /* --worker: host stages for other servers' jobs (worker.h) */
 	char *advertise_host;  /* --worker: host peers dial for stage data ("": automatic) */
 	char *pool;            /* worker pool: "URL,..." or "@FILE" ("": none) */
-	char *devices;         /* "cpu" (stages may run here) or "none" */
+	char *devices;         /* "cpu", "cuda:0,cuda:1", "all" or "none" (pt_server_devices) */
 	bool strict_priority;  /* a job waiting for pool workers holds up those behind it */
 	int task_delay_ms;     /* --worker, tests and benchmarks: stage tasks sleep first */
 	bool help;
 } pt_server_config;
+
+/* --devices, parsed: the CPU and the GPUs stages of jobs without workers
+ * may run on in this process. "all" sets all (and cpu): the caller adds
+ * every GPU it finds. */
+#define PT_SERVER_MAX_GPUS 64
+typedef struct pt_server_devices {
+	bool cpu, all;
+	int gpus[PT_SERVER_MAX_GPUS];
+	int n_gpus;
+} pt_server_devices;
+
+pt_err pt_server_devices_parse(const char *v, pt_server_devices *d);
 
 /* pt_server_config_load fills c from defaults, the config file (--config or
  * PIPETRAIN_CONFIG), the environment and argv, validates every value and

@@ -41,6 +41,7 @@ enum { REC_STATE = 1, REC_METRIC = 2, REC_DEATHS = 3 };
 /* Runs in a row that may die with the server before the job is failed
  * instead of re-queued (a job that kills the server must not crash-loop it). */
 #define MAX_DEATHS 2
+#define MAX_GPUS   64 /* --devices GPUs */
 enum { STOP_NONE, STOP_CANCEL, STOP_SHUTDOWN };
 
 typedef struct ckpt {
@@ -64,6 +65,8 @@ typedef struct job {
 	int deaths;         /* runs in a row that died with the server (REC_DEATHS) */
 	char **pool_urls;   /* the pool workers of its current run (n_pool), or NULL */
 	int n_pool;
+	int gpus[PT_MAX_STAGES]; /* the server's GPUs of its current run: stage s on gpus[s-1] */
+	int n_gpus;
 
 	pt_api_metric_point *points; /* steps strictly increasing */
 	size_t n_points, cap_points;
@@ -115,11 +118,17 @@ struct pt_jobs {
 	runner *runners;
 	size_t n_runners, cap_runners;
 	bool stopping, shut;
-	int lock_fd;         /* flock on data_dir/lock: one server per data dir */
-	uint64_t mem_limit;  /* admission: a job's host memory estimate at most this */
-	pt_pool *pool;       /* --pool (NULL: none) */
-	pool_run *pool_runs; /* under mu */
+	int lock_fd;                /* flock on data_dir/lock: one server per data dir */
+	uint64_t mem_limit;         /* admission: a job's host memory estimate at most this */
+	pt_pool *pool;              /* --pool (NULL: none) */
+	pool_run *pool_runs;        /* under mu: pooled and GPU-placed runs */
+	int gpus[MAX_GPUS];         /* --devices GPUs (cuda:N numbers) */
+	uint64_t gpu_job[MAX_GPUS]; /* the job holding gpus[i] (0: free) */
+	int n_gpus;
 };
+
+/* The runner key of jobs the server places on its GPUs: no runner has it. */
+static const char GPU_KEY[] = "gpus";
 
 /* ------------------------------------------------------------- helpers -- */
 
@@ -744,7 +753,102 @@ _Static_assert((int)PT_POOL_IDLE == (int)PT_API_WORKER_IDLE &&
  * and the job names no workers of its own. */
 static bool pooled(const pt_jobs *m, const job *jb)
 {
-	return m->pool != NULL && jb->spec.n_workers == 0;
+	return m->pool != NULL && jb->spec.n_workers == 0 &&
+	       (jb->spec.device == NULL || strncmp(jb->spec.device, "cuda:", 5) != 0);
+}
+
+/* gpu_placed tells whether the server places jb's stages on its GPUs. */
+static bool gpu_placed(const job *jb)
+{
+	return strcmp(jb->device, GPU_KEY) == 0;
+}
+
+/* device_key is the runner key of a job with spec s: GPU_KEY for the jobs
+ * the server places on its --devices GPUs (no workers, and no device or a
+ * cuda:N one), else the device it names or the server's default. */
+static const char *device_key(const pt_jobs *m, const pt_job_spec *s)
+{
+	bool named = s->device != NULL && s->device[0] != '\0';
+	if (m->n_gpus > 0 && s->n_workers == 0 && (!named || strncmp(s->device, "cuda:", 5) == 0))
+		return GPU_KEY;
+	return named ? s->device : m->device;
+}
+
+/* pinned_gpu is N for a GPU-placed job that names device cuda:N (all its
+ * stages go there), else -1. */
+static int pinned_gpu(const job *jb)
+{
+	const char *d = jb->spec.device;
+	return d != NULL && strncmp(d, "cuda:", 5) == 0 ? atoi(d + 5) : -1;
+}
+
+static int gpu_index(const pt_jobs *m, int n)
+{
+	for (int i = 0; i < m->n_gpus; i++)
+		if (m->gpus[i] == n)
+			return i;
+	return -1;
+}
+
+static int gpus_free(const pt_jobs *m)
+{
+	int n = 0;
+	for (int i = 0; i < m->n_gpus; i++)
+		n += m->gpu_job[i] == 0;
+	return n;
+}
+
+/* take_gpus gives jb its stages' GPUs (lock held): cuda:N for every stage
+ * when it names one, else one free GPU a stage in --devices order. False
+ * (nothing taken) when they are not free. */
+static bool take_gpus(pt_jobs *m, job *jb)
+{
+	int need = jb->spec.stages, pin = pinned_gpu(jb), n = 0;
+
+	if (need < 1 || need > PT_MAX_STAGES)
+		return false;
+	if (pin >= 0) {
+		int i = gpu_index(m, pin);
+		if (i < 0 || m->gpu_job[i] != 0)
+			return false;
+		m->gpu_job[i] = jb->id;
+		for (int st = 0; st < need; st++)
+			jb->gpus[st] = pin;
+		jb->n_gpus = need;
+		return true;
+	}
+	if (gpus_free(m) < need)
+		return false;
+	for (int i = 0; i < m->n_gpus && n < need; i++)
+		if (m->gpu_job[i] == 0) {
+			m->gpu_job[i] = jb->id;
+			jb->gpus[n++] = m->gpus[i];
+		}
+	jb->n_gpus = n;
+	return true;
+}
+
+static void release_gpus(pt_jobs *m, job *jb)
+{
+	for (int i = 0; i < m->n_gpus; i++)
+		if (m->gpu_job[i] == jb->id)
+			m->gpu_job[i] = 0;
+	jb->n_gpus = 0;
+}
+
+/* gpu_list writes jb's GPUs as "cuda:0, cuda:1" (a pinned job's one once). */
+static void gpu_list(const job *jb, char *buf, size_t cap)
+{
+	size_t o = 0;
+	buf[0] = '\0';
+	for (int i = 0; i < jb->n_gpus && o < cap; i++) {
+		bool seen = false;
+		for (int k = 0; k < i && !seen; k++)
+			seen = jb->gpus[k] == jb->gpus[i];
+		if (!seen)
+			o += (size_t)snprintf(buf + o, cap - o, "%scuda:%d", o ? ", " : "",
+			                      jb->gpus[i]);
+	}
 }
 
 /* local_ok tells whether a local runner may run jb: its stages run on the
@@ -791,6 +895,29 @@ static void queue_reason(const pt_jobs *m, const job *jb, char *buf, size_t cap)
 				next = j;
 		}
 	}
+	if (gpu_placed(jb)) {
+		int pin = pinned_gpu(jb), i = pin >= 0 ? gpu_index(m, pin) : -1;
+		if (i >= 0 && m->gpu_job[i] != 0)
+			o = (size_t)snprintf(buf, cap,
+			                     "queued: needs cuda:%d, busy with job %" PRIu64, pin,
+			                     m->gpu_job[i]);
+		else if (i >= 0)
+			o = (size_t)snprintf(buf, cap, "queued: needs cuda:%d (free)", pin);
+		else
+			o = (size_t)snprintf(buf, cap, "queued: needs %d GPU%s, %d of %d free",
+			                     jb->spec.stages, jb->spec.stages > 1 ? "s" : "",
+			                     gpus_free(m), m->n_gpus);
+		if (o < cap && pooled(m, jb)) {
+			int free_n = 0, n = pt_pool_counts(m->pool, &free_n, NULL, NULL, NULL);
+			o += (size_t)snprintf(
+			    buf + o, cap - o, ", or %d pool worker%s, %d of %d free",
+			    jb->spec.stages, jb->spec.stages > 1 ? "s" : "", free_n, n);
+		}
+		if (o < cap && next != NULL)
+			snprintf(buf + o, cap - o, "; behind job %" PRIu64 " (priority %d)%s",
+			         next->id, next->spec.priority, ahead > 1 ? " and others" : "");
+		return;
+	}
 	if (pooled(m, jb)) {
 		int free_n = 0, n = pt_pool_counts(m->pool, &free_n, NULL, NULL, NULL);
 		o = (size_t)snprintf(buf, cap, "queued: needs %d worker%s, %d of %d free; ",
@@ -831,7 +958,7 @@ static bool hook_claim(void *ctx, const char *url)
 
 static void run_one(pt_jobs *m, job *jb)
 {
-	char ckdir[MAX_PATH + 16], msg[MAX_PATH + 600], note[300];
+	char ckdir[MAX_PATH + 16], msg[MAX_PATH + 800], note[300], where[160];
 	pt_job_run_options o;
 	pt_job_hooks h = {.ctx = jb,
 	                  .on_metric = hook_metric,
@@ -866,17 +993,32 @@ static void run_one(pt_jobs *m, job *jb)
 		o.worker_allow = NULL;
 		h.claim_worker = hook_claim;
 	}
+	/* A GPU-placed run: stage s on jb->gpus[s - 1] (pretend GPUs: the CPU). */
+	where[0] = '\0';
+	if (jb->n_gpus > 0) {
+		char list[96];
+		gpu_list(jb, list, sizeof(list));
+		snprintf(where, sizeof(where), "stages on %s%s; ", list,
+		         m->cfg.fake_gpus ? " (pretend GPUs: the CPU computes)" : "");
+		if (!m->cfg.fake_gpus) {
+			o.stage_gpus = jb->gpus;
+			o.n_stage_gpus = jb->n_gpus;
+		}
+	}
 	journal_state(jb, PT_JOB_STARTING, jb->step, jb->started, NULL);
-	pt_info("job %" PRIu64 " (%s) starting on %s%s%s", jb->id,
-	        jb->spec.name ? jb->spec.name : "", jb->pool_urls ? "pool workers" : jb->device,
-	        o.resume_from ? ", resuming from " : "", o.resume_from ? o.resume_from : "");
+	pt_info("job %" PRIu64 " (%s) starting on %s%s%s%s", jb->id,
+	        jb->spec.name ? jb->spec.name : "",
+	        jb->pool_urls ? "pool workers"
+	        : jb->n_gpus  ? ""
+	                      : jb->device,
+	        where, o.resume_from ? ", resuming from " : "", o.resume_from ? o.resume_from : "");
 	/* The status states the data read and the evaluation set (kept on success). */
 	if (pt_job_data_describe(&jb->spec, o.files_root, o.any_path, note, sizeof(note)) != PT_OK)
 		snprintf(note, sizeof(note), "%s", pt_last_error());
-	snprintf(msg, sizeof(msg), "%s", note);
+	snprintf(msg, sizeof(msg), "%s%s", where, note);
 	jb->restarts = 0;
 	if (o.resume_from)
-		snprintf(msg, sizeof(msg), "%s; resumed from %s", note, o.resume_from);
+		snprintf(msg, sizeof(msg), "%s%s; resumed from %s", where, note, o.resume_from);
 	pthread_mutex_lock(&m->mu);
 	t = now_unix();
 	set_state(jb, PT_JOB_RUNNING, msg, t);
@@ -949,10 +1091,10 @@ static void *runner_main(void *arg)
 	return NULL;
 }
 
-static void schedule_pool(pt_jobs *m);
+static void place_queue(pt_jobs *m);
 
-/* pool_run_main runs one job on the pool workers it was lent, gives them
- * back and places the queue again. */
+/* pool_run_main runs one job on the pool workers or GPUs it was lent, gives
+ * them back and places the queue again. */
 static void *pool_run_main(void *arg)
 {
 	pool_run *pr = arg;
@@ -960,14 +1102,16 @@ static void *pool_run_main(void *arg)
 	job *jb = pr->jb;
 
 	run_one(m, jb);
-	pt_pool_release(m->pool, jb->id);
+	if (jb->pool_urls != NULL)
+		pt_pool_release(m->pool, jb->id);
 	pthread_mutex_lock(&m->mu);
 	for (int i = 0; i < jb->n_pool; i++)
 		free(jb->pool_urls[i]);
 	free(jb->pool_urls);
 	jb->pool_urls = NULL;
 	jb->n_pool = 0;
-	schedule_pool(m); /* before done: it reaps ended runs, never this one */
+	release_gpus(m, jb);
+	place_queue(m); /* before done: it reaps ended runs, never this one */
 	pr->done = true;
 	pthread_cond_broadcast(&m->cv);
 	pthread_mutex_unlock(&m->mu);
@@ -998,71 +1142,89 @@ static int by_queue_order(const void *a, const void *b)
 	return runs_before(x, y) ? -1 : runs_before(y, x) ? 1 : 0;
 }
 
-/* schedule_pool lends free pool workers to queued jobs in queue order (lock
- * held): a job that needs more workers than are free waits and, unless
- * --strict-priority, the jobs behind it that fit go first (backfill). */
-static void schedule_pool(pt_jobs *m)
+/* place_queue lends free pool workers, else free GPUs of --devices, to
+ * queued jobs in queue order (lock held): a job that needs more than is
+ * free waits and, unless --strict-priority, the jobs behind it that fit go
+ * first (backfill). */
+static void place_queue(pt_jobs *m)
 {
 	job *q[256];
 	size_t n = 0;
 	int free_n = 0;
 
-	if (m->pool == NULL || m->stopping)
+	if ((m->pool == NULL && m->n_gpus == 0) || m->stopping)
 		return;
 	reap_pool_runs(m);
-	pt_pool_counts(m->pool, &free_n, NULL, NULL, NULL);
+	if (m->pool != NULL)
+		pt_pool_counts(m->pool, &free_n, NULL, NULL, NULL);
 	for (size_t i = 0; i < m->n_jobs && n < sizeof(q) / sizeof(q[0]); i++)
-		if (m->jobs[i]->state == PT_JOB_QUEUED && pooled(m, m->jobs[i]))
+		if (m->jobs[i]->state == PT_JOB_QUEUED &&
+		    (pooled(m, m->jobs[i]) || gpu_placed(m->jobs[i])))
 			q[n++] = m->jobs[i];
 	qsort(q, n, sizeof(q[0]), by_queue_order);
-	for (size_t i = 0; i < n && free_n > 0; i++) {
+	for (size_t i = 0; i < n; i++) {
 		job *jb = q[i];
-		int need = jb->spec.stages;
-		char **urls;
+		int need = jb->spec.stages, n_urls = 0;
+		bool via_pool = pooled(m, jb) && need <= free_n && need <= PT_MAX_STAGES;
+		char **urls = NULL;
 		pool_run *pr;
-		if (need > free_n) {
+		if (!via_pool && !(gpu_placed(jb) && take_gpus(m, jb))) {
 			if (m->cfg.strict_priority)
 				break;
 			continue;
 		}
-		urls = calloc(PT_MAX_STAGES, sizeof(*urls));
 		pr = calloc(1, sizeof(*pr));
-		if (need > PT_MAX_STAGES || urls == NULL || pr == NULL ||
-		    !pt_pool_take(m->pool, need, jb->id, urls)) {
-			free(urls);
-			free(pr);
+		if (via_pool) {
+			urls = calloc(PT_MAX_STAGES, sizeof(*urls));
+			if (urls == NULL || pr == NULL ||
+			    !pt_pool_take(m->pool, need, jb->id, urls)) {
+				free(urls);
+				free(pr);
+				break;
+			}
+			/* The rest of the pool follows as spares, claimed only if
+			 * free when the run needs one (hook_claim). */
+			n_urls = need;
+			pt_pool_worker *all = NULL;
+			int n_all = pt_pool_list(m->pool, &all);
+			for (int k = 0; k < n_all && n_urls < PT_MAX_STAGES; k++)
+				if (all[k].job != jb->id &&
+				    (urls[n_urls] = strdup(all[k].url)) != NULL)
+					n_urls++;
+			free(all);
+			jb->pool_urls = urls;
+			jb->n_pool = n_urls;
+		} else if (pr == NULL) {
+			release_gpus(m, jb);
 			break;
 		}
-		/* The rest of the pool follows as spares, claimed only if free
-		 * when the run needs one (hook_claim). */
-		int n_urls = need;
-		pt_pool_worker *all = NULL;
-		int n_all = pt_pool_list(m->pool, &all);
-		for (int k = 0; k < n_all && n_urls < PT_MAX_STAGES; k++)
-			if (all[k].job != jb->id && (urls[n_urls] = strdup(all[k].url)) != NULL)
-				n_urls++;
-		free(all);
-		jb->pool_urls = urls;
-		jb->n_pool = n_urls;
 		pr->jb = jb;
 		pr->mgr = m;
 		set_state(jb, PT_JOB_STARTING, NULL, now_unix());
 		if (pthread_create(&pr->thread, NULL, pool_run_main, pr) != 0) {
-			pt_pool_release(m->pool, jb->id);
+			if (via_pool)
+				pt_pool_release(m->pool, jb->id);
 			for (int k = 0; k < n_urls; k++)
 				free(urls[k]);
 			free(urls);
 			free(pr);
 			jb->pool_urls = NULL;
 			jb->n_pool = 0;
+			release_gpus(m, jb);
 			set_state(jb, PT_JOB_QUEUED, NULL, now_unix());
 			break;
 		}
-		pt_info("job %" PRIu64 " placed on %d pool worker%s", jb->id, need,
-		        need > 1 ? "s" : "");
+		if (via_pool) {
+			pt_info("job %" PRIu64 " placed on %d pool worker%s", jb->id, need,
+			        need > 1 ? "s" : "");
+			free_n -= need;
+		} else {
+			char list[96];
+			gpu_list(jb, list, sizeof(list));
+			pt_info("job %" PRIu64 " placed on %s", jb->id, list);
+		}
 		pr->next = m->pool_runs;
 		m->pool_runs = pr;
-		free_n -= need;
 	}
 }
 
@@ -1071,7 +1233,7 @@ static void pool_changed(void *ctx)
 {
 	pt_jobs *m = ctx;
 	pthread_mutex_lock(&m->mu);
-	schedule_pool(m);
+	place_queue(m);
 	pthread_mutex_unlock(&m->mu);
 }
 
@@ -1200,7 +1362,7 @@ static pt_err recover_job(pt_jobs *m, uint64_t id, job **out)
 	buf = NULL;
 	if (rv != PT_OK)
 		goto fail;
-	jb->device = strdup(jb->spec.device && jb->spec.device[0] ? jb->spec.device : m->device);
+	jb->device = strdup(device_key(m, &jb->spec));
 	if (jb->device == NULL) {
 		rv = pt_set_error(PT_ERR_NOMEM, "job %" PRIu64, id);
 		goto fail;
@@ -1326,7 +1488,8 @@ static pt_err recover(pt_jobs *m)
 		}
 		if (jb->state == PT_JOB_QUEUED) {
 			jb->queue_seq = m->next_seq++;
-			PT_TRY(ensure_runner(m, jb->device));
+			if (!gpu_placed(jb))
+				PT_TRY(ensure_runner(m, jb->device));
 		} else {
 			journal_flush_close(jb);
 		}
@@ -1373,6 +1536,9 @@ pt_err pt_jobs_create(pt_jobs **out, const pt_jobs_config *cfg)
 	if ((m = calloc(1, sizeof(*m))) == NULL)
 		return pt_set_error(PT_ERR_NOMEM, "jobs");
 	m->cfg = *cfg;
+	m->cfg.gpus = NULL;
+	for (int i = 0; i < cfg->n_gpus && i < MAX_GPUS; i++)
+		m->gpus[m->n_gpus++] = cfg->gpus[i];
 	m->data_dir = strdup(cfg->data_dir);
 	m->device = strdup(cfg->device && *cfg->device ? cfg->device : "cpu");
 	m->files_root = dup_or_null(cfg->files_root);
@@ -1400,7 +1566,7 @@ pt_err pt_jobs_create(pt_jobs **out, const pt_jobs_config *cfg)
 	pthread_mutex_lock(&m->mu);
 	rv = recover(m);
 	if (rv == PT_OK)
-		schedule_pool(m);
+		place_queue(m);
 	pthread_mutex_unlock(&m->mu);
 	if (rv != PT_OK) {
 		pt_jobs_destroy(m);
@@ -1434,7 +1600,7 @@ void pt_jobs_shutdown(pt_jobs *m)
 			pthread_join(m->runners[i].thread, NULL);
 			m->runners[i].started = false;
 		}
-	/* Pooled runs: stopping keeps schedule_pool from starting more. */
+	/* Pooled runs: stopping keeps place_queue from starting more. */
 	pthread_mutex_lock(&m->mu);
 	pool_run *runs = m->pool_runs;
 	m->pool_runs = NULL;
@@ -1519,26 +1685,72 @@ static void remove_job_dir(job *jb)
 		pt_warn("submit cleanup: rmdir %s: %s", jb->dir, strerror(errno));
 }
 
+/* gpu_names writes the server's GPUs as "cuda:0,cuda:1". */
+static void gpu_names(const pt_jobs *m, char *buf, size_t cap)
+{
+	size_t o = 0;
+	buf[0] = '\0';
+	for (int i = 0; i < m->n_gpus && o < cap; i++)
+		o += (size_t)snprintf(buf + o, cap - o, "%scuda:%d", i ? "," : "", m->gpus[i]);
+}
+
+/* check_gpu_named refuses, before the spec's own checks, a device cuda:N
+ * that is not among the server's --devices GPUs. */
+static pt_err check_gpu_named(pt_jobs *m, const pt_job_spec *s)
+{
+	char names[256];
+	const char *d = s->device;
+	char *end;
+	long n;
+
+	if (m->n_gpus == 0 || s->n_workers > 0 || d == NULL || strncmp(d, "cuda:", 5) != 0)
+		return PT_OK;
+	n = strtol(d + 5, &end, 10);
+	if (d[5] >= '0' && d[5] <= '9' && *end == '\0' && n <= 1023 && gpu_index(m, (int)n) >= 0)
+		return PT_OK;
+	gpu_names(m, names, sizeof(names));
+	return pt_set_error(PT_ERR_INVALID,
+	                    "device: \"%.40s\" is not one of this server's GPUs (%s)", d, names);
+}
+
 /* check_fit refuses a job that could never run here: stages on local
- * devices with --devices none and no pool, or more stages than the pool has
- * workers and no local devices to fall back to. */
+ * devices with --devices none and no pool, more stages than the pool has
+ * workers and no local devices to fall back to, or more stages than the
+ * GPUs (one stage a GPU) and the pool's workers. */
 static pt_err check_fit(pt_jobs *m, const pt_job_spec *s)
 {
+	char names[256];
 	int n;
 
-	if (s->n_workers > 0 || !m->cfg.no_local)
+	if (s->n_workers > 0)
+		return PT_OK;
+	n = m->pool != NULL ? pt_pool_counts(m->pool, NULL, NULL, NULL, NULL) : 0;
+	if (m->n_gpus > 0 && (s->device == NULL || s->device[0] == '\0')) {
+		if (s->stages <= m->n_gpus || s->stages <= n)
+			return PT_OK;
+		gpu_names(m, names, sizeof(names));
+		if (m->pool == NULL)
+			return pt_set_error(
+			    PT_ERR_INVALID,
+			    "placement.stages: %d stages need %d GPUs (one stage a GPU); "
+			    "this server has %d (%s) and no --pool",
+			    s->stages, s->stages, m->n_gpus, names);
+		return pt_set_error(PT_ERR_INVALID,
+		                    "placement.stages: %d stages need %d GPUs (one stage a GPU) or "
+		                    "%d pool workers; this server has %d GPUs (%s) and %d workers",
+		                    s->stages, s->stages, s->stages, m->n_gpus, names, n);
+	}
+	if (!m->cfg.no_local || (s->device != NULL && strncmp(s->device, "cuda:", 5) == 0))
 		return PT_OK;
 	if (m->pool == NULL)
-		return pt_set_error(
-		    PT_ERR_INVALID,
-		    "placement.workers: this server has no local devices (--devices "
-		    "none) and no --pool; name the workers of the job's stages");
-	n = pt_pool_counts(m->pool, NULL, NULL, NULL, NULL);
+		return pt_set_error(PT_ERR_INVALID, "placement.workers: this server runs no stages "
+		                                    "on its CPU (--devices) and has no "
+		                                    "--pool; name the workers of the job's stages");
 	if (s->stages > n)
 		return pt_set_error(
 		    PT_ERR_INVALID,
 		    "placement.stages: %d stages need %d pool workers; the pool has "
-		    "%d and this server no local devices (--devices none)",
+		    "%d and this server runs no stages on its CPU (--devices)",
 		    s->stages, s->stages, n);
 	return PT_OK;
 }
@@ -1565,13 +1777,16 @@ pt_err pt_jobs_submit(pt_jobs *m, const uint8_t *spec_table, uint64_t *id)
 		return pt_set_error(PT_ERR_NOMEM, "job");
 	if ((rv = pt_job_spec_read(spec_table, &jb->spec)) != PT_OK)
 		goto fail;
-	if (jb->spec.device == NULL || jb->spec.device[0] == '\0') {
+	if ((jb->spec.device == NULL || jb->spec.device[0] == '\0') &&
+	    (m->n_gpus == 0 || jb->spec.n_workers > 0)) {
 		free(jb->spec.device);
 		if ((jb->spec.device = strdup(m->device)) == NULL) {
 			rv = pt_set_error(PT_ERR_NOMEM, "job");
 			goto fail;
 		}
 	}
+	if ((rv = check_gpu_named(m, &jb->spec)) != PT_OK)
+		goto fail;
 	if ((rv = pt_job_spec_validate(&jb->spec, m->files_root, m->cfg.any_path)) != PT_OK) {
 		/* A data file the spec names that cannot be read is the spec's fault. */
 		if (rv == PT_ERR_IO) {
@@ -1596,7 +1811,7 @@ pt_err pt_jobs_submit(pt_jobs *m, const uint8_t *spec_table, uint64_t *id)
 		}
 		goto fail;
 	}
-	if ((jb->device = strdup(jb->spec.device)) == NULL) {
+	if ((jb->device = strdup(device_key(m, &jb->spec))) == NULL) {
 		rv = pt_set_error(PT_ERR_NOMEM, "job");
 		goto fail;
 	}
@@ -1624,8 +1839,8 @@ pt_err pt_jobs_submit(pt_jobs *m, const uint8_t *spec_table, uint64_t *id)
 		goto fail_io;
 	}
 	jb->queue_seq = m->next_seq++;
-	schedule_pool(m); /* the pool first: free workers before a local runner */
-	if ((rv = ensure_runner(m, jb->device)) != PT_OK) {
+	place_queue(m); /* the pool first: free workers before a local runner */
+	if (!gpu_placed(jb) && (rv = ensure_runner(m, jb->device)) != PT_OK) {
 		/* Journaled but no runner: fail it visibly rather than lose it. */
 		char msg[300];
 		snprintf(msg, sizeof(msg), "no runner: %s", pt_last_error());
@@ -1675,15 +1890,39 @@ int pt_jobs_devices_in_use(pt_jobs *m)
 		const job *jb = m->jobs[i];
 		bool dup = false;
 		if ((jb->state != PT_JOB_STARTING && jb->state != PT_JOB_RUNNING) ||
-		    jb->pool_urls != NULL || jb->spec.n_workers > 0)
+		    jb->pool_urls != NULL || jb->spec.n_workers > 0 || gpu_placed(jb))
 			continue;
 		for (int k = 0; k < n && !dup; k++)
 			dup = strcmp(seen[k], jb->device) == 0;
 		if (!dup && n < 64)
 			seen[n++] = jb->device;
 	}
+	n += m->n_gpus - gpus_free(m);
 	pthread_mutex_unlock(&m->mu);
 	return n;
+}
+
+void pt_jobs_describe_devices(pt_jobs *m, char *buf, size_t cap)
+{
+	size_t o = 0;
+
+	if (cap == 0)
+		return;
+	buf[0] = '\0';
+	pthread_mutex_lock(&m->mu);
+	if (!m->cfg.no_local)
+		o += (size_t)snprintf(buf, cap, "%s", m->device);
+	for (int i = 0; i < m->n_gpus && o < cap; i++) {
+		if (m->gpu_job[i] != 0)
+			o += (size_t)snprintf(buf + o, cap - o, "%scuda:%d (job %" PRIu64 ")",
+			                      o ? ", " : "", m->gpus[i], m->gpu_job[i]);
+		else
+			o += (size_t)snprintf(buf + o, cap - o, "%scuda:%d (free)", o ? ", " : "",
+			                      m->gpus[i]);
+	}
+	if (m->n_gpus > 0 && m->cfg.fake_gpus && o < cap)
+		snprintf(buf + o, cap - o, "; pretend GPUs (PIPETRAIN_FAKE_GPUS)");
+	pthread_mutex_unlock(&m->mu);
 }
 
 pt_err pt_jobs_reply_workers(pt_jobs *m, uint64_t req_id, pt_fb_builder *b, const uint8_t **data,
@@ -1739,7 +1978,7 @@ pt_err pt_jobs_reload_pool(pt_jobs *m)
 
 	if (m->pool != NULL && (rv = pt_pool_reload(m->pool)) == PT_OK) {
 		pthread_mutex_lock(&m->mu);
-		schedule_pool(m);
+		place_queue(m);
 		pthread_mutex_unlock(&m->mu);
 	}
 	return rv;

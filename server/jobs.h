@@ -47,8 +47,12 @@ typedef struct pt_jobs_config {
 	                             * cgroup's or the machine's memory) */
 	pt_job_tls worker_tls;      /* for tls+tcp:// workers */
 	const char *pool;           /* --pool: "URL,..." or "@FILE" (NULL or "": none) */
-	bool no_local;              /* --devices none: stages never run in this process */
-	bool strict_priority;       /* a job waiting for pool workers holds up those behind */
+	bool no_local;              /* no cpu in --devices: CPU stages never run in this process */
+	const int *gpus;            /* --devices GPUs (cuda:N numbers): a job naming no workers
+	                             * gets one per stage, jobs side by side */
+	int n_gpus;
+	bool fake_gpus;       /* tests: placement only, the stages compute on the CPU */
+	bool strict_priority; /* a job waiting for pool workers holds up those behind */
 } pt_jobs_config;
 
 /* pt_jobs_waiter is a parked WatchMetrics request, embedded by the caller.
@@ -88,6 +92,11 @@ void pt_jobs_pool_counts(pt_jobs *j, int32_t *all, int32_t *free_n, int32_t *bus
 /* pt_jobs_devices_in_use counts the server's own devices that run a job's
  * stages now (jobs on workers do not count). */
 int pt_jobs_devices_in_use(pt_jobs *j);
+
+/* pt_jobs_describe_devices writes the devices stages run on in this process
+ * and who holds each GPU: "cpu, cuda:0 (job 3), cuda:1 (free)" ("" with
+ * --devices none). */
+void pt_jobs_describe_devices(pt_jobs *m, char *buf, size_t cap);
 
 /* pt_jobs_reply_workers builds the ListWorkersReply to request req_id (empty
  * without a pool). */

@@ -124,10 +124,49 @@ static int is_local(const char *url)
 	return 0;
 }
 
+/* local_devices parses --devices into d: "all" becomes the CPU and every
+ * GPU found, and each GPU listed must be here. PIPETRAIN_FAKE_GPUS=N (tests
+ * of placement on machines without GPUs only) makes the server believe it
+ * has cuda:0..N-1; stages placed on them compute on the CPU. */
+static pt_err local_devices(const char *v, pt_server_devices *d)
+{
+	const char *fake = getenv("PIPETRAIN_FAKE_GPUS");
+	int found = 0;
+
+	PT_TRY(pt_server_devices_parse(v, d));
+	if (fake != NULL) {
+		found = atoi(fake);
+		pt_warn(
+		    "PIPETRAIN_FAKE_GPUS=%s: placement on %d pretend GPUs whose stages compute on "
+		    "the CPU (tests only)",
+		    fake, found);
+	} else if (d->all || d->n_gpus > 0) {
+		if (pt_backend_device_count(PT_DEV_CUDA, &found) != PT_OK)
+			found = 0;
+	}
+	if (d->all)
+		for (int k = 0; k < found && d->n_gpus < PT_SERVER_MAX_GPUS; k++)
+			d->gpus[d->n_gpus++] = k;
+	for (int i = 0; i < d->n_gpus; i++) {
+		if (fake != NULL && d->gpus[i] >= found)
+			return pt_set_error(PT_ERR_UNSUPPORTED,
+			                    "cuda:%d: no such device (%d pretend GPUs)", d->gpus[i],
+			                    found);
+		if (fake == NULL &&
+		    pt_backend_check_device((pt_device){PT_DEV_CUDA, d->gpus[i]}) != PT_OK)
+			return pt_set_error(PT_ERR_UNSUPPORTED, "%s", pt_last_error());
+	}
+	if (d->all)
+		pt_info("--devices all: the CPU and %d GPU%s", d->n_gpus,
+		        d->n_gpus == 1 ? "" : "s");
+	return PT_OK;
+}
+
 int main(int argc, char **argv)
 {
 	pt_server_config cfg;
 	pt_jobs_config jc;
+	pt_server_devices devs;
 	pt_api_server_config ac;
 	pt_jobs *jobs = NULL;
 	pt_api_server *srv = NULL;
@@ -256,7 +295,14 @@ int main(int argc, char **argv)
 	jc.advertise_host = cfg.advertise_host[0] ? cfg.advertise_host : NULL;
 	jc.worker_tls = (pt_job_tls){cfg.tls_cert, cfg.tls_key, cfg.worker_tls_ca};
 	jc.pool = cfg.pool;
-	jc.no_local = strcmp(cfg.devices, "none") == 0;
+	if (local_devices(cfg.devices, &devs) != PT_OK) {
+		fprintf(stderr, "pipeserver: --devices %s: %s\n", cfg.devices, pt_last_error());
+		goto out;
+	}
+	jc.no_local = !devs.cpu;
+	jc.gpus = devs.gpus;
+	jc.n_gpus = devs.n_gpus;
+	jc.fake_gpus = getenv("PIPETRAIN_FAKE_GPUS") != NULL;
 	jc.strict_priority = cfg.strict_priority;
 	if (pt_jobs_create(&jobs, &jc) != PT_OK) {
 		fprintf(stderr, "pipeserver: %s\n", pt_last_error());

@@ -50,6 +50,7 @@
 #include <unistd.h>
 
 #include "backend.h"
+#include "job/job.h"
 #include "nccl_comm.h"
 #include "ops.h"
 #include "pipe_fixture.h"
@@ -1006,10 +1007,47 @@ static void test_cuda_pipeline_digits_over_nccl(void)
 	CU_ASSERT_TRUE(losses_close("nccl", ref, got));
 }
 
+static void on_job_loss(void *ctx, const pt_job_metric *m)
+{
+	double *v = ctx;
+	if (m->step >= 1 && m->step <= DEV_STEPS)
+		v[m->step - 1] = m->loss;
+}
+
+/* pt_job_run with its stages on the GPUs a server placed them on
+ * (pt_job_run_options.stage_gpus; pipeserver --devices): stage 1 on the
+ * second GPU when there is one, stage 2 on cuda:0, against the same job on
+ * the CPU. */
+static void test_cuda_job_on_placed_gpus(void)
+{
+	const int gpus[2] = {n_devices > 1 ? 1 : 0, 0};
+	double ref[DEV_STEPS] = {0}, got[DEV_STEPS] = {0};
+	pt_job_run_options o = {.files_root = PT_SOURCE_ROOT, .threads = 2};
+	pt_job_hooks h = {.ctx = ref, .on_metric = on_job_loss};
+	pt_job_spec s;
+	int64_t last = 0;
+
+	pt_test_digits_spec(&s);
+	s.steps = DEV_STEPS;
+	s.stages = 2;
+	free(s.boundaries);
+	s.boundaries = NULL;
+	s.eval_every = 0;
+	PT_CHECK_OK(pt_job_run(&s, &o, &h, &last));
+	o.stage_gpus = gpus;
+	o.n_stage_gpus = 2;
+	h.ctx = got;
+	PT_CHECK_OK(pt_job_run(&s, &o, &h, &last));
+	CU_ASSERT_EQUAL(last, DEV_STEPS);
+	CU_ASSERT_TRUE(losses_close("placed", ref, got));
+	pt_job_spec_fini(&s);
+}
+
 static const pt_test_case pipeline_tests[] = {
     {"test_cuda_model_initial_weights_equal_cpu", test_cuda_model_initial_weights_equal_cpu},
     {"test_cuda_pipeline_digits_matches_cpu", test_cuda_pipeline_digits_matches_cpu},
     {"test_cuda_pipeline_digits_over_nccl", test_cuda_pipeline_digits_over_nccl},
+    {"test_cuda_job_on_placed_gpus", test_cuda_job_on_placed_gpus},
     {NULL, NULL},
 };
 

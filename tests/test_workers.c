@@ -913,7 +913,7 @@ static void test_workers_pool(void)
 	CU_ASSERT_EQUAL(r.code, PT_API_INVALID_JOB);
 	CU_ASSERT_STRING_EQUAL(r.message ? r.message : "",
 	                       "placement.stages: 4 stages need 4 pool workers; the pool has 3 "
-	                       "and this server no local devices (--devices none)");
+	                       "and this server runs no stages on its CPU (--devices)");
 
 	wf_digits_spec(&a, 2, 600, NULL, 0);
 	wf_digits_spec(&b, 2, STEPS, NULL, 0);
@@ -1226,6 +1226,135 @@ static void test_workers_pool_refusals(void)
 	CU_ASSERT_EQUAL(wf_proc_stop(&w0), 0);
 }
 
+/* A server with four pretend GPUs (PIPETRAIN_FAKE_GPUS=4 and --devices all:
+ * the placement is real, the stages compute on the CPU): a listed GPU it
+ * lacks stops it at start; a 5-stage job and a job on cuda:7 are refused at
+ * submit naming the resource; two 2-stage jobs run side by side, one stage a
+ * GPU (cuda:0-1, cuda:2-3), while a third waits saying why and a CPU job runs
+ * beside them; the third starts on the GPUs the second gave back; every
+ * final loss equals the job's in-process run bitwise; ServerInfo says who
+ * holds each GPU. A real GPU run of the same placement is test_cuda's. */
+static void test_workers_gpu_placement(void)
+{
+	char data_dir[400], reason[600], want[600];
+	wf_proc srv;
+	wf_api api;
+	pt_api_request q;
+	pt_api_response r;
+	pt_job_spec a, b, c, d, big, pinned;
+	pt_api_job_info ji, jc;
+	uint64_t ida, idb, idc, idd;
+	double want_a, want_b, want_c, want_d;
+	int st;
+
+	setenv("PIPETRAIN_FAKE_GPUS", "4", 1);
+	snprintf(data_dir, sizeof(data_dir), "%s/gpu-bad", tmpdir);
+	{
+		const char *args[] = {"--listen",  "tcp://127.0.0.1:0", "--data-dir", data_dir,
+		                      "--devices", "cpu,cuda:5",        NULL};
+		CU_ASSERT_FALSE(proc_start(&srv, args));
+		CU_ASSERT_EQUAL(waitpid(srv.pid, &st, 0), srv.pid);
+		CU_ASSERT(WIFEXITED(st) && WEXITSTATUS(st) != 0);
+	}
+	snprintf(data_dir, sizeof(data_dir), "%s/gpu-data", tmpdir);
+	{
+		const char *args[] = {"--listen",
+		                      "tcp://127.0.0.1:0",
+		                      "--data-dir",
+		                      data_dir,
+		                      "--files-root",
+		                      PT_SOURCE_ROOT,
+		                      "--devices",
+		                      "all",
+		                      "--threads",
+		                      "2",
+		                      NULL};
+		CU_ASSERT_FATAL(proc_start(&srv, args));
+	}
+	unsetenv("PIPETRAIN_FAKE_GPUS");
+	wf_api_open(&api, srv.url, NULL);
+	pt_api_request_init(&q, PT_API_SERVER_INFO);
+	CU_ASSERT_FATAL(wf_api_call(&api, &q, &r));
+	CU_ASSERT_STRING_EQUAL(r.info.devices ? r.info.devices : "",
+	                       "cpu, cuda:0 (free), cuda:1 (free), cuda:2 (free), cuda:3 (free); "
+	                       "pretend GPUs (PIPETRAIN_FAKE_GPUS)");
+	CU_ASSERT_EQUAL(r.info.devices_in_use, 0);
+
+	wf_digits_spec(&big, 5, STEPS, NULL, 0);
+	pt_api_request_init(&q, PT_API_SUBMIT_JOB);
+	q.spec = &big;
+	CU_ASSERT_FATAL(wf_api_call(&api, &q, &r));
+	CU_ASSERT_EQUAL(r.code, PT_API_INVALID_JOB);
+	CU_ASSERT_STRING_EQUAL(r.message ? r.message : "",
+	                       "placement.stages: 5 stages need 5 GPUs (one stage a GPU); this "
+	                       "server has 4 (cuda:0,cuda:1,cuda:2,cuda:3) and no --pool");
+	wf_digits_spec(&pinned, 1, STEPS, NULL, 0);
+	free(pinned.device);
+	pinned.device = strdup("cuda:7");
+	q.spec = &pinned;
+	CU_ASSERT_FATAL(wf_api_call(&api, &q, &r));
+	CU_ASSERT_EQUAL(r.code, PT_API_INVALID_JOB);
+	CU_ASSERT_STRING_EQUAL(r.message ? r.message : "",
+	                       "device: \"cuda:7\" is not one of this server's GPUs "
+	                       "(cuda:0,cuda:1,cuda:2,cuda:3)");
+
+	wf_digits_spec(&a, 2, 600, NULL, 0);
+	wf_digits_spec(&b, 2, 300, NULL, 0);
+	wf_digits_spec(&c, 2, STEPS, NULL, 0);
+	wf_digits_spec(&d, 1, STEPS, NULL, 0);
+	b.seed = 7;
+	c.seed = 9;
+	free(d.device);
+	d.device = strdup("cpu");
+	want_a = local_final_loss(&a);
+	want_b = local_final_loss(&b);
+	want_c = local_final_loss(&c);
+	want_d = local_final_loss(&d);
+	CU_ASSERT_NOT_EQUAL_FATAL((ida = wf_api_submit(&api, &a)), 0);
+	CU_ASSERT_NOT_EQUAL_FATAL((idb = wf_api_submit(&api, &b)), 0);
+	CU_ASSERT_NOT_EQUAL_FATAL((idc = wf_api_submit(&api, &c)), 0);
+	wf_api_get(&api, idc, &jc);
+	snprintf(reason, sizeof(reason), "%s", jc.message ? jc.message : "");
+	CU_ASSERT_EQUAL(jc.state, PT_JOB_QUEUED);
+	CU_ASSERT_STRING_EQUAL(reason, "queued: needs 2 GPUs, 0 of 4 free");
+	pt_api_request_init(&q, PT_API_SERVER_INFO);
+	CU_ASSERT_FATAL(wf_api_call(&api, &q, &r));
+	snprintf(want, sizeof(want),
+	         "cpu, cuda:0 (job %llu), cuda:1 (job %llu), cuda:2 (job %llu), cuda:3 (job %llu); "
+	         "pretend GPUs (PIPETRAIN_FAKE_GPUS)",
+	         (unsigned long long)ida, (unsigned long long)ida, (unsigned long long)idb,
+	         (unsigned long long)idb);
+	CU_ASSERT_STRING_EQUAL(r.info.devices ? r.info.devices : "", want);
+	CU_ASSERT_EQUAL(r.info.devices_in_use, 4);
+	/* The CPU is a device of its own: a job on it runs beside the GPU jobs. */
+	CU_ASSERT_NOT_EQUAL_FATAL((idd = wf_api_submit(&api, &d)), 0);
+	CU_ASSERT_EQUAL(wf_api_wait_final(&api, idd, 60, &ji), PT_JOB_SUCCEEDED);
+	CU_ASSERT(ji.has_last && ji.last.loss == want_d);
+	wf_api_get(&api, ida, &ji);
+	CU_ASSERT_EQUAL(ji.state, PT_JOB_RUNNING);
+	CU_ASSERT(ji.message != NULL &&
+	          strncmp(ji.message, "stages on cuda:0, cuda:1 (pretend GPUs: the CPU computes); ",
+	                  59) == 0);
+
+	CU_ASSERT_EQUAL(wf_api_wait_final(&api, idb, 120, &ji), PT_JOB_SUCCEEDED);
+	CU_ASSERT(ji.has_last && ji.last.loss == want_b);
+	CU_ASSERT_EQUAL(wf_api_wait_final(&api, idc, 60, &jc), PT_JOB_SUCCEEDED);
+	CU_ASSERT(jc.has_last && jc.last.loss == want_c);
+	CU_ASSERT(jc.started_unix >= ji.finished_unix);
+	CU_ASSERT_EQUAL(wf_api_wait_final(&api, ida, 120, &ji), PT_JOB_SUCCEEDED);
+	CU_ASSERT(ji.has_last && ji.last.loss == want_a);
+	CU_ASSERT(jc.finished_unix <= ji.finished_unix); /* C ran beside A */
+
+	wf_api_close(&api);
+	pt_job_spec_fini(&a);
+	pt_job_spec_fini(&b);
+	pt_job_spec_fini(&c);
+	pt_job_spec_fini(&d);
+	pt_job_spec_fini(&big);
+	pt_job_spec_fini(&pinned);
+	CU_ASSERT_EQUAL(wf_proc_stop(&srv), 0);
+}
+
 static const pt_test_case worker_tests[] = {
     {"test_workers_job_matches_local", test_workers_job_matches_local},
     {"test_workers_handshake_refusals", test_workers_handshake_refusals},
@@ -1238,6 +1367,7 @@ static const pt_test_case worker_tests[] = {
     {"test_workers_join_waits_for_dead_session", test_workers_join_waits_for_dead_session},
     {"test_workers_forged_frames_ignored", test_workers_forged_frames_ignored},
     {"test_workers_tls_job", test_workers_tls_job},
+    {"test_workers_gpu_placement", test_workers_gpu_placement},
     {"test_workers_pool", test_workers_pool},
     {"test_workers_pool_restart", test_workers_pool_restart},
     {"test_workers_pool_server_killed", test_workers_pool_server_killed},

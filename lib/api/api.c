@@ -469,7 +469,7 @@ static pt_err build_worker_fn(pt_fb_builder *b, const void *item, pt_fb_ref *out
 
 static pt_err build_response_body(pt_fb_builder *b, const pt_api_response *r, pt_fb_ref *out)
 {
-	pt_fb_ref v = 0, s1 = 0, s2 = 0, s3 = 0;
+	pt_fb_ref v = 0, s1 = 0, s2 = 0, s3 = 0, s4 = 0;
 
 	*out = 0;
 	switch (r->kind) {
@@ -528,6 +528,7 @@ static pt_err build_response_body(pt_fb_builder *b, const pt_api_response *r, pt
 		str_ref(b, r->info.version, &s1);
 		str_ref(b, r->info.device, &s2);
 		str_ref(b, r->info.kernels, &s3);
+		str_ref(b, r->info.devices, &s4);
 		pt_fb_start_table(b);
 		pt_fb_add_offset(b, PT_FB_API_SERVER_INFO_REPLY_VERSION, s1);
 		pt_fb_add_i32(b, PT_FB_API_SERVER_INFO_REPLY_PROTOCOL, r->info.protocol, 0);
@@ -544,6 +545,7 @@ static pt_err build_response_body(pt_fb_builder *b, const pt_api_response *r, pt
 		              r->info.workers_unreachable, 0);
 		pt_fb_add_i32(b, PT_FB_API_SERVER_INFO_REPLY_DEVICES_IN_USE, r->info.devices_in_use,
 		              0);
+		pt_fb_add_offset(b, PT_FB_API_SERVER_INFO_REPLY_DEVICES, s4);
 		break;
 	case PT_API_LIST_WORKERS:
 		PT_TRY(build_table_vector(b, r->workers, r->n_workers, sizeof(*r->workers),
@@ -682,6 +684,7 @@ pt_err pt_api_parse_response(const void *buf, size_t size, pt_api_response *out)
 		    pt_fb_get_i32(body, PT_FB_API_SERVER_INFO_REPLY_WORKERS_UNREACHABLE, 0);
 		out->info.devices_in_use =
 		    pt_fb_get_i32(body, PT_FB_API_SERVER_INFO_REPLY_DEVICES_IN_USE, 0);
+		out->info.devices = opt_string(body, PT_FB_API_SERVER_INFO_REPLY_DEVICES);
 		break;
 	case PT_API_LIST_WORKERS:
 		out->vec_ = pt_fb_get_vector(body, PT_FB_API_LIST_WORKERS_REPLY_WORKERS, &n);

@@ -261,6 +261,7 @@ typedef struct pt_api_server_info {
 	const char *kernels; /* what was detected and picked (pt_backend_describe) */
 	int32_t workers, workers_free, workers_busy, workers_unreachable; /* --pool */
 	int32_t devices_in_use; /* the server's own devices running a job's stages */
+	const char *devices;    /* "cpu, cuda:0 (job 3), cuda:1 (free)" (NULL: none) */
 } pt_api_server_info;
 
 /* pt_api_worker_state is the schema's WorkerState. */

@@ -195,6 +195,11 @@ typedef struct pt_job_run_options {
 	const char *advertise_host; /* host workers dial for the coordinator (NULL: this
 	                             * host's address on the connection to the first worker) */
 	pt_job_tls worker_tls;      /* for tls+tcp:// workers */
+	/* In-process stages on GPUs the server placed them on: stage s on
+	 * cuda:stage_gpus[s - 1] (n_stage_gpus == spec->stages); 0: spec->device
+	 * decides. */
+	const int *stage_gpus;
+	int n_stage_gpus;
 } pt_job_run_options;
 
 /* pt_job_run trains the job to spec->steps (or until should_stop), writing

@@ -29,7 +29,9 @@
  * gradients, activations and optimizer state are device memory, activations
  * and gradients between stages on different GPUs travel over NCCL as device
  * tensors, stages sharing a GPU pass them on the control path (a host copy
- * put back on the device). The coordinator stays on the CPU: it sends host
+ * put back on the device). A server that places the stages on GPUs it
+ * owns (pt_job_run_options.stage_gpus) names each stage's device instead.
+ * The coordinator stays on the CPU: it sends host
  * batches and loss gradients (each stage copies them to its device) and gets
  * host outputs, norms, parameters and state, so the loss, metrics,
  * evaluation (the runner's full model is a CPU model) and checkpoints are
@@ -313,7 +315,9 @@ static pt_err nccl_up(runner *r, pt_device dev, pt_device *devs)
 	PT_TRY(pt_backend_device_count(PT_DEV_CUDA, &n));
 	devs[0] = PT_CPU;
 	for (int i = 1; i <= r->p; i++)
-		devs[i] = (pt_device){PT_DEV_CUDA, (dev.index + i - 1) % n};
+		devs[i] = r->o->n_stage_gpus > 0
+		              ? (pt_device){PT_DEV_CUDA, r->o->stage_gpus[i - 1]}
+		              : (pt_device){PT_DEV_CUDA, (dev.index + i - 1) % n};
 	return pt_nccl_comm_create_group(r->comms, devs, r->p + 1, -1);
 }
 
@@ -383,8 +387,14 @@ static pt_err pipeline_up(runner *r)
 	pt_stage_config configs[PT_MAX_STAGES];
 	pt_device dev = PT_CPU, devs[PT_MAX_STAGES + 1] = {{PT_DEV_CPU, 0}};
 
-	if (s->device != NULL)
+	if (r->o->n_stage_gpus > 0) {
+		if (r->o->n_stage_gpus != r->p)
+			return pt_set_error(PT_ERR_INVALID, "%d GPUs placed for %d stages",
+			                    r->o->n_stage_gpus, r->p);
+		dev = (pt_device){PT_DEV_CUDA, r->o->stage_gpus[0]};
+	} else if (s->device != NULL) {
 		PT_TRY(pt_device_parse(s->device, &dev));
+	}
 	if (dev.kind == PT_DEV_CUDA && s->n_workers > 0)
 		return pt_set_error(PT_ERR_UNSUPPORTED,
 		                    "device %s with placement.workers: not supported yet (the "

@@ -230,7 +230,14 @@ static void api(const pt_job_spec *specs)
 		r.n_checkpoints = 1;
 		put_response("rep-ListCheckpoints", &r);
 		pt_api_response_init(&r, 6, PT_API_OK, PT_API_SERVER_INFO);
-		r.info = (pt_api_server_info){"0.1.0", PT_API_PROTOCOL, "cpu", 1, 2, 12.5};
+		r.info = (pt_api_server_info){.version = "0.1.0",
+		                              .protocol = PT_API_PROTOCOL,
+		                              .device = "cpu",
+		                              .jobs_queued = 1,
+		                              .jobs_running = 2,
+		                              .uptime_seconds = 12.5,
+		                              .devices_in_use = 2,
+		                              .devices = "cpu, cuda:0 (job 3), cuda:1 (free)"};
 		put_response("rep-ServerInfo", &r);
 		{
 			pt_api_worker_info wi[2] = {{"tcp://10.0.0.7:7700", PT_API_WORKER_BUSY, 9,

@@ -108,7 +108,14 @@ class ServerInfoReply(object):
             return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
         return 0
 
-def ServerInfoReplyStart(builder): builder.StartObject(12)
+    # ServerInfoReply
+    def Devices(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(28))
+        if o != 0:
+            return self._tab.String(o + self._tab.Pos)
+        return None
+
+def ServerInfoReplyStart(builder): builder.StartObject(13)
 def Start(builder):
     return ServerInfoReplyStart(builder)
 def ServerInfoReplyAddVersion(builder, version): builder.PrependUOffsetTRelativeSlot(0, flatbuffers.number_types.UOffsetTFlags.py_type(version), 0)
@@ -147,6 +154,9 @@ def AddWorkersUnreachable(builder, workersUnreachable):
 def ServerInfoReplyAddDevicesInUse(builder, devicesInUse): builder.PrependInt32Slot(11, devicesInUse, 0)
 def AddDevicesInUse(builder, devicesInUse):
     return ServerInfoReplyAddDevicesInUse(builder, devicesInUse)
+def ServerInfoReplyAddDevices(builder, devices): builder.PrependUOffsetTRelativeSlot(12, flatbuffers.number_types.UOffsetTFlags.py_type(devices), 0)
+def AddDevices(builder, devices):
+    return ServerInfoReplyAddDevices(builder, devices)
 def ServerInfoReplyEnd(builder): return builder.EndObject()
 def End(builder):
     return ServerInfoReplyEnd(builder)
@@ -167,6 +177,7 @@ class ServerInfoReplyT(object):
         self.workersBusy = 0  # type: int
         self.workersUnreachable = 0  # type: int
         self.devicesInUse = 0  # type: int
+        self.devices = None  # type: str
 
     @classmethod
     def InitFromBuf(cls, buf, pos):
@@ -196,6 +207,7 @@ class ServerInfoReplyT(object):
         self.workersBusy = serverInfoReply.WorkersBusy()
         self.workersUnreachable = serverInfoReply.WorkersUnreachable()
         self.devicesInUse = serverInfoReply.DevicesInUse()
+        self.devices = serverInfoReply.Devices()
 
     # ServerInfoReplyT
     def Pack(self, builder):
@@ -205,6 +217,8 @@ class ServerInfoReplyT(object):
             device = builder.CreateString(self.device)
         if self.kernels is not None:
             kernels = builder.CreateString(self.kernels)
+        if self.devices is not None:
+            devices = builder.CreateString(self.devices)
         ServerInfoReplyStart(builder)
         if self.version is not None:
             ServerInfoReplyAddVersion(builder, version)
@@ -221,5 +235,7 @@ class ServerInfoReplyT(object):
         ServerInfoReplyAddWorkersBusy(builder, self.workersBusy)
         ServerInfoReplyAddWorkersUnreachable(builder, self.workersUnreachable)
         ServerInfoReplyAddDevicesInUse(builder, self.devicesInUse)
+        if self.devices is not None:
+            ServerInfoReplyAddDevices(builder, devices)
         serverInfoReply = ServerInfoReplyEnd(builder)
         return serverInfoReply
