@@ -149,9 +149,9 @@ int main(int argc, char **argv)
 	w2[n2++] = pt_layernorm(256);
 	w2[n2++] = pt_linear(256, 256);
 
-	workload wl1 = {"w1", w1,  7, {256, {PT_F32, 0, 64}, 1, 1, {PT_DEV_CPU, 0}, false},
+	workload wl1 = {"w1", w1,  7, {256, {PT_F32, 0, 64}, 1, 1, {PT_DEV_CPU, 0}, false, false},
 	                30,   300, 0};
-	workload wl2 = {"w2", w2, n2, {16, {PT_I64, 128, 0}, 1, 1, {PT_DEV_CPU, 0}, false},
+	workload wl2 = {"w2", w2, n2, {16, {PT_I64, 128, 0}, 1, 1, {PT_DEV_CPU, 0}, false, false},
 	                2,    8,  128};
 
 	sgemm = bench_sgemm();

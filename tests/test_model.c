@@ -6,6 +6,8 @@
 #include <unistd.h>
 
 #include "checkpoint.h"
+#include "ops.h"
+#include "rng.h"
 #include "pt_test.h"
 #include "safetensors.h"
 #include "train.h"
@@ -198,11 +200,116 @@ static void test_model_checkpoint_roundtrip_and_resume(void)
 	rig_free(&c);
 }
 
+/* same_bits compares two f32 tensors' bytes. */
+static bool same_bits(const pt_tensor *a, const pt_tensor *b)
+{
+	return pt_tensor_nbytes(a) == pt_tensor_nbytes(b) &&
+	       memcmp(pt_tensor_data(a), pt_tensor_data(b), pt_tensor_nbytes(a)) == 0;
+}
+
+/* split_matches_fused runs two microbatches through a fused model and a
+ * split one (inputs of both, then weights of both, in microbatch order) and
+ * asserts the same input gradients and parameter gradients, bitwise. */
+static void split_matches_fused(const pt_layer_spec *layers, int n, pt_act_shape in,
+                                int64_t first_layer, const char *what)
+{
+	pt_model_config cfg = {.batch = 3, .input = in, .n_slots = 2, .seed = 11};
+	pt_model *fused, *split;
+	pt_tensor x[2], dy[2];
+	const pt_tensor *y, *dx_f[2] = {NULL, NULL}, *dx_s;
+	pt_tensor keep[2];
+	pt_rng g;
+	int64_t T = in.seq ? in.seq : 1;
+
+	PT_CHECK_OK(pt_model_create(&fused, layers, n, (int)first_layer, n, &cfg));
+	cfg.split_backward = true;
+	PT_CHECK_OK(pt_model_create(&split, layers, n, (int)first_layer, n, &cfg));
+	pt_rng_init(&g, 5, 0);
+	for (int k = 0; k < 2; k++) {
+		if (in.dtype == PT_I64) {
+			PT_CHECK_OK(pt_tensor_init(&x[k], PT_I64, 2, (int64_t[]){3, T}));
+			for (int64_t i = 0; i < 3 * T; i++)
+				((int64_t *)pt_tensor_data(&x[k]))[i] = pt_rng_u32(&g) % 11;
+		} else if (in.seq) {
+			PT_CHECK_OK(
+			    pt_tensor_init(&x[k], PT_F32, 3, (int64_t[]){3, T, in.features}));
+			pt_rng_normal(&g, pt_tensor_f32(&x[k]), pt_tensor_numel(&x[k]), 0.0f, 1.0f);
+		} else {
+			PT_CHECK_OK(pt_tensor_init(&x[k], PT_F32, 2, (int64_t[]){3, in.features}));
+			pt_rng_normal(&g, pt_tensor_f32(&x[k]), pt_tensor_numel(&x[k]), 0.0f, 1.0f);
+		}
+		PT_CHECK_OK(pt_model_forward(fused, k, &x[k], &y, true, 1, (uint64_t)k));
+		PT_CHECK_OK(pt_tensor_init(&dy[k], PT_F32, y->ndim, y->shape));
+		pt_rng_normal(&g, pt_tensor_f32(&dy[k]), pt_tensor_numel(&dy[k]), 0.0f, 1.0f);
+		PT_CHECK_OK(pt_model_forward(split, k, &x[k], &y, true, 1, (uint64_t)k));
+	}
+	for (int k = 0; k < 2; k++) {
+		PT_CHECK_OK(pt_model_backward(fused, k, &dy[k], &dx_f[k]));
+		memset(&keep[k], 0, sizeof(keep[k]));
+		if (dx_f[k] != NULL) {
+			PT_CHECK_OK(
+			    pt_tensor_init(&keep[k], PT_F32, dx_f[k]->ndim, dx_f[k]->shape));
+			PT_CHECK_OK(pt_copy(&keep[k], dx_f[k]));
+		}
+	}
+	CU_ASSERT_NOT_EQUAL(pt_model_backward_weight(fused, 0), PT_OK); /* not split */
+	for (int k = 0; k < 2; k++) {
+		PT_CHECK_OK(pt_model_backward_input(split, k, &dy[k], &dx_s));
+		CU_ASSERT_EQUAL(dx_s == NULL, dx_f[k] == NULL);
+		if (dx_s != NULL && !same_bits(dx_s, &keep[k])) {
+			fprintf(stderr, "%s: microbatch %d: input gradients differ\n", what, k);
+			CU_FAIL("input gradients differ");
+		}
+	}
+	/* The input parts alone leave the parameter gradients untouched. */
+	for (int64_t i = 0; i < pt_tensor_numel(pt_model_grads(split)); i++)
+		if (pt_tensor_f32(pt_model_grads(split))[i] != 0.0f) {
+			CU_FAIL("an input part touched the parameter gradients");
+			break;
+		}
+	for (int k = 0; k < 2; k++)
+		PT_CHECK_OK(pt_model_backward_weight(split, k));
+	if (!same_bits(pt_model_grads(split), pt_model_grads(fused))) {
+		fprintf(stderr, "%s: parameter gradients differ\n", what);
+		CU_FAIL("parameter gradients differ");
+	}
+	for (int k = 0; k < 2; k++) {
+		pt_tensor_fini(&x[k]);
+		pt_tensor_fini(&dy[k]);
+		pt_tensor_fini(&keep[k]);
+	}
+	pt_model_destroy(fused);
+	pt_model_destroy(split);
+}
+
+/* A split backward (input gradients, then weight gradients later, as
+ * zero-bubble schedules run them) gives the fused backward's bits for every
+ * layer kind with parameters: an MLP stage with LayerNorm and dropout, a
+ * GPT stage (Embedding, Attention, TransformerBlock, LayerNorm, Linear),
+ * and a middle GPT stage whose input has a gradient. */
+static void test_model_split_backward_matches_fused(void)
+{
+	const pt_layer_spec mlp_ln[] = {
+	    {.kind = PT_LAYER_LINEAR, .in_features = 8, .out_features = 16, .bias = true},
+	    {.kind = PT_LAYER_GELU},
+	    pt_layernorm(16),
+	    pt_dropout(0.25f),
+	    {.kind = PT_LAYER_LINEAR, .in_features = 16, .out_features = 3, .bias = false},
+	};
+	pt_layer_spec gpt[] = {pt_embedding(11, 8, 6), pt_attention(8, 2), pt_block(8, 2),
+	                       pt_block(8, 2),         pt_layernorm(8),    pt_linear(8, 11)};
+	split_matches_fused(mlp_ln, 5, (pt_act_shape){PT_F32, 0, 8}, 0, "mlp");
+	split_matches_fused(gpt, 6, (pt_act_shape){PT_I64, 6, 0}, 0, "gpt");
+	/* Layers 2.. of the GPT: f32 (B, T, C) input, so the first block's dx too. */
+	split_matches_fused(gpt + 2, 4, (pt_act_shape){PT_F32, 6, 8}, 0, "gpt middle");
+}
+
 static const pt_test_case tests[] = {
     {"test_model_param_overflow", test_model_param_overflow},
     {"test_model_state_dict_names", test_model_state_dict_names},
     {"test_model_stage_weights_match_full_model", test_model_stage_weights_match_full_model},
     {"test_model_checkpoint_roundtrip_and_resume", test_model_checkpoint_roundtrip_and_resume},
+    {"test_model_split_backward_matches_fused", test_model_split_backward_matches_fused},
     {NULL, NULL},
 };
 

@@ -135,10 +135,45 @@ static pt_err linear_forward(pt_layer *l, pt_layer_ctx *x)
 	return pt_linear_forward(x->y, x->x, &l->param[0], l->spec.bias ? &l->param[1] : NULL);
 }
 
+/* stash_view is a view of `shape` carved from the layer's weight stash at
+ * *off (the same offsets in both parts of a split backward). */
+static pt_err stash_view(pt_tensor *dst, const pt_layer_ctx *x, int64_t *off, int ndim,
+                         const int64_t *shape)
+{
+	return carve(dst, x->wstash, off, ndim, shape);
+}
+
+/* stash_dy keeps dy for the weight part (PT_BWD_INPUT) or gives it back
+ * (PT_BWD_WEIGHT) in *dy, a view of the stash's first floats. */
+static pt_err stash_dy(pt_tensor *dy, const pt_layer_ctx *x, const pt_tensor *like)
+{
+	int64_t off = 0;
+	PT_TRY(stash_view(dy, x, &off, like->ndim, like->shape));
+	return x->part == PT_BWD_INPUT ? pt_copy(dy, x->dy) : PT_OK;
+}
+
+static int64_t out_rows_stash(const pt_layer_spec *s, pt_act_shape in, int64_t B)
+{
+	return ((batch_rows(in, B) * s->out_features) + 15) & ~(int64_t)15;
+}
+
 static pt_err linear_backward(pt_layer *l, pt_layer_ctx *x)
 {
-	return pt_linear_backward(x->dx, &l->grad[0], l->spec.bias ? &l->grad[1] : NULL, x->dy,
-	                          x->x, &l->param[0], false);
+	pt_tensor *gb = l->spec.bias ? &l->grad[1] : NULL, dy = {0};
+	pt_err rv;
+	if (x->part == PT_BWD_ALL)
+		return pt_linear_backward(x->dx, &l->grad[0], gb, x->dy, x->x, &l->param[0], false);
+	/* The output gradient is kept for the weight part: dW = dy^T x, db = sum dy. */
+	if ((rv = stash_dy(&dy, x, x->part == PT_BWD_INPUT ? x->dy : x->y)) == PT_OK) {
+		if (x->part == PT_BWD_WEIGHT)
+			rv = pt_linear_backward(NULL, &l->grad[0], gb, &dy, x->x, &l->param[0],
+			                        false);
+		else if (x->dx != NULL)
+			rv =
+			    pt_linear_backward(x->dx, NULL, NULL, x->dy, x->x, &l->param[0], false);
+	}
+	pt_tensor_fini(&dy);
+	return rv;
 }
 
 static void linear_init(pt_layer *l, uint64_t seed)
@@ -253,8 +288,26 @@ static pt_err ln_forward(pt_layer *l, pt_layer_ctx *x)
 
 static pt_err ln_backward(pt_layer *l, pt_layer_ctx *x)
 {
-	return pt_layernorm_backward(x->dx, &l->grad[0], &l->grad[1], x->dy, x->x, &l->param[0],
-	                             &x->saved[0], &x->saved[1], false);
+	pt_tensor dy = {0};
+	pt_err rv;
+	if (x->part == PT_BWD_ALL)
+		return pt_layernorm_backward(x->dx, &l->grad[0], &l->grad[1], x->dy, x->x,
+		                             &l->param[0], &x->saved[0], &x->saved[1], false);
+	if ((rv = stash_dy(&dy, x, x->y)) == PT_OK) {
+		if (x->part == PT_BWD_WEIGHT)
+			rv = pt_layernorm_backward(NULL, &l->grad[0], &l->grad[1], &dy, x->x,
+			                           &l->param[0], &x->saved[0], &x->saved[1], false);
+		else if (x->dx != NULL)
+			rv = pt_layernorm_backward(x->dx, NULL, NULL, x->dy, x->x, &l->param[0],
+			                           &x->saved[0], &x->saved[1], false);
+	}
+	pt_tensor_fini(&dy);
+	return rv;
+}
+
+static int64_t same_stash(const pt_layer_spec *s, pt_act_shape in, int64_t B)
+{
+	return ((batch_rows(in, B) * in.features) + 15) & ~(int64_t)15;
 }
 
 static void ln_init(pt_layer *l, uint64_t seed)
@@ -296,8 +349,22 @@ static pt_err emb_forward(pt_layer *l, pt_layer_ctx *x)
 
 static pt_err emb_backward(pt_layer *l, pt_layer_ctx *x)
 {
-	return pt_embedding_backward(&l->grad[0], l->spec.max_seq ? &l->grad[1] : NULL, x->dy,
-	                             x->x);
+	pt_tensor dy = {0};
+	pt_err rv;
+	if (x->part == PT_BWD_ALL)
+		return pt_embedding_backward(&l->grad[0], l->spec.max_seq ? &l->grad[1] : NULL,
+		                             x->dy, x->x);
+	/* Tokens have no gradient: the input part only keeps dy. */
+	if ((rv = stash_dy(&dy, x, x->y)) == PT_OK && x->part == PT_BWD_WEIGHT)
+		rv = pt_embedding_backward(&l->grad[0], l->spec.max_seq ? &l->grad[1] : NULL, &dy,
+		                           x->x);
+	pt_tensor_fini(&dy);
+	return rv;
+}
+
+static int64_t emb_stash(const pt_layer_spec *s, pt_act_shape in, int64_t B)
+{
+	return ((B * in.seq * s->dim) + 15) & ~(int64_t)15;
 }
 
 static void emb_init(pt_layer *l, uint64_t seed)
@@ -367,11 +434,51 @@ static pt_err attn_forward(pt_layer *l, pt_layer_ctx *x)
 	return pt_linear_forward(x->y, &x->saved[2], &l->param[2], &l->param[3]);
 }
 
+/* attn_backward_split: the input part keeps dy (for c_proj) and dqkv (for
+ * c_attn) in the stash; the weight part reads them back. */
+static pt_err attn_backward_split(pt_layer *l, pt_layer_ctx *x)
+{
+	pt_tensor datty = {0}, dqkv = {0}, dy = {0};
+	int64_t off = 0, soff = 0;
+	pt_err rv;
+	if ((rv = stash_view(&dy, x, &soff, x->y->ndim, x->y->shape)) != PT_OK ||
+	    (rv = stash_view(&dqkv, x, &soff, 3, x->saved[0].shape)) != PT_OK)
+		goto out;
+	if (x->part == PT_BWD_WEIGHT) {
+		if ((rv = pt_linear_backward(NULL, &l->grad[2], &l->grad[3], &dy, &x->saved[2],
+		                             &l->param[2], false)) == PT_OK)
+			rv = pt_linear_backward(NULL, &l->grad[0], &l->grad[1], &dqkv, x->x,
+			                        &l->param[0], false);
+		goto out;
+	}
+	if ((rv = carve(&datty, x->scratch, &off, 3, x->saved[2].shape)) != PT_OK ||
+	    (rv = pt_copy(&dy, x->dy)) != PT_OK ||
+	    (rv = pt_linear_backward(&datty, NULL, NULL, x->dy, &x->saved[2], &l->param[2],
+	                             false)) != PT_OK ||
+	    (rv = pt_attention_backward(&dqkv, &datty, &x->saved[0], &x->saved[1], l->spec.n_head,
+	                                false)) != PT_OK)
+		goto out;
+	rv = pt_linear_backward(x->dx, NULL, NULL, &dqkv, x->x, &l->param[0], false);
+out:
+	pt_tensor_fini(&datty);
+	pt_tensor_fini(&dqkv);
+	pt_tensor_fini(&dy);
+	return rv;
+}
+
+static int64_t attn_stash(const pt_layer_spec *s, pt_act_shape in, int64_t B)
+{
+	int64_t BTC = B * in.seq * s->dim;
+	return ((BTC + 15) & ~(int64_t)15) + ((3 * BTC + 15) & ~(int64_t)15);
+}
+
 static pt_err attn_backward(pt_layer *l, pt_layer_ctx *x)
 {
 	pt_tensor datty = {0}, dqkv = {0};
 	int64_t off = 0;
 	pt_err rv;
+	if (x->part != PT_BWD_ALL)
+		return attn_backward_split(l, x);
 	if ((rv = carve(&datty, x->scratch, &off, 3, x->saved[2].shape)) != PT_OK ||
 	    (rv = carve(&dqkv, x->scratch, &off, 3, x->saved[0].shape)) != PT_OK)
 		goto out;
@@ -501,12 +608,89 @@ static pt_err block_forward(pt_layer *l, pt_layer_ctx *x)
 	return pt_add(x->y, x->y, &sv[B_R1], 1.0f, 1.0f);
 }
 
+/* block_backward_split: the input part keeps, for the weight part, the
+ * gradient of every parameterised sub-layer's output: dy (mlp.c_proj), dh
+ * (mlp.c_fc, after GELU), dln2 (ln_2), dr1 (attn.c_proj), dqkv
+ * (attn.c_attn) and dln1 (ln_1). Each op is the fused backward's, so the
+ * results are its bits. */
+static pt_err block_backward_split(pt_layer *l, pt_layer_ctx *x)
+{
+	pt_tensor *sv = x->saved, *p = l->param, *g = l->grad;
+	pt_tensor dy = {0}, dh = {0}, dln2 = {0}, dr1 = {0}, dqkv = {0}, dln1 = {0}, datty = {0};
+	int64_t off = 0, soff = 0;
+	pt_err rv;
+
+	if ((rv = stash_view(&dy, x, &soff, 3, sv[B_R1].shape)) != PT_OK ||
+	    (rv = stash_view(&dh, x, &soff, 3, sv[B_FC].shape)) != PT_OK ||
+	    (rv = stash_view(&dln2, x, &soff, 3, sv[B_R1].shape)) != PT_OK ||
+	    (rv = stash_view(&dr1, x, &soff, 3, sv[B_R1].shape)) != PT_OK ||
+	    (rv = stash_view(&dqkv, x, &soff, 3, sv[B_QKV].shape)) != PT_OK ||
+	    (rv = stash_view(&dln1, x, &soff, 3, sv[B_R1].shape)) != PT_OK)
+		goto out;
+	if (x->part == PT_BWD_WEIGHT) {
+		if ((rv = pt_linear_backward(NULL, &g[P_FC2_W], &g[P_FC2_B], &dy, &sv[B_GELU],
+		                             &p[P_FC2_W], false)) != PT_OK ||
+		    (rv = pt_linear_backward(NULL, &g[P_FC_W], &g[P_FC_B], &dh, &sv[B_LN2],
+		                             &p[P_FC_W], false)) != PT_OK ||
+		    (rv = pt_layernorm_backward(NULL, &g[P_LN2_W], &g[P_LN2_B], &dln2, &sv[B_R1],
+		                                &p[P_LN2_W], &sv[B_LN2_MEAN], &sv[B_LN2_RSTD],
+		                                false)) != PT_OK ||
+		    (rv = pt_linear_backward(NULL, &g[P_PROJ_W], &g[P_PROJ_B], &dr1, &sv[B_ATTY],
+		                             &p[P_PROJ_W], false)) != PT_OK ||
+		    (rv = pt_linear_backward(NULL, &g[P_QKV_W], &g[P_QKV_B], &dqkv, &sv[B_LN1],
+		                             &p[P_QKV_W], false)) != PT_OK)
+			goto out;
+		rv = pt_layernorm_backward(NULL, &g[P_LN1_W], &g[P_LN1_B], &dln1, x->x, &p[P_LN1_W],
+		                           &sv[B_LN1_MEAN], &sv[B_LN1_RSTD], false);
+		goto out;
+	}
+	if ((rv = carve(&datty, x->scratch, &off, 3, sv[B_R1].shape)) != PT_OK ||
+	    (rv = pt_copy(&dy, x->dy)) != PT_OK ||
+	    (rv = pt_linear_backward(&dh, NULL, NULL, x->dy, &sv[B_GELU], &p[P_FC2_W], false)) !=
+	        PT_OK ||
+	    (rv = pt_activation_backward(&dh, &dh, &sv[B_FC], NULL, PT_ACT_GELU, false)) != PT_OK ||
+	    (rv = pt_linear_backward(&dln2, NULL, NULL, &dh, &sv[B_LN2], &p[P_FC_W], false)) !=
+	        PT_OK ||
+	    (rv = pt_copy(&dr1, x->dy)) != PT_OK ||
+	    (rv = pt_layernorm_backward(&dr1, NULL, NULL, &dln2, &sv[B_R1], &p[P_LN2_W],
+	                                &sv[B_LN2_MEAN], &sv[B_LN2_RSTD], true)) != PT_OK ||
+	    (rv = pt_linear_backward(&datty, NULL, NULL, &dr1, &sv[B_ATTY], &p[P_PROJ_W], false)) !=
+	        PT_OK ||
+	    (rv = pt_attention_backward(&dqkv, &datty, &sv[B_QKV], &sv[B_ATT], l->spec.n_head,
+	                                false)) != PT_OK ||
+	    (rv = pt_linear_backward(&dln1, NULL, NULL, &dqkv, &sv[B_LN1], &p[P_QKV_W], false)) !=
+	        PT_OK)
+		goto out;
+	if (x->dx != NULL && (rv = pt_copy(x->dx, &dr1)) == PT_OK)
+		rv = pt_layernorm_backward(x->dx, NULL, NULL, &dln1, x->x, &p[P_LN1_W],
+		                           &sv[B_LN1_MEAN], &sv[B_LN1_RSTD], true);
+out:
+	pt_tensor_fini(&dy);
+	pt_tensor_fini(&dh);
+	pt_tensor_fini(&dln2);
+	pt_tensor_fini(&dr1);
+	pt_tensor_fini(&dqkv);
+	pt_tensor_fini(&dln1);
+	pt_tensor_fini(&datty);
+	return rv;
+}
+
+static int64_t block_stash(const pt_layer_spec *s, pt_act_shape in, int64_t B)
+{
+	int64_t BT = B * in.seq, C = s->dim, H = hidden_of(s);
+	return 4 * ((BT * C + 15) & ~(int64_t)15) + ((BT * H + 15) & ~(int64_t)15) +
+	       ((3 * BT * C + 15) & ~(int64_t)15);
+}
+
 static pt_err block_backward(pt_layer *l, pt_layer_ctx *x)
 {
 	pt_tensor *sv = x->saved, *p = l->param, *g = l->grad;
 	pt_tensor dh = {0}, dr1 = {0}, dln = {0}, datty = {0}, dqkv = {0};
 	int64_t off = 0;
 	pt_err rv;
+
+	if (x->part != PT_BWD_ALL)
+		return block_backward_split(l, x);
 
 	if ((rv = carve(&dh, x->scratch, &off, 3, sv[B_FC].shape)) != PT_OK ||
 	    (rv = carve(&dr1, x->scratch, &off, 3, sv[B_R1].shape)) != PT_OK ||
@@ -567,25 +751,25 @@ static void block_init(pt_layer *l, uint64_t seed)
 
 #define VT_ACT(nm, fw, bw)                                                                         \
 	{                                                                                          \
-		nm, act_infer, no_params, none_saved, no_scratch, fw, bw, no_init                  \
+		nm, act_infer, no_params, none_saved, no_scratch, fw, bw, no_init, NULL            \
 	}
 
 static const pt_layer_vt vtables[PT_LAYER_KIND_COUNT] = {
     [PT_LAYER_LINEAR] = {"linear", linear_infer, linear_params, none_saved, no_scratch,
-                         linear_forward, linear_backward, linear_init},
+                         linear_forward, linear_backward, linear_init, out_rows_stash},
     [PT_LAYER_RELU] = VT_ACT("relu", act_forward, act_backward),
     [PT_LAYER_GELU] = VT_ACT("gelu", act_forward, act_backward),
     [PT_LAYER_TANH] = VT_ACT("tanh", act_forward, act_backward),
     [PT_LAYER_SIGMOID] = VT_ACT("sigmoid", act_forward, act_backward),
     [PT_LAYER_DROPOUT] = VT_ACT("dropout", dropout_forward, dropout_backward),
     [PT_LAYER_LAYERNORM] = {"layernorm", ln_infer, ln_params, ln_saved, no_scratch, ln_forward,
-                            ln_backward, ln_init},
+                            ln_backward, ln_init, same_stash},
     [PT_LAYER_EMBEDDING] = {"embedding", emb_infer, emb_params, none_saved, no_scratch, emb_forward,
-                            emb_backward, emb_init},
+                            emb_backward, emb_init, emb_stash},
     [PT_LAYER_ATTENTION] = {"attention", attn_infer, attn_params, attn_saved, attn_scratch,
-                            attn_forward, attn_backward, attn_init},
+                            attn_forward, attn_backward, attn_init, attn_stash},
     [PT_LAYER_BLOCK] = {"transformer_block", block_infer, block_params, block_saved, block_scratch,
-                        block_forward, block_backward, block_init},
+                        block_forward, block_backward, block_init, block_stash},
     [PT_LAYER_SOFTMAX] = VT_ACT("softmax", softmax_forward, softmax_backward),
 };
 _Static_assert(sizeof(vtables) / sizeof(vtables[0]) == PT_LAYER_KIND_COUNT, "layer table");

@@ -101,7 +101,17 @@ typedef struct pt_layer_vt {
 	pt_err (*forward)(struct pt_layer *l, struct pt_layer_ctx *x);
 	pt_err (*backward)(struct pt_layer *l, struct pt_layer_ctx *x);
 	void (*init)(struct pt_layer *l, uint64_t seed);
+	/* Split backward (zero-bubble schedules): floats per slot that the
+	 * input-gradient part (PT_BWD_INPUT) keeps for the weight-gradient part
+	 * (PT_BWD_WEIGHT); NULL for layers without parameters (no weight part). */
+	int64_t (*wstash)(const pt_layer_spec *s, pt_act_shape in, int64_t B);
 } pt_layer_vt;
+
+/* Which part of a backward a call computes. PT_BWD_INPUT gives dx only and
+ * keeps what the weight gradients need in ctx->wstash; PT_BWD_WEIGHT
+ * accumulates the parameter gradients from it (dy and dx unused). The two
+ * parts give the fused backward's dx and gradients bitwise. */
+typedef enum pt_bwd_part { PT_BWD_ALL, PT_BWD_INPUT, PT_BWD_WEIGHT } pt_bwd_part;
 
 /* pt_layer_vtable returns the implementation of a kind (NULL if unknown). */
 const pt_layer_vt *pt_layer_vtable(pt_layer_kind k);
@@ -126,6 +136,8 @@ typedef struct pt_layer_ctx {
 	const pt_tensor *dy;   /* backward: gradient of y */
 	pt_tensor *dx;         /* backward: gradient of x (NULL when not needed) */
 	pt_tensor *scratch;    /* backward scratch, f32, at least scratch() floats */
+	pt_bwd_part part;      /* backward: all, or one part of a split backward */
+	pt_tensor *wstash;     /* split backward: this layer's wstash() floats for the slot */
 	bool training;         /* dropout active */
 	uint64_t seed, stream; /* dropout: per (step, microbatch, layer) */
 } pt_layer_ctx;

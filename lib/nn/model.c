@@ -12,9 +12,11 @@
 
 typedef struct slot {
 	pt_storage *arena;
-	pt_tensor *y;     /* [n_layers] outputs */
-	pt_tensor *saved; /* [n_layers * PT_LAYER_MAX_SAVED] */
-	pt_tensor x;      /* view of the caller's input for this slot */
+	pt_tensor *y;       /* [n_layers] outputs */
+	pt_tensor *saved;   /* [n_layers * PT_LAYER_MAX_SAVED] */
+	pt_tensor x;        /* view of the caller's input for this slot */
+	pt_storage *warena; /* split backward: the layers' weight stashes */
+	pt_tensor *wstash;  /* [n_layers] flat views of warena (empty: no weight part) */
 	bool has_x;
 	bool training; /* forward's settings, replayed by backward */
 	uint64_t step, microbatch;
@@ -218,6 +220,24 @@ static pt_err alloc_slot(pt_model *m, slot *s)
 		}
 		total = off;
 	}
+	if (!m->cfg.split_backward)
+		return PT_OK;
+	if ((s->wstash = calloc((size_t)m->n_layers, sizeof(pt_tensor))) == NULL)
+		return pt_set_error(PT_ERR_NOMEM, "weight stash table");
+	total = 0;
+	for (int i = 0; i < m->n_layers; i++) {
+		pt_layer *l = &m->layers[i];
+		total += l->vt->wstash ? l->vt->wstash(&l->spec, l->in_shape, B) : 0;
+	}
+	PT_TRY(pt_storage_create(&s->warena, (size_t)(total ? total : 1) * 4, m->cfg.device));
+	for (int i = 0, off = 0; i < m->n_layers; i++) {
+		pt_layer *l = &m->layers[i];
+		int64_t n = l->vt->wstash ? l->vt->wstash(&l->spec, l->in_shape, B) : 0;
+		if (n > 0)
+			PT_TRY(pt_tensor_init_on(&s->wstash[i], s->warena, (size_t)off * 4, PT_F32,
+			                         1, (int64_t[]){n}));
+		off += (int)n;
+	}
 	return PT_OK;
 }
 
@@ -318,9 +338,13 @@ void pt_model_destroy(pt_model *m)
 		for (int i = 0; sl->saved && i < m->n_layers * PT_LAYER_MAX_SAVED; i++)
 			pt_tensor_fini(&sl->saved[i]);
 		pt_tensor_fini(&sl->x);
+		for (int i = 0; sl->wstash && i < m->n_layers; i++)
+			pt_tensor_fini(&sl->wstash[i]);
 		free(sl->y);
 		free(sl->saved);
+		free(sl->wstash);
 		pt_storage_release(sl->arena);
+		pt_storage_release(sl->warena);
 	}
 	for (int i = 0; m->layers && i < m->n_layers; i++)
 		for (int k = 0; k < PT_LAYER_MAX_PARAMS; k++) {
@@ -429,7 +453,55 @@ static pt_err gview(pt_model *m, int k, pt_act_shape s, pt_tensor *out)
 	                         shape);
 }
 
+static pt_err backward_part(pt_model *m, int s, const pt_tensor *dy, const pt_tensor **dx,
+                            pt_bwd_part part);
+
 pt_err pt_model_backward(pt_model *m, int s, const pt_tensor *dy, const pt_tensor **dx)
+{
+	return backward_part(m, s, dy, dx, PT_BWD_ALL);
+}
+
+pt_err pt_model_backward_input(pt_model *m, int s, const pt_tensor *dy, const pt_tensor **dx)
+{
+	if (!m->cfg.split_backward)
+		return pt_set_error(PT_ERR_STATE, "split backward on a model built without it");
+	return backward_part(m, s, dy, dx, PT_BWD_INPUT);
+}
+
+pt_err pt_model_backward_weight(pt_model *m, int s)
+{
+	slot *sl;
+	PT_TRY(check_slot(m, s));
+	if (!m->cfg.split_backward)
+		return pt_set_error(PT_ERR_STATE, "split backward on a model built without it");
+	PT_TRY(pt_dispatcher_flush(pt_dispatcher_current()));
+	sl = &m->slots[s];
+	if (!sl->has_x)
+		return pt_set_error(PT_ERR_STATE, "weight gradients of slot %d without a forward",
+		                    s);
+	for (int i = m->n_layers - 1; i >= 0; i--) {
+		pt_layer *l = &m->layers[i];
+		pt_err rv;
+		if (l->vt->wstash == NULL || sl->wstash[i].storage == NULL)
+			continue;
+		pt_layer_ctx c = {
+		    .x = i > 0 ? &sl->y[i - 1] : &sl->x,
+		    .y = &sl->y[i],
+		    .saved = &sl->saved[i * PT_LAYER_MAX_SAVED],
+		    .scratch = &m->scratch,
+		    .training = sl->training,
+		    .part = PT_BWD_WEIGHT,
+		    .wstash = &sl->wstash[i],
+		};
+		if ((rv = l->vt->backward(l, &c)) != PT_OK)
+			return pt_set_error(rv, "layer %d (%s) weight gradients: %s", l->index,
+			                    l->vt->name, pt_last_error());
+	}
+	return PT_OK;
+}
+
+static pt_err backward_part(pt_model *m, int s, const pt_tensor *dy, const pt_tensor **dx,
+                            pt_bwd_part part)
 {
 	slot *sl;
 	const pt_tensor *cur = dy;
@@ -468,6 +540,8 @@ pt_err pt_model_backward(pt_model *m, int s, const pt_tensor *dy, const pt_tenso
 		    .training = sl->training,
 		    .seed = dropout_seed(m),
 		    .stream = dropout_stream(sl->step, sl->microbatch, l->index),
+		    .part = l->vt->wstash != NULL ? part : PT_BWD_ALL,
+		    .wstash = sl->wstash ? &sl->wstash[i] : NULL,
 		};
 		if ((rv = l->vt->backward(l, &c)) != PT_OK)
 			return pt_set_error(rv, "layer %d (%s) backward: %s", l->index, l->vt->name,

@@ -32,6 +32,10 @@ typedef struct pt_model_config {
 	/* No initial weights drawn: parameters start at zero, for a model whose
 	 * weights are always set before use (a job runner's evaluation copy). */
 	bool no_init;
+	/* Split backward (zero-bubble schedules): each slot keeps a weight
+	 * stash so pt_model_backward_input and pt_model_backward_weight can run
+	 * apart. */
+	bool split_backward;
 } pt_model_config;
 
 typedef struct pt_model pt_model;
@@ -63,6 +67,15 @@ pt_err pt_model_forward(pt_model *m, int slot, const pt_tensor *x, const pt_tens
  * skip) points at the gradient of the stage input, valid until the next
  * backward; it is NULL when the input is tokens. */
 pt_err pt_model_backward(pt_model *m, int slot, const pt_tensor *dy, const pt_tensor **dx);
+
+/* pt_model_backward_input is the first part of a split backward (needs
+ * cfg.split_backward): the input gradient only, as pt_model_backward gives
+ * it; what the parameter gradients need stays in the slot's weight stash.
+ * pt_model_backward_weight is the second part: it accumulates the slot's
+ * parameter gradients, bitwise those of pt_model_backward. The slot holds
+ * its forward's tensors until the weight part ran. */
+pt_err pt_model_backward_input(pt_model *m, int slot, const pt_tensor *dy, const pt_tensor **dx);
+pt_err pt_model_backward_weight(pt_model *m, int slot);
 
 /* pt_model_zero_grad sets every gradient to zero. */
 pt_err pt_model_zero_grad(pt_model *m);

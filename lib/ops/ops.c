@@ -204,8 +204,10 @@ static pt_err meta_linear_bwd(const pt_op_call *c)
 		PT_TRY(need_f32(c, c->out[0], "dx"));
 		PT_TRY(same_shape(c, c->out[0], "dx", x, "x"));
 	}
-	PT_TRY(need_f32(c, c->out[1], "dweight"));
-	PT_TRY(same_shape(c, c->out[1], "dweight", w, "weight"));
+	if (c->out[1]) { /* NULL: the input gradient only (split backward) */
+		PT_TRY(need_f32(c, c->out[1], "dweight"));
+		PT_TRY(same_shape(c, c->out[1], "dweight", w, "weight"));
+	}
 	if (c->out[2]) {
 		PT_TRY(need_f32(c, c->out[2], "dbias"));
 		PT_TRY(dims_are(c, c->out[2], "dbias", 1, (int64_t[]){w->shape[0]}));
@@ -296,8 +298,18 @@ static pt_err meta_ln_bwd(const pt_op_call *c)
 		if (pt_tensor_numel(c->in[i]) != rows(x))
 			return pt_set_error(PT_ERR_SHAPE, "layernorm_backward: saved stats size");
 	}
-	PT_TRY(need_f32(c, c->out[0], "dx"));
-	PT_TRY(same_shape(c, c->out[0], "dx", x, "x"));
+	/* Split backward: dx only (dweight and dbias NULL), or they only (dx NULL). */
+	if (c->out[0] == NULL && c->out[1] == NULL)
+		return pt_set_error(PT_ERR_INVALID, "layernorm_backward: nothing to compute");
+	if ((c->out[1] == NULL) != (c->out[2] == NULL))
+		return pt_set_error(PT_ERR_INVALID,
+		                    "layernorm_backward: dweight and dbias go together");
+	if (c->out[0]) {
+		PT_TRY(need_f32(c, c->out[0], "dx"));
+		PT_TRY(same_shape(c, c->out[0], "dx", x, "x"));
+	}
+	if (c->out[1] == NULL)
+		return PT_OK;
 	PT_TRY(need_f32(c, c->out[1], "dweight"));
 	PT_TRY(need_f32(c, c->out[2], "dbias"));
 	PT_TRY(dims_are(c, c->out[1], "dweight", 1, (int64_t[]){C}));

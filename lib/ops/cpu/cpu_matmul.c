@@ -63,8 +63,9 @@ pt_err cpu_linear_backward(const pt_op_call *c, void *ws)
 	if (c->out[0] != NULL)
 		PT_TRY(cpu_gemm(false, false, N, I, O, 1.0f, g, O, pt_tensor_f32(w), I,
 		                c->p.linear.accum_dx ? 1.0f : 0.0f, pt_tensor_f32(c->out[0]), I));
-	PT_TRY(cpu_gemm(true, false, O, I, N, 1.0f, g, O, pt_tensor_f32(x), I, 1.0f,
-	                pt_tensor_f32(c->out[1]), I));
+	if (c->out[1] != NULL) /* NULL: the input gradient only (split backward) */
+		PT_TRY(cpu_gemm(true, false, O, I, N, 1.0f, g, O, pt_tensor_f32(x), I, 1.0f,
+		                pt_tensor_f32(c->out[1]), I));
 	if (c->out[2] != NULL) {
 		/* Column sums, rows in order: deterministic for any thread count. */
 		float *db = pt_tensor_f32(c->out[2]);

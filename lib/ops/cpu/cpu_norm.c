@@ -44,14 +44,16 @@ pt_err cpu_layernorm_backward(const pt_op_call *c, void *ws)
 	const float *dy = pt_tensor_f32(c->in[0]), *x = pt_tensor_f32(xt);
 	const float *w = pt_tensor_f32(c->in[2]), *mean = pt_tensor_f32(c->in[3]);
 	const float *rstd = pt_tensor_f32(c->in[4]);
-	float *dx = pt_tensor_f32(c->out[0]), *dw = pt_tensor_f32(c->out[1]);
-	float *db = pt_tensor_f32(c->out[2]);
+	/* dx, or dw and db, may be NULL (split backward). */
+	float *dx = c->out[0] ? pt_tensor_f32(c->out[0]) : NULL;
+	float *dw = c->out[1] ? pt_tensor_f32(c->out[1]) : NULL;
+	float *db = c->out[2] ? pt_tensor_f32(c->out[2]) : NULL;
 	float acc = c->p.layernorm.accum_dx ? 1.0f : 0.0f;
 
 	/* dx rows are independent: parallel. dw/db sum over rows: serial, in
 	 * row order, so the result does not depend on the thread count. */
-#pragma omp parallel for schedule(static) if (R * C >= PT_CPU_PAR_MIN)
-	for (int64_t r = 0; r < R; r++) {
+#pragma omp parallel for schedule(static) if (dx != NULL && R * C >= PT_CPU_PAR_MIN)
+	for (int64_t r = 0; r < (dx != NULL ? R : 0); r++) {
 		const float *dyr = dy + r * C, *xr = x + r * C;
 		float *dxr = dx + r * C;
 		float m = mean[r], s = rstd[r];
@@ -73,7 +75,7 @@ pt_err cpu_layernorm_backward(const pt_op_call *c, void *ws)
 			    (acc != 0.0f ? dxr[j] : 0.0f) + (dn - dnorm_mean - nj * dnorm_norm) * s;
 		}
 	}
-	for (int64_t r = 0; r < R; r++) {
+	for (int64_t r = 0; r < (dw != NULL ? R : 0); r++) {
 		const float *dyr = dy + r * C, *xr = x + r * C;
 		float m = mean[r], s = rstd[r];
 #pragma omp simd

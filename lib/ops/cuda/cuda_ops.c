@@ -118,8 +118,9 @@ static pt_err cuda_linear_bwd(const pt_op_call *c, void *ws)
 	if (c->out[0] != NULL)
 		PT_TRY(check(c, ptc_gemm(DEV, false, false, N, I, O, 1.0f, F(dy), O, F(w), I,
 		                         c->p.linear.accum_dx ? 1.0f : 0.0f, F(c->out[0]), I)));
-	PT_TRY(check(c, ptc_gemm(DEV, true, false, O, I, N, 1.0f, F(dy), O, F(x), I, 1.0f,
-	                         F(c->out[1]), I)));
+	if (c->out[1] != NULL) /* NULL: the input gradient only (split backward) */
+		PT_TRY(check(c, ptc_gemm(DEV, true, false, O, I, N, 1.0f, F(dy), O, F(x), I, 1.0f,
+		                         F(c->out[1]), I)));
 	if (c->out[2] != NULL)
 		PT_TRY(check(c, ptc_colsum_acc(DEV, F(c->out[2]), F(dy), N, O)));
 	return PT_OK;
@@ -174,10 +175,11 @@ static pt_err cuda_ln_fwd(const pt_op_call *c, void *ws)
 static pt_err cuda_ln_bwd(const pt_op_call *c, void *ws)
 {
 	const pt_tensor *x = c->in[1];
-	return check(c, ptc_layernorm_backward(DEV, F(c->out[0]), F(c->out[1]), F(c->out[2]),
-	                                       F(c->in[0]), F(x), F(c->in[2]), F(c->in[3]),
-	                                       F(c->in[4]), nrows(x), cols(x),
-	                                       c->p.layernorm.accum_dx));
+	/* dx, or dw and db, may be NULL (split backward): the kernels skip them. */
+	return check(c, ptc_layernorm_backward(
+	                    DEV, c->out[0] ? F(c->out[0]) : NULL, c->out[1] ? F(c->out[1]) : NULL,
+	                    c->out[2] ? F(c->out[2]) : NULL, F(c->in[0]), F(x), F(c->in[2]),
+	                    F(c->in[3]), F(c->in[4]), nrows(x), cols(x), c->p.layernorm.accum_dx));
 }
 
 /* Range check of token/target ids on the device (one host round trip). */

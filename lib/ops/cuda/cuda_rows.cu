@@ -278,8 +278,12 @@ extern "C" int ptc_layernorm_backward(int dev, float *dx, float *dw, float *db, 
 		return 0;
 	if (!rows_ok(R))
 		return ptc_fail("layernorm", "too many rows");
-	k_ln_bwd_dx<<<(unsigned)R, T_ROW, 0, s>>>(dx, dy, x, w, mean, rstd, C, accum);
-	PTC_LAUNCHED("layernorm backward kernel");
+	if (dx != NULL) {
+		k_ln_bwd_dx<<<(unsigned)R, T_ROW, 0, s>>>(dx, dy, x, w, mean, rstd, C, accum);
+		PTC_LAUNCHED("layernorm backward kernel");
+	}
+	if (dw == NULL)
+		return 0;
 	return col_reduce<true>(s, "layernorm dw/db kernels", dw, db, dy, x, mean, rstd, R, C);
 }
 
