@@ -5,6 +5,13 @@
  *     (single-stage single-thread tokens/s x 2 x m / (m + p - 1)).
  *   bubble_p<P>_m<M> next to bubble_formula_p<P>_m<M> = (p-1)/(m+p-1):
  *     measured from the stages' timelines in sync mode on a balanced MLP.
+ *   bubble_1f1b_p4_m8, bubble_zbh1_p4_m8: the same measure for 1F1B and
+ *     ZB-H1 on stages whose F, B and W are the task-delay hook (sleeps of
+ *     1:1:1 units; a whole backward is 2), so 2 cores do not decide it; the
+ *     formulas (p-1)/(m+p-1) and (p-1)/(3m+p-1) beside them.
+ *   w2_pipe_zbh1_vs_1f1b: real W2 compute, 2 stages, m = 8, local
+ *     communicators: ZB-H1's tokens/s over 1F1B's (median of 5 alternating
+ *     pairs).
  * Figures are printed as `bench <name> <value>`.
  */
 #include <stdio.h>
@@ -116,7 +123,8 @@ typedef struct pipe_run {
 
 /* Builds p stage threads and a coordinator over local or nng (tcp loopback)
  * communicators and trains `steps` steps after `warmup`. */
-static pipe_run run_pipe(const model_desc *d, int p, int m, bool use_nng, int warmup, int steps)
+static pipe_run run_pipe_as(const model_desc *d, int p, int m, bool use_nng, int warmup, int steps,
+                            pt_pipe_schedule sched, int delay_ms)
 {
 	pt_comm *comms[PT_MAX_STAGES + 1] = {0};
 	pt_stage *stages[PT_MAX_STAGES + 1] = {0};
@@ -161,19 +169,26 @@ static pipe_run run_pipe(const model_desc *d, int p, int m, bool use_nng, int wa
 		                      .microbatch = d->microbatch,
 		                      .first = first[s - 1],
 		                      .last = first[s],
-		                      .n_slots = m,
+		                      .n_slots = sched == PT_SCHED_ZBH1   ? p + 1
+		                                 : sched == PT_SCHED_1F1B ? p
+		                                                          : m,
 		                      .mode = PT_MODE_SYNC,
+		                      .schedule = sched,
+		                      .n_microbatches = m,
 		                      .optim = pt_optim_defaults(PT_OPTIM_ADAMW, 1e-3f),
 		                      .seed = 1,
 		                      .threads = 1};
-		if (pt_stage_create(&stages[s], &sc, comms[s]) != PT_OK ||
-		    pt_stage_start(stages[s]) != PT_OK)
+		if (pt_stage_create(&stages[s], &sc, comms[s]) != PT_OK)
+			die("stage");
+		pt_stage_set_task_delay(stages[s], delay_ms);
+		if (pt_stage_start(stages[s]) != PT_OK)
 			die("stage");
 	}
 	pt_pipeline_config pc = {.n_stages = p,
 	                         .n_microbatches = m,
 	                         .microbatch = d->microbatch,
 	                         .mode = PT_MODE_SYNC,
+	                         .schedule = sched,
 	                         .loss = PT_LOSS_CROSS_ENTROPY,
 	                         .ignore_index = -1,
 	                         .optim = pt_optim_defaults(PT_OPTIM_ADAMW, 1e-3f),
@@ -207,6 +222,17 @@ static pipe_run run_pipe(const model_desc *d, int p, int m, bool use_nng, int wa
 	return out;
 }
 
+static pipe_run run_pipe(const model_desc *d, int p, int m, bool use_nng, int warmup, int steps)
+{
+	return run_pipe_as(d, p, m, use_nng, warmup, steps, PT_SCHED_MODE, 0);
+}
+
+static int by_value(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+	return x < y ? -1 : x > y;
+}
+
 int main(int argc, char **argv)
 {
 	model_desc d;
@@ -235,5 +261,26 @@ int main(int argc, char **argv)
 			printf("bench bubble_formula_p%d_m%d %.3f\n", ps[i], ms[j],
 			       (double)(ps[i] - 1) / (ms[j] + ps[i] - 1));
 		}
+
+	/* Schedules on sleep-based work: F, B, W = 20 ms each. */
+	balanced_mlp(&d, 4, 32);
+	pipe_run f1 = run_pipe_as(&d, 4, 8, false, 1, 3, PT_SCHED_1F1B, 20);
+	pipe_run zb = run_pipe_as(&d, 4, 8, false, 1, 3, PT_SCHED_ZBH1, 20);
+	printf("bench bubble_1f1b_p4_m8 %.3f\n", f1.bubble);
+	printf("bench bubble_1f1b_formula_p4_m8 %.3f\n", 3.0 / 11.0);
+	printf("bench bubble_zbh1_p4_m8 %.3f\n", zb.bubble);
+	printf("bench bubble_zbh1_formula_p4_m8 %.3f\n", 3.0 / 27.0);
+	printf("bench bubble_zbh1_vs_1f1b_p4_m8 %.3f\n", zb.bubble / f1.bubble);
+
+	/* Real compute: W2, 2 stages, ZB-H1 against 1F1B, alternating. */
+	w2(&d, 2);
+	double ratios[5];
+	for (int k = 0; k < 5; k++) {
+		pipe_run a = run_pipe_as(&d, 2, 8, false, 1, 2, PT_SCHED_1F1B, 0);
+		pipe_run b = run_pipe_as(&d, 2, 8, false, 1, 2, PT_SCHED_ZBH1, 0);
+		ratios[k] = b.samples_per_s / a.samples_per_s;
+	}
+	qsort(ratios, 5, sizeof(double), by_value);
+	printf("bench w2_pipe_zbh1_vs_1f1b %.3f\n", ratios[2]);
 	return 0;
 }

@@ -201,6 +201,7 @@ static bool spec_equal(const pt_job_spec *a, const pt_job_spec *b, double tol)
 	EQ(max_restarts);
 	EQ(priority);
 	ok &= str_eq("init_from", a->init_from, b->init_from);
+	ok &= str_eq("schedule", a->schedule, b->schedule);
 #undef EQ
 #undef EQF
 	return ok;
@@ -325,8 +326,9 @@ static void test_job_spec_roundtrip_all_fields(void)
 	    "{\"every_steps\": 5, \"keep\": 9, \"resume\": false}, \"device\": \"cuda:1\", "
 	    "\"seed\": 9223372036854775807, \"eval_every\": 4, \"compress\": true, \"recompute\": "
 	    "1, \"weight_stashing\": false, \"use_graphs\": true, \"max_restarts\": 2, "
-	    "\"init_from\": \"w/step-5.safetensors\", \"priority\": -7");
+	    "\"init_from\": \"w/step-5.safetensors\", \"priority\": -7, \"schedule\": \"zb-h1\"");
 	PT_CHECK_OK(decode_json(j, &a));
+	CU_ASSERT_STRING_EQUAL(a.schedule, "zb-h1");
 	CU_ASSERT_STRING_EQUAL(a.init_from, "w/step-5.safetensors");
 	CU_ASSERT_STRING_EQUAL(a.data.val_tokens, "v.bin");
 	CU_ASSERT_EQUAL(a.worker_timeout_ms, 2500);
@@ -884,6 +886,27 @@ static void test_job_spec_validation_of_c_specs(void)
 	PT_CHECK_OK(pt_job_spec_validate(&s, PT_SOURCE_ROOT, false));
 	s.priority = 0;
 	PT_CHECK_OK(pt_job_spec_validate(&s, PT_SOURCE_ROOT, false));
+	/* Schedules: named, flushing modes only, zb-h1 without recompute. */
+	s.schedule = strdup("zb-h2");
+	PT_CHECK_ERR_MSG(pt_job_spec_validate(&s, PT_SOURCE_ROOT, false), PT_ERR_INVALID,
+	                 "schedule: \"zb-h2\" (gpipe, 1f1b or zb-h1)");
+	free(s.schedule);
+	s.schedule = strdup("zb-h1");
+	s.mode = PT_MODE_ASYNC;
+	PT_CHECK_ERR_MSG(pt_job_spec_validate(&s, PT_SOURCE_ROOT, false), PT_ERR_INVALID,
+	                 "schedule: \"zb-h1\" with mode Async, which has its own (no flush); use "
+	                 "mode Sync or SemiAsync");
+	s.mode = PT_MODE_SEMI_ASYNC;
+	s.recompute = true;
+	PT_CHECK_ERR_MSG(pt_job_spec_validate(&s, PT_SOURCE_ROOT, false), PT_ERR_INVALID,
+	                 "schedule: zb-h1 keeps each microbatch's activations until its weight "
+	                 "gradients; it does not combine with recompute");
+	s.recompute = false;
+	PT_CHECK_OK(pt_job_spec_validate(&s, PT_SOURCE_ROOT, false));
+	s.mode = PT_MODE_SYNC;
+	PT_CHECK_OK(pt_job_spec_validate(&s, PT_SOURCE_ROOT, false));
+	free(s.schedule);
+	s.schedule = NULL;
 	/* Relative data paths resolve against files_root. */
 	PT_CHECK_ERR_MSG(pt_job_spec_validate(&s, "/nonexistent", false), PT_ERR_IO,
 	                 "data.features: files root '/nonexistent': No such file or directory");
@@ -1530,7 +1553,9 @@ static void on_checkpoint(void *ctx, int64_t step, const char *path, const char 
 		r->ckpt_steps[r->n_ckpt++] = step;
 }
 
-static bool example_graphs; /* run_example: the spec's use_graphs */
+static bool example_graphs;          /* run_example: the spec's use_graphs */
+static const char *example_schedule; /* run_example: the spec's schedule (NULL: as shipped) */
+static int example_stages;           /* run_example: placement.stages (0: as shipped) */
 
 /* run_example trains examples/NAME.json with a few fields changed. */
 static pt_err run_example(const char *name, int64_t steps, int64_t every, int keep,
@@ -1555,6 +1580,15 @@ static pt_err run_example(const char *name, int64_t steps, int64_t every, int ke
 	s.checkpoint_keep = keep;
 	s.eval_every = eval_every;
 	s.use_graphs = example_graphs;
+	if (example_schedule != NULL) {
+		free(s.schedule);
+		s.schedule = strdup(example_schedule);
+	}
+	if (example_stages > 0) {
+		s.stages = example_stages;
+		free(s.boundaries);
+		s.boundaries = NULL;
+	}
 	build_decode(&s, &t); /* the changed spec travels as a binary, as to a server */
 	rv = pt_job_run(&t, &o, &hooks, last);
 	pt_job_spec_fini(&s);
@@ -1754,6 +1788,65 @@ static void test_job_run_use_graphs_is_bitwise(void)
 	                       tmp_path("graphs/step-12.safetensors")));
 	CU_ASSERT(same_tensors(tmp_path("eager/step-12.safetensors.state"),
 	                       tmp_path("graphs/step-12.safetensors.state")));
+}
+
+/* Every flushing schedule sums the gradients in microbatch order: for 1, 2
+ * and 4 stages, 1F1B and ZB-H1 (split backward: B, then W later) give
+ * GPipe's losses, gradient norms and final weights and optimizer state,
+ * bitwise, for the MLP and the GPT examples over 20 steps. */
+static void test_job_run_schedules_are_bitwise(void)
+{
+	enum { N = 20 };
+	static recorder ref, got;
+	const char *examples[] = {"digits", "gpt"};
+	const char *schedules[] = {"1f1b", "zb-h1"};
+	const int stages[] = {1, 2, 4};
+	char a[64], b[64], fa[128], fb[128];
+	int64_t last;
+
+	for (int e = 0; e < 2; e++)
+		for (int k = 0; k < 3; k++) {
+			example_stages = stages[k];
+			example_schedule = "gpipe";
+			snprintf(a, sizeof(a), "sched-%s-%d-gpipe", examples[e], stages[k]);
+			memset(&ref, 0, sizeof(ref));
+			PT_CHECK_OK(
+			    run_example(examples[e], N, 0, 1, 0, tmp_path(a), NULL, &ref, &last));
+			CU_ASSERT_EQUAL_FATAL(ref.n, N);
+			for (int c = 0; c < 2; c++) {
+				example_schedule = schedules[c];
+				snprintf(b, sizeof(b), "sched-%s-%d-%s", examples[e], stages[k],
+				         schedules[c]);
+				memset(&got, 0, sizeof(got));
+				PT_CHECK_OK(run_example(examples[e], N, 0, 1, 0, tmp_path(b), NULL,
+				                        &got, &last));
+				CU_ASSERT_EQUAL_FATAL(got.n, N);
+				bool same = true;
+				for (int i = 0; i < N; i++)
+					same = same &&
+					       memcmp(&ref.m[i].loss, &got.m[i].loss,
+					              sizeof(double)) == 0 &&
+					       memcmp(&ref.m[i].grad_norm, &got.m[i].grad_norm,
+					              sizeof(double)) == 0;
+				snprintf(fa, sizeof(fa), "%s/step-%d.safetensors", a, N);
+				snprintf(fb, sizeof(fb), "%s/step-%d.safetensors", b, N);
+				same = same && same_tensors(tmp_path(fa), tmp_path(fb));
+				strcat(fa, ".state");
+				strcat(fb, ".state");
+				same = same && same_tensors(tmp_path(fa), tmp_path(fb));
+				if (!same) {
+					printf("\n    %s, %d stages: %s differs from gpipe",
+					       examples[e], stages[k], schedules[c]);
+					for (int i = 0; i < N && getenv("PT_DEBUG"); i++)
+						printf("\n      %d: %.17g %.17g  %.17g %.17g", i,
+						       ref.m[i].loss, got.m[i].loss,
+						       ref.m[i].grad_norm, got.m[i].grad_norm);
+				}
+				CU_ASSERT(same);
+			}
+		}
+	example_schedule = NULL;
+	example_stages = 0;
 }
 
 static bool always(void *ctx)
@@ -2156,6 +2249,7 @@ static const pt_test_case run_tests[] = {
     {"test_job_run_digits_trains_and_checkpoints", test_job_run_digits_trains_and_checkpoints},
     {"test_job_run_cancel_then_resume_is_bitwise", test_job_run_cancel_then_resume_is_bitwise},
     {"test_job_run_use_graphs_is_bitwise", test_job_run_use_graphs_is_bitwise},
+    {"test_job_run_schedules_are_bitwise", test_job_run_schedules_are_bitwise},
     {"test_job_run_edges", test_job_run_edges},
     {"test_job_run_init_from", test_job_run_init_from},
     {"test_job_run_gpt_loss_decreases", test_job_run_gpt_loss_decreases},

@@ -25,6 +25,8 @@ typedef struct rig {
  * fx_optim() in the stages, the coordinator and run_trainer. */
 static bool rig_graphs, rig_sync_sends;
 static const pt_optim_config *rig_optim;
+static pt_pipe_schedule rig_schedule; /* PT_SCHED_MODE: the mode's own */
+static int rig_delay_ms;              /* every stage's task-delay hook */
 
 static void rig_up(rig *r, int p, int m, pt_pipe_mode mode, bool recompute, const int *bounds)
 {
@@ -37,16 +39,24 @@ static void rig_up(rig *r, int p, int m, pt_pipe_mode mode, bool recompute, cons
 	for (int s = 0; s < p; s++) {
 		sc[s].use_graphs = rig_graphs;
 		sc[s].sync_sends = rig_sync_sends;
+		sc[s].schedule = rig_schedule;
+		sc[s].n_microbatches = m;
+		if (rig_schedule == PT_SCHED_ZBH1)
+			sc[s].n_slots = p + 1;
+		else if (rig_schedule == PT_SCHED_1F1B)
+			sc[s].n_slots = p;
 		if (rig_optim)
 			sc[s].optim = *rig_optim;
 	}
 	if (rig_optim)
 		pc.optim = *rig_optim;
+	pc.schedule = rig_schedule;
 	PT_CHECK_OK(pt_local_group_create(&r->g, p + 1));
 	for (int i = 0; i <= p; i++)
 		PT_CHECK_OK(pt_local_comm_create(&r->comms[i], r->g, i));
 	for (int s = 1; s <= p; s++) {
 		PT_CHECK_OK(pt_stage_create(&r->stages[s], &sc[s - 1], r->comms[s]));
+		pt_stage_set_task_delay(r->stages[s], rig_delay_ms);
 		PT_CHECK_OK(pt_stage_start(r->stages[s]));
 	}
 	PT_CHECK_OK(pt_coordinator_create(&r->coord, &pc, r->comms[0]));
@@ -287,6 +297,103 @@ static void test_pipeline_semi_async_equals_sync_with_fewer_activations(void)
 		free(sync.params);
 		free(semi.params);
 	}
+}
+
+/* timeline_order writes a stage's tasks of one step as "F0 F1 B0 W0 ...". */
+static void timeline_order(const pt_task_record *t, int n, char *buf, size_t cap)
+{
+	static const char kinds[] = "FBSW";
+	size_t o = 0;
+	buf[0] = '\0';
+	for (int i = 0; i < n && o < cap; i++)
+		if (t[i].kind != PT_TASK_STEP)
+			o += (size_t)snprintf(buf + o, cap - o, "%s%c%d", o ? " " : "",
+			                      kinds[t[i].kind], t[i].microbatch);
+}
+
+/* peaks gives, from a stage's timeline, the most microbatches held at once
+ * between F and B (activations) and between F and the end of their W
+ * (activations or a weight stash); the W's end it for split backwards. */
+static void peaks(const pt_task_record *t, int n, bool split, int *act, int *held)
+{
+	int a = 0, h = 0;
+	*act = *held = 0;
+	for (int i = 0; i < n; i++) {
+		if (t[i].kind == PT_TASK_FORWARD)
+			a++, h++;
+		else if (t[i].kind == PT_TASK_BACKWARD)
+			a--, h -= split ? 0 : 1;
+		else if (t[i].kind == PT_TASK_WEIGHT)
+			h--;
+		*act = a > *act ? a : *act;
+		*held = h > *held ? h : *held;
+	}
+}
+
+/* ZB-H1 on p = 4 stages, m = 8 microbatches: each stage runs the order the
+ * schedule defines (stage r: p - r + 1 forwards, then B and F alternate, a
+ * W after a B when more than r - 1 wait, the rest after the last B), the
+ * microbatches held between F and B (all of their activations) are
+ * p - r + 1 on stage r, never more than 1F1B's (whose reactive order holds
+ * up to p on the middle stages), and those held until their W (a weight
+ * stash: each parameterised layer's input and output gradient) at most
+ * p, r - 1 more than between F and B. Sleep-based work (the task-delay hook,
+ * 5 ms a unit) makes the order independent of the machine; the bubble
+ * figures are pipe-bench's. */
+static void test_pipeline_zbh1_order_and_memory(void)
+{
+	enum { P = 4, M = 8 };
+	static const char *const want[P] = {
+	    "F0 F1 F2 F3 B0 W0 F4 B1 W1 F5 B2 W2 F6 B3 W3 F7 B4 W4 B5 W5 B6 W6 B7 W7",
+	    "F0 F1 F2 B0 F3 B1 W0 F4 B2 W1 F5 B3 W2 F6 B4 W3 F7 B5 W4 B6 W5 B7 W6 W7",
+	    "F0 F1 B0 F2 B1 F3 B2 W0 F4 B3 W1 F5 B4 W2 F6 B5 W3 F7 B6 W4 B7 W5 W6 W7",
+	    "F0 B0 F1 B1 F2 B2 F3 B3 W0 F4 B4 W1 F5 B5 W2 F6 B6 W3 F7 B7 W4 W5 W6 W7"};
+	int act_1f1b[P + 1], act[P + 1], held[P + 1], dummy;
+	char got[512];
+	fx_data d;
+	rig r;
+
+	fx_data_up(&d, M);
+	rig_delay_ms = 5;
+	rig_schedule = PT_SCHED_1F1B;
+	rig_up(&r, P, M, PT_MODE_SYNC, false, (int[]){0, 1, 2, 3, 5});
+	for (int64_t k = 0; k < 2; k++) {
+		pt_pipe_step_result res;
+		fx_data_next(&d, k);
+		PT_CHECK_OK(pt_coordinator_step(r.coord, &d.x, &d.y, k, &res));
+	}
+	for (int s = 1; s <= P; s++) {
+		int n;
+		const pt_task_record *t = pt_coordinator_step_timeline(r.coord, s, &n);
+		peaks(t, n, false, &act_1f1b[s], &dummy);
+	}
+	rig_down(&r);
+
+	rig_schedule = PT_SCHED_ZBH1;
+	rig_up(&r, P, M, PT_MODE_SYNC, false, (int[]){0, 1, 2, 3, 5});
+	for (int64_t k = 0; k < 2; k++) {
+		pt_pipe_step_result res;
+		fx_data_next(&d, k);
+		PT_CHECK_OK(pt_coordinator_step(r.coord, &d.x, &d.y, k, &res));
+	}
+	for (int s = 1; s <= P; s++) {
+		int n;
+		const pt_task_record *t = pt_coordinator_step_timeline(r.coord, s, &n);
+		timeline_order(t, n, got, sizeof(got));
+		if (strcmp(got, want[s - 1]) != 0)
+			printf("\n    stage %d: %s\n    wanted:  %s", s, got, want[s - 1]);
+		CU_ASSERT_STRING_EQUAL(got, want[s - 1]);
+		peaks(t, n, true, &act[s], &held[s]);
+		CU_ASSERT(act[s] <= act_1f1b[s]);
+		CU_ASSERT_EQUAL(act[s], P - s + 1);
+		CU_ASSERT(held[s] <= P && held[s] <= act[s] + s - 1);
+		printf("\n    stage %d: held between F and B: 1f1b %d, zb-h1 %d; until W: zb-h1 %d",
+		       s, act_1f1b[s], act[s], held[s]);
+	}
+	rig_down(&r);
+	rig_schedule = PT_SCHED_MODE;
+	rig_delay_ms = 0;
+	fx_data_down(&d);
 }
 
 static void test_pipeline_recompute_is_bitwise_equal(void)
@@ -605,12 +712,15 @@ static void test_pipeline_control_matches_schema(void)
 	sc[1].use_graphs = true;
 	sc[1].sync_sends = true;
 	sc[1].device = (pt_device){PT_DEV_CUDA, 1};
+	sc[1].schedule = PT_SCHED_ZBH1;
+	sc[1].n_microbatches = 4;
 	PT_CHECK_OK(pt_wire_configure_encode(&m, &sc[1]));
 	{
 		pt_stage_config back;
 		pt_layer_spec *layers = NULL;
 		PT_CHECK_OK(pt_wire_configure_decode(&m, &back, &layers));
 		CU_ASSERT(back.use_graphs && back.sync_sends);
+		CU_ASSERT(back.schedule == PT_SCHED_ZBH1 && back.n_microbatches == 4);
 		CU_ASSERT(back.device.kind == PT_DEV_CUDA && back.device.index == 1);
 		free(layers);
 	}
@@ -633,6 +743,8 @@ static void test_pipeline_control_matches_schema(void)
 	CU_ASSERT_PTR_NOT_NULL(strstr(json, "\"use_graphs\": true"));
 	CU_ASSERT_PTR_NOT_NULL(strstr(json, "\"sync_sends\": true"));
 	CU_ASSERT_PTR_NOT_NULL(strstr(json, "\"device\": \"cuda:1\""));
+	CU_ASSERT_PTR_NOT_NULL(strstr(json, "\"schedule\": 3"));
+	CU_ASSERT_PTR_NOT_NULL(strstr(json, "\"microbatches\": 4"));
 	pt_msg_fini(&m);
 }
 
@@ -806,6 +918,7 @@ static const pt_test_case tests[] = {
     {"test_pipeline_semi_async_equals_sync_with_fewer_activations",
      test_pipeline_semi_async_equals_sync_with_fewer_activations},
     {"test_pipeline_recompute_is_bitwise_equal", test_pipeline_recompute_is_bitwise_equal},
+    {"test_pipeline_zbh1_order_and_memory", test_pipeline_zbh1_order_and_memory},
     {"test_pipeline_graphs_and_sync_sends_are_bitwise",
      test_pipeline_graphs_and_sync_sends_are_bitwise},
     {"test_pipeline_graphs_sgd_is_bitwise", test_pipeline_graphs_sgd_is_bitwise},

@@ -165,6 +165,73 @@ static void test_workers_job_matches_local(void)
 	CU_ASSERT_EQUAL(wf_proc_stop(&w1), 0);
 }
 
+/* example_run trains examples/<name>.json for STEPS steps with 2 stages and
+ * the given schedule, in this process (w == NULL) or on workers w[0..1],
+ * recording the losses and gradient norms. */
+static void example_run(const char *name, const char *schedule, const wf_proc *w, losses *loss,
+                        double *norms)
+{
+	char path[64];
+	void *buf;
+	size_t len;
+	pt_job_spec spec;
+	pt_job_run_options o = {.files_root = PT_SOURCE_ROOT, .threads = 2};
+	pt_job_hooks h = {.ctx = loss, .on_metric = on_metric};
+	int64_t last = 0;
+
+	snprintf(path, sizeof(path), "examples/%s.json", name);
+	PT_CHECK_OK(pt_job_spec_load_file(pt_test_path(path), &buf, &len));
+	memset(&spec, 0, sizeof(spec));
+	PT_CHECK_OK(pt_job_spec_decode(buf, len, &spec));
+	free(buf);
+	spec.steps = STEPS;
+	spec.stages = 2;
+	spec.eval_every = 0;
+	free(spec.boundaries);
+	spec.boundaries = NULL;
+	spec.schedule = strdup(schedule);
+	if (w != NULL) {
+		spec.workers = calloc(2, sizeof(char *));
+		CU_ASSERT_PTR_NOT_NULL_FATAL(spec.workers);
+		spec.workers[0] = strdup(w[0].url);
+		spec.workers[1] = strdup(w[1].url);
+		spec.n_workers = 2;
+	}
+	memset(loss, 0, sizeof(*loss));
+	PT_CHECK_OK(pt_job_run(&spec, &o, &h, &last));
+	CU_ASSERT_EQUAL(last, STEPS);
+	CU_ASSERT_EQUAL_FATAL(loss->n, STEPS);
+	if (norms != NULL)
+		*norms = loss->last.grad_norm;
+	pt_job_spec_fini(&spec);
+}
+
+/* Over nng, stages in worker processes: ZB-H1 (split backward) and 1F1B
+ * give the in-process GPipe run's losses and last gradient norm, bitwise,
+ * for the MLP and the GPT examples. */
+static void test_workers_schedules_match_gpipe(void)
+{
+	const char *names[] = {"digits", "gpt"}, *schedules[] = {"zb-h1", "1f1b"};
+	wf_proc w[2];
+	losses ref, got;
+	double nref, ngot;
+
+	CU_ASSERT_FATAL(worker_start(&w[0], NULL));
+	CU_ASSERT_FATAL(worker_start(&w[1], NULL));
+	for (int e = 0; e < 2; e++) {
+		example_run(names[e], "gpipe", NULL, &ref, &nref);
+		for (int c = 0; c < 2; c++) {
+			char what[64];
+			snprintf(what, sizeof(what), "%s %s on workers", names[e], schedules[c]);
+			example_run(names[e], schedules[c], w, &got, &ngot);
+			wf_expect_same_losses(ref.v, got.v, STEPS, what);
+			CU_ASSERT_EQUAL(memcmp(&nref, &ngot, sizeof(double)), 0);
+		}
+	}
+	CU_ASSERT_EQUAL(wf_proc_stop(&w[0]), 0);
+	CU_ASSERT_EQUAL(wf_proc_stop(&w[1]), 0);
+}
+
 /* ------------------------------------------------------------ handshake -- */
 
 static void test_workers_handshake_refusals(void)
@@ -1357,6 +1424,7 @@ static void test_workers_gpu_placement(void)
 
 static const pt_test_case worker_tests[] = {
     {"test_workers_job_matches_local", test_workers_job_matches_local},
+    {"test_workers_schedules_match_gpipe", test_workers_schedules_match_gpipe},
     {"test_workers_handshake_refusals", test_workers_handshake_refusals},
     {"test_workers_job_errors_name_worker", test_workers_job_errors_name_worker},
     {"test_workers_server_job", test_workers_server_job},

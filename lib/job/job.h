@@ -64,6 +64,7 @@ typedef struct pt_job_spec {
 	int max_restarts; /* restarts after a lost worker (0: the job fails) */
 	char *init_from;  /* initial weights (safetensors, PyTorch names), or NULL */
 	int priority;     /* server queue: higher first, FIFO within (-1000 to 1000) */
+	char *schedule;   /* flushing modes: "gpipe", "1f1b", "zb-h1" (NULL: the mode's own) */
 } pt_job_spec;
 
 /* The JobSpec table descriptor, pt_fb_job_job_spec_desc, for verifying

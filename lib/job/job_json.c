@@ -205,6 +205,7 @@ static const jfield job_fields[] = {
     F("max_restarts", JT_I32, pt_job_spec, max_restarts),
     F("init_from", JT_STR, pt_job_spec, init_from),
     F("priority", JT_I32, pt_job_spec, priority),
+    F("schedule", JT_STR, pt_job_spec, schedule),
 };
 static const jtable job_table = JTABLE("JobSpec", job_fields);
 

@@ -160,7 +160,12 @@ pt_err pt_job_memory_estimate(const pt_job_spec *s, const pt_job_data_shape *d, 
 	out->n_stages = p;
 	for (int st = 0; st < p; st++) {
 		pt_job_memory_stage *e = &out->stages[st];
-		int slots = s->mode == PT_MODE_SYNC ? m : p;
+		/* GPipe holds m microbatches, 1F1B p, ZB-H1 p + 1 and each a weight
+		 * stash (counted as a second slot: an upper bound). */
+		bool zb = s->schedule != NULL && strcmp(s->schedule, "zb-h1") == 0;
+		bool all = s->schedule != NULL ? strcmp(s->schedule, "gpipe") == 0
+		                               : s->mode == PT_MODE_SYNC;
+		int slots = zb ? p + 1 : all ? m : p;
 		double P, state;
 
 		model_bytes(s, in, first[st], first[st + 1], B, &fp, &fslot, &fwork, &fin, &fout);
@@ -175,8 +180,8 @@ pt_err pt_job_memory_estimate(const pt_job_spec *s, const pt_job_data_shape *d, 
 		    to_bytes(s->mode == PT_MODE_ASYNC && s->weight_stashing ? P * (slots + 1) : 0);
 		/* The model's slots; per stage slot the received input and output
 		 * gradient it keeps until the backward. */
-		e->activations =
-		    to_bytes((s->recompute ? 1 : slots) * fslot + slots * (fin + fout) * 4);
+		e->activations = to_bytes((s->recompute ? 1 : slots) * fslot * (zb ? 2 : 1) +
+		                          slots * (fin + fout) * 4);
 		/* The work arena; a forward output and an input gradient in flight;
 		 * the state copy a checkpoint gathers. */
 		state = P * (1 + opt_copies);
@@ -246,8 +251,8 @@ pt_err pt_job_data_shape_read(const pt_job_spec *s, const char *files_root, bool
 	}
 	if (s->data.features == NULL || s->data.labels == NULL)
 		return pt_set_error(PT_ERR_INVALID, "data.features, data.labels: required");
-	PT_TRY(header_info("data.features", s->data.features, files_root, any_path, &dt, &nd,
-	                   shape));
+	PT_TRY(
+	    header_info("data.features", s->data.features, files_root, any_path, &dt, &nd, shape));
 	if (nd != 2)
 		return pt_set_error(PT_ERR_SHAPE, "data.features: %d dimensions, expected 2", nd);
 	out->rows = shape[0];

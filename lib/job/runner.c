@@ -375,10 +375,14 @@ static pt_err join_workers(runner *r)
 static pt_err pipeline_up(runner *r)
 {
 	const pt_job_spec *s = r->s;
+	pt_pipe_schedule sched = PT_SCHED_MODE;
+	if (s->schedule != NULL)
+		PT_TRY(pt_pipe_schedule_parse(s->schedule, &sched));
 	pt_pipeline_config pc = {.n_stages = r->p,
 	                         .n_microbatches = r->m,
 	                         .microbatch = r->B,
 	                         .mode = s->mode,
+	                         .schedule = sched,
 	                         .loss = s->loss,
 	                         .ignore_index = s->ignore_index,
 	                         .optim = s->optim,
@@ -416,8 +420,17 @@ static pt_err pipeline_up(runner *r)
 		                     .microbatch = r->B,
 		                     .first = r->first[st - 1],
 		                     .last = r->first[st],
-		                     .n_slots = s->mode == PT_MODE_SYNC ? r->m : r->p,
+		                     /* GPipe holds m; 1F1B and ZB-H1 at most p (r->p + 1:
+		                      * ZB-H1's B leaves its slot to a W). */
+		                     .n_slots =
+		                         sched == PT_SCHED_ZBH1 ? r->p + 1
+		                         : (sched == PT_SCHED_GPIPE ||
+		                            (sched == PT_SCHED_MODE && s->mode == PT_MODE_SYNC))
+		                             ? r->m
+		                             : r->p,
 		                     .mode = s->mode,
+		                     .schedule = sched,
+		                     .n_microbatches = r->m,
 		                     .optim = s->optim,
 		                     .seed = s->seed,
 		                     .weight_stashing = s->weight_stashing,

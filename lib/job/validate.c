@@ -464,6 +464,23 @@ pt_err pt_job_spec_validate(const pt_job_spec *s, const char *files_root, bool a
 		return pt_set_error(PT_ERR_RANGE, "max_restarts: %d (0 to 1000)", s->max_restarts);
 	if (s->priority < -1000 || s->priority > 1000)
 		return pt_set_error(PT_ERR_RANGE, "priority: %d (-1000 to 1000)", s->priority);
+	if (s->schedule != NULL) {
+		pt_pipe_schedule sc;
+		if (pt_pipe_schedule_parse(s->schedule, &sc) != PT_OK)
+			return pt_set_error(PT_ERR_INVALID,
+			                    "schedule: \"%.40s\" (gpipe, 1f1b or zb-h1)",
+			                    s->schedule);
+		if (s->mode == PT_MODE_ASYNC)
+			return pt_set_error(PT_ERR_INVALID,
+			                    "schedule: \"%s\" with mode Async, which has its own "
+			                    "(no flush); use mode Sync or SemiAsync",
+			                    s->schedule);
+		if (sc == PT_SCHED_ZBH1 && s->recompute)
+			return pt_set_error(
+			    PT_ERR_INVALID,
+			    "schedule: zb-h1 keeps each microbatch's activations until "
+			    "its weight gradients; it does not combine with recompute");
+	}
 	for (int i = 0; i < s->n_workers; i++) {
 		/* The control URL of a `pipeserver --worker` (lib/job/workers.c). */
 		static const char *const schemes[] = {"tcp://", "tcp4://",     "tcp6://",

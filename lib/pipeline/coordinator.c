@@ -314,9 +314,13 @@ static pt_err flush_step(pt_coordinator *c, const pt_tensor *x, const pt_tensor 
                          pt_pipe_step_result *res)
 {
 	int next = 0, outputs = 0, done = 0, in_flight = 0;
-	int limit = c->cfg.mode == PT_MODE_SEMI_ASYNC ? c->p : c->m;
+	/* GPipe holds every output until the last; the others (1F1B, ZB-H1)
+	 * keep p microbatches in flight and send each loss gradient at once. */
+	bool eager = c->cfg.schedule == PT_SCHED_MODE ? c->cfg.mode == PT_MODE_SEMI_ASYNC
+	                                              : c->cfg.schedule != PT_SCHED_GPIPE;
+	int limit = eager ? c->p : c->m;
 	pt_msg *held = calloc((size_t)c->m, sizeof(pt_msg));
-	double t0 = pt_now(), t_done;
+	double t0 = pt_now(), t_done, t_grads;
 	pt_err rv = PT_OK;
 
 	if (held == NULL)
@@ -345,7 +349,7 @@ static pt_err flush_step(pt_coordinator *c, const pt_tensor *x, const pt_tensor 
 		}
 		if ((rv = wait_any(c, &m, "outputs and gradients")) != PT_OK)
 			goto out;
-		if (m.meta.kind == PT_MSG_OUTPUT && c->cfg.mode == PT_MODE_SEMI_ASYNC) {
+		if (m.meta.kind == PT_MSG_OUTPUT && eager) {
 			rv = on_output(c, &m, 1.0f / (float)c->m);
 			pt_msg_fini(&m);
 		} else if (m.meta.kind == PT_MSG_OUTPUT) {
@@ -386,6 +390,9 @@ static pt_err flush_step(pt_coordinator *c, const pt_tensor *x, const pt_tensor 
 	}
 	if (rv != PT_OK)
 		goto out;
+	/* Every gradient is in now: a split backward's last W's run after the
+	 * DONEs, before the stage answers SQNORM. */
+	t_grads = pt_now();
 	res->grad_norm = sqrt(sq);
 	float scale = pt_clip_scale(res->grad_norm, c->cfg.optim.clip_norm);
 	res->lr = pt_lr_at(&c->cfg.optim, step + 1);
@@ -413,7 +420,7 @@ static pt_err flush_step(pt_coordinator *c, const pt_tensor *x, const pt_tensor 
 		}
 		busy += res->stage_busy[s - 1];
 	}
-	res->bubble = res->seconds > 0 ? 1.0 - busy / (c->p * res->seconds) : 0.0;
+	res->bubble = t_grads > t0 ? 1.0 - busy / (c->p * (t_grads - t0)) : 0.0;
 out:
 	for (int k = 0; k < c->m; k++) {
 		pt_msg_fini(&held[k]);

@@ -167,6 +167,8 @@ pt_err pt_fb_build_stage_config(pt_fb_builder *b, const pt_stage_config *c, pt_f
 	pt_fb_add_i32(b, PT_FB_STAGE_STAGE_CONFIG_N_SLOTS, c->n_slots, 0);
 	pt_fb_add_i32(b, PT_FB_STAGE_STAGE_CONFIG_THREADS, c->threads, 0);
 	pt_fb_add_u8(b, PT_FB_STAGE_STAGE_CONFIG_MODE, (uint8_t)c->mode, 0);
+	pt_fb_add_u8(b, PT_FB_STAGE_STAGE_CONFIG_SCHEDULE, (uint8_t)c->schedule, 0);
+	pt_fb_add_i32(b, PT_FB_STAGE_STAGE_CONFIG_MICROBATCHES, c->n_microbatches, 0);
 	pt_fb_add_bool(b, PT_FB_STAGE_STAGE_CONFIG_WEIGHT_STASHING, c->weight_stashing, true);
 	pt_fb_add_bool(b, PT_FB_STAGE_STAGE_CONFIG_RECOMPUTE, c->recompute, false);
 	pt_fb_add_bool(b, PT_FB_STAGE_STAGE_CONFIG_USE_GRAPHS, c->use_graphs, false);
@@ -179,6 +181,7 @@ pt_err pt_fb_read_stage_config(const uint8_t *t, pt_stage_config *c, pt_layer_sp
 	uint32_t n;
 	const uint8_t *vec = pt_fb_get_vector(t, PT_FB_STAGE_STAGE_CONFIG_LAYERS, &n);
 	uint8_t mode = pt_fb_get_u8(t, PT_FB_STAGE_STAGE_CONFIG_MODE, 0);
+	uint8_t sched = pt_fb_get_u8(t, PT_FB_STAGE_STAGE_CONFIG_SCHEDULE, 0);
 	const char *dev;
 	uint32_t dev_len;
 	pt_err rv;
@@ -187,6 +190,8 @@ pt_err pt_fb_read_stage_config(const uint8_t *t, pt_stage_config *c, pt_layer_sp
 	memset(c, 0, sizeof(*c));
 	if (mode > PT_MODE_ASYNC)
 		return pt_set_error(PT_ERR_INVALID, "mode: unknown mode %u", mode);
+	if (sched >= PT_SCHED_COUNT)
+		return pt_set_error(PT_ERR_INVALID, "schedule: unknown schedule %u", sched);
 	PT_TRY(pt_fb_read_layers(vec, n, layers));
 	c->layers = *layers;
 	c->n_layers = (int)n;
@@ -195,6 +200,8 @@ pt_err pt_fb_read_stage_config(const uint8_t *t, pt_stage_config *c, pt_layer_sp
 	c->microbatch = pt_fb_get_i64(t, PT_FB_STAGE_STAGE_CONFIG_MICROBATCH, 0);
 	c->n_slots = pt_fb_get_i32(t, PT_FB_STAGE_STAGE_CONFIG_N_SLOTS, 0);
 	c->mode = (pt_pipe_mode)mode;
+	c->schedule = (pt_pipe_schedule)sched;
+	c->n_microbatches = pt_fb_get_i32(t, PT_FB_STAGE_STAGE_CONFIG_MICROBATCHES, 0);
 	c->seed = pt_fb_get_u64(t, PT_FB_STAGE_STAGE_CONFIG_SEED, 0);
 	c->weight_stashing = pt_fb_get_bool(t, PT_FB_STAGE_STAGE_CONFIG_WEIGHT_STASHING, true);
 	c->recompute = pt_fb_get_bool(t, PT_FB_STAGE_STAGE_CONFIG_RECOMPUTE, false);

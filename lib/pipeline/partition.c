@@ -23,6 +23,23 @@ pt_err pt_pipe_mode_parse(const char *name, pt_pipe_mode *out)
 	                    name);
 }
 
+static const char *const schedule_names[PT_SCHED_COUNT] = {"", "gpipe", "1f1b", "zb-h1"};
+
+const char *pt_pipe_schedule_name(pt_pipe_schedule s)
+{
+	return (unsigned)s < PT_SCHED_COUNT ? schedule_names[s] : "unknown";
+}
+
+pt_err pt_pipe_schedule_parse(const char *name, pt_pipe_schedule *out)
+{
+	for (int i = 1; i < PT_SCHED_COUNT; i++)
+		if (strcmp(name, schedule_names[i]) == 0) {
+			*out = (pt_pipe_schedule)i;
+			return PT_OK;
+		}
+	return pt_set_error(PT_ERR_INVALID, "unknown schedule \"%s\" (gpipe, 1f1b or zb-h1)", name);
+}
+
 pt_err pt_partition_check(int n, int p, const int *first)
 {
 	if (p < 1 || p > PT_MAX_STAGES)

@@ -40,6 +40,26 @@ typedef enum pt_pipe_mode { PT_MODE_SYNC, PT_MODE_SEMI_ASYNC, PT_MODE_ASYNC } pt
 const char *pt_pipe_mode_name(pt_pipe_mode mode);
 pt_err pt_pipe_mode_parse(const char *name, pt_pipe_mode *out);
 
+/* The order of a flushing step's tasks (docs/pipeline.md). PT_SCHED_MODE is
+ * the mode's own: GPipe for sync, 1F1B for semi-async, none for async.
+ * PT_SCHED_ZBH1 splits every backward into B (input gradient) and W (weight
+ * gradient): stage r (1-based, of p) runs min(p - r + 1, m) forwards, then
+ * alternates B and F, runs a W after a B whenever more than r - 1 are
+ * pending, and the rest after its last B (Qi et al., ICLR 2024). Every
+ * flushing schedule sums the gradients in microbatch order: their weights
+ * are GPipe's bitwise. */
+typedef enum pt_pipe_schedule {
+	PT_SCHED_MODE,
+	PT_SCHED_GPIPE,
+	PT_SCHED_1F1B,
+	PT_SCHED_ZBH1,
+	PT_SCHED_COUNT
+} pt_pipe_schedule;
+
+/* pt_pipe_schedule_name returns "gpipe", "1f1b", "zb-h1" ("" for PT_SCHED_MODE). */
+const char *pt_pipe_schedule_name(pt_pipe_schedule s);
+pt_err pt_pipe_schedule_parse(const char *name, pt_pipe_schedule *out);
+
 /* pt_partition splits n layers into p contiguous stages, balancing the
  * estimated FLOPs (pt_layer_flops): first[s] is stage s's first layer and
  * first[p] == n. Every stage gets at least one layer; p > n is an error. */
@@ -58,6 +78,8 @@ typedef struct pt_stage_config {
 	int first, last;    /* this stage's layers */
 	int n_slots;        /* activations in flight: m (sync), p (semi-async/async) */
 	pt_pipe_mode mode;
+	pt_pipe_schedule schedule; /* flushing modes: the order of the step's tasks */
+	int n_microbatches;        /* m: PT_SCHED_ZBH1 orders the step's tasks by it */
 	pt_optim_config optim;
 	uint64_t seed;
 	bool weight_stashing; /* async: backward uses the forward's weights */
@@ -73,7 +95,14 @@ typedef struct pt_stage_config {
 } pt_stage_config;
 
 /* One recorded task of a stage. */
-typedef enum pt_task_kind { PT_TASK_FORWARD, PT_TASK_BACKWARD, PT_TASK_STEP } pt_task_kind;
+/* PT_TASK_BACKWARD is a whole backward, or B (the input gradient) under a
+ * split-backward schedule, whose W (weight gradient) is PT_TASK_WEIGHT. */
+typedef enum pt_task_kind {
+	PT_TASK_FORWARD,
+	PT_TASK_BACKWARD,
+	PT_TASK_STEP,
+	PT_TASK_WEIGHT
+} pt_task_kind;
 
 typedef struct pt_task_record {
 	uint8_t kind; /* pt_task_kind */
@@ -133,6 +162,8 @@ typedef struct pt_pipeline_config {
 	int n_microbatches; /* m */
 	int64_t microbatch; /* samples per microbatch */
 	pt_pipe_mode mode;
+	pt_pipe_schedule schedule; /* flushing modes: GPipe holds the losses until every
+	                            * output is in; the others compute each on arrival */
 	pt_loss_kind loss;
 	int64_t ignore_index;
 	pt_optim_config optim; /* clip_norm and the schedule are applied here */
@@ -145,7 +176,7 @@ typedef struct pt_pipe_step_result {
 	double grad_norm; /* global norm before clipping (sync, semi-async) */
 	float lr;
 	double seconds; /* wall time of the step at the coordinator */
-	double bubble;  /* 1 - mean stage busy time / (p * step time), from timelines */
+	double bubble;  /* 1 - stage busy time / (p * time until every gradient is in), timelines */
 	double stage_busy[PT_MAX_STAGES]; /* seconds per stage in this step */
 	int microbatches_done;            /* async: microbatches completed during this call */
 	/* Sync and semi-async: stage s's communicator counters (stage_comm[s - 1])

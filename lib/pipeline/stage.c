@@ -95,6 +95,11 @@ struct pt_stage {
 	/* the graph functions' arguments */
 	int g_slot;
 	const pt_tensor *g_dy;
+	/* Split-backward schedule (PT_SCHED_ZBH1): the step's progress. */
+	bool zb;
+	int zb_warm, zb_defer; /* forwards before the first B; W's held back */
+	int zb_f, zb_b;        /* forwards and B's run in this step */
+	int *zb_w, zb_nw;      /* slots whose W is pending, oldest first */
 };
 
 /* One queued send: the message (owning its tensor reference) and its stage. */
@@ -123,11 +128,22 @@ pt_err pt_stage_create(pt_stage **out, const pt_stage_config *cfg, pt_comm *comm
 	s->p = pt_comm_world(comm) - 1;
 	s->n_slots = cfg->n_slots;
 	s->fail_mb = -1;
+	s->zb = cfg->schedule == PT_SCHED_ZBH1;
+	if (s->zb && (cfg->mode == PT_MODE_ASYNC || cfg->recompute || cfg->n_microbatches < 1)) {
+		rv = pt_set_error(PT_ERR_INVALID, "schedule zb-h1 needs a flushing mode, no "
+		                                  "recomputation and the microbatch count");
+		goto fail;
+	}
+	/* Stage r of p: p - r + 1 forwards ahead of the first B, r - 1 W's held. */
+	s->zb_warm =
+	    s->p - s->rank + 1 < cfg->n_microbatches ? s->p - s->rank + 1 : cfg->n_microbatches;
+	s->zb_defer = s->rank - 1;
 	mc = (pt_model_config){.batch = cfg->microbatch,
 	                       .input = cfg->input,
 	                       .n_slots = cfg->recompute ? 1 : cfg->n_slots,
 	                       .seed = cfg->seed,
-	                       .device = cfg->device};
+	                       .device = cfg->device,
+	                       .split_backward = s->zb};
 	if ((rv = pt_backend_check_device(cfg->device)) != PT_OK)
 		goto fail;
 	if ((rv = pt_model_create(&s->model, cfg->layers, cfg->n_layers, cfg->first, cfg->last,
@@ -137,8 +153,9 @@ pt_err pt_stage_create(pt_stage **out, const pt_stage_config *cfg, pt_comm *comm
 	                              pt_model_grads(s->model))) != PT_OK)
 		goto fail;
 	s->slots = calloc((size_t)s->n_slots, sizeof(slot));
+	s->zb_w = calloc((size_t)s->n_slots, sizeof(int));
 	s->sqnorms = calloc((size_t)pt_model_num_tensors(s->model) + 1, sizeof(double));
-	if (!s->slots || !s->sqnorms) {
+	if (!s->slots || !s->zb_w || !s->sqnorms) {
 		rv = pt_set_error(PT_ERR_NOMEM, "stage slots");
 		goto fail;
 	}
@@ -199,6 +216,7 @@ void pt_stage_destroy(pt_stage *s)
 	pt_optimizer_destroy(s->opt);
 	pt_model_destroy(s->model);
 	free(s->slots);
+	free(s->zb_w);
 	free(s->sqnorms);
 	free(s->tasks);
 	free(s);
@@ -226,10 +244,13 @@ void pt_stage_host_set_task_delay(int delay_ms)
 	host_delay_ms = delay_ms;
 }
 
-static void task_delay(const pt_stage *s)
+/* task_delay sleeps units times the test delay: F, B and W are one unit
+ * each, so a whole backward (B and W) is two. */
+static void task_delay(const pt_stage *s, int units)
 {
 	if (s->delay_ms > 0) {
-		struct timespec ts = {s->delay_ms / 1000, (long)(s->delay_ms % 1000) * 1000000L};
+		int ms = s->delay_ms * units;
+		struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
 		nanosleep(&ts, NULL);
 	}
 }
@@ -455,7 +476,15 @@ static pt_err backward_fn(void *arg, pt_stream *stream)
 	s->slots[i].dx = NULL;
 	if (s->cfg.recompute)
 		PT_TRY(forward_eager(s, i, &y));
+	if (s->zb) /* B: the input gradient; W runs later (weight_fn) */
+		return pt_model_backward_input(s->model, i, s->g_dy, &s->slots[i].dx);
 	return pt_model_backward(s->model, s->cfg.recompute ? 0 : i, s->g_dy, &s->slots[i].dx);
+}
+
+static pt_err weight_fn(void *arg, pt_stream *stream)
+{
+	pt_stage *s = arg;
+	return pt_model_backward_weight(s->model, s->g_slot);
 }
 
 static pt_err update_fn(void *arg, pt_stream *stream)
@@ -529,7 +558,7 @@ static void on_forward(pt_stage *s, pt_msg *m)
 		report(s, step, mb, PT_ERR_STATE);
 		return;
 	}
-	task_delay(s);
+	task_delay(s, 1);
 	slot *sl = &s->slots[i];
 	sl->used = true;
 	sl->mb = mb;
@@ -551,15 +580,19 @@ static void on_forward(pt_stage *s, pt_msg *m)
 		goto fail;
 	/* The task ends with its computation; the send is communication. */
 	record(s, PT_TASK_FORWARD, step, mb, t0);
+	/* The next stage keeps its input until its W under a split backward,
+	 * past this slot's reuse: it gets a copy (local sends share storage). */
 	if (s->rank < s->p)
-		rv = s->cfg.recompute ? send_copy(s, s->rank + 1, PT_MSG_FORWARD, step, mb, y)
-		                      : send_to(s, s->rank + 1, PT_MSG_FORWARD, step, mb, y);
+		rv = s->cfg.recompute || s->zb
+		         ? send_copy(s, s->rank + 1, PT_MSG_FORWARD, step, mb, y)
+		         : send_to(s, s->rank + 1, PT_MSG_FORWARD, step, mb, y);
 	else
 		rv = s->cfg.recompute ? send_copy(s, 0, PT_MSG_OUTPUT, step, mb, y)
 		                      : send_to(s, 0, PT_MSG_OUTPUT, step, mb, y);
 	if (rv != PT_OK)
 		goto fail;
 	s->stats.forwards++;
+	s->zb_f++;
 	return;
 fail:
 	release(s, i);
@@ -589,6 +622,25 @@ static pt_err async_update(pt_stage *s, int64_t version)
 	return PT_OK;
 }
 
+/* run_weight runs the oldest pending W (split backward) and frees its slot. */
+static pt_err run_weight(pt_stage *s)
+{
+	int i = s->zb_w[0];
+	slot *sl = &s->slots[i];
+	double t0 = pt_now();
+	pt_err rv;
+
+	s->zb_nw--;
+	memmove(s->zb_w, s->zb_w + 1, sizeof(int) * (size_t)s->zb_nw);
+	task_delay(s, 1);
+	s->g_slot = i;
+	rv = run_phase(s, "weight", i, weight_fn);
+	if (rv == PT_OK)
+		record(s, PT_TASK_WEIGHT, sl->step, sl->mb, t0);
+	release(s, i);
+	return rv;
+}
+
 static void on_backward(pt_stage *s, pt_msg *m)
 {
 	int64_t step = m->meta.step;
@@ -605,7 +657,7 @@ static void on_backward(pt_stage *s, pt_msg *m)
 		report(s, step, mb, PT_ERR_STATE);
 		return;
 	}
-	task_delay(s);
+	task_delay(s, s->zb ? 1 : 2);
 	slot *sl = &s->slots[i];
 	if (sl->stash.storage) {
 		/* Backward on the weights the forward used; the live ones wait aside. */
@@ -624,7 +676,7 @@ static void on_backward(pt_stage *s, pt_msg *m)
 			goto out;
 		s->g_dy = &sl->gdy;
 	}
-	if ((rv = run_phase(s, "backward", i, backward_fn)) != PT_OK)
+	if ((rv = run_phase(s, s->zb ? "binput" : "backward", i, backward_fn)) != PT_OK)
 		goto out;
 	dx = sl->dx;
 	if (stashed && (rv = pt_copy(pt_model_params(s->model), &s->current)) != PT_OK)
@@ -641,10 +693,26 @@ out:
 	if (stashed)
 		pt_copy(pt_model_params(s->model), &s->current);
 	pt_tensor_fini(&dy);
-	release(s, i);
-	if (rv != PT_OK) {
-		report(s, step, mb, rv);
-		return;
+	if (rv != PT_OK || !s->zb) {
+		release(s, i);
+		if (rv != PT_OK) {
+			report(s, step, mb, rv);
+			return;
+		}
+	} else {
+		/* The slot stays until its W: after this B when more than zb_defer
+		 * are pending, all of them after the step's last B. */
+		s->zb_w[s->zb_nw++] = i;
+		s->zb_b++;
+		while (rv == PT_OK &&
+		       s->zb_nw > (s->zb_b < s->cfg.n_microbatches ? s->zb_defer : 0))
+			rv = run_weight(s);
+		if (s->zb_b >= s->cfg.n_microbatches)
+			s->zb_f = s->zb_b = 0;
+		if (rv != PT_OK) {
+			report(s, step, mb, rv);
+			return;
+		}
 	}
 	s->stats.backwards++;
 }
@@ -764,6 +832,7 @@ static bool on_command(pt_stage *s, pt_msg *m)
 		for (int i = 0; i < s->n_slots; i++)
 			if (s->slots[i].used)
 				release(s, i);
+		s->zb_f = s->zb_b = s->zb_nw = 0;
 		s->generation = (uint32_t)c.step;
 		rv = pt_model_zero_grad(s->model);
 		break;
@@ -793,10 +862,28 @@ static bool on_command(pt_stage *s, pt_msg *m)
 	return c.cmd == PT_CMD_STOP;
 }
 
-/* Backward first, then control, then forward; block when all are empty. */
+/* zb_next takes the message the split-backward order needs next: a
+ * forward while fewer than zb_warm microbatches wait for their B, else a
+ * gradient; control meanwhile (a reset or a stop), polled every 5 ms. */
+static pt_err zb_next(pt_stage *s, pt_msg *m)
+{
+	bool fwd = s->zb_f - s->zb_b < s->zb_warm && s->zb_f < s->cfg.n_microbatches;
+	pt_channel want = fwd ? PT_CH_FORWARD : PT_CH_BACKWARD;
+	pt_err rv = pt_comm_recv(s->comm, PT_ANY_RANK, want, 0, m);
+	if (rv != PT_ERR_TIMEOUT)
+		return rv;
+	if ((rv = pt_comm_recv(s->comm, PT_ANY_RANK, PT_CH_CONTROL, 0, m)) != PT_ERR_TIMEOUT)
+		return rv;
+	return pt_comm_recv(s->comm, PT_ANY_RANK, want, 5, m);
+}
+
+/* Backward first, then control, then forward; block when all are empty
+ * (within a split-backward step: zb_next). */
 static pt_err next_message(pt_stage *s, pt_msg *m)
 {
 	static const pt_channel order[] = {PT_CH_BACKWARD, PT_CH_CONTROL, PT_CH_FORWARD};
+	if (s->zb && s->zb_f > 0)
+		return zb_next(s, m);
 	for (int k = 0; k < 3; k++) {
 		pt_err rv = pt_comm_recv(s->comm, PT_ANY_RANK, order[k], 0, m);
 		if (rv != PT_ERR_TIMEOUT)

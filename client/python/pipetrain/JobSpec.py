@@ -207,7 +207,14 @@ class JobSpec(object):
             return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
         return 0
 
-def JobSpecStart(builder): builder.StartObject(22)
+    # JobSpec
+    def Schedule(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(48))
+        if o != 0:
+            return self._tab.String(o + self._tab.Pos)
+        return None
+
+def JobSpecStart(builder): builder.StartObject(23)
 def Start(builder):
     return JobSpecStart(builder)
 def JobSpecAddName(builder, name): builder.PrependUOffsetTRelativeSlot(0, flatbuffers.number_types.UOffsetTFlags.py_type(name), 0)
@@ -279,6 +286,9 @@ def AddInitFrom(builder, initFrom):
 def JobSpecAddPriority(builder, priority): builder.PrependInt32Slot(21, priority, 0)
 def AddPriority(builder, priority):
     return JobSpecAddPriority(builder, priority)
+def JobSpecAddSchedule(builder, schedule): builder.PrependUOffsetTRelativeSlot(22, flatbuffers.number_types.UOffsetTFlags.py_type(schedule), 0)
+def AddSchedule(builder, schedule):
+    return JobSpecAddSchedule(builder, schedule)
 def JobSpecEnd(builder): return builder.EndObject()
 def End(builder):
     return JobSpecEnd(builder)
@@ -313,6 +323,7 @@ class JobSpecT(object):
         self.maxRestarts = 0  # type: int
         self.initFrom = None  # type: str
         self.priority = 0  # type: int
+        self.schedule = None  # type: str
 
     @classmethod
     def InitFromBuf(cls, buf, pos):
@@ -363,6 +374,7 @@ class JobSpecT(object):
         self.maxRestarts = jobSpec.MaxRestarts()
         self.initFrom = jobSpec.InitFrom()
         self.priority = jobSpec.Priority()
+        self.schedule = jobSpec.Schedule()
 
     # JobSpecT
     def Pack(self, builder):
@@ -388,6 +400,8 @@ class JobSpecT(object):
             device = builder.CreateString(self.device)
         if self.initFrom is not None:
             initFrom = builder.CreateString(self.initFrom)
+        if self.schedule is not None:
+            schedule = builder.CreateString(self.schedule)
         JobSpecStart(builder)
         if self.name is not None:
             JobSpecAddName(builder, name)
@@ -419,5 +433,7 @@ class JobSpecT(object):
         if self.initFrom is not None:
             JobSpecAddInitFrom(builder, initFrom)
         JobSpecAddPriority(builder, self.priority)
+        if self.schedule is not None:
+            JobSpecAddSchedule(builder, schedule)
         jobSpec = JobSpecEnd(builder)
         return jobSpec
