@@ -795,6 +795,44 @@ pipeclient_err pipeclient_stages(pipeclient *c, uint64_t job, pipeclient_stage *
 	return ok();
 }
 
+pipeclient_err pipeclient_timeline(pipeclient *c, uint64_t job, pipeclient_task **out, size_t *n)
+{
+	static const char kinds[] = "FB?W";
+	pt_api_job_info info;
+	pt_api_task_span t;
+	pipeclient_task *arr = NULL;
+	pipeclient_err e;
+	call k;
+
+	if (c == NULL || out == NULL || n == NULL)
+		return fail(c, PIPECLIENT_ERR_INVALID, "pipeclient_timeline: NULL argument");
+	*out = NULL;
+	*n = 0;
+	if ((e = get_job(c, job, &k, &info)) != PIPECLIENT_OK)
+		return e;
+	if (info.n_timeline > 0 && (arr = calloc(info.n_timeline, sizeof(*arr))) == NULL)
+		e = fail(c, PIPECLIENT_ERR_NOMEM, "out of memory");
+	for (size_t i = 0; e == PIPECLIENT_OK && i < info.n_timeline; i++) {
+		if (pt_api_job_task(&info, i, &t) != PT_OK || t.kind > 3) {
+			e = fail(c, PIPECLIENT_ERR_PROTOCOL, "GetJob: timeline task %zu", i);
+			break;
+		}
+		arr[i] = (pipeclient_task){.stage = t.stage,
+		                           .kind = kinds[t.kind],
+		                           .microbatch = t.microbatch,
+		                           .start = t.start,
+		                           .end = t.end};
+	}
+	call_fini(&k);
+	if (e != PIPECLIENT_OK) {
+		free(arr);
+		return e;
+	}
+	*out = arr;
+	*n = arr ? info.n_timeline : 0;
+	return ok();
+}
+
 pipeclient_err pipeclient_list(pipeclient *c, pipeclient_job **jobs, size_t *n)
 {
 	pt_api_request r;

@@ -239,6 +239,23 @@ typedef struct pipeclient_stage {
  * them. A separate call, so pipeclient_job keeps its size (ABI). */
 pipeclient_err pipeclient_stages(pipeclient *c, uint64_t job, pipeclient_stage **out, size_t *n);
 
+/* One task of a job's last step: on stage (0-based), kind 'F' (forward),
+ * 'B' (backward; the input gradient alone under a split-backward schedule
+ * such as zb-h1) or 'W' (weight gradients), from start to end seconds after
+ * the step's first task. */
+typedef struct pipeclient_task {
+	int stage;
+	char kind;
+	int microbatch;
+	double start, end;
+} pipeclient_task;
+
+/* pipeclient_timeline returns the tasks of job's last step (sync and
+ * semi-async jobs) as a new array (*out, *n; free() it), by stage then
+ * time; empty before the first step, for async jobs and from older
+ * servers. */
+pipeclient_err pipeclient_timeline(pipeclient *c, uint64_t job, pipeclient_task **out, size_t *n);
+
 /* pipeclient_list returns every job the server knows, oldest first, as a new
  * array (*jobs, *n; free with pipeclient_jobs_free; spec is NULL in each). */
 pipeclient_err pipeclient_list(pipeclient *c, pipeclient_job **jobs, size_t *n);

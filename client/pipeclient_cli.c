@@ -818,6 +818,59 @@ static void json_stages(FILE *f, const pipeclient_stage *st, size_t n)
 	fputs("]", f);
 }
 
+static void json_timeline(FILE *f, const pipeclient_task *t, size_t n)
+{
+	fputs("[", f);
+	for (size_t i = 0; i < n; i++) {
+		fprintf(f, "%s{\"stage\":%d,\"kind\":\"%c\",\"microbatch\":%d,\"start\":",
+		        i ? "," : "", t[i].stage, t[i].kind, t[i].microbatch);
+		json_num(f, t[i].start);
+		fputs(",\"end\":", f);
+		json_num(f, t[i].end);
+		fputc('}', f);
+	}
+	fputc(']', f);
+}
+
+/* print_timeline draws the last step's tasks as a text Gantt chart, a row
+ * per stage, TIMELINE_COLS columns for the step: a task is its kind letter
+ * and microbatch ("F3--"), '.' is idle. */
+#define TIMELINE_COLS 72
+static void print_timeline(const pipeclient_job *j, const pipeclient_task *t, size_t n)
+{
+	char row[TIMELINE_COLS + 1];
+	double span = 0.0;
+	int stages = 0;
+
+	for (size_t i = 0; i < n; i++) {
+		span = t[i].end > span ? t[i].end : span;
+		stages = t[i].stage + 1 > stages ? t[i].stage + 1 : stages;
+	}
+	if (n == 0 || span <= 0.0)
+		return;
+	printf("timeline of step %" PRId64 " (F forward, B backward input, W weight gradients, "
+	       ". idle; a column is %.3g ms):\n",
+	       j->has_last ? j->last.step : j->step, span / TIMELINE_COLS * 1e3);
+	for (int st = 0; st < stages; st++) {
+		memset(row, '.', TIMELINE_COLS);
+		row[TIMELINE_COLS] = '\0';
+		for (size_t i = 0; i < n; i++) {
+			char label[16];
+			int a, b, len;
+			if (t[i].stage != st)
+				continue;
+			a = (int)(t[i].start / span * TIMELINE_COLS);
+			b = (int)(t[i].end / span * TIMELINE_COLS + 0.5);
+			a = a < 0 ? 0 : a >= TIMELINE_COLS ? TIMELINE_COLS - 1 : a;
+			b = b <= a ? a + 1 : b > TIMELINE_COLS ? TIMELINE_COLS : b;
+			len = snprintf(label, sizeof(label), "%c%d", t[i].kind, t[i].microbatch);
+			for (int c = a; c < b; c++)
+				row[c] = c - a < len ? label[c - a] : '-';
+		}
+		printf("  stage %-2d %s\n", st, row);
+	}
+}
+
 /* print_stages writes the bubble of the last step and a line per rank:
  * "  stage 2: busy 1.234567 s; 480 messages sent (1.5 MiB), 480 received (0.9 MiB)". */
 static void print_stages(const pipeclient_job *j, const pipeclient_stage *st, size_t n)
@@ -853,13 +906,16 @@ static int cmd_status(cli *a, uint64_t id)
 {
 	pipeclient_job j;
 	pipeclient_stage *st = NULL;
-	size_t n = 0;
+	pipeclient_task *tl = NULL;
+	size_t n = 0, n_tl = 0;
 	pipeclient_err e;
 	int rv;
 
 	if ((e = pipeclient_get(a->c, id, &j)) != PIPECLIENT_OK)
 		return report(a, e);
-	if ((e = pipeclient_stages(a->c, id, &st, &n)) != PIPECLIENT_OK) {
+	if ((e = pipeclient_stages(a->c, id, &st, &n)) != PIPECLIENT_OK ||
+	    (e = pipeclient_timeline(a->c, id, &tl, &n_tl)) != PIPECLIENT_OK) {
+		free(st);
 		pipeclient_job_fini(&j);
 		return report(a, e);
 	}
@@ -868,12 +924,16 @@ static int cmd_status(cli *a, uint64_t id)
 		json_job_fields(stdout, &j);
 		fputs(",\"stages\":", stdout);
 		json_stages(stdout, st, n);
+		fputs(",\"timeline\":", stdout);
+		json_timeline(stdout, tl, n_tl);
 		fputs("}\n", stdout);
 	} else {
 		print_job_text(&j);
 		print_stages(&j, st, n);
+		print_timeline(&j, tl, n_tl);
 	}
 	free(st);
+	free(tl);
 	rv = job_exit(j.state);
 	pipeclient_job_fini(&j);
 	return rv;

@@ -77,6 +77,8 @@ typedef struct job {
 	size_t n_stages;
 	ckpt *ckpts; /* by step */
 	size_t n_ckpts;
+	pt_api_task_span *timeline; /* the last flushing step's tasks (GetJob) */
+	size_t n_timeline;
 
 	atomic_int stop;        /* STOP_* */
 	pt_jobs_waiter waiters; /* list head */
@@ -233,6 +235,7 @@ static void job_free(job *jb)
 	free(jb->resume_from);
 	free(jb->points);
 	free(jb->ckpts);
+	free(jb->timeline);
 	if (jb->jfd >= 0)
 		close(jb->jfd);
 	pthread_mutex_destroy(&jb->jmu);
@@ -659,14 +662,63 @@ static void comm_from_job(job *jb, const pt_job_metric *m)
 	}
 }
 
+/* timeline_of turns a step's task records into spans from the step's
+ * first task (optimizer steps left out); NULL when there are none. Stages
+ * on other hosts keep their own clocks: their rows are offset by the
+ * difference, not aligned. */
+static pt_api_task_span *timeline_of(const pt_job_metric *m, size_t *n)
+{
+	pt_api_task_span *v;
+	double t0 = 0.0;
+	size_t k = 0, cap = 0;
+	bool any = false;
+
+	*n = 0;
+	for (int st = 0; st < m->n_stages && st < PT_MAX_STAGES; st++)
+		for (int i = 0; m->tasks[st] != NULL && i < m->n_tasks[st]; i++) {
+			const pt_task_record *t = &m->tasks[st][i];
+			if (t->kind == PT_TASK_STEP)
+				continue;
+			if (!any || t->start < t0)
+				t0 = t->start;
+			any = true;
+			cap++;
+		}
+	if (cap == 0)
+		return NULL;
+	cap = cap < PT_API_MAX_TIMELINE ? cap : PT_API_MAX_TIMELINE;
+	if ((v = calloc(cap, sizeof(*v))) == NULL)
+		return NULL;
+	for (int st = 0; st < m->n_stages && st < PT_MAX_STAGES; st++)
+		for (int i = 0; m->tasks[st] != NULL && i < m->n_tasks[st] && k < cap; i++) {
+			const pt_task_record *t = &m->tasks[st][i];
+			if (t->kind == PT_TASK_STEP)
+				continue;
+			v[k++] = (pt_api_task_span){.start = (float)(t->start - t0),
+			                            .end = (float)(t->end - t0),
+			                            .microbatch = t->microbatch,
+			                            .stage = (uint8_t)st,
+			                            .kind = t->kind};
+		}
+	*n = k;
+	return v;
+}
+
 static void hook_metric(void *ctx, const pt_job_metric *m)
 {
 	job *jb = ctx;
 	pt_jobs *mgr = jb->mgr;
 	pt_api_metric_point p;
+	size_t n_tl = 0;
+	pt_api_task_span *tl = timeline_of(m, &n_tl);
 
 	metric_from_job(m, &p);
 	pthread_mutex_lock(&mgr->mu);
+	if (tl != NULL) {
+		free(jb->timeline);
+		jb->timeline = tl;
+		jb->n_timeline = n_tl;
+	}
 	add_point(jb, &p);
 	comm_from_job(jb, m);
 	jb->step = p.step;
@@ -2049,6 +2101,10 @@ static void fill_info(const pt_jobs *m, const job *jb, pt_api_job_info *ji, bool
 	ji->spec = with_spec ? &jb->spec : NULL;
 	ji->stages = jb->stages;
 	ji->n_stages = jb->n_stages;
+	if (with_spec) { /* GetJob */
+		ji->timeline = jb->timeline;
+		ji->n_timeline = jb->n_timeline;
+	}
 }
 
 pt_err pt_jobs_reply_get(pt_jobs *m, uint64_t req_id, uint64_t id, pt_fb_builder *b,

@@ -552,6 +552,8 @@ static void json_point(pt_metrics_buf *b, const pt_api_metric_point *p)
 	json_num(b, p->tokens_per_second);
 	pt_metrics_buf_printf(b, ",\"bubble\":");
 	json_num(b, p->bubble);
+	pt_metrics_buf_printf(b, ",\"eval_loss\":");
+	json_num(b, p->eval_loss);
 	pt_metrics_buf_printf(b, ",\"time\":");
 	json_num(b, p->time_unix);
 	pt_metrics_buf_printf(b, "}");
@@ -617,6 +619,15 @@ pt_err pt_metrics_points_json(pt_metrics *m, uint64_t job, int64_t after, int ma
 			goto out;
 		if (st.stage >= 0)
 			pt_metrics_buf_printf(b, "%s%.6f", shown++ ? "," : "", st.busy_seconds);
+	}
+	/* The last step's timeline: [stage, kind, microbatch, start, end]. */
+	pt_metrics_buf_printf(b, "],\"timeline\":[");
+	for (size_t k = 0; k < j.n_timeline; k++) {
+		pt_api_task_span t;
+		if ((rv = pt_api_job_task(&j, k, &t)) != PT_OK)
+			goto out;
+		pt_metrics_buf_printf(b, "%s[%d,\"%c\",%d,%.6f,%.6f]", k ? "," : "", t.stage,
+		                      "FB?W"[t.kind & 3], t.microbatch, t.start, t.end);
 	}
 	pt_metrics_buf_printf(b, "],\"checkpoint\":");
 	json_checkpoint(m, job, b);

@@ -563,6 +563,24 @@ static char *chromium_dom(const char *url, const char *screenshot)
 	return dom;
 }
 
+/* count_after counts what occurrences of `what` lie in the text from the
+ * first `from` to the next `to` (-1: no `from`). */
+static int count_after(const char *text, const char *from, const char *to, const char *what)
+{
+	const char *p = strstr(text ? text : "", from), *e;
+	int n = 0;
+	if (p == NULL)
+		return -1;
+	e = strstr(p, to);
+	for (const char *q = strstr(p, what); q != NULL && (e == NULL || q < e);
+	     q = strstr(q + 1, what))
+		n++;
+	return n;
+}
+
+/* The digits example's step: 4 stages, 4 microbatches, each an F and a B. */
+#define DIGITS_STEP_TASKS 32
+
 static void test_http_dashboard(void)
 {
 	char *body = NULL, path[128], url[128], png[PATH_MAX + 64];
@@ -587,6 +605,10 @@ static void test_http_dashboard(void)
 	CU_ASSERT_PTR_NOT_NULL_FATAL(body);
 	CU_ASSERT_PTR_NOT_NULL(strstr(body, "\"points\":[{\"step\":1,"));
 	CU_ASSERT_PTR_NOT_NULL(strstr(body, "\"stage_busy_seconds\":[0"));
+	/* The last step's timeline: every F and B of every stage, no W (GPipe). */
+	CU_ASSERT_EQUAL(count_after(body, "\"timeline\":[", "]],", ",\"F\","), 16);
+	CU_ASSERT_EQUAL(count_after(body, "\"timeline\":[", "]],", ",\"B\","), 16);
+	CU_ASSERT_EQUAL(count_after(body, "\"timeline\":[", "]],", ",\"W\","), 0);
 	cursor = strstr(body, "\"cursor\":") ? atoll(strstr(body, "\"cursor\":") + 9) : -1;
 	CU_ASSERT(cursor >= 3);
 	free(body);
@@ -616,6 +638,21 @@ static void test_http_dashboard(void)
 	printf("\n  chromium: loss curve %d then %d points\n", a, b);
 	CU_ASSERT(a > 0);
 	CU_ASSERT(b > a);
+	{
+		/* The Gantt chart is the step's real timeline: a bar per task, F
+		 * and B bars 16 each; the loss chart has its held-out line and the
+		 * throughput chart its smoothed one. */
+		body = chromium_dom(url, NULL);
+		int bars = count_after(body, "id=\"gantt\"", "</svg>", "class=\"task ");
+		int fb = count_after(body, "id=\"gantt\"", "</svg>", "class=\"task task-F\"");
+		printf("  chromium: Gantt chart %d bars (%d F)\n", bars, fb);
+		CU_ASSERT_EQUAL(bars, DIGITS_STEP_TASKS);
+		CU_ASSERT_EQUAL(fb, DIGITS_STEP_TASKS / 2);
+		CU_ASSERT_PTR_NOT_NULL(body && strstr(body, "data-tasks=\"32\""));
+		CU_ASSERT_PTR_NOT_NULL(body && strstr(body, "class=\"line-eval_loss\""));
+		CU_ASSERT_EQUAL(count_after(body, "id=\"rate\"", "</svg>", "<polyline"), 2);
+		free(body);
+	}
 	snprintf(png, sizeof(png), "%s/test_http_dashboard.png", build_tests);
 	unlink(png);
 	free(chromium_dom(url, png));

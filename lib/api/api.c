@@ -395,10 +395,28 @@ static pt_err build_stage_stats(pt_fb_builder *b, const void *item, pt_fb_ref *o
 
 static pt_err build_job_info(pt_fb_builder *b, const pt_api_job_info *j, pt_fb_ref *out)
 {
-	pt_fb_ref name = 0, msg = 0, last = 0, spec = 0, stages = 0;
+	pt_fb_ref name = 0, msg = 0, last = 0, spec = 0, stages = 0, timeline = 0;
 
 	if (j->n_stages > PT_API_MAX_STAGE_STATS)
 		return pt_set_error(PT_ERR_INVALID, "JobInfo: %zu stage entries", j->n_stages);
+	if (j->n_timeline > PT_API_MAX_TIMELINE)
+		return pt_set_error(PT_ERR_INVALID, "JobInfo: %zu timeline tasks", j->n_timeline);
+	if (j->n_timeline > 0) {
+		/* Field by field into zeroed structs: no padding leaves this process. */
+		uint8_t *v = NULL;
+		PT_TRY(pt_fb_reserve_vector(b, j->n_timeline, PT_FB_API_TASK_SPAN_SIZE,
+		                            PT_FB_API_TASK_SPAN_ALIGN, (void **)&v, &timeline));
+		memset(v, 0, j->n_timeline * PT_FB_API_TASK_SPAN_SIZE);
+		for (size_t i = 0; i < j->n_timeline; i++) {
+			const pt_api_task_span *s = &j->timeline[i];
+			uint8_t *d = v + i * PT_FB_API_TASK_SPAN_SIZE;
+			memcpy(d + PT_FB_API_TASK_SPAN_START_OFFSET, &s->start, 4);
+			memcpy(d + PT_FB_API_TASK_SPAN_END_OFFSET, &s->end, 4);
+			memcpy(d + PT_FB_API_TASK_SPAN_MICROBATCH_OFFSET, &s->microbatch, 4);
+			memcpy(d + PT_FB_API_TASK_SPAN_STAGE_OFFSET, &s->stage, 1);
+			memcpy(d + PT_FB_API_TASK_SPAN_KIND_OFFSET, &s->kind, 1);
+		}
+	}
 	if (j->n_stages > 0)
 		PT_TRY(build_table_vector(b, j->stages, j->n_stages, sizeof(*j->stages),
 		                          build_stage_stats, &stages));
@@ -421,6 +439,7 @@ static pt_err build_job_info(pt_fb_builder *b, const pt_api_job_info *j, pt_fb_r
 	pt_fb_add_offset(b, PT_FB_API_JOB_INFO_LAST, last);
 	pt_fb_add_offset(b, PT_FB_API_JOB_INFO_SPEC, spec);
 	pt_fb_add_offset(b, PT_FB_API_JOB_INFO_STAGES, stages);
+	pt_fb_add_offset(b, PT_FB_API_JOB_INFO_TIMELINE, timeline);
 	return pt_fb_end_table(b, out);
 }
 
@@ -747,6 +766,26 @@ pt_err pt_api_response_job(const pt_api_response *r, size_t i, pt_api_job_info *
 	out->spec_table = pt_fb_get_table(t, PT_FB_API_JOB_INFO_SPEC);
 	out->stages_vec_ = pt_fb_get_vector(t, PT_FB_API_JOB_INFO_STAGES, &n);
 	out->n_stages = out->stages_vec_ ? n : 0;
+	out->timeline_vec_ = pt_fb_get_vector(t, PT_FB_API_JOB_INFO_TIMELINE, &n);
+	out->n_timeline = out->timeline_vec_ ? n : 0;
+	return PT_OK;
+}
+
+pt_err pt_api_job_task(const pt_api_job_info *j, size_t i, pt_api_task_span *out)
+{
+	const uint8_t *d;
+
+	if (j == NULL || out == NULL || (j->n_timeline && j->timeline_vec_ == NULL))
+		return pt_set_error(PT_ERR_INVALID, "pt_api_job_task: not a parsed view");
+	if (i >= j->n_timeline)
+		return pt_set_error(PT_ERR_RANGE, "timeline task %zu of %zu", i, j->n_timeline);
+	d = j->timeline_vec_ + i * PT_FB_API_TASK_SPAN_SIZE;
+	memset(out, 0, sizeof(*out));
+	memcpy(&out->start, d + PT_FB_API_TASK_SPAN_START_OFFSET, 4);
+	memcpy(&out->end, d + PT_FB_API_TASK_SPAN_END_OFFSET, 4);
+	memcpy(&out->microbatch, d + PT_FB_API_TASK_SPAN_MICROBATCH_OFFSET, 4);
+	memcpy(&out->stage, d + PT_FB_API_TASK_SPAN_STAGE_OFFSET, 1);
+	memcpy(&out->kind, d + PT_FB_API_TASK_SPAN_KIND_OFFSET, 1);
 	return PT_OK;
 }
 

@@ -221,6 +221,17 @@ typedef struct pt_api_stage_stats {
 } pt_api_stage_stats;
 
 /* pt_api_job_info is one JobInfo. */
+/* pt_api_task_span is TaskSpan: one task of a step's timeline. */
+typedef struct pt_api_task_span {
+	float start, end; /* seconds from the step's first task */
+	int32_t microbatch;
+	uint8_t stage; /* 0-based */
+	uint8_t kind;  /* pt_task_kind: 0 F, 1 B, 3 W */
+	uint8_t pad_[2];
+} pt_api_task_span;
+
+#define PT_API_MAX_TIMELINE 4096 /* task spans a JobInfo carries at most */
+
 typedef struct pt_api_job_info {
 	uint64_t id;
 	const char *name; /* NULL = absent */
@@ -241,6 +252,11 @@ typedef struct pt_api_job_info {
 	const pt_api_stage_stats *stages;
 	size_t n_stages;
 	const uint8_t *stages_vec_; /* parsed views only: private */
+	/* GetJob: the last step's timeline. Building: timeline[0..n_timeline).
+	 * Parsed: NULL; read with pt_api_job_task. */
+	const pt_api_task_span *timeline;
+	size_t n_timeline;
+	const uint8_t *timeline_vec_; /* parsed views only: private */
 } pt_api_job_info;
 
 /* pt_api_checkpoint_info is one CheckpointInfo. */
@@ -370,6 +386,10 @@ pt_err pt_api_response_job(const pt_api_response *r, size_t i, pt_api_job_info *
  * into *out. PT_ERR_RANGE when i is out of range; PT_ERR_INVALID when j was
  * not parsed. */
 pt_err pt_api_job_stage(const pt_api_job_info *j, size_t i, pt_api_stage_stats *out);
+
+/* pt_api_job_task reads task i (< j->n_timeline) of a parsed job info's
+ * timeline into *out; errors as pt_api_job_stage's. */
+pt_err pt_api_job_task(const pt_api_job_info *j, size_t i, pt_api_task_span *out);
 
 /* pt_api_response_point reads metric point i (< r->n_points) of a parsed
  * WatchMetricsReply. stage_busy entries beyond PT_API_MAX_STAGES are dropped. */

@@ -151,6 +151,11 @@ typedef struct pt_job_metric {
 	 * async steps do not fetch). */
 	int n_comm;
 	pt_comm_stats comm[PT_MAX_STAGES + 1];
+	/* Flushing modes: stage s's task records of this step (tasks[s],
+	 * n_tasks[s] of them; pt_now() seconds on the stage's host), valid
+	 * during the on_metric call only. Async: none. */
+	const pt_task_record *tasks[PT_MAX_STAGES];
+	int n_tasks[PT_MAX_STAGES];
 } pt_job_metric;
 
 typedef struct pt_job_hooks {

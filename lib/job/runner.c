@@ -1051,8 +1051,15 @@ static pt_err train(runner *r, int64_t start, int64_t *done)
 		m.tokens_per_s = dt > 0 ? (double)tokens / dt : 0.0;
 		m.bubble = res.bubble;
 		m.n_stages = r->p;
-		for (int st = 0; st < r->p; st++)
+		for (int st = 0; st < r->p; st++) {
 			m.stage_busy[st] = res.stage_busy[st];
+			m.tasks[st] =
+			    s->mode == PT_MODE_ASYNC
+			        ? NULL
+			        : pt_coordinator_step_timeline(r->coord, st + 1, &m.n_tasks[st]);
+			if (m.tasks[st] == NULL)
+				m.n_tasks[st] = 0;
+		}
 		/* Rank i's counters: read directly when its communicator is in
 		 * this process (so they include the step's last replies, as
 		 * before), else - a stage on a worker - as the stage sent them

@@ -50,6 +50,11 @@ def test_full_digits_flow(server, tmp_path):
         assert g["spec"]["data"]["format"] == "Npy"
         assert g["last"]["step"] == 60 and 0.5 < g["last"]["eval_accuracy"] <= 1.0
         assert [s["stage"] for s in g["stages"]] == [-1, 0, 1, 2, 3]
+        # The last step's timeline: an F and a B of each of 4 microbatches per stage.
+        tl = g["timeline"]
+        assert len(tl) == 32 and sorted({t["stage"] for t in tl}) == [0, 1, 2, 3]
+        assert sorted(t["kind"] for t in tl) == [0] * 16 + [1] * 16
+        assert all(0 <= t["start"] <= t["end"] for t in tl)
         assert job in [j["id"] for j in c.list()]
         cks = c.checkpoints(job)
         assert [k["step"] for k in cks] == [20, 40, 60]

@@ -131,7 +131,30 @@ class JobInfo(object):
         o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(26))
         return o == 0
 
-def JobInfoStart(builder): builder.StartObject(12)
+    # JobInfo
+    def Timeline(self, j):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(28))
+        if o != 0:
+            x = self._tab.Vector(o)
+            x += flatbuffers.number_types.UOffsetTFlags.py_type(j) * 16
+            obj = TaskSpan()
+            obj.Init(self._tab.Bytes, x)
+            return obj
+        return None
+
+    # JobInfo
+    def TimelineLength(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(28))
+        if o != 0:
+            return self._tab.VectorLen(o)
+        return 0
+
+    # JobInfo
+    def TimelineIsNone(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(28))
+        return o == 0
+
+def JobInfoStart(builder): builder.StartObject(13)
 def Start(builder):
     return JobInfoStart(builder)
 def JobInfoAddId(builder, id): builder.PrependUint64Slot(0, id, 0)
@@ -173,6 +196,12 @@ def AddStages(builder, stages):
 def JobInfoStartStagesVector(builder, numElems): return builder.StartVector(4, numElems, 4)
 def StartStagesVector(builder, numElems):
     return JobInfoStartStagesVector(builder, numElems)
+def JobInfoAddTimeline(builder, timeline): builder.PrependUOffsetTRelativeSlot(12, flatbuffers.number_types.UOffsetTFlags.py_type(timeline), 0)
+def AddTimeline(builder, timeline):
+    return JobInfoAddTimeline(builder, timeline)
+def JobInfoStartTimelineVector(builder, numElems): return builder.StartVector(16, numElems, 4)
+def StartTimelineVector(builder, numElems):
+    return JobInfoStartTimelineVector(builder, numElems)
 def JobInfoEnd(builder): return builder.EndObject()
 def End(builder):
     return JobInfoEnd(builder)
@@ -197,6 +226,7 @@ class JobInfoT(object):
         self.last = None  # type: Optional[MetricPointT]
         self.spec = None  # type: Optional[JobSpecT]
         self.stages = None  # type: List[StageStatsT]
+        self.timeline = None  # type: List[TaskSpanT]
 
     @classmethod
     def InitFromBuf(cls, buf, pos):
@@ -235,6 +265,14 @@ class JobInfoT(object):
                 else:
                     stageStats_ = StageStatsT.InitFromObj(jobInfo.Stages(i))
                     self.stages.append(stageStats_)
+        if not jobInfo.TimelineIsNone():
+            self.timeline = []
+            for i in range(jobInfo.TimelineLength()):
+                if jobInfo.Timeline(i) is None:
+                    self.timeline.append(None)
+                else:
+                    taskSpan_ = TaskSpanT.InitFromObj(jobInfo.Timeline(i))
+                    self.timeline.append(taskSpan_)
 
     # JobInfoT
     def Pack(self, builder):
@@ -254,6 +292,11 @@ class JobInfoT(object):
             for i in reversed(range(len(self.stages))):
                 builder.PrependUOffsetTRelative(stageslist[i])
             stages = builder.EndVector()
+        if self.timeline is not None:
+            JobInfoStartTimelineVector(builder, len(self.timeline))
+            for i in reversed(range(len(self.timeline))):
+                self.timeline[i].Pack(builder)
+            timeline = builder.EndVector()
         JobInfoStart(builder)
         JobInfoAddId(builder, self.id)
         if self.name is not None:
@@ -272,5 +315,7 @@ class JobInfoT(object):
             JobInfoAddSpec(builder, spec)
         if self.stages is not None:
             JobInfoAddStages(builder, stages)
+        if self.timeline is not None:
+            JobInfoAddTimeline(builder, timeline)
         jobInfo = JobInfoEnd(builder)
         return jobInfo
