@@ -848,6 +848,32 @@ static void test_comm_interleaved(void)
 		CU_ASSERT_EQUAL(r.meta.kind, i % 3 == 2 ? PT_MSG_FORWARD : PT_MSG_BACKWARD);
 		pt_msg_fini(&r);
 	}
+	/* "Forward or control" (a stage following a fixed task order): a
+	 * backward that came first waits; control and forwards in arrival order. */
+	{
+		pt_msg c = {0};
+		c.meta.kind = PT_MSG_COMMAND;
+		c.meta.step = 11;
+		PT_CHECK_OK(pt_msg_set_blob(&c, "cmd", 3));
+		PT_CHECK_OK(pt_comm_send_backward(g.c[0], 1, &b, 10, 1));
+		PT_CHECK_OK(pt_comm_send(g.c[0], 1, &c));
+		PT_CHECK_OK(pt_comm_send_forward(g.c[0], 1, &f, 12, 0));
+		pt_msg_fini(&c);
+		for (int i = 0; i < 2; i++) {
+			PT_CHECK_OK(
+			    pt_comm_recv(g.c[1], PT_ANY_RANK, PT_CH_FORWARD_OR_CONTROL, -1, &r));
+			CU_ASSERT_EQUAL(r.meta.step, 11 + i);
+			CU_ASSERT_EQUAL(r.meta.kind, i == 0 ? PT_MSG_COMMAND : PT_MSG_FORWARD);
+			pt_msg_fini(&r);
+		}
+		CU_ASSERT_EQUAL(pt_comm_recv(g.c[1], PT_ANY_RANK, PT_CH_FORWARD_OR_CONTROL, 0, &r),
+		                PT_ERR_TIMEOUT);
+		PT_CHECK_OK(pt_comm_recv(g.c[1], PT_ANY_RANK, PT_CH_BACKWARD_OR_CONTROL, -1, &r));
+		CU_ASSERT(r.meta.step == 10 && r.meta.kind == PT_MSG_BACKWARD);
+		pt_msg_fini(&r);
+		CU_ASSERT_EQUAL(pt_comm_recv(g.c[1], PT_ANY_RANK, (pt_channel)-4, 0, &r),
+		                PT_ERR_RANGE);
+	}
 	pt_tensor_fini(&f);
 	pt_tensor_fini(&b);
 	group_free(&g);

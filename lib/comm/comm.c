@@ -81,7 +81,7 @@ pt_err pt_comm_recv(pt_comm *c, int src, pt_channel ch, int timeout_ms, pt_msg *
 		return pt_set_error(PT_ERR_INVALID, "pt_comm_recv: NULL argument");
 	memset(out, 0, sizeof(*out));
 	PT_TRY(check_rank(c, src, true, "source"));
-	if (ch != PT_CH_ANY && ((int)ch < 0 || ch >= PT_CH_COUNT))
+	if (!pt_channel_valid_recv(ch))
 		return pt_set_error(PT_ERR_RANGE, "channel %d", (int)ch);
 	return c->ops->recv(c, src, ch, timeout_ms < 0 ? c->timeout_ms : timeout_ms, out);
 }

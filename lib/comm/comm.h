@@ -37,8 +37,19 @@ typedef enum pt_channel {
 	PT_CH_BACKWARD, /* gradients to the previous stage */
 	PT_CH_CONTROL,  /* everything else: commands, replies, errors, barrier */
 	PT_CH_COUNT,
-	PT_CH_ANY = -1 /* recv: whichever channel has a message first */
+	PT_CH_ANY = -1, /* recv: whichever channel has a message first */
+	/* recv: that data channel or control, whichever has a message first (a
+	 * stage that follows a fixed task order still hears commands). */
+	PT_CH_FORWARD_OR_CONTROL = -2,
+	PT_CH_BACKWARD_OR_CONTROL = -3
 } pt_channel;
+
+/* pt_channel_valid_recv tells whether ch may be passed to a receive. */
+static inline int pt_channel_valid_recv(pt_channel ch)
+{
+	return ((int)ch >= 0 && ch < PT_CH_COUNT) || ch == PT_CH_ANY ||
+	       ch == PT_CH_FORWARD_OR_CONTROL || ch == PT_CH_BACKWARD_OR_CONTROL;
+}
 
 typedef enum pt_msg_kind {
 	PT_MSG_FORWARD,  /* activation of (step, microbatch) */

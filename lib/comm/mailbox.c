@@ -50,6 +50,10 @@ static const char *channel_name(pt_channel ch)
 		return "backward";
 	case PT_CH_CONTROL:
 		return "control";
+	case PT_CH_FORWARD_OR_CONTROL:
+		return "forward or control";
+	case PT_CH_BACKWARD_OR_CONTROL:
+		return "backward or control";
 	default:
 		return "any";
 	}
@@ -217,13 +221,19 @@ pt_err pt_mailbox_push_error(pt_mailbox *mb, int source, pt_err code, const char
 static mb_node *take_locked(pt_mailbox *mb, int src, pt_channel ch)
 {
 	int s0 = src == PT_ANY_RANK ? 0 : src, s1 = src == PT_ANY_RANK ? mb->world : src + 1;
-	int c0 = ch == PT_CH_ANY ? 0 : (int)ch, c1 = ch == PT_CH_ANY ? PT_CH_COUNT : (int)ch + 1;
+	unsigned mask = ch == PT_CH_ANY                  ? (1u << PT_CH_COUNT) - 1
+	                : ch == PT_CH_FORWARD_OR_CONTROL ? 1u << PT_CH_FORWARD | 1u << PT_CH_CONTROL
+	                : ch == PT_CH_BACKWARD_OR_CONTROL
+	                    ? 1u << PT_CH_BACKWARD | 1u << PT_CH_CONTROL
+	                    : 1u << ch;
 	mb_queue *best = NULL;
 	mb_node *err, *prev = NULL;
 
 	for (int s = s0; s < s1; s++)
-		for (int c = c0; c < c1; c++) {
+		for (int c = 0; c < PT_CH_COUNT; c++) {
 			mb_queue *q = &mb->queues[s * PT_CH_COUNT + c];
+			if (!(mask & 1u << c))
+				continue;
 			if (q->head && (best == NULL || q->head->order < best->head->order))
 				best = q;
 		}
@@ -257,7 +267,7 @@ pt_err pt_mailbox_pop(pt_mailbox *mb, int src, pt_channel ch, int timeout_ms, pt
 	if (src != PT_ANY_RANK && (src < 0 || src >= mb->world))
 		return pt_set_error(PT_ERR_RANGE, "receive from rank %d (world %d)", src,
 		                    mb->world);
-	if (ch != PT_CH_ANY && ((int)ch < 0 || ch >= PT_CH_COUNT))
+	if (!pt_channel_valid_recv(ch))
 		return pt_set_error(PT_ERR_RANGE, "receive on channel %d", (int)ch);
 	if (timeout_ms > 0) {
 		clock_gettime(CLOCK_MONOTONIC, &deadline);

@@ -864,17 +864,12 @@ static bool on_command(pt_stage *s, pt_msg *m)
 
 /* zb_next takes the message the split-backward order needs next: a
  * forward while fewer than zb_warm microbatches wait for their B, else a
- * gradient; control meanwhile (a reset or a stop), polled every 5 ms. */
+ * gradient; control meanwhile (a reset or a stop). */
 static pt_err zb_next(pt_stage *s, pt_msg *m)
 {
 	bool fwd = s->zb_f - s->zb_b < s->zb_warm && s->zb_f < s->cfg.n_microbatches;
-	pt_channel want = fwd ? PT_CH_FORWARD : PT_CH_BACKWARD;
-	pt_err rv = pt_comm_recv(s->comm, PT_ANY_RANK, want, 0, m);
-	if (rv != PT_ERR_TIMEOUT)
-		return rv;
-	if ((rv = pt_comm_recv(s->comm, PT_ANY_RANK, PT_CH_CONTROL, 0, m)) != PT_ERR_TIMEOUT)
-		return rv;
-	return pt_comm_recv(s->comm, PT_ANY_RANK, want, 5, m);
+	return pt_comm_recv(s->comm, PT_ANY_RANK,
+	                    fwd ? PT_CH_FORWARD_OR_CONTROL : PT_CH_BACKWARD_OR_CONTROL, -1, m);
 }
 
 /* Backward first, then control, then forward; block when all are empty
