@@ -42,6 +42,9 @@ pt_err pt_pipe_mode_parse(const char *name, pt_pipe_mode *out);
 
 /* The order of a flushing step's tasks (docs/pipeline.md). PT_SCHED_MODE is
  * the mode's own: GPipe for sync, 1F1B for semi-async, none for async.
+ * PT_SCHED_1F1B: stage r (1-based, of p) runs min(p - r + 1, m) forwards,
+ * then alternates backward and forward (pt_stage_config.n_microbatches
+ * given; without it the stage takes gradients first as they come).
  * PT_SCHED_ZBH1 splits every backward into B (input gradient) and W (weight
  * gradient): stage r (1-based, of p) runs min(p - r + 1, m) forwards, then
  * alternates B and F, runs a W after a B whenever more than r - 1 are

@@ -96,7 +96,8 @@ struct pt_stage {
 	int g_slot;
 	const pt_tensor *g_dy;
 	/* Split-backward schedule (PT_SCHED_ZBH1): the step's progress. */
-	bool zb;
+	/* Ordered schedules (1F1B, ZB-H1): the step's task order is fixed. */
+	bool ordered, zb;
 	int zb_warm, zb_defer; /* forwards before the first B; W's held back */
 	int zb_f, zb_b;        /* forwards and B's run in this step */
 	int *zb_w, zb_nw;      /* slots whose W is pending, oldest first */
@@ -129,6 +130,12 @@ pt_err pt_stage_create(pt_stage **out, const pt_stage_config *cfg, pt_comm *comm
 	s->n_slots = cfg->n_slots;
 	s->fail_mb = -1;
 	s->zb = cfg->schedule == PT_SCHED_ZBH1;
+	/* 1F1B in its textbook order when the microbatch count is known (else,
+	 * for callers that do not give it, the stage's reactive order). */
+	s->ordered =
+	    s->zb || (cfg->n_microbatches > 0 && cfg->mode != PT_MODE_ASYNC &&
+	              (cfg->schedule == PT_SCHED_1F1B ||
+	               (cfg->schedule == PT_SCHED_MODE && cfg->mode == PT_MODE_SEMI_ASYNC)));
 	if (s->zb && (cfg->mode == PT_MODE_ASYNC || cfg->recompute || cfg->n_microbatches < 1)) {
 		rv = pt_set_error(PT_ERR_INVALID, "schedule zb-h1 needs a flushing mode, no "
 		                                  "recomputation and the microbatch count");
@@ -699,6 +706,8 @@ out:
 			report(s, step, mb, rv);
 			return;
 		}
+		if (s->ordered && ++s->zb_b >= s->cfg.n_microbatches)
+			s->zb_f = s->zb_b = 0;
 	} else {
 		/* The slot stays until its W: after this B when more than zb_defer
 		 * are pending, all of them after the step's last B. */
@@ -862,9 +871,9 @@ static bool on_command(pt_stage *s, pt_msg *m)
 	return c.cmd == PT_CMD_STOP;
 }
 
-/* zb_next takes the message the split-backward order needs next: a
- * forward while fewer than zb_warm microbatches wait for their B, else a
- * gradient; control meanwhile (a reset or a stop). */
+/* zb_next takes the message an ordered schedule needs next: a forward
+ * while fewer than zb_warm microbatches wait for their B, else a gradient;
+ * control meanwhile (a reset or a stop). */
 static pt_err zb_next(pt_stage *s, pt_msg *m)
 {
 	bool fwd = s->zb_f - s->zb_b < s->zb_warm && s->zb_f < s->cfg.n_microbatches;
@@ -877,7 +886,7 @@ static pt_err zb_next(pt_stage *s, pt_msg *m)
 static pt_err next_message(pt_stage *s, pt_msg *m)
 {
 	static const pt_channel order[] = {PT_CH_BACKWARD, PT_CH_CONTROL, PT_CH_FORWARD};
-	if (s->zb && s->zb_f > 0)
+	if (s->ordered && s->zb_f > 0)
 		return zb_next(s, m);
 	for (int k = 0; k < 3; k++) {
 		pt_err rv = pt_comm_recv(s->comm, PT_ANY_RANK, order[k], 0, m);
