@@ -55,8 +55,13 @@ if [ -x "$build/bench/comm_bench" ]; then
 	echo "$comm"
 fi
 
-# Pipeline efficiency (2 stages, W2) and bubble fraction vs the GPipe formula.
+# Pipeline efficiency (2 stages, W2), bubble fraction vs the GPipe formula,
+# 1F1B and ZB-H1 on sleep-based stages, ZB-H1 over 1F1B on W2.
 "$build/bench/pipe-bench"
+
+# The planner's predicted step times against measured ones (gpt, W2; p 1, 2,
+# 4; m 4, 8; every schedule): plan_error_max, plan_auto_vs_best.
+[ -x "$build/bench/plan_bench" ] && "$build/bench/plan_bench" | grep '^bench plan_\(error_max\|auto\)'
 
 # pipeserver: GetJob rate and latency vs an nng echo server; 100 long-pollers.
 if [ -x "$build/bench/api_bench" ]; then

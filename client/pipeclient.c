@@ -689,6 +689,101 @@ pipeclient_err pipeclient_submit_file(pipeclient *c, const char *path, uint64_t 
 	return e;
 }
 
+pipeclient_err pipeclient_plan_file(pipeclient *c, const char *path, const int *stages,
+                                    int n_stages, const int *microbatches, int n_microbatches,
+                                    pipeclient_plan **out, size_t *n)
+{
+	void *buf = NULL;
+	size_t len = 0, size;
+	pt_job_spec spec;
+	pt_api_request q;
+	pt_api_plan pl;
+	pt_fb_builder b;
+	const uint8_t *data;
+	pipeclient_plan *arr = NULL;
+	pipeclient_err e;
+	uint64_t id;
+	pt_err pe;
+	call k;
+
+	if (c == NULL || path == NULL || out == NULL || n == NULL ||
+	    (n_stages > 0 && stages == NULL) || (n_microbatches > 0 && microbatches == NULL))
+		return fail(c, PIPECLIENT_ERR_INVALID, "pipeclient_plan_file: NULL argument");
+	*out = NULL;
+	*n = 0;
+	if (n_stages < 0 || n_stages > PT_API_MAX_PLAN_CANDIDATES || n_microbatches < 0 ||
+	    n_microbatches > PT_API_MAX_PLAN_CANDIDATES)
+		return fail(c, PIPECLIENT_ERR_INVALID,
+		            "pipeclient_plan_file: at most %d candidates",
+		            PT_API_MAX_PLAN_CANDIDATES);
+	pt_clear_error();
+	if ((pe = pt_job_spec_load_file(path, &buf, &len)) != PT_OK)
+		return from_pt(c, pe, NULL);
+	memset(&spec, 0, sizeof(spec));
+	pe = pt_job_spec_decode(buf, len, &spec);
+	free(buf);
+	if (pe != PT_OK) {
+		pt_job_spec_fini(&spec);
+		return from_pt(c, pe, "job spec");
+	}
+	id = fresh_id(c);
+	pt_api_request_init(&q, PT_API_PLAN_JOB);
+	q.id = id;
+	q.auth_token = c->token;
+	q.spec = &spec;
+	for (int i = 0; i < n_stages; i++)
+		q.plan_stages[i] = stages[i];
+	for (int i = 0; i < n_microbatches; i++)
+		q.plan_microbatches[i] = microbatches[i];
+	q.n_plan_stages = n_stages;
+	q.n_plan_microbatches = n_microbatches;
+	if ((pe = pt_fb_builder_init(&b, len + 512)) != PT_OK) {
+		pt_job_spec_fini(&spec);
+		return from_pt(c, pe, "building the request");
+	}
+	pe = pt_api_build_request(&b, &q, &data, &size);
+	pt_job_spec_fini(&spec);
+	if (pe != PT_OK) {
+		pt_fb_builder_fini(&b);
+		return from_pt(c, pe, "job spec");
+	}
+	/* Measuring a model's layers takes the server a while. */
+	e = send_recv(c, id, PT_API_PLAN_JOB, data, size, 300000, &k);
+	pt_fb_builder_fini(&b);
+	if (e != PIPECLIENT_OK)
+		return e;
+	if (k.resp.n_plans > 0 && (arr = calloc(k.resp.n_plans, sizeof(*arr))) == NULL)
+		e = fail(c, PIPECLIENT_ERR_NOMEM, "out of memory");
+	for (size_t i = 0; e == PIPECLIENT_OK && i < k.resp.n_plans; i++) {
+		if (pt_api_response_plan(&k.resp, i, &pl) != PT_OK || pl.stages < 1 ||
+		    pl.stages > PIPECLIENT_MAX_STAGES || pl.n_boundaries > pl.stages + 1 ||
+		    pl.n_stage_bytes > pl.stages) {
+			e = fail(c, PIPECLIENT_ERR_PROTOCOL, "PlanJob: plan %zu", i);
+			break;
+		}
+		snprintf(arr[i].schedule, sizeof(arr[i].schedule), "%s",
+		         pl.schedule ? pl.schedule : "");
+		arr[i].stages = pl.stages;
+		arr[i].microbatches = pl.microbatches;
+		arr[i].step_seconds = pl.step_seconds;
+		arr[i].bubble = pl.bubble;
+		arr[i].samples_per_second = pl.samples_per_second;
+		for (int s = 0; s < pl.n_boundaries; s++)
+			arr[i].boundaries[s] = pl.boundaries[s];
+		for (int s = 0; s < pl.n_stage_bytes; s++)
+			arr[i].stage_bytes[s] = pl.stage_bytes[s];
+	}
+	size_t got = k.resp.n_plans;
+	call_fini(&k);
+	if (e != PIPECLIENT_OK) {
+		free(arr);
+		return e;
+	}
+	*out = arr;
+	*n = arr ? got : 0;
+	return ok();
+}
+
 pipeclient_err pipeclient_submit_json(pipeclient *c, const char *text, size_t len, uint64_t *job)
 {
 	pt_fb_builder b;

@@ -256,6 +256,27 @@ typedef struct pipeclient_task {
  * servers. */
 pipeclient_err pipeclient_timeline(pipeclient *c, uint64_t job, pipeclient_task **out, size_t *n);
 
+/* A schedule the server priced for a job before it runs. */
+typedef struct pipeclient_plan {
+	char schedule[16]; /* "gpipe", "1f1b", "zb-h1" */
+	int stages, microbatches;
+	double step_seconds; /* predicted wall time of a step */
+	double bubble;       /* predicted idle share of stage time */
+	double samples_per_second;
+	int boundaries[PIPECLIENT_MAX_STAGES + 1];   /* stage s: layers [b[s], b[s+1]) */
+	uint64_t stage_bytes[PIPECLIENT_MAX_STAGES]; /* estimated peak memory */
+} pipeclient_plan;
+
+/* pipeclient_plan_file has the server price every flushing schedule of the
+ * job in FILE (as pipeclient_submit_file reads it) at each of the stage and
+ * microbatch counts given (n 0: the file's; at most 8 each): it measures
+ * the layers on its CPU and simulates each schedule (docs/pipeline.md).
+ * *out (free()) gets the plans, fastest first. Blocking: a first plan of a
+ * model takes the server a few timed runs of every layer. */
+pipeclient_err pipeclient_plan_file(pipeclient *c, const char *path, const int *stages,
+                                    int n_stages, const int *microbatches, int n_microbatches,
+                                    pipeclient_plan **out, size_t *n);
+
 /* pipeclient_list returns every job the server knows, oldest first, as a new
  * array (*jobs, *n; free with pipeclient_jobs_free; spec is NULL in each). */
 pipeclient_err pipeclient_list(pipeclient *c, pipeclient_job **jobs, size_t *n);

@@ -42,8 +42,12 @@ static const char usage_text[] =
     "commands (pipeclient COMMAND --help, or pipeclient help COMMAND, for one):\n"
     "  submit FILE [--follow]          submit a job file (JSON text or FlatBuffers binary\n"
     "                                  of a JobSpec, whatever its name); print the job id\n"
+    "  plan FILE [--stages L] [--microbatches L]\n"
+    "                                  predicted step time, bubble and memory of every\n"
+    "                                  schedule before the job runs, fastest first\n"
     "  status JOB                      state, progress and latest metrics of a job, the\n"
-    "                                  bubble fraction and per-stage busy time and traffic\n"
+    "                                  bubble fraction and per-stage busy time and traffic,\n"
+    "                                  the last step's timeline\n"
     "  list                            every job the server knows\n"
     "  queue                           the waiting jobs in the order they will run, and why\n"
     "                                  each waits\n"
@@ -63,6 +67,8 @@ static const char usage_text[] =
     "  --timeout SECONDS   per request (default 30); a watch poll adds its 1 s wait\n"
     "  --json              one JSON object per line on stdout, for scripts\n"
     "  --follow            submit: then watch the job until it ends\n"
+    "  --stages L          plan: stage counts to price (1,2,4)\n"
+    "  --microbatches L    plan: microbatch counts to price (4,8)\n"
     "  --every N           watch, submit --follow: a loss line every N steps\n"
     "                      (default: about 20 lines per job)\n"
     "  --step N            checkpoint: the checkpoint of step N (default -1: the latest)\n"
@@ -112,6 +118,21 @@ static const command commands[] = {
      "\nexit status: 0 submitted (--follow: the job succeeded), 3 server unreachable or\n"
      "shutting down, 4 job refused, 5 (--follow) the job ended Failed, Cancelled or\n"
      "Interrupted, 130 (--follow) Ctrl-C: the job keeps running\n"},
+    {"plan", 1,
+     "usage: pipeclient plan FILE [--stages P[,P...]] [--microbatches M[,M...]] [options]\n"
+     "\n"
+     "Ask the server what the job in FILE would cost before it runs: for each stage\n"
+     "and microbatch count (default: the file's; at most 8 each) and each schedule\n"
+     "(gpipe, 1f1b, zb-h1), the predicted step time, bubble, samples/s and peak\n"
+     "memory per stage, fastest first, with the partition it would use. The server\n"
+     "measures the model's layers on its CPU (a few timed runs each, cached) and\n"
+     "simulates each schedule (docs/pipeline.md). Submit with \"schedule\": \"auto\"\n"
+     "to run the fastest at the file's counts.\n"
+     "\n"
+     "  --stages LIST        stage counts to price, e.g. 1,2,4\n"
+     "  --microbatches LIST  microbatch counts to price, e.g. 4,8\n" COMMON_OPTIONS
+     "\nexit status: 0 priced, 3 server unreachable, 4 the job is refused (the field\n"
+     "is named)\n"},
     {"status", 1,
      "usage: pipeclient status JOB [options]\n"
      "\n"
@@ -198,6 +219,8 @@ typedef struct cli {
 	int64_t step;
 	int64_t every;
 	const char *output;
+	int stages[8], n_stages;             /* plan --stages */
+	int microbatches[8], n_microbatches; /* plan --microbatches */
 	pipeclient *c;
 } cli;
 
@@ -1091,6 +1114,72 @@ static int cmd_workers(cli *a)
 	return EXIT_OK;
 }
 
+/* human_bytes writes n as "1.5 MiB". */
+static void human_bytes(uint64_t n, char *buf, size_t cap)
+{
+	static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+	double v = (double)n;
+	int u = 0;
+	while (v >= 1024 && u < 4)
+		v /= 1024, u++;
+	snprintf(buf, cap, u ? "%.1f %s" : "%.0f %s", v, units[u]);
+}
+
+static int cmd_plan(cli *a, const char *path)
+{
+	pipeclient_plan *p = NULL;
+	size_t n = 0;
+	pipeclient_err e = pipeclient_plan_file(a->c, path, a->stages, a->n_stages, a->microbatches,
+	                                        a->n_microbatches, &p, &n);
+
+	if (e != PIPECLIENT_OK)
+		return report(a, e);
+	if (a->json) {
+		fputs("{\"plans\":[", stdout);
+		for (size_t i = 0; i < n; i++) {
+			printf("%s{\"schedule\":", i ? "," : "");
+			json_str(stdout, p[i].schedule);
+			printf(",\"stages\":%d,\"microbatches\":%d,\"step_seconds\":", p[i].stages,
+			       p[i].microbatches);
+			json_num(stdout, p[i].step_seconds);
+			fputs(",\"bubble\":", stdout);
+			json_num(stdout, p[i].bubble);
+			fputs(",\"samples_per_second\":", stdout);
+			json_num(stdout, p[i].samples_per_second);
+			fputs(",\"boundaries\":[", stdout);
+			for (int s = 0; s <= p[i].stages; s++)
+				printf("%s%d", s ? "," : "", p[i].boundaries[s]);
+			fputs("],\"stage_bytes\":[", stdout);
+			for (int s = 0; s < p[i].stages; s++)
+				printf("%s%" PRIu64, s ? "," : "", p[i].stage_bytes[s]);
+			fputs("]}", stdout);
+		}
+		fputs("]}\n", stdout);
+	} else {
+		printf("%-7s %6s %12s %10s %7s %12s  %-18s %s\n", "SCHEDULE", "STAGES",
+		       "MICROBATCHES", "STEP", "BUBBLE", "SAMPLES/S", "PARTITION",
+		       "PEAK MEMORY/STAGE");
+		for (size_t i = 0; i < n; i++) {
+			char part[64] = "", mem[256] = "";
+			size_t o = 0, q = 0;
+			for (int s = 0; s <= p[i].stages && o < sizeof(part); s++)
+				o += (size_t)snprintf(part + o, sizeof(part) - o, "%s%d",
+				                      s ? "," : "", p[i].boundaries[s]);
+			for (int s = 0; s < p[i].stages && q < sizeof(mem); s++) {
+				char h[32];
+				human_bytes(p[i].stage_bytes[s], h, sizeof(h));
+				q += (size_t)snprintf(mem + q, sizeof(mem) - q, "%s%s",
+				                      s ? ", " : "", h);
+			}
+			printf("%-8s %6d %12d %8.2f ms %6.1f%% %12.3g  %-18s %s\n", p[i].schedule,
+			       p[i].stages, p[i].microbatches, p[i].step_seconds * 1e3,
+			       p[i].bubble * 100, p[i].samples_per_second, part, mem);
+		}
+	}
+	free(p);
+	return EXIT_OK;
+}
+
 static int cmd_drain(cli *a, const char *url)
 {
 	pipeclient_err e = pipeclient_drain_worker(a->c, url);
@@ -1281,7 +1370,27 @@ enum {
 	OPT_TLS_NAME,
 	OPT_INSECURE,
 	OPT_VERSION,
+	OPT_STAGES,
+	OPT_MICROBATCHES,
 };
+
+/* parse_list reads "1,2,4" into out (at most 8 positive ints). */
+static int parse_list(const char *s, int *out, int *n)
+{
+	char *end;
+	*n = 0;
+	while (*s) {
+		long v;
+		errno = 0;
+		v = strtol(s, &end, 10);
+		if (errno != 0 || end == s || v < 1 || v > 1 << 20 || *n == 8 ||
+		    (*end != ',' && *end != '\0'))
+			return -1;
+		out[(*n)++] = (int)v;
+		s = *end == ',' ? end + 1 : end;
+	}
+	return *n > 0 ? 0 : -1;
+}
 
 static int parse_int64(const char *s, int64_t *out)
 {
@@ -1309,6 +1418,8 @@ int main(int argc, char **argv)
 	    {"insecure", no_argument, 0, OPT_INSECURE},
 	    {"help", no_argument, 0, 'h'},
 	    {"version", no_argument, 0, OPT_VERSION},
+	    {"stages", required_argument, 0, OPT_STAGES},
+	    {"microbatches", required_argument, 0, OPT_MICROBATCHES},
 	    {0, 0, 0, 0}};
 	cli a = {.step = -1};
 	bool step_given = false, help = false;
@@ -1376,6 +1487,17 @@ int main(int argc, char **argv)
 			printf("pipeclient %s (protocol %d)\n", PIPECLIENT_VERSION,
 			       PIPECLIENT_PROTOCOL);
 			return EXIT_OK;
+		case OPT_STAGES:
+			if (parse_list(optarg, a.stages, &a.n_stages) != 0)
+				return usage_error(
+				    "--stages: \"%s\" is not a list of counts like 1,2,4", optarg);
+			break;
+		case OPT_MICROBATCHES:
+			if (parse_list(optarg, a.microbatches, &a.n_microbatches) != 0)
+				return usage_error(
+				    "--microbatches: \"%s\" is not a list of counts like 4,8",
+				    optarg);
+			break;
 		case ':':
 			return usage_error("%s needs a value", argv[optind - 1]);
 		default:
@@ -1409,9 +1531,9 @@ int main(int argc, char **argv)
 	/* Check the command line completely before touching the network. */
 	if (k->nargs == 0 && nargs != 0)
 		return usage_error("%s takes no arguments", cmd);
-	if (strcmp(cmd, "submit") == 0) {
+	if (strcmp(cmd, "submit") == 0 || strcmp(cmd, "plan") == 0) {
 		if (nargs != 1)
-			return usage_error("submit takes one job FILE");
+			return usage_error("%s takes one job FILE", cmd);
 	} else if (strcmp(cmd, "drain") == 0) {
 		if (nargs != 1)
 			return usage_error("drain takes one worker URL");
@@ -1425,6 +1547,8 @@ int main(int argc, char **argv)
 	}
 	if (a.follow && strcmp(cmd, "submit") != 0)
 		return usage_error("--follow goes with submit only");
+	if ((a.n_stages || a.n_microbatches) && strcmp(cmd, "plan") != 0)
+		return usage_error("--stages and --microbatches go with plan only");
 	if ((step_given || a.output) && strcmp(cmd, "checkpoint") != 0)
 		return usage_error("--step and -o go with checkpoint only");
 
@@ -1437,6 +1561,8 @@ int main(int argc, char **argv)
 
 	if (strcmp(cmd, "submit") == 0)
 		rv = cmd_submit(&a, args[0]);
+	else if (strcmp(cmd, "plan") == 0)
+		rv = cmd_plan(&a, args[0]);
 	else if (strcmp(cmd, "status") == 0)
 		rv = cmd_status(&a, id);
 	else if (strcmp(cmd, "list") == 0)

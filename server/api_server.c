@@ -327,6 +327,50 @@ static pt_err h_drain(srv_ctx *c, const uint8_t **data, size_t *size, bool *park
 	return pt_api_build_response(&c->b, &r, data, size);
 }
 
+static pt_err h_plan(srv_ctx *c, const uint8_t **data, size_t *size, bool *parked)
+{
+	pt_api_response r;
+	pt_job_plan *plans = NULL;
+	pt_api_plan *v = NULL;
+	int n = 0;
+	pt_err rv;
+
+	if ((rv = pt_jobs_plan(c->srv->cfg.jobs, c->r.spec_table, c->r.plan_stages,
+	                       c->r.n_plan_stages, c->r.plan_microbatches, c->r.n_plan_microbatches,
+	                       &plans, &n)) != PT_OK) {
+		if (rv == PT_ERR_NOMEM)
+			c->code = PT_API_INTERNAL;
+		return rv;
+	}
+	if (n > 0 && (v = calloc((size_t)n, sizeof(*v))) == NULL) {
+		free(plans);
+		c->code = PT_API_INTERNAL;
+		return pt_set_error(PT_ERR_NOMEM, "plans");
+	}
+	for (int i = 0; i < n; i++) {
+		const pt_job_plan *p = &plans[i];
+		v[i] = (pt_api_plan){.schedule = pt_pipe_schedule_name(p->schedule),
+		                     .stages = p->stages,
+		                     .microbatches = p->microbatches,
+		                     .step_seconds = p->step_seconds,
+		                     .bubble = p->bubble,
+		                     .samples_per_second = p->samples_per_s,
+		                     .n_boundaries = p->stages + 1,
+		                     .n_stage_bytes = p->stages};
+		for (int s = 0; s <= p->stages; s++)
+			v[i].boundaries[s] = p->first[s];
+		for (int s = 0; s < p->stages; s++)
+			v[i].stage_bytes[s] = p->stage_bytes[s];
+	}
+	pt_api_response_init(&r, c->r.id, PT_API_OK, PT_API_PLAN_JOB);
+	r.plans = v;
+	r.n_plans = (size_t)n;
+	rv = pt_api_build_response(&c->b, &r, data, size);
+	free(v);
+	free(plans);
+	return rv;
+}
+
 /* The handler table, indexed by pt_api_kind. */
 static const handler handlers[PT_API_KIND_COUNT] = {
     [PT_API_SUBMIT_JOB] = {PT_API_SUBMIT_JOB, h_submit, H_WORKER, PT_API_INVALID_JOB},
@@ -339,8 +383,9 @@ static const handler handlers[PT_API_KIND_COUNT] = {
     [PT_API_SERVER_INFO] = {PT_API_SERVER_INFO, h_info, H_INLINE, PT_API_INTERNAL},
     [PT_API_LIST_WORKERS] = {PT_API_LIST_WORKERS, h_workers, H_INLINE, PT_API_INTERNAL},
     [PT_API_DRAIN_WORKER] = {PT_API_DRAIN_WORKER, h_drain, H_INLINE, PT_API_NOT_FOUND},
+    [PT_API_PLAN_JOB] = {PT_API_PLAN_JOB, h_plan, H_WORKER, PT_API_INVALID_JOB},
 };
-_Static_assert(PT_API_KIND_COUNT == 11, "a handler for every request kind");
+_Static_assert(PT_API_KIND_COUNT == 12, "a handler for every request kind");
 
 /* ------------------------------------------------------------- replies -- */
 

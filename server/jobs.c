@@ -1917,6 +1917,43 @@ fail:
 	return rv;
 }
 
+pt_err pt_jobs_plan(pt_jobs *m, const uint8_t *spec_table, const int32_t *stages, int n_stages,
+                    const int32_t *microbatches, int n_microbatches, pt_job_plan **out, int *n)
+{
+	pt_job_spec spec;
+	int ps[8], ms[8];
+	pt_err rv;
+
+	memset(&spec, 0, sizeof(spec));
+	*out = NULL;
+	*n = 0;
+	for (int i = 0; i < n_stages && i < 8; i++)
+		ps[i] = stages[i];
+	for (int i = 0; i < n_microbatches && i < 8; i++)
+		ms[i] = microbatches[i];
+	if ((rv = pt_job_spec_read(spec_table, &spec)) == PT_OK &&
+	    (rv = pt_job_spec_validate(&spec, m->files_root, m->cfg.any_path)) == PT_OK) {
+		pt_job_plan_options o = {.files_root = m->files_root,
+		                         .any_path = m->cfg.any_path,
+		                         .threads = m->cfg.threads > 0 ? m->cfg.threads
+		                                    : m->cfg.max_jobs > 1
+		                                        ? pt_num_cores() / m->cfg.max_jobs
+		                                        : 0,
+		                         .stages = n_stages > 0 ? ps : NULL,
+		                         .n_stages = n_stages < 8 ? n_stages : 8,
+		                         .microbatches = n_microbatches > 0 ? ms : NULL,
+		                         .n_microbatches = n_microbatches < 8 ? n_microbatches : 8};
+		rv = pt_job_plan_run(&spec, &o, out, n);
+	}
+	if (rv == PT_ERR_IO) {
+		char msg[1024];
+		snprintf(msg, sizeof(msg), "%s", pt_last_error());
+		rv = pt_set_error(PT_ERR_INVALID, "%s", msg);
+	}
+	pt_job_spec_fini(&spec);
+	return rv;
+}
+
 void pt_jobs_pool_counts(pt_jobs *m, int32_t *all, int32_t *free_n, int32_t *busy,
                          int32_t *unreachable)
 {

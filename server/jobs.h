@@ -93,6 +93,13 @@ void pt_jobs_pool_counts(pt_jobs *j, int32_t *all, int32_t *free_n, int32_t *bus
  * stages now (jobs on workers do not count). */
 int pt_jobs_devices_in_use(pt_jobs *j);
 
+/* pt_jobs_plan prices a job spec (a verified JobSpec table) the way
+ * pt_job_plan_run does, on the CPU budget a job here gets, after the checks
+ * a submit makes (a bad spec: PT_ERR_INVALID naming the field). stages and
+ * microbatches (n 0: the spec's) are the candidates. *out: free(). */
+pt_err pt_jobs_plan(pt_jobs *m, const uint8_t *spec_table, const int32_t *stages, int n_stages,
+                    const int32_t *microbatches, int n_microbatches, pt_job_plan **out, int *n);
+
 /* pt_jobs_describe_devices writes the devices stages run on in this process
  * and who holds each GPU: "cpu, cuda:0 (job 3), cuda:1 (free)" ("" with
  * --devices none). */

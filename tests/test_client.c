@@ -634,6 +634,7 @@ static void test_client_help(void)
 		const char *flags[3];
 	} cmds[] = {
 	    {"submit", {"--follow", "--every N", NULL}},
+	    {"plan", {"--stages LIST", "--microbatches LIST", NULL}},
 	    {"status", {NULL}},
 	    {"list", {NULL}},
 	    {"queue", {NULL}},
@@ -650,6 +651,8 @@ static void test_client_help(void)
 	                                      "--json",
 	                                      "--follow",
 	                                      "--every N",
+	                                      "--stages L",
+	                                      "--microbatches L",
 	                                      "--step N",
 	                                      "-o, --output FILE",
 	                                      "--tls-ca FILE",
@@ -1179,6 +1182,64 @@ static void test_client_names_escaped(void)
 }
 
 /* Requests the server refuses: exit code 4 and the server's code. */
+/* pipeclient plan prices every schedule at every stage count asked (the
+ * server measures the layers and simulates the orders): fastest first, each
+ * with its partition and memory per stage; a count the model cannot take
+ * is refused naming the field; options outside plan are usage errors. */
+static void test_client_plan(void)
+{
+	char *out, *err;
+	pt_json v;
+	const pt_json *plans;
+	int per[3] = {0, 0, 0};
+	double last = 0;
+
+	CU_ASSERT_EQUAL(run_cli(&out, "--server", srv.url, "--json", "plan", job_json, "--stages",
+	                        "1,2,4", "--microbatches", "4", NULL),
+	                CLI_OK);
+	CU_ASSERT_FATAL(parse_line(out, 0, &v));
+	plans = pt_json_get(&v, "plans");
+	CU_ASSERT_FATAL(plans != NULL && plans->type == PT_JSON_ARRAY);
+	CU_ASSERT_EQUAL(plans->len, 9);
+	for (size_t i = 0; i < plans->len; i++) {
+		const pt_json *p = &plans->items[i], *b = pt_json_get(p, "boundaries");
+		const pt_json *m = pt_json_get(p, "stage_bytes");
+		const char *sc = jstr(p, "schedule");
+		int64_t st = jint(p, "stages");
+		double step = jnum(p, "step_seconds"), bub = jnum(p, "bubble");
+		per[strcmp(sc, "gpipe") == 0 ? 0 : strcmp(sc, "1f1b") == 0 ? 1 : 2]++;
+		CU_ASSERT(strcmp(sc, "gpipe") == 0 || strcmp(sc, "1f1b") == 0 ||
+		          strcmp(sc, "zb-h1") == 0);
+		CU_ASSERT(st == 1 || st == 2 || st == 4);
+		CU_ASSERT_EQUAL(jint(p, "microbatches"), 4);
+		CU_ASSERT(step > 0 && step >= last); /* fastest first */
+		last = step;
+		CU_ASSERT(bub >= 0 && bub < 1);
+		CU_ASSERT(jnum(p, "samples_per_second") > 0);
+		CU_ASSERT_FATAL(b != NULL && b->type == PT_JSON_ARRAY && m != NULL);
+		CU_ASSERT_EQUAL(b->len, (size_t)st + 1);
+		CU_ASSERT(b->items[0].i == 0 && b->items[b->len - 1].i == 5);
+		CU_ASSERT_EQUAL(m->len, (size_t)st);
+		for (size_t k = 0; k < m->len; k++)
+			CU_ASSERT(m->items[k].d > 0);
+	}
+	CU_ASSERT(per[0] == 3 && per[1] == 3 && per[2] == 3);
+	pt_json_fini(&v);
+	free(out);
+	CU_ASSERT_EQUAL(run_cli(&out, "--server", srv.url, "plan", job_json, NULL), CLI_OK);
+	CU_ASSERT_PTR_NOT_NULL(strstr(out, "SCHEDULE STAGES MICROBATCHES"));
+	CU_ASSERT_PTR_NOT_NULL(strstr(out, "zb-h1"));
+	free(out);
+	CU_ASSERT_EQUAL(
+	    run_cli_err(&out, &err, "--server", srv.url, "plan", job_json, "--stages", "9", NULL),
+	    CLI_REJECTED);
+	CU_ASSERT_PTR_NOT_NULL(strstr(err, "stages: 9"));
+	free(out);
+	free(err);
+	CU_ASSERT_EQUAL(run_cli(NULL, "plan", job_json, "--stages", "0", NULL), CLI_USAGE);
+	CU_ASSERT_EQUAL(run_cli(NULL, "status", "1", "--stages", "2", NULL), CLI_USAGE);
+}
+
 static void test_client_rejected(void)
 {
 	pipeclient *c = connect_lib();
@@ -1995,6 +2056,7 @@ int main(void)
 	    {"test_client_get_list", test_client_get_list},
 	    {"test_client_names_escaped", test_client_names_escaped},
 	    {"test_client_rejected", test_client_rejected},
+	    {"test_client_plan", test_client_plan},
 	    {"test_client_job_file_syntax_error", test_client_job_file_syntax_error},
 	    {"test_client_cancel", test_client_cancel},
 	    {"test_client_failed_job", test_client_failed_job},

@@ -889,7 +889,7 @@ static void test_job_spec_validation_of_c_specs(void)
 	/* Schedules: named, flushing modes only, zb-h1 without recompute. */
 	s.schedule = strdup("zb-h2");
 	PT_CHECK_ERR_MSG(pt_job_spec_validate(&s, PT_SOURCE_ROOT, false), PT_ERR_INVALID,
-	                 "schedule: \"zb-h2\" (gpipe, 1f1b or zb-h1)");
+	                 "schedule: \"zb-h2\" (gpipe, 1f1b, zb-h1 or auto)");
 	free(s.schedule);
 	s.schedule = strdup("zb-h1");
 	s.mode = PT_MODE_ASYNC;
@@ -1849,6 +1849,82 @@ static void test_job_run_schedules_are_bitwise(void)
 	example_stages = 0;
 }
 
+/* The planner (plan.c): every flushing schedule at each candidate, fastest
+ * first, partitions as pt_partition makes them, memory from the estimate;
+ * Async and impossible counts refused naming the field;
+ * schedule "auto" runs the planner's pick, GPipe's weights bitwise. */
+static void test_job_plan(void)
+{
+	enum { N = 6 };
+	static recorder ref, got;
+	const int ps[] = {1, 2, 4}, ms[] = {4, 8};
+	pt_job_plan_options o = {.files_root = PT_SOURCE_ROOT,
+	                         .stages = ps,
+	                         .n_stages = 3,
+	                         .microbatches = ms,
+	                         .n_microbatches = 2};
+	pt_job_plan *plans = NULL;
+	pt_job_spec s;
+	int n = 0, seen[3][2][3];
+	int64_t last;
+	double t1f1b = 0, tzb = 0;
+
+	memset(seen, 0, sizeof(seen));
+	load_spec(pt_test_path("examples/gpt.json"), &s);
+	PT_CHECK_OK(pt_job_plan_run(&s, &o, &plans, &n));
+	CU_ASSERT_EQUAL_FATAL(n, 18);
+	for (int i = 0; i < n; i++) {
+		const pt_job_plan *p = &plans[i];
+		int first[PT_MAX_STAGES + 1];
+		int pi = p->stages == 1 ? 0 : p->stages == 2 ? 1 : 2;
+		seen[pi][p->microbatches == 8][p->schedule - PT_SCHED_GPIPE]++;
+		CU_ASSERT(i == 0 || p->step_seconds >= plans[i - 1].step_seconds);
+		CU_ASSERT(p->step_seconds > 0 && p->bubble >= 0 && p->bubble < 1);
+		PT_CHECK_OK(pt_partition(s.layers, s.n_layers, (pt_act_shape){PT_I64, 64, 0},
+		                         p->stages, first));
+		CU_ASSERT_EQUAL(memcmp(first, p->first, sizeof(int) * (size_t)(p->stages + 1)), 0);
+		for (int k = 0; k < p->stages; k++)
+			CU_ASSERT(p->stage_bytes[k] > 0);
+		if (p->stages == 4 && p->microbatches == 8 && p->schedule == PT_SCHED_ZBH1)
+			tzb = p->step_seconds;
+		if (p->stages == 4 && p->microbatches == 8 && p->schedule == PT_SCHED_1F1B)
+			t1f1b = p->step_seconds;
+	}
+	for (int a = 0; a < 3; a++)
+		for (int b = 0; b < 2; b++)
+			for (int c = 0; c < 3; c++)
+				CU_ASSERT_EQUAL(seen[a][b][c], 1);
+	printf("\n    gpt p=4 m=8 predicted: 1f1b %.2f ms, zb-h1 %.2f ms", t1f1b * 1e3, tzb * 1e3);
+	free(plans);
+
+	/* Refusals name the field. */
+	o.stages = (int[]){9};
+	o.n_stages = 1;
+	PT_CHECK_ERR_MSG(pt_job_plan_run(&s, &o, &plans, &n), PT_ERR_RANGE,
+	                 "stages: 9 (1 to 5 for this model)");
+	o.stages = ps;
+	o.microbatches = (int[]){3};
+	o.n_microbatches = 1;
+	PT_CHECK_ERR_MSG(pt_job_plan_run(&s, &o, &plans, &n), PT_ERR_INVALID,
+	                 "microbatches: 3 does not divide batch_size 16");
+	s.mode = PT_MODE_ASYNC;
+	PT_CHECK_ERR_MSG(pt_job_plan_run(&s, &o, &plans, &n), PT_ERR_INVALID,
+	                 "mode: Async has its own schedule; plan a Sync or SemiAsync job");
+	pt_job_spec_fini(&s);
+
+	/* "auto": the planner's pick runs, with GPipe's losses bitwise. */
+	memset(&ref, 0, sizeof(ref));
+	memset(&got, 0, sizeof(got));
+	example_schedule = "gpipe";
+	PT_CHECK_OK(run_example("gpt", N, 0, 1, 0, tmp_path("plan-gpipe"), NULL, &ref, &last));
+	example_schedule = "auto";
+	PT_CHECK_OK(run_example("gpt", N, 0, 1, 0, tmp_path("plan-auto"), NULL, &got, &last));
+	example_schedule = NULL;
+	CU_ASSERT_EQUAL_FATAL(got.n, N);
+	for (int i = 0; i < N; i++)
+		CU_ASSERT_EQUAL(memcmp(&ref.m[i].loss, &got.m[i].loss, sizeof(double)), 0);
+}
+
 static bool always(void *ctx)
 {
 	return true;
@@ -2250,6 +2326,7 @@ static const pt_test_case run_tests[] = {
     {"test_job_run_cancel_then_resume_is_bitwise", test_job_run_cancel_then_resume_is_bitwise},
     {"test_job_run_use_graphs_is_bitwise", test_job_run_use_graphs_is_bitwise},
     {"test_job_run_schedules_are_bitwise", test_job_run_schedules_are_bitwise},
+    {"test_job_plan", test_job_plan},
     {"test_job_run_edges", test_job_run_edges},
     {"test_job_run_init_from", test_job_run_init_from},
     {"test_job_run_gpt_loss_decreases", test_job_run_gpt_loss_decreases},

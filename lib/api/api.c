@@ -36,6 +36,7 @@ KIND_IS(PT_API_LIST_CHECKPOINTS, LIST_CHECKPOINTS);
 KIND_IS(PT_API_SERVER_INFO, SERVER_INFO);
 KIND_IS(PT_API_LIST_WORKERS, LIST_WORKERS);
 KIND_IS(PT_API_DRAIN_WORKER, DRAIN_WORKER);
+KIND_IS(PT_API_PLAN_JOB, PLAN_JOB);
 #undef KIND_IS
 _Static_assert(PT_API_KIND_COUNT - 1 == PT_FB_API_REQUEST_BODY_MEMBERS &&
                    PT_API_KIND_COUNT - 1 == PT_FB_API_RESPONSE_BODY_MEMBERS,
@@ -129,10 +130,23 @@ static pt_err str_ref(pt_fb_builder *b, const char *s, pt_fb_ref *out)
 static pt_err build_request_body(pt_fb_builder *b, const pt_api_request *r, pt_fb_ref spec_ref,
                                  pt_fb_ref *out)
 {
-	pt_fb_ref url_ref = 0;
+	pt_fb_ref url_ref = 0, ps = 0, pm = 0;
 
 	if (r->kind == PT_API_DRAIN_WORKER)
 		str_ref(b, r->url, &url_ref);
+	if (r->kind == PT_API_PLAN_JOB) {
+		if (r->n_plan_stages < 0 || r->n_plan_stages > PT_API_MAX_PLAN_CANDIDATES ||
+		    r->n_plan_microbatches < 0 ||
+		    r->n_plan_microbatches > PT_API_MAX_PLAN_CANDIDATES)
+			return pt_set_error(PT_ERR_INVALID, "PlanJob: at most %d candidates each",
+			                    PT_API_MAX_PLAN_CANDIDATES);
+		if (r->n_plan_stages > 0)
+			PT_TRY(pt_fb_create_vector(b, r->plan_stages, (size_t)r->n_plan_stages, 4,
+			                           4, &ps));
+		if (r->n_plan_microbatches > 0)
+			PT_TRY(pt_fb_create_vector(b, r->plan_microbatches,
+			                           (size_t)r->n_plan_microbatches, 4, 4, &pm));
+	}
 	pt_fb_start_table(b);
 	switch (r->kind) {
 	case PT_API_SUBMIT_JOB:
@@ -158,6 +172,11 @@ static pt_err build_request_body(pt_fb_builder *b, const pt_api_request *r, pt_f
 	case PT_API_DRAIN_WORKER:
 		pt_fb_add_offset(b, PT_FB_API_DRAIN_WORKER_URL, url_ref);
 		break;
+	case PT_API_PLAN_JOB:
+		pt_fb_add_offset(b, PT_FB_API_PLAN_JOB_SPEC, spec_ref);
+		pt_fb_add_offset(b, PT_FB_API_PLAN_JOB_STAGES, ps);
+		pt_fb_add_offset(b, PT_FB_API_PLAN_JOB_MICROBATCHES, pm);
+		break;
 	default: /* ListJobs, ServerInfo, ListWorkers: empty tables */
 		break;
 	}
@@ -170,7 +189,7 @@ static pt_err finish_request(pt_fb_builder *b, const pt_api_request *r, pt_fb_re
 	pt_fb_ref token = 0, body = 0, root = 0;
 
 	str_ref(b, r->auth_token, &token);
-	build_request_body(b, r, spec_ref, &body);
+	PT_TRY(build_request_body(b, r, spec_ref, &body));
 	pt_fb_start_table(b);
 	pt_fb_add_u64(b, PT_FB_API_REQUEST_ID, r->id, 0);
 	pt_fb_add_offset(b, PT_FB_API_REQUEST_AUTH_TOKEN, token);
@@ -191,9 +210,10 @@ pt_err pt_api_build_request(pt_fb_builder *b, const pt_api_request *r, const uin
 		return pt_set_error(PT_ERR_INVALID, "pt_api_build_request: unknown kind %d",
 		                    (int)r->kind);
 	pt_fb_builder_reset(b);
-	if (r->kind == PT_API_SUBMIT_JOB) {
+	if (r->kind == PT_API_SUBMIT_JOB || r->kind == PT_API_PLAN_JOB) {
 		if (r->spec == NULL)
-			return pt_set_error(PT_ERR_INVALID, "SubmitJob: spec is required");
+			return pt_set_error(PT_ERR_INVALID, "%s: spec is required",
+			                    pt_api_kind_name(r->kind));
 		if ((rv = pt_job_spec_build(b, r->spec, &spec_ref)) != PT_OK)
 			return rv;
 	}
@@ -309,6 +329,29 @@ pt_err pt_api_parse_request(const void *buf, size_t size, pt_api_request *out)
 	case PT_API_DRAIN_WORKER:
 		out->url = opt_string(body, PT_FB_API_DRAIN_WORKER_URL);
 		break;
+	case PT_API_PLAN_JOB: {
+		uint32_t n;
+		const uint8_t *v;
+		out->spec_table = pt_fb_get_table(body, PT_FB_API_PLAN_JOB_SPEC);
+		for (int k = 0; k < 2; k++) {
+			int32_t *dst = k == 0 ? out->plan_stages : out->plan_microbatches;
+			int *dn = k == 0 ? &out->n_plan_stages : &out->n_plan_microbatches;
+			v = pt_fb_get_vector(body,
+			                     k == 0 ? PT_FB_API_PLAN_JOB_STAGES
+			                            : PT_FB_API_PLAN_JOB_MICROBATCHES,
+			                     &n);
+			if (v == NULL)
+				continue;
+			if (n > PT_API_MAX_PLAN_CANDIDATES)
+				return pt_set_error(PT_ERR_INVALID,
+				                    "PlanJob.%s: %u entries (at most %d)",
+				                    k == 0 ? "stages" : "microbatches", n,
+				                    PT_API_MAX_PLAN_CANDIDATES);
+			memcpy(dst, v, (size_t)n * 4);
+			*dn = (int)n;
+		}
+		break;
+	}
 	default:
 		break;
 	}
@@ -486,6 +529,33 @@ static pt_err build_worker_fn(pt_fb_builder *b, const void *item, pt_fb_ref *out
 	return pt_fb_end_table(b, out);
 }
 
+static pt_err build_plan_fn(pt_fb_builder *b, const void *item, pt_fb_ref *out)
+{
+	const pt_api_plan *p = item;
+	pt_fb_ref sched = 0, bounds = 0, bytes = 0;
+
+	if (p->n_boundaries < 0 || p->n_boundaries > PT_API_MAX_STAGES + 1 ||
+	    p->n_stage_bytes < 0 || p->n_stage_bytes > PT_API_MAX_STAGES)
+		return pt_set_error(PT_ERR_INVALID, "Plan: too many stages");
+	str_ref(b, p->schedule, &sched);
+	if (p->n_boundaries > 0)
+		PT_TRY(
+		    pt_fb_create_vector(b, p->boundaries, (size_t)p->n_boundaries, 4, 4, &bounds));
+	if (p->n_stage_bytes > 0)
+		PT_TRY(
+		    pt_fb_create_vector(b, p->stage_bytes, (size_t)p->n_stage_bytes, 8, 8, &bytes));
+	pt_fb_start_table(b);
+	pt_fb_add_offset(b, PT_FB_API_PLAN_SCHEDULE, sched);
+	pt_fb_add_i32(b, PT_FB_API_PLAN_STAGES, p->stages, 0);
+	pt_fb_add_i32(b, PT_FB_API_PLAN_MICROBATCHES, p->microbatches, 0);
+	pt_fb_add_f64(b, PT_FB_API_PLAN_STEP_SECONDS, p->step_seconds, 0);
+	pt_fb_add_f64(b, PT_FB_API_PLAN_BUBBLE, p->bubble, 0);
+	pt_fb_add_f64(b, PT_FB_API_PLAN_SAMPLES_PER_SECOND, p->samples_per_second, 0);
+	pt_fb_add_offset(b, PT_FB_API_PLAN_BOUNDARIES, bounds);
+	pt_fb_add_offset(b, PT_FB_API_PLAN_STAGE_BYTES, bytes);
+	return pt_fb_end_table(b, out);
+}
+
 static pt_err build_response_body(pt_fb_builder *b, const pt_api_response *r, pt_fb_ref *out)
 {
 	pt_fb_ref v = 0, s1 = 0, s2 = 0, s3 = 0, s4 = 0;
@@ -574,6 +644,12 @@ static pt_err build_response_body(pt_fb_builder *b, const pt_api_response *r, pt
 		break;
 	case PT_API_DRAIN_WORKER:
 		pt_fb_start_table(b);
+		break;
+	case PT_API_PLAN_JOB:
+		PT_TRY(build_table_vector(b, r->plans, r->n_plans, sizeof(*r->plans), build_plan_fn,
+		                          &v));
+		pt_fb_start_table(b);
+		pt_fb_add_offset(b, PT_FB_API_PLAN_JOB_REPLY_PLANS, v);
 		break;
 	default:
 		return pt_set_error(PT_ERR_INVALID, "Response: unknown kind %d", (int)r->kind);
@@ -709,8 +785,44 @@ pt_err pt_api_parse_response(const void *buf, size_t size, pt_api_response *out)
 		out->vec_ = pt_fb_get_vector(body, PT_FB_API_LIST_WORKERS_REPLY_WORKERS, &n);
 		out->n_workers = n;
 		break;
+	case PT_API_PLAN_JOB:
+		out->vec_ = pt_fb_get_vector(body, PT_FB_API_PLAN_JOB_REPLY_PLANS, &n);
+		out->n_plans = n;
+		break;
 	default:
 		break;
+	}
+	return PT_OK;
+}
+
+pt_err pt_api_response_plan(const pt_api_response *r, size_t i, pt_api_plan *out)
+{
+	const uint8_t *t, *v;
+	uint32_t n;
+
+	if (r == NULL || out == NULL || (r->n_plans && r->vec_ == NULL))
+		return pt_set_error(PT_ERR_INVALID, "pt_api_response_plan: not a parsed view");
+	if (i >= r->n_plans)
+		return pt_set_error(PT_ERR_RANGE, "plan %zu of %zu", i, r->n_plans);
+	t = pt_fb_vec_table(r->vec_, (uint32_t)i);
+	memset(out, 0, sizeof(*out));
+	out->schedule = opt_string(t, PT_FB_API_PLAN_SCHEDULE);
+	out->stages = pt_fb_get_i32(t, PT_FB_API_PLAN_STAGES, 0);
+	out->microbatches = pt_fb_get_i32(t, PT_FB_API_PLAN_MICROBATCHES, 0);
+	out->step_seconds = pt_fb_get_f64(t, PT_FB_API_PLAN_STEP_SECONDS, 0);
+	out->bubble = pt_fb_get_f64(t, PT_FB_API_PLAN_BUBBLE, 0);
+	out->samples_per_second = pt_fb_get_f64(t, PT_FB_API_PLAN_SAMPLES_PER_SECOND, 0);
+	if ((v = pt_fb_get_vector(t, PT_FB_API_PLAN_BOUNDARIES, &n)) != NULL) {
+		if (n > PT_API_MAX_STAGES + 1)
+			return pt_set_error(PT_ERR_FORMAT, "Plan.boundaries: %u entries", n);
+		memcpy(out->boundaries, v, (size_t)n * 4);
+		out->n_boundaries = (int)n;
+	}
+	if ((v = pt_fb_get_vector(t, PT_FB_API_PLAN_STAGE_BYTES, &n)) != NULL) {
+		if (n > PT_API_MAX_STAGES)
+			return pt_set_error(PT_ERR_FORMAT, "Plan.stage_bytes: %u entries", n);
+		memcpy(out->stage_bytes, v, (size_t)n * 8);
+		out->n_stage_bytes = (int)n;
 	}
 	return PT_OK;
 }

@@ -115,7 +115,8 @@ bool pt_api_job_state_final(pt_api_job_state s);
 	X(PT_API_LIST_CHECKPOINTS, "ListCheckpoints")                                              \
 	X(PT_API_SERVER_INFO, "ServerInfo")                                                        \
 	X(PT_API_LIST_WORKERS, "ListWorkers")                                                      \
-	X(PT_API_DRAIN_WORKER, "DrainWorker")
+	X(PT_API_DRAIN_WORKER, "DrainWorker")                                                      \
+	X(PT_API_PLAN_JOB, "PlanJob")
 
 typedef enum pt_api_kind {
 #define PT_API_KIND_ENUM(name, str) name,
@@ -131,6 +132,8 @@ const char *pt_api_kind_name(pt_api_kind k);
 
 /* pt_api_request is one Request. Fields are used by the kinds named beside
  * them; the others are ignored when building and zero/default after parsing. */
+#define PT_API_MAX_PLAN_CANDIDATES 8 /* PlanJob: stage or microbatch counts at most */
+
 typedef struct pt_api_request {
 	uint64_t id;            /* chosen by the client, echoed in the reply */
 	const char *auth_token; /* NUL-terminated; NULL = absent */
@@ -157,6 +160,13 @@ typedef struct pt_api_request {
 
 	/* DrainWorker: the pool worker's URL (NULL = absent) */
 	const char *url;
+
+	/* PlanJob: the spec as SubmitJob's (spec, spec_table) and the candidate
+	 * stage and microbatch counts (n_* 0: the spec's). */
+	int32_t plan_stages[PT_API_MAX_PLAN_CANDIDATES];
+	int n_plan_stages;
+	int32_t plan_microbatches[PT_API_MAX_PLAN_CANDIDATES];
+	int n_plan_microbatches;
 } pt_api_request;
 
 /* pt_api_request_init zeroes r, sets kind and the schema defaults (cursor -1,
@@ -301,6 +311,17 @@ typedef struct pt_api_worker_info {
 
 /* pt_api_response is one Response. A non-OK code normally has no body
  * (kind PT_API_NONE) and says why in message. */
+/* pt_api_plan is a Plan. */
+typedef struct pt_api_plan {
+	const char *schedule;
+	int32_t stages, microbatches;
+	double step_seconds, bubble, samples_per_second;
+	int32_t boundaries[PT_API_MAX_STAGES + 1];
+	int n_boundaries;
+	uint64_t stage_bytes[PT_API_MAX_STAGES];
+	int n_stage_bytes;
+} pt_api_plan;
+
 typedef struct pt_api_response {
 	uint64_t id; /* the request's id */
 	pt_api_code code;
@@ -346,6 +367,11 @@ typedef struct pt_api_response {
 	const pt_api_worker_info *workers;
 	size_t n_workers;
 
+	/* PlanJobReply. Building: plans[0..n_plans). Parsed: NULL; read with
+	 * pt_api_response_plan. */
+	const pt_api_plan *plans;
+	size_t n_plans;
+
 	/* Parsed views only: the verified vector behind jobs/points/checkpoints
 	 * (GetJobReply: the JobInfo table itself). Private. */
 	const uint8_t *vec_;
@@ -353,6 +379,10 @@ typedef struct pt_api_response {
 
 /* pt_api_response_worker reads worker i of a parsed ListWorkersReply. */
 pt_err pt_api_response_worker(const pt_api_response *r, size_t i, pt_api_worker_info *out);
+
+/* pt_api_response_plan reads plan i of a parsed PlanJobReply (boundaries
+ * and stage_bytes beyond the arrays' size are refused). */
+pt_err pt_api_response_plan(const pt_api_response *r, size_t i, pt_api_plan *out);
 
 /* pt_api_worker_state_name returns "unknown", "idle", "busy", "unreachable". */
 const char *pt_api_worker_state_name(pt_api_worker_state s);

@@ -318,6 +318,39 @@ void pt_job_workers_stop_heartbeats(pt_job_workers *ws);
  * NULL-safe. */
 void pt_job_workers_end(pt_job_workers *ws);
 
+/* ------------------------------------------------------- planner (plan.c) */
+
+/* One candidate the planner priced: a schedule at p stages, m microbatches. */
+typedef struct pt_job_plan {
+	pt_pipe_schedule schedule;
+	int stages, microbatches;
+	double step_seconds; /* predicted wall time of one step */
+	double bubble;       /* predicted idle share of stage time */
+	double samples_per_s;
+	int first[PT_MAX_STAGES + 1];        /* the partition (pt_partition's) */
+	uint64_t stage_bytes[PT_MAX_STAGES]; /* pt_job_memory_estimate per stage */
+} pt_job_plan;
+
+typedef struct pt_job_plan_options {
+	const char *files_root; /* data paths beneath it, as pt_job_run's */
+	bool any_path;
+	int threads;       /* the job's CPU budget (0: every core) */
+	const int *stages; /* candidate stage counts (n_stages 0: the spec's) */
+	int n_stages;
+	const int *microbatches; /* candidate microbatch counts (0: the spec's) */
+	int n_microbatches;
+} pt_job_plan_options;
+
+/* pt_job_plan_run prices every flushing schedule (gpipe, 1f1b, zb-h1) for
+ * each candidate (p, m) of a validated spec: it measures each layer's F, B
+ * and W on this CPU (cached per layer shape, microbatch and threads) and
+ * simulates the schedule's task order (plan.c says how). *out (free()) gets
+ * the plans, fastest first. Blocking: a first plan of a model takes a few
+ * timed runs of every layer. CPU stages in this process only: a spec with
+ * placement.workers or a CUDA device is refused. */
+pt_err pt_job_plan_run(const pt_job_spec *spec, const pt_job_plan_options *o, pt_job_plan **out,
+                       int *n);
+
 /* ------------------------------------------------------ memory (memory.c) */
 
 /* The shapes of a job's data that its memory depends on. */

@@ -162,7 +162,8 @@ pt_err pt_job_memory_estimate(const pt_job_spec *s, const pt_job_data_shape *d, 
 		pt_job_memory_stage *e = &out->stages[st];
 		/* GPipe holds m microbatches, 1F1B p, ZB-H1 p + 1 and each a weight
 		 * stash (counted as a second slot: an upper bound). */
-		bool zb = s->schedule != NULL && strcmp(s->schedule, "zb-h1") == 0;
+		bool zb = s->schedule != NULL &&
+		          (strcmp(s->schedule, "zb-h1") == 0 || strcmp(s->schedule, "auto") == 0);
 		bool all = s->schedule != NULL ? strcmp(s->schedule, "gpipe") == 0
 		                               : s->mode == PT_MODE_SYNC;
 		int slots = zb ? p + 1 : all ? m : p;

@@ -376,8 +376,24 @@ static pt_err pipeline_up(runner *r)
 {
 	const pt_job_spec *s = r->s;
 	pt_pipe_schedule sched = PT_SCHED_MODE;
-	if (s->schedule != NULL)
+	if (s->schedule != NULL && strcmp(s->schedule, "auto") == 0) {
+		/* The planner's fastest schedule at this job's stages and microbatches. */
+		pt_job_plan_options po = {
+		    .files_root = r->root, .any_path = r->any_path, .threads = r->threads};
+		pt_job_plan *plans = NULL;
+		int n = 0;
+		if (pt_job_plan_run(s, &po, &plans, &n) != PT_OK)
+			pt_warn("schedule auto: %s; the mode's own schedule instead",
+			        pt_last_error());
+		sched = n > 0 ? plans[0].schedule : PT_SCHED_MODE;
+		if (n > 0)
+			pt_info("schedule auto: %s (predicted %.4g s a step)",
+			        pt_pipe_schedule_name(sched), plans[0].step_seconds);
+		free(plans);
+		pt_set_num_threads(r->threads);
+	} else if (s->schedule != NULL) {
 		PT_TRY(pt_pipe_schedule_parse(s->schedule, &sched));
+	}
 	pt_pipeline_config pc = {.n_stages = r->p,
 	                         .n_microbatches = r->m,
 	                         .microbatch = r->B,

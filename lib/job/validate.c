@@ -465,10 +465,11 @@ pt_err pt_job_spec_validate(const pt_job_spec *s, const char *files_root, bool a
 	if (s->priority < -1000 || s->priority > 1000)
 		return pt_set_error(PT_ERR_RANGE, "priority: %d (-1000 to 1000)", s->priority);
 	if (s->schedule != NULL) {
-		pt_pipe_schedule sc;
-		if (pt_pipe_schedule_parse(s->schedule, &sc) != PT_OK)
+		pt_pipe_schedule sc = PT_SCHED_MODE;
+		if (strcmp(s->schedule, "auto") != 0 &&
+		    pt_pipe_schedule_parse(s->schedule, &sc) != PT_OK)
 			return pt_set_error(PT_ERR_INVALID,
-			                    "schedule: \"%.40s\" (gpipe, 1f1b or zb-h1)",
+			                    "schedule: \"%.40s\" (gpipe, 1f1b, zb-h1 or auto)",
 			                    s->schedule);
 		if (s->mode == PT_MODE_ASYNC)
 			return pt_set_error(PT_ERR_INVALID,

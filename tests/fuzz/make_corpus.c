@@ -143,6 +143,14 @@ static void api(const pt_job_spec *specs)
 		snprintf(name, sizeof(name), "req-submit-%zu", i);
 		put_request(name, &q);
 	}
+	pt_api_request_init(&q, PT_API_PLAN_JOB);
+	q.id = 20;
+	q.spec = &specs[0];
+	q.n_plan_stages = 3;
+	q.plan_stages[0] = 1, q.plan_stages[1] = 2, q.plan_stages[2] = 4;
+	q.n_plan_microbatches = 2;
+	q.plan_microbatches[0] = 4, q.plan_microbatches[1] = 8;
+	put_request("req-PlanJob", &q);
 	for (size_t i = 0; i < sizeof(kinds) / sizeof(kinds[0]); i++) {
 		pt_api_request_init(&q, kinds[i]);
 		q.id = 100 + i;
@@ -184,17 +192,22 @@ static void api(const pt_job_spec *specs)
 		                                 .messages_sent = 10,
 		                                 .bytes_sent = 1000,
 		                                 .errors = 1}};
-		pt_api_job_info jobs[2] = {{.id = 7,
-		                            .name = "mlp",
-		                            .state = PT_JOB_RUNNING,
-		                            .step = 2,
-		                            .steps = 3,
-		                            .submitted_unix = 1.7e9,
-		                            .has_last = true,
-		                            .spec = &specs[0],
-		                            .stages = stages,
-		                            .n_stages = 2},
-		                           {.id = 8, .state = PT_JOB_FAILED, .message = "why"}};
+		pt_api_job_info jobs[2] = {
+		    {.id = 7,
+		     .name = "mlp",
+		     .state = PT_JOB_RUNNING,
+		     .step = 2,
+		     .steps = 3,
+		     .submitted_unix = 1.7e9,
+		     .has_last = true,
+		     .spec = &specs[0],
+		     .stages = stages,
+		     .n_stages = 2,
+		     .timeline = (pt_api_task_span[]){{0.0f, 0.5f, 0, 0, 0, {0}},
+		                                      {0.5f, 0.75f, 0, 0, 1, {0}},
+		                                      {0.75f, 0.9f, 0, 0, 3, {0}}},
+		     .n_timeline = 3},
+		    {.id = 8, .state = PT_JOB_FAILED, .message = "why"}};
 		pt_api_checkpoint_info ck[1] = {
 		    {.step = 20,
 		     .size = 1234,
@@ -239,6 +252,24 @@ static void api(const pt_job_spec *specs)
 		                              .devices_in_use = 2,
 		                              .devices = "cpu, cuda:0 (job 3), cuda:1 (free)"};
 		put_response("rep-ServerInfo", &r);
+		{
+			pt_api_plan plans[2] = {
+			    {.schedule = "zb-h1",
+			     .stages = 2,
+			     .microbatches = 4,
+			     .step_seconds = 0.5,
+			     .bubble = 0.1,
+			     .samples_per_second = 32,
+			     .boundaries = {0, 3, 5},
+			     .n_boundaries = 3,
+			     .stage_bytes = {1000, 2000},
+			     .n_stage_bytes = 2},
+			    {.schedule = "gpipe", .stages = 1, .microbatches = 4}};
+			pt_api_response_init(&r, 12, PT_API_OK, PT_API_PLAN_JOB);
+			r.plans = plans;
+			r.n_plans = 2;
+			put_response("rep-PlanJob", &r);
+		}
 		{
 			pt_api_worker_info wi[2] = {{"tcp://10.0.0.7:7700", PT_API_WORKER_BUSY, 9,
 			                             false, 1.7e9, 1.7e9, "stage 0 of job 9"},

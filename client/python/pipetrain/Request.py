@@ -85,7 +85,7 @@ class RequestT(object):
         self.id = 0  # type: int
         self.authToken = None  # type: str
         self.bodyType = 0  # type: int
-        self.body = None  # type: Union[None, SubmitJobT, GetJobT, ListJobsT, CancelJobT, WatchMetricsT, FetchCheckpointT, ListCheckpointsT, ServerInfoT, ListWorkersT, DrainWorkerT]
+        self.body = None  # type: Union[None, SubmitJobT, GetJobT, ListJobsT, CancelJobT, WatchMetricsT, FetchCheckpointT, ListCheckpointsT, ServerInfoT, ListWorkersT, DrainWorkerT, PlanJobT]
 
     @classmethod
     def InitFromBuf(cls, buf, pos):

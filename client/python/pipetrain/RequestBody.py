@@ -14,6 +14,7 @@ class RequestBody(object):
     ServerInfo = 8
     ListWorkers = 9
     DrainWorker = 10
+    PlanJob = 11
 
 def RequestBodyCreator(unionType, table):
     from flatbuffers.table import Table
@@ -39,4 +40,6 @@ def RequestBodyCreator(unionType, table):
         return ListWorkersT.InitFromBuf(table.Bytes, table.Pos)
     if unionType == RequestBody().DrainWorker:
         return DrainWorkerT.InitFromBuf(table.Bytes, table.Pos)
+    if unionType == RequestBody().PlanJob:
+        return PlanJobT.InitFromBuf(table.Bytes, table.Pos)
     return None

@@ -96,7 +96,7 @@ class ResponseT(object):
         self.code = 0  # type: int
         self.message = None  # type: str
         self.bodyType = 0  # type: int
-        self.body = None  # type: Union[None, SubmitJobReplyT, GetJobReplyT, ListJobsReplyT, CancelJobReplyT, WatchMetricsReplyT, FetchCheckpointReplyT, ListCheckpointsReplyT, ServerInfoReplyT, ListWorkersReplyT, DrainWorkerReplyT]
+        self.body = None  # type: Union[None, SubmitJobReplyT, GetJobReplyT, ListJobsReplyT, CancelJobReplyT, WatchMetricsReplyT, FetchCheckpointReplyT, ListCheckpointsReplyT, ServerInfoReplyT, ListWorkersReplyT, DrainWorkerReplyT, PlanJobReplyT]
 
     @classmethod
     def InitFromBuf(cls, buf, pos):

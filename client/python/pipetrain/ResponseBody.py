@@ -14,6 +14,7 @@ class ResponseBody(object):
     ServerInfoReply = 8
     ListWorkersReply = 9
     DrainWorkerReply = 10
+    PlanJobReply = 11
 
 def ResponseBodyCreator(unionType, table):
     from flatbuffers.table import Table
@@ -39,4 +40,6 @@ def ResponseBodyCreator(unionType, table):
         return ListWorkersReplyT.InitFromBuf(table.Bytes, table.Pos)
     if unionType == ResponseBody().DrainWorkerReply:
         return DrainWorkerReplyT.InitFromBuf(table.Bytes, table.Pos)
+    if unionType == ResponseBody().PlanJobReply:
+        return PlanJobReplyT.InitFromBuf(table.Bytes, table.Pos)
     return None

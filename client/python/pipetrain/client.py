@@ -133,6 +133,24 @@ class Client:
         sub.spec = spec
         return self._exchange("SubmitJob", sub).Job()
 
+    def plan(self, job, stages=None, microbatches=None):
+        """PlanJob: the server prices every flushing schedule (gpipe, 1f1b,
+        zb-h1) of a job - a dict or a job file, as submit takes - at each of
+        the stage and microbatch counts given (None: the job's), measuring
+        the model's layers on its CPU: a list of Plan dicts (schedule,
+        stages, microbatches, step_seconds, bubble, samples_per_second,
+        boundaries, stage_bytes), fastest first."""
+        if isinstance(job, (str, os.PathLike)):
+            spec = load_job(job)
+        else:
+            spec = _convert.to_object("JobSpec", job, "job")
+        req = _convert.module("PlanJob").PlanJobT()
+        req.spec = spec
+        req.stages = list(stages) if stages else None
+        req.microbatches = list(microbatches) if microbatches else None
+        r = self._exchange("PlanJob", req, extra_wait=300.0)
+        return [self._dict("Plan", r.Plans(i)) for i in range(r.PlansLength())]
+
     def get(self, job):
         """GetJob: the job's JobInfo as a dict (state by name, spec, last
         metric point, per-stage stats)."""

@@ -1,0 +1,160 @@
+/* plan_bench - the planner's predictions against measured steps.
+ *
+ * For examples/gpt.json and the W2 bench model (the byte-level GPT of
+ * pt-bench: 8 blocks of width 256, context 128, batch 16) at p in {1, 2, 4}
+ * stages and m in {4, 8} microbatches, every flushing schedule: the
+ * planner's predicted step time (pt_job_plan_run) and the measured one
+ * (pt_job_run in this process, the median step of STEPS after WARMUP).
+ *   plan_error_max   the largest |predicted - measured| / measured
+ *   plan_error_<model>_p<P>_m<M>_<schedule>  each one
+ *   plan_auto_vs_best  measured step of the planner's pick over the best
+ *                      measured step, per model and p, m (the worst)
+ * Figures print as `bench <name> <value>`. An argument (gpt or w2) runs
+ * that model only.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "job.h"
+#include "runtime.h"
+
+#ifndef PT_SOURCE_ROOT
+#define PT_SOURCE_ROOT "."
+#endif
+
+#define WARMUP 2
+#define STEPS  7
+
+static void die(const char *what)
+{
+	fprintf(stderr, "plan_bench: %s: %s\n", what, pt_last_error());
+	exit(1);
+}
+
+typedef struct rec {
+	double dt[WARMUP + STEPS + 1];
+	int n;
+	int64_t batch;
+} rec;
+
+static void on_metric(void *ctx, const pt_job_metric *m)
+{
+	rec *r = ctx;
+	if (r->n < WARMUP + STEPS && m->samples_per_s > 0)
+		r->dt[r->n++] = (double)r->batch / m->samples_per_s;
+}
+
+static int by_value(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+	return x < y ? -1 : x > y;
+}
+
+static void load(pt_job_spec *s)
+{
+	void *buf;
+	size_t len;
+	if (pt_job_spec_load_file(PT_SOURCE_ROOT "/examples/gpt.json", &buf, &len) != PT_OK)
+		die("examples/gpt.json");
+	memset(s, 0, sizeof(*s));
+	if (pt_job_spec_decode(buf, len, s) != PT_OK)
+		die("decode");
+	free(buf);
+	s->eval_every = 0;
+	free(s->boundaries);
+	s->boundaries = NULL;
+	s->checkpoint_every = 0;
+}
+
+/* w2 turns the gpt spec into the W2 shape. */
+static void w2(pt_job_spec *s)
+{
+	pt_layer_spec *l = calloc(11, sizeof(*l));
+	int n = 0;
+	if (l == NULL)
+		die("memory");
+	l[n++] = pt_embedding(256, 256, 128);
+	for (int i = 0; i < 8; i++)
+		l[n++] = pt_block(256, 4);
+	l[n++] = pt_layernorm(256);
+	l[n++] = pt_linear(256, 256);
+	free(s->layers);
+	s->layers = l;
+	s->n_layers = n;
+	s->data.seq_len = 128;
+	s->batch_size = 16;
+}
+
+static double measure(const pt_job_spec *base, int p, int m, pt_pipe_schedule sc)
+{
+	pt_job_spec s = *base;
+	pt_job_run_options o = {.files_root = PT_SOURCE_ROOT};
+	rec r = {.batch = base->batch_size};
+	pt_job_hooks h = {.ctx = &r, .on_metric = on_metric};
+	int64_t last;
+	s.stages = p;
+	s.microbatches = m;
+	s.steps = WARMUP + STEPS;
+	s.schedule = (char *)pt_pipe_schedule_name(sc);
+	if (pt_job_run(&s, &o, &h, &last) != PT_OK)
+		die("measured run");
+	qsort(r.dt + WARMUP, STEPS, sizeof(double), by_value);
+	return r.dt[WARMUP + STEPS / 2];
+}
+
+int main(int argc, char **argv)
+{
+	static const int ps[] = {1, 2, 4}, ms[] = {4, 8};
+	const char *names[] = {"gpt", "w2"};
+	double worst = 0.0, worst_auto = 1.0;
+	pt_runtime_ensure_passive_wait(argv);
+
+	for (int k = 0; k < 2; k++) {
+		pt_job_spec s;
+		if (argc > 1 && strcmp(argv[1], names[k]) != 0)
+			continue;
+		pt_job_plan *plans;
+		int n;
+		load(&s);
+		if (k == 1)
+			w2(&s);
+		pt_job_plan_options o = {.files_root = PT_SOURCE_ROOT,
+		                         .stages = ps,
+		                         .n_stages = 3,
+		                         .microbatches = ms,
+		                         .n_microbatches = 2};
+		if (pt_job_plan_run(&s, &o, &plans, &n) != PT_OK)
+			die("plan");
+		for (int i = 0; i < 3; i++)
+			for (int j = 0; j < 2; j++) {
+				double best = INFINITY, pick = 0, pick_pred = INFINITY;
+				for (int q = 0; q < n; q++) {
+					pt_job_plan *pl = &plans[q];
+					if (pl->stages != ps[i] || pl->microbatches != ms[j])
+						continue;
+					double got = measure(&s, ps[i], ms[j], pl->schedule);
+					double err = fabs(pl->step_seconds - got) / got;
+					printf("bench plan_error_%s_p%d_m%d_%s %.3f\n", names[k],
+					       ps[i], ms[j], pt_pipe_schedule_name(pl->schedule),
+					       err);
+					printf(
+					    "#   predicted %.4f s, measured %.4f s, bubble %.3f\n",
+					    pl->step_seconds, got, pl->bubble);
+					worst = err > worst ? err : worst;
+					best = got < best ? got : best;
+					if (pl->step_seconds < pick_pred) {
+						pick_pred = pl->step_seconds;
+						pick = got;
+					}
+				}
+				worst_auto = pick / best > worst_auto ? pick / best : worst_auto;
+			}
+		free(plans);
+		pt_job_spec_fini(&s);
+	}
+	printf("bench plan_error_max %.3f\n", worst);
+	printf("bench plan_auto_vs_best %.3f\n", worst_auto);
+	return 0;
+}

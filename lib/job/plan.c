@@ -1,0 +1,692 @@
+/* plan.c - the schedule planner (docs/pipeline.md, "The planner").
+ *
+ * Cost model. Every layer's forward (F), input-gradient (B) and
+ * weight-gradient (W) time is measured on this process's CPU at the
+ * microbatch size, on the thread count a stage of the candidate gets (the
+ * runner's rule: the job's threads over p, at least 1): a one-layer model
+ * built as a stage builds it, one warm-up and the median of PROFILE_RUNS
+ * timed runs. The coordinator's loss and the optimizer update are measured
+ * the same way. Measurements are cached per (layer spec, input shape,
+ * microbatch, threads) for the life of the process. A stage's F, B and W are
+ * the sums over its layers (pt_partition's split, the runner's), a whole
+ * backward B + W.
+ *
+ * Simulation. Each stage runs its schedule's task order (GPipe: every F,
+ * then every backward; 1F1B and ZB-H1 as the stages run them, pipeline.h);
+ * a task starts when its input is there: stage 1's forwards as the
+ * coordinator sends them (all at once for GPipe, then p in flight), a
+ * forward's output or a gradient as soon as the task producing it ends
+ * (in-process messages cost no time here), a loss gradient after the
+ * coordinator's loss (GPipe: all losses after the last output). The CPU is
+ * shared: while k tasks of t threads run on a budget of C cores, each
+ * proceeds at min(1, C / (k t)) of its measured speed. The step ends with
+ * the optimizer update on every stage. Predicted step time, bubble (1 -
+ * busy / (p x step)), samples per second and each stage's memory
+ * (pt_job_memory_estimate for the schedule) make one plan.
+ *
+ * Devices: the same model holds for a GPU once its layers are measured
+ * there; this file measures on the CPU only, so a plan is for CPU stages. */
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "comm.h"
+#include "dispatch.h"
+#include "job.h"
+#include "loss.h"
+#include "model.h"
+#include "optim.h"
+#include "ops.h"
+#include "rng.h"
+#include "runtime.h"
+
+#define PROFILE_RUNS 25   /* timed runs at most */
+#define PROFILE_MIN  5    /* at least */
+#define PROFILE_SECS 0.02 /* runs stop after this much timed work */
+#define CACHE_MAX    512
+
+typedef struct layer_cost {
+	double f, b, w, opt;           /* seconds */
+	int64_t in_floats, out_floats; /* the microbatch's input and output */
+} layer_cost;
+
+typedef struct cache_entry {
+	pt_layer_spec spec;
+	pt_act_shape in;
+	int64_t batch;
+	int threads;
+	layer_cost cost;
+} cache_entry;
+
+static pthread_mutex_t cache_mu = PTHREAD_MUTEX_INITIALIZER;
+static cache_entry cache[CACHE_MAX];
+static int n_cache;
+
+static bool same_shape(pt_act_shape a, pt_act_shape b)
+{
+	return a.dtype == b.dtype && a.seq == b.seq && a.features == b.features;
+}
+
+static bool cached(const pt_layer_spec *s, pt_act_shape in, int64_t B, int t, layer_cost *out)
+{
+	bool hit = false;
+	pthread_mutex_lock(&cache_mu);
+	for (int i = 0; i < n_cache && !hit; i++)
+		if (cache[i].batch == B && cache[i].threads == t && same_shape(cache[i].in, in) &&
+		    memcmp(&cache[i].spec, s, sizeof(*s)) == 0) {
+			*out = cache[i].cost;
+			hit = true;
+		}
+	pthread_mutex_unlock(&cache_mu);
+	return hit;
+}
+
+static void remember(const pt_layer_spec *s, pt_act_shape in, int64_t B, int t, layer_cost c)
+{
+	pthread_mutex_lock(&cache_mu);
+	if (n_cache < CACHE_MAX)
+		cache[n_cache++] = (cache_entry){*s, in, B, t, c};
+	pthread_mutex_unlock(&cache_mu);
+}
+
+static int by_value(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+	return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n)
+{
+	qsort(v, (size_t)n, sizeof(double), by_value);
+	return v[n / 2];
+}
+
+/* random_input fills x, the batch input of shape `in`, with tokens below
+ * vocab or normal features. */
+static pt_err random_input(pt_tensor *x, pt_act_shape in, int64_t B, int64_t vocab)
+{
+	pt_rng g;
+	pt_rng_init(&g, 7, 0);
+	if (in.dtype == PT_I64) {
+		PT_TRY(pt_tensor_init(x, PT_I64, 2, (int64_t[]){B, in.seq}));
+		for (int64_t i = 0; i < B * in.seq; i++)
+			((int64_t *)pt_tensor_data(x))[i] =
+			    (int64_t)(pt_rng_u32(&g) % (uint32_t)vocab);
+		return PT_OK;
+	}
+	if (in.seq)
+		PT_TRY(pt_tensor_init(x, PT_F32, 3, (int64_t[]){B, in.seq, in.features}));
+	else
+		PT_TRY(pt_tensor_init(x, PT_F32, 2, (int64_t[]){B, in.features}));
+	pt_rng_normal(&g, pt_tensor_f32(x), pt_tensor_numel(x), 0.0f, 1.0f);
+	return PT_OK;
+}
+
+/* profile_layer measures layer i of s (F, B, W and its optimizer update)
+ * at microbatch B on t threads. */
+static pt_err profile_layer(const pt_job_spec *s, pt_act_shape model_in, int i, int64_t B, int t,
+                            layer_cost *out)
+{
+	pt_model_config mc = {
+	    .batch = B, .input = model_in, .n_slots = 1, .seed = 1, .split_backward = true};
+	double tf[PROFILE_RUNS], tb[PROFILE_RUNS], tw[PROFILE_RUNS], to[PROFILE_RUNS], spent = 0;
+	int runs = 0;
+	pt_model *m = NULL;
+	pt_optimizer *o = NULL;
+	pt_tensor x = {0}, dy = {0};
+	const pt_tensor *y, *dx;
+	pt_act_shape in;
+	pt_err rv;
+
+	PT_TRY(pt_model_create(&m, s->layers, s->n_layers, i, i + 1, &mc));
+	in = pt_model_input_shape(m);
+	if (cached(&s->layers[i], in, B, t, out)) {
+		pt_model_destroy(m);
+		return PT_OK;
+	}
+	if ((rv = random_input(&x, in, B, s->layers[0].vocab > 0 ? s->layers[0].vocab : 2)) !=
+	        PT_OK ||
+	    (rv = pt_optimizer_create(&o, &s->optim, pt_model_params(m), pt_model_grads(m))) !=
+	        PT_OK)
+		goto out;
+	pt_set_num_threads(t);
+	for (int r = -1; r < PROFILE_RUNS && rv == PT_OK; r++) {
+		double t0 = pt_now(), t1, t2, t3;
+		if (r >= PROFILE_MIN && spent >= PROFILE_SECS)
+			break;
+		if ((rv = pt_model_forward(m, 0, &x, &y, true, 1, 0)) != PT_OK ||
+		    (rv = pt_dispatcher_flush(pt_dispatcher_current())) != PT_OK)
+			break;
+		t1 = pt_now();
+		if (dy.storage == NULL) {
+			if ((rv = pt_tensor_init(&dy, PT_F32, y->ndim, y->shape)) != PT_OK)
+				break;
+			pt_rng g;
+			pt_rng_init(&g, 8, 0);
+			pt_rng_normal(&g, pt_tensor_f32(&dy), pt_tensor_numel(&dy), 0.0f, 1.0f);
+		}
+		if ((rv = pt_model_backward_input(m, 0, &dy, &dx)) != PT_OK ||
+		    (rv = pt_dispatcher_flush(pt_dispatcher_current())) != PT_OK)
+			break;
+		t2 = pt_now();
+		if ((rv = pt_model_backward_weight(m, 0)) != PT_OK ||
+		    (rv = pt_dispatcher_flush(pt_dispatcher_current())) != PT_OK)
+			break;
+		t3 = pt_now();
+		if (pt_model_num_params(m) > 0) {
+			if ((rv = pt_optimizer_prepare(o, 1.0f)) != PT_OK ||
+			    (rv = pt_optimizer_update(o)) != PT_OK ||
+			    (rv = pt_model_zero_grad(m)) != PT_OK ||
+			    (rv = pt_dispatcher_flush(pt_dispatcher_current())) != PT_OK)
+				break;
+			pt_optimizer_advance(o);
+		}
+		if (r >= 0) {
+			tf[r] = t1 - t0;
+			tb[r] = t2 - t1;
+			tw[r] = t3 - t2;
+			to[r] = pt_now() - t3;
+			spent += pt_now() - t0;
+			runs = r + 1;
+		}
+	}
+	if (rv == PT_OK) {
+		pt_act_shape os = pt_model_output_shape(m);
+		*out = (layer_cost){median(tf, runs),
+		                    median(tb, runs),
+		                    median(tw, runs),
+		                    median(to, runs),
+		                    B * (in.seq ? in.seq : 1) * (in.features ? in.features : 1),
+		                    B * (os.seq ? os.seq : 1) * (os.features ? os.features : 1)};
+		remember(&s->layers[i], in, B, t, *out);
+	}
+out:
+	pt_tensor_fini(&x);
+	pt_tensor_fini(&dy);
+	pt_optimizer_destroy(o);
+	pt_model_destroy(m);
+	return rv;
+}
+
+/* profile_loss measures the coordinator's loss and its gradient for one
+ * microbatch of the model's output. */
+static pt_err profile_loss(const pt_job_spec *s, pt_act_shape model_in, int64_t B, int t,
+                           double *out)
+{
+	pt_model_config mc = {.batch = B, .input = model_in, .n_slots = 1, .seed = 1};
+	pt_model *m = NULL;
+	pt_loss *l = NULL;
+	pt_tensor pred = {0}, y = {0}, dpred = {0};
+	double ts[PROFILE_MIN];
+	int64_t shape[4], n = 0;
+	int nd = 0;
+	pt_act_shape o;
+	pt_err rv;
+
+	PT_TRY(pt_model_create(&m, s->layers, s->n_layers, s->n_layers - 1, s->n_layers, &mc));
+	o = pt_model_output_shape(m);
+	pt_model_destroy(m);
+	shape[nd++] = B;
+	if (o.seq)
+		shape[nd++] = o.seq;
+	shape[nd++] = o.features;
+	if ((rv = pt_loss_create(&l, s->loss, nd, shape, s->ignore_index)) != PT_OK)
+		return rv;
+	if ((rv = pt_tensor_init(&pred, PT_F32, nd, shape)) != PT_OK ||
+	    (rv = pt_tensor_init(&dpred, PT_F32, nd, shape)) != PT_OK)
+		goto out;
+	pt_rng g;
+	pt_rng_init(&g, 9, 0);
+	pt_rng_normal(&g, pt_tensor_f32(&pred), pt_tensor_numel(&pred), 0.0f, 1.0f);
+	if (s->loss == PT_LOSS_MSE) {
+		rv = pt_tensor_init(&y, PT_F32, nd, shape);
+		if (rv == PT_OK)
+			pt_rng_normal(&g, pt_tensor_f32(&y), pt_tensor_numel(&y), 0.0f, 1.0f);
+	} else {
+		rv = pt_tensor_init(&y, PT_I64, nd - 1, shape);
+		for (int64_t i = 0; rv == PT_OK && i < pt_tensor_numel(&y); i++)
+			((int64_t *)pt_tensor_data(&y))[i] =
+			    (int64_t)(pt_rng_u32(&g) % (uint32_t)o.features);
+	}
+	pt_set_num_threads(t);
+	for (int r = -1; r < PROFILE_MIN && rv == PT_OK; r++) {
+		double t0 = pt_now(), loss;
+		rv = pt_loss_compute_both(l, &pred, &y, 1.0f, &loss, &n, &dpred);
+		if (r >= 0)
+			ts[r] = pt_now() - t0;
+	}
+	if (rv == PT_OK)
+		*out = median(ts, PROFILE_MIN);
+out:
+	pt_tensor_fini(&pred);
+	pt_tensor_fini(&y);
+	pt_tensor_fini(&dpred);
+	pt_loss_destroy(l);
+	return rv;
+}
+
+/* A partner thread that echoes every forward back as a backward. */
+static void *echo_main(void *arg)
+{
+	pt_comm *c = arg;
+	for (;;) {
+		pt_msg m = {0};
+		if (pt_comm_recv(c, 0, PT_CH_FORWARD, -1, &m) != PT_OK)
+			return NULL;
+		if (m.meta.step < 0) {
+			pt_msg_fini(&m);
+			return NULL;
+		}
+		pt_comm_send_backward(c, 0, &m.tensor, m.meta.step, m.meta.microbatch);
+		pt_msg_fini(&m);
+	}
+}
+
+/* profile_hop measures what handing a tensor of `floats` floats to another
+ * thread costs (a copy, as stages send, and the wake-up): half the median
+ * round trip over the in-process communicator. */
+static double profile_hop(int64_t floats)
+{
+	static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+	static double known[64];
+	static int64_t known_n[64];
+	static int n_known;
+	pt_local_group *g = NULL;
+	pt_comm *c[2] = {NULL, NULL};
+	pt_tensor t = {0}, copy = {0};
+	pthread_t th;
+	double ts[15], out = 0.0;
+
+	pthread_mutex_lock(&mu);
+	for (int i = 0; i < n_known; i++)
+		if (known_n[i] == floats) {
+			out = known[i];
+			pthread_mutex_unlock(&mu);
+			return out;
+		}
+	pthread_mutex_unlock(&mu);
+	if (pt_local_group_create(&g, 2) != PT_OK || pt_local_comm_create(&c[0], g, 0) != PT_OK ||
+	    pt_local_comm_create(&c[1], g, 1) != PT_OK ||
+	    pt_tensor_init(&t, PT_F32, 1, (int64_t[]){floats > 0 ? floats : 1}) != PT_OK ||
+	    pt_tensor_init(&copy, PT_F32, 1, (int64_t[]){floats > 0 ? floats : 1}) != PT_OK ||
+	    pthread_create(&th, NULL, echo_main, c[1]) != 0)
+		goto out;
+	memset(pt_tensor_data(&t), 0, pt_tensor_nbytes(&t));
+	for (int r = -2; r < 15; r++) {
+		pt_msg m = {0};
+		double t0 = pt_now();
+		pt_copy(&copy, &t);
+		if (pt_comm_send_forward(c[0], 1, &copy, r < 0 ? 0 : r, 0) != PT_OK ||
+		    pt_comm_recv(c[0], 1, PT_CH_BACKWARD, 10000, &m) != PT_OK)
+			break;
+		pt_msg_fini(&m);
+		if (r >= 0)
+			ts[r] = (pt_now() - t0) / 2;
+		if (r == 14)
+			out = median(ts, 15);
+	}
+	pt_comm_send_forward(c[0], 1, &t, -1, 0);
+	pthread_join(th, NULL);
+	pthread_mutex_lock(&mu);
+	if (n_known < 64) {
+		known[n_known] = out;
+		known_n[n_known++] = floats;
+	}
+	pthread_mutex_unlock(&mu);
+out:
+	pt_tensor_fini(&t);
+	pt_tensor_fini(&copy);
+	pt_comm_destroy(c[0]);
+	pt_comm_destroy(c[1]);
+	pt_local_group_destroy(g);
+	return out;
+}
+
+/* ------------------------------------------------------------ simulation -- */
+
+enum { T_F, T_B, T_W, T_BW };
+
+typedef struct task {
+	int kind, mb;
+} task;
+
+typedef struct stage_sim {
+	task *order;
+	int n, pos;
+	double f, b, w; /* seconds per microbatch */
+	double left;    /* work left of the running task (seconds at full speed) */
+	bool running;
+	double busy;
+	double *f_done; /* per microbatch: when its forward's output is available */
+	double *b_done; /* per microbatch: when its input gradient is available */
+} stage_sim;
+
+/* order_of writes stage r's (1-based) task order for the schedule. */
+static int order_of(pt_pipe_schedule sc, int p, int m, int r, task *o)
+{
+	int n = 0, f = 0, b = 0, nw = 0, wq = 0;
+	int warm = p - r + 1 < m ? p - r + 1 : m, defer = r - 1;
+	if (sc == PT_SCHED_GPIPE) {
+		for (int k = 0; k < m; k++)
+			o[n++] = (task){T_F, k};
+		for (int k = 0; k < m; k++)
+			o[n++] = (task){T_BW, k};
+		return n;
+	}
+	while (b < m) {
+		if (f - b < warm && f < m) {
+			o[n++] = (task){T_F, f++};
+			continue;
+		}
+		o[n++] = (task){sc == PT_SCHED_ZBH1 ? T_B : T_BW, b++};
+		if (sc != PT_SCHED_ZBH1)
+			continue;
+		nw++;
+		while (nw > (b < m ? defer : 0)) {
+			o[n++] = (task){T_W, wq++};
+			nw--;
+		}
+	}
+	return n;
+}
+
+/* simulate predicts one step: *step (seconds) and *bubble. */
+static pt_err simulate(pt_pipe_schedule sc, int p, int m, const double *sf, const double *sb,
+                       const double *sw, const double *so, const double *hop_f, const double *hop_b,
+                       double hop0, double loss_s, int threads, int tps, double *step,
+                       double *bubble)
+{
+	stage_sim st[PT_MAX_STAGES];
+	double *mem =
+	    calloc((size_t)(p * 2 + 4) * (size_t)m + (size_t)(p * 3 * m + 8) * 2, sizeof(double));
+	task *orders = calloc((size_t)p * (size_t)(3 * m + 4), sizeof(task));
+	double *loss_end = calloc((size_t)m, sizeof(double)),
+	       *inject = calloc((size_t)m, sizeof(double));
+	double now = 0.0, busy = 0.0, opt = 0.0;
+	int done_b1 = 0, losses = 0, out_n = 0;
+	double loss_left = 0.0;
+	bool loss_running = false;
+	int loss_mb = 0;
+	pt_err rv = PT_OK;
+
+	if (mem == NULL || orders == NULL || loss_end == NULL || inject == NULL) {
+		rv = pt_set_error(PT_ERR_NOMEM, "planner");
+		goto out;
+	}
+	for (int s = 0; s < p; s++) {
+		st[s] = (stage_sim){.order = orders + (size_t)s * (size_t)(3 * m + 4),
+		                    .f = sf[s],
+		                    .b = sb[s],
+		                    .w = sw[s],
+		                    .f_done = mem + (size_t)(2 * s) * (size_t)m,
+		                    .b_done = mem + (size_t)(2 * s + 1) * (size_t)m};
+		st[s].n = order_of(sc, p, m, s + 1, st[s].order);
+		for (int k = 0; k < m; k++)
+			st[s].f_done[k] = st[s].b_done[k] = INFINITY;
+	}
+	for (int k = 0; k < m; k++) {
+		loss_end[k] = INFINITY;
+		inject[k] = sc == PT_SCHED_GPIPE || k < p ? 0.0 : INFINITY;
+	}
+	/* Event loop: start what can start, advance to the next completion. */
+	for (int guard = 0; guard < 100 * p * m + 100; guard++) {
+		int active = 0;
+		double rate, dt = INFINITY;
+		bool all_done = true;
+		for (int s = 0; s < p; s++) {
+			stage_sim *x = &st[s];
+			if (x->pos < x->n)
+				all_done = false;
+			if (x->running || x->pos >= x->n)
+				continue;
+			task t = x->order[x->pos];
+			double ready;
+			if (t.kind == T_F)
+				ready = s == 0 ? inject[t.mb] : st[s - 1].f_done[t.mb];
+			else if (t.kind == T_W)
+				ready = 0.0;
+			else
+				ready = s == p - 1 ? loss_end[t.mb] : st[s + 1].b_done[t.mb];
+			if (ready <= now) {
+				x->running = true;
+				x->left = t.kind == T_F   ? x->f
+				          : t.kind == T_B ? x->b
+				          : t.kind == T_W ? x->w
+				                          : x->b + x->w;
+			}
+		}
+		/* The coordinator's losses, in microbatch order as outputs arrive
+		 * (GPipe: after the last output). */
+		if (!loss_running && loss_mb < m) {
+			bool ready =
+			    sc == PT_SCHED_GPIPE ? out_n == m : st[p - 1].f_done[loss_mb] <= now;
+			if (ready) {
+				loss_running = true;
+				loss_left = loss_s;
+			}
+		}
+		if (all_done && loss_mb >= m)
+			break;
+		for (int s = 0; s < p; s++)
+			active += st[s].running ? tps : 0;
+		active += loss_running ? 1 : 0;
+		if (active == 0) {
+			/* Nothing runs: on to the next message's arrival. */
+			double next = INFINITY;
+			for (int s = 0; s < p; s++) {
+				stage_sim *x = &st[s];
+				if (x->pos >= x->n)
+					continue;
+				task t = x->order[x->pos];
+				double r = t.kind == T_F
+				               ? (s == 0 ? inject[t.mb] : st[s - 1].f_done[t.mb])
+				           : t.kind == T_W ? now
+				           : s == p - 1    ? loss_end[t.mb]
+				                           : st[s + 1].b_done[t.mb];
+				next = r < next ? r : next;
+			}
+			if (loss_mb < m && sc != PT_SCHED_GPIPE && st[p - 1].f_done[loss_mb] < next)
+				next = st[p - 1].f_done[loss_mb];
+			if (!(next > now && isfinite(next))) {
+				rv = pt_set_error(PT_ERR_STATE, "planner: the %s order stalls",
+				                  pt_pipe_schedule_name(sc));
+				goto out;
+			}
+			now = next;
+			continue;
+		}
+		rate = active > threads ? (double)threads / active : 1.0;
+		for (int s = 0; s < p; s++)
+			if (st[s].running && st[s].left / rate < dt)
+				dt = st[s].left / rate;
+		if (loss_running && loss_left / rate < dt)
+			dt = loss_left / rate;
+		now += dt;
+		for (int s = 0; s < p; s++) {
+			stage_sim *x = &st[s];
+			if (!x->running)
+				continue;
+			x->left -= dt * rate;
+			x->busy += dt; /* wall time the task occupied the stage */
+			if (x->left > 1e-12)
+				continue;
+			task t = x->order[x->pos++];
+			x->running = false;
+			if (t.kind == T_F) {
+				x->f_done[t.mb] = now + hop_f[s];
+				if (s == p - 1)
+					out_n++;
+			} else if (t.kind != T_W) {
+				x->b_done[t.mb] = now + hop_b[s];
+				if (s == 0) {
+					done_b1++;
+					if (t.mb + p < m && sc != PT_SCHED_GPIPE)
+						inject[t.mb + p] = now + hop0;
+				}
+			}
+		}
+		if (loss_running) {
+			loss_left -= dt * rate;
+			if (loss_left <= 1e-12) {
+				loss_running = false;
+				loss_end[loss_mb++] = now + hop_f[p - 1];
+				losses++;
+			}
+		}
+	}
+	for (int s = 0; s < p; s++) {
+		if (st[s].pos < st[s].n) {
+			rv = pt_set_error(PT_ERR_STATE, "planner: stage %d did not finish", s + 1);
+			goto out;
+		}
+		busy += st[s].busy;
+	}
+	/* The optimizer update on every stage at once. */
+	{
+		double rate = p * tps > threads ? (double)threads / (p * tps) : 1.0;
+		for (int s = 0; s < p; s++)
+			opt = so[s] / rate > opt ? so[s] / rate : opt;
+	}
+	/* Then the gradient norms, the step and the timeline: three rounds of
+	 * a command to every stage and its reply. */
+	*step = now + opt + 3.0 * (p + 1) * hop0;
+	*bubble = now > 0 ? 1.0 - busy / (p * now) : 0.0;
+out:
+	free(mem);
+	free(orders);
+	free(loss_end);
+	free(inject);
+	return rv;
+}
+
+/* --------------------------------------------------------------- planning -- */
+
+static int by_step(const void *a, const void *b)
+{
+	const pt_job_plan *x = a, *y = b;
+	return x->step_seconds < y->step_seconds ? -1 : x->step_seconds > y->step_seconds;
+}
+
+pt_err pt_job_plan_run(const pt_job_spec *spec, const pt_job_plan_options *o, pt_job_plan **out,
+                       int *n_out)
+{
+	static const pt_pipe_schedule scheds[] = {PT_SCHED_GPIPE, PT_SCHED_1F1B, PT_SCHED_ZBH1};
+	int ps[8], ms[8], np = 0, nm = 0, threads = o->threads > 0 ? o->threads : pt_num_cores();
+	pt_job_data_shape d;
+	pt_job_plan *v = NULL;
+	int n = 0;
+	pt_err rv;
+
+	*out = NULL;
+	*n_out = 0;
+	if (spec->mode == PT_MODE_ASYNC)
+		return pt_set_error(
+		    PT_ERR_INVALID,
+		    "mode: Async has its own schedule; plan a Sync or SemiAsync job");
+	if (spec->n_workers > 0 || (spec->device != NULL && strncmp(spec->device, "cuda:", 5) == 0))
+		return pt_set_error(
+		    PT_ERR_UNSUPPORTED,
+		    "the planner measures CPU stages in this process; the job names "
+		    "%s",
+		    spec->n_workers > 0 ? "placement.workers" : "a CUDA device");
+	PT_TRY(pt_job_data_shape_read(spec, o->files_root, o->any_path, &d));
+	pt_act_shape in = pt_job_spec_input_shape(spec, d.features);
+	if (o->n_stages > 0)
+		for (int i = 0; i < o->n_stages && np < 8; i++)
+			ps[np++] = o->stages[i];
+	else
+		ps[np++] = spec->stages;
+	if (o->n_microbatches > 0)
+		for (int i = 0; i < o->n_microbatches && nm < 8; i++)
+			ms[nm++] = o->microbatches[i];
+	else
+		ms[nm++] = spec->microbatches;
+	if ((v = calloc((size_t)(np * nm * 3), sizeof(*v))) == NULL)
+		return pt_set_error(PT_ERR_NOMEM, "plans");
+	for (int i = 0; i < np; i++)
+		for (int j = 0; j < nm; j++) {
+			int p = ps[i], m = ms[j];
+			int tps = spec->threads_per_stage > 0 ? spec->threads_per_stage
+			                                      : (threads / p > 1 ? threads / p : 1);
+			int first[PT_MAX_STAGES + 1];
+			double sf[PT_MAX_STAGES] = {0}, sb[PT_MAX_STAGES] = {0},
+			       sw[PT_MAX_STAGES] = {0}, so[PT_MAX_STAGES] = {0},
+			       hf[PT_MAX_STAGES] = {0}, hb[PT_MAX_STAGES] = {0}, loss_s = 0, hop0;
+			int64_t B;
+			if (p < 1 || p > PT_MAX_STAGES || p > spec->n_layers) {
+				rv = pt_set_error(PT_ERR_RANGE,
+				                  "stages: %d (1 to %d for this model)", p,
+				                  spec->n_layers < PT_MAX_STAGES ? spec->n_layers
+				                                                 : PT_MAX_STAGES);
+				goto fail;
+			}
+			if (m < 1 || spec->batch_size % m != 0) {
+				rv =
+				    pt_set_error(PT_ERR_INVALID,
+				                 "microbatches: %d does not divide batch_size %lld",
+				                 m, (long long)spec->batch_size);
+				goto fail;
+			}
+			B = spec->batch_size / m;
+			if (spec->boundaries != NULL && p == spec->stages)
+				memcpy(first, spec->boundaries, sizeof(int) * (size_t)(p + 1));
+			else if ((rv = pt_partition(spec->layers, spec->n_layers, in, p, first)) !=
+			         PT_OK)
+				goto fail;
+			for (int s = 0; s < p; s++)
+				for (int l = first[s]; l < first[s + 1]; l++) {
+					layer_cost c = {0};
+					if ((rv = profile_layer(spec, in, l, B, tps, &c)) != PT_OK)
+						goto fail;
+					sf[s] += c.f;
+					sb[s] += c.b;
+					sw[s] += c.w;
+					so[s] += c.opt;
+					if (l == first[s])
+						hb[s] = s > 0 ? profile_hop(c.in_floats) : 0.0;
+					if (l == first[s + 1] - 1)
+						hf[s] = profile_hop(c.out_floats);
+				}
+			hop0 = profile_hop(1);
+			if ((rv = profile_loss(spec, in, B, 1, &loss_s)) != PT_OK)
+				goto fail;
+			for (size_t k = 0; k < sizeof(scheds) / sizeof(scheds[0]); k++) {
+				pt_job_plan *pl = &v[n];
+				if (scheds[k] == PT_SCHED_ZBH1 && spec->recompute)
+					continue; /* refused together (validate.c) */
+				pt_job_spec t = *spec;
+				pt_job_memory mem;
+				memset(pl, 0, sizeof(*pl));
+				pl->schedule = scheds[k];
+				pl->stages = p;
+				pl->microbatches = m;
+				memcpy(pl->first, first, sizeof(int) * (size_t)(p + 1));
+				if ((rv = simulate(scheds[k], p, m, sf, sb, sw, so, hf, hb, hop0,
+				                   loss_s, threads, tps, &pl->step_seconds,
+				                   &pl->bubble)) != PT_OK)
+					goto fail;
+				pl->samples_per_s =
+				    pl->step_seconds > 0
+				        ? (double)spec->batch_size / pl->step_seconds
+				        : 0;
+				t.stages = p;
+				t.microbatches = m;
+				t.boundaries = pl->first;
+				t.schedule = (char *)pt_pipe_schedule_name(scheds[k]);
+				if (pt_job_memory_estimate(&t, &d, &mem) == PT_OK)
+					for (int s = 0; s < p; s++)
+						pl->stage_bytes[s] = mem.stages[s].total;
+				n++;
+			}
+		}
+	pt_set_num_threads(threads);
+	qsort(v, (size_t)n, sizeof(*v), by_step);
+	*out = v;
+	*n_out = n;
+	return PT_OK;
+fail:
+	pt_set_num_threads(threads);
+	free(v);
+	return rv;
+}
