@@ -1931,8 +1931,15 @@ pt_err pt_jobs_plan(pt_jobs *m, const uint8_t *spec_table, const int32_t *stages
 		ps[i] = stages[i];
 	for (int i = 0; i < n_microbatches && i < 8; i++)
 		ms[i] = microbatches[i];
+	/* One plan at a time: measuring layers takes the CPU a job would get.
+	 * What a plan builds is admitted as the job itself would be. */
+	static pthread_mutex_t plan_mu = PTHREAD_MUTEX_INITIALIZER;
+	pthread_mutex_lock(&plan_mu);
 	if ((rv = pt_job_spec_read(spec_table, &spec)) == PT_OK &&
-	    (rv = pt_job_spec_validate(&spec, m->files_root, m->cfg.any_path)) == PT_OK) {
+	    (rv = pt_job_spec_validate(&spec, m->files_root, m->cfg.any_path)) == PT_OK &&
+	    (rv = pt_job_admit(&spec, m->files_root, m->cfg.any_path,
+	                       m->mem_limit / (uint64_t)(m->cfg.max_jobs > 1 ? m->cfg.max_jobs : 1),
+	                       NULL)) == PT_OK) {
 		pt_job_plan_options o = {.files_root = m->files_root,
 		                         .any_path = m->cfg.any_path,
 		                         .threads = m->cfg.threads > 0 ? m->cfg.threads
@@ -1945,6 +1952,7 @@ pt_err pt_jobs_plan(pt_jobs *m, const uint8_t *spec_table, const int32_t *stages
 		                         .n_microbatches = n_microbatches < 8 ? n_microbatches : 8};
 		rv = pt_job_plan_run(&spec, &o, out, n);
 	}
+	pthread_mutex_unlock(&plan_mu);
 	if (rv == PT_ERR_IO) {
 		char msg[1024];
 		snprintf(msg, sizeof(msg), "%s", pt_last_error());

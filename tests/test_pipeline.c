@@ -299,6 +299,19 @@ static void test_pipeline_semi_async_equals_sync_with_fewer_activations(void)
 	}
 }
 
+/* two_steps brings up a rig of p one-layer-ish stages (the fixture MLP at
+ * boundaries 0,1,2,3,5) with the schedule and trains two steps. */
+static void two_steps(rig *r, fx_data *d, pt_pipe_schedule sc, int p, int m)
+{
+	rig_schedule = sc;
+	rig_up(r, p, m, PT_MODE_SYNC, false, (int[]){0, 1, 2, 3, 5});
+	for (int64_t k = 0; k < 2; k++) {
+		pt_pipe_step_result res;
+		fx_data_next(d, k);
+		PT_CHECK_OK(pt_coordinator_step(r->coord, &d->x, &d->y, k, &res));
+	}
+}
+
 /* timeline_order writes a stage's tasks of one step as "F0 F1 B0 W0 ...". */
 static void timeline_order(const pt_task_record *t, int n, char *buf, size_t cap)
 {
@@ -354,13 +367,7 @@ static void test_pipeline_zbh1_order_and_memory(void)
 
 	fx_data_up(&d, M);
 	rig_delay_ms = 5;
-	rig_schedule = PT_SCHED_1F1B;
-	rig_up(&r, P, M, PT_MODE_SYNC, false, (int[]){0, 1, 2, 3, 5});
-	for (int64_t k = 0; k < 2; k++) {
-		pt_pipe_step_result res;
-		fx_data_next(&d, k);
-		PT_CHECK_OK(pt_coordinator_step(r.coord, &d.x, &d.y, k, &res));
-	}
+	two_steps(&r, &d, PT_SCHED_1F1B, P, M);
 	for (int s = 1; s <= P; s++) {
 		int n;
 		const pt_task_record *t = pt_coordinator_step_timeline(r.coord, s, &n);
@@ -368,13 +375,7 @@ static void test_pipeline_zbh1_order_and_memory(void)
 	}
 	rig_down(&r);
 
-	rig_schedule = PT_SCHED_ZBH1;
-	rig_up(&r, P, M, PT_MODE_SYNC, false, (int[]){0, 1, 2, 3, 5});
-	for (int64_t k = 0; k < 2; k++) {
-		pt_pipe_step_result res;
-		fx_data_next(&d, k);
-		PT_CHECK_OK(pt_coordinator_step(r.coord, &d.x, &d.y, k, &res));
-	}
+	two_steps(&r, &d, PT_SCHED_ZBH1, P, M);
 	for (int s = 1; s <= P; s++) {
 		int n;
 		const pt_task_record *t = pt_coordinator_step_timeline(r.coord, s, &n);

@@ -112,6 +112,13 @@ class Client:
     def _dict(self, table, obj):
         return _convert.to_dict(table, obj)
 
+    @staticmethod
+    def _spec(job):
+        """A JobSpecT from a dict or a job file's path."""
+        if isinstance(job, (str, os.PathLike)):
+            return load_job(job)
+        return _convert.to_object("JobSpec", job, "job")
+
     # ----------------------------------------------------------------- API --
 
     def info(self):
@@ -125,12 +132,8 @@ class Client:
         or the path of a job file (its JSON text as flatc reads it, or its
         FlatBuffers binary) - and returns the new job's id. A spec the server
         refuses raises InvalidJob naming the field."""
-        if isinstance(job, (str, os.PathLike)):
-            spec = load_job(job)
-        else:
-            spec = _convert.to_object("JobSpec", job, "job")
         sub = _convert.module("SubmitJob").SubmitJobT()
-        sub.spec = spec
+        sub.spec = self._spec(job)
         return self._exchange("SubmitJob", sub).Job()
 
     def plan(self, job, stages=None, microbatches=None):
@@ -140,12 +143,8 @@ class Client:
         the model's layers on its CPU: a list of Plan dicts (schedule,
         stages, microbatches, step_seconds, bubble, samples_per_second,
         boundaries, stage_bytes), fastest first."""
-        if isinstance(job, (str, os.PathLike)):
-            spec = load_job(job)
-        else:
-            spec = _convert.to_object("JobSpec", job, "job")
         req = _convert.module("PlanJob").PlanJobT()
-        req.spec = spec
+        req.spec = self._spec(job)
         req.stages = list(stages) if stages else None
         req.microbatches = list(microbatches) if microbatches else None
         r = self._exchange("PlanJob", req, extra_wait=300.0)
