@@ -572,7 +572,13 @@ static void test_netns_handshake_refusals(void)
 	wf_hs_open(&a, workers[4].url);
 	wf_hs_open(&b, workers[4].url);
 	wf_hs_call(&a, &join, &r);
-	wf_expect_refusal(&r, "protocol version 1 not supported (this worker speaks 4)");
+	{
+		char speaks[80];
+		snprintf(speaks, sizeof(speaks),
+		         "protocol version 1 not supported (this worker speaks %d)",
+		         PT_WORKER_PROTOCOL);
+		wf_expect_refusal(&r, speaks);
+	}
 	join.protocol = PT_WORKER_PROTOCOL;
 	join.token = "wrong";
 	wf_hs_call(&a, &join, &r);
