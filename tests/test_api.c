@@ -124,7 +124,30 @@ static void test_api_request_round_trip(void)
 	pt_job_spec_fini(&back);
 	free(keep);
 
+	/* PlanJob: the spec and the candidate counts. */
+	pt_api_request_init(&r, PT_API_PLAN_JOB);
+	r.id = 77;
+	r.spec = &spec;
+	r.plan_stages[0] = 1, r.plan_stages[1] = 2, r.plan_stages[2] = 4;
+	r.n_plan_stages = 3;
+	r.plan_microbatches[0] = 8;
+	r.n_plan_microbatches = 1;
+	req_round_trip(&b, &r, &o, &keep);
+	CU_ASSERT_PTR_NOT_NULL(o.spec_table);
+	CU_ASSERT(o.n_plan_stages == 3 && o.plan_stages[0] == 1 && o.plan_stages[1] == 2 &&
+	          o.plan_stages[2] == 4);
+	CU_ASSERT(o.n_plan_microbatches == 1 && o.plan_microbatches[0] == 8);
+	free(keep);
+	r.n_plan_stages = PT_API_MAX_PLAN_CANDIDATES + 1;
+	{
+		const uint8_t *d;
+		size_t n;
+		PT_CHECK_ERR(pt_api_build_request(&b, &r, &d, &n), PT_ERR_INVALID);
+	}
+
 	for (int k = PT_API_GET_JOB; k < PT_API_KIND_COUNT; k++) {
+		if (k == PT_API_PLAN_JOB)
+			continue; /* above */
 		pt_api_request_init(&r, (pt_api_kind)k);
 		r.id = (uint64_t)k * 1000;
 		r.job = 42 + (uint64_t)k;
@@ -419,6 +442,37 @@ static void test_api_response_round_trip(void)
 		/* GetJob needs exactly one job. */
 		pt_api_response_init(&r, 1, PT_API_OK, PT_API_GET_JOB);
 		PT_CHECK_ERR(pt_api_build_response(&b, &r, &d, &n), PT_ERR_INVALID);
+	}
+	/* PlanJobReply: plans in order, each with its partition and memory. */
+	{
+		pt_api_plan pl[2] = {{.schedule = "zb-h1",
+		                      .stages = 2,
+		                      .microbatches = 8,
+		                      .step_seconds = 0.25,
+		                      .bubble = 0.125,
+		                      .samples_per_second = 256,
+		                      .boundaries = {0, 3, 5},
+		                      .n_boundaries = 3,
+		                      .stage_bytes = {1000, 2000},
+		                      .n_stage_bytes = 2},
+		                     {.schedule = "gpipe", .stages = 1, .microbatches = 4}},
+		            got;
+		pt_api_response_init(&r, 6, PT_API_OK, PT_API_PLAN_JOB);
+		r.plans = pl;
+		r.n_plans = 2;
+		resp_round_trip(&b, &r, &o, &keep);
+		CU_ASSERT_EQUAL_FATAL(o.n_plans, 2);
+		PT_CHECK_OK(pt_api_response_plan(&o, 0, &got));
+		CU_ASSERT_STRING_EQUAL(got.schedule, "zb-h1");
+		CU_ASSERT(got.stages == 2 && got.microbatches == 8 && got.step_seconds == 0.25 &&
+		          got.bubble == 0.125 && got.samples_per_second == 256);
+		CU_ASSERT(got.n_boundaries == 3 && got.boundaries[1] == 3 &&
+		          got.boundaries[2] == 5);
+		CU_ASSERT(got.n_stage_bytes == 2 && got.stage_bytes[1] == 2000);
+		PT_CHECK_OK(pt_api_response_plan(&o, 1, &got));
+		CU_ASSERT(got.n_boundaries == 0 && got.stages == 1);
+		PT_CHECK_ERR(pt_api_response_plan(&o, 2, &got), PT_ERR_RANGE);
+		free(keep);
 	}
 	CU_ASSERT_STRING_EQUAL(pt_api_code_name(PT_API_NOT_FOUND), "NotFound");
 	CU_ASSERT_STRING_EQUAL(pt_api_job_state_name(PT_JOB_INTERRUPTED), "Interrupted");

@@ -124,16 +124,27 @@ static void add_ours(corpus *c)
 		add(c, 'Q', d, n, "ours");
 		free(spec);
 	}
+	pt_job_spec plan_spec;
+	pt_test_digits_spec(&plan_spec);
 	for (int k = PT_API_GET_JOB; k < PT_API_KIND_COUNT; k++) {
 		pt_api_request q;
 		pt_api_request_init(&q, (pt_api_kind)k);
 		q.id = 40 + (uint64_t)k;
 		q.job = 3;
 		q.auth_token = k % 2 ? "secret" : NULL;
+		if (k == PT_API_PLAN_JOB) { /* a spec and candidate counts */
+			q.spec = &plan_spec;
+			q.plan_stages[0] = 2;
+			q.plan_stages[1] = 4;
+			q.n_plan_stages = 2;
+			q.plan_microbatches[0] = 8;
+			q.n_plan_microbatches = 1;
+		}
 		pt_fb_builder_reset(&b);
 		PT_CHECK_OK(pt_api_build_request(&b, &q, &d, &n));
 		add(c, 'Q', d, n, "ours");
 	}
+	pt_job_spec_fini(&plan_spec);
 	{
 		static const uint8_t bytes[300] = {1, 2, 3};
 		pt_api_metric_point pts[2] = {
@@ -170,6 +181,15 @@ static void add_ours(corpus *c)
 			r.n_checkpoints = 2;
 			r.info.version = "0.1.0";
 			r.info.device = "cpu";
+			r.plans = (pt_api_plan[]){{.schedule = "zb-h1",
+			                           .stages = 2,
+			                           .microbatches = 8,
+			                           .step_seconds = 0.25,
+			                           .boundaries = {0, 2, 5},
+			                           .n_boundaries = 3,
+			                           .stage_bytes = {100, 200},
+			                           .n_stage_bytes = 2}};
+			r.n_plans = 1;
 			pt_fb_builder_reset(&b);
 			PT_CHECK_OK(pt_api_build_response(&b, &r, &d, &n));
 			add(c, 'R', d, n, "ours");
