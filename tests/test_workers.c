@@ -1430,7 +1430,6 @@ static void test_workers_gpu_placement(void)
 
 static const pt_test_case worker_tests[] = {
     {"test_workers_job_matches_local", test_workers_job_matches_local},
-    {"test_workers_schedules_match_gpipe", test_workers_schedules_match_gpipe},
     {"test_workers_handshake_refusals", test_workers_handshake_refusals},
     {"test_workers_job_errors_name_worker", test_workers_job_errors_name_worker},
     {"test_workers_server_job", test_workers_server_job},
@@ -1447,6 +1446,7 @@ static const pt_test_case worker_tests[] = {
     {"test_workers_pool_server_killed", test_workers_pool_server_killed},
     {"test_workers_pool_file_reload", test_workers_pool_file_reload},
     {"test_workers_pool_refusals", test_workers_pool_refusals},
+    {"test_workers_schedules_match_gpipe", test_workers_schedules_match_gpipe},
     {NULL, NULL},
 };
 static const pt_test_suite suites[] = {
