@@ -111,9 +111,26 @@ static uint64_t new_session(void)
 }
 
 /* release drops the session's communicator (REP thread; no stage thread). */
+static void *close_main(void *arg)
+{
+	pt_comm_destroy(arg);
+	return NULL;
+}
+
+/* release frees the session (mu held). Its communicator is destroyed on a
+ * thread of its own: closing the sockets of a stage whose peers vanished
+ * has been seen to block in nng_close (a worker continued after SIGSTOP, its
+ * coordinator gone), and this thread - the REP thread or the watchdog,
+ * holding mu - must keep answering. */
 static void release(pt_worker *w)
 {
-	pt_comm_destroy(w->comm);
+	pthread_t t;
+	if (w->comm != NULL) {
+		if (pthread_create(&t, NULL, close_main, w->comm) == 0)
+			pthread_detach(t);
+		else
+			pt_comm_destroy(w->comm);
+	}
 	w->comm = NULL;
 	w->session = 0;
 	w->abandoned = false;
