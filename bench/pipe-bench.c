@@ -9,6 +9,9 @@
  *     ZB-H1 on stages whose F, B and W are the task-delay hook (sleeps of
  *     1:1:1 units; a whole backward is 2), so 2 cores do not decide it; the
  *     formulas (p-1)/(m+p-1) and (p-1)/(3m+p-1) beside them.
+ *   bubble_interleaved_v2_p4_m8: interleaved 1F1B, 4 ranks of 2 chunks
+ *     (8 stages, a chunk's tasks half a stage's sleep), beside its formula
+ *     (p-1)/(vm+p-1).
  *   w2_pipe_zbh1_vs_1f1b: real W2 compute, 2 stages, m = 8, local
  *     communicators: ZB-H1's tokens/s over 1F1B's (median of 5 alternating
  *     pairs).
@@ -29,7 +32,7 @@ static void die(const char *what)
 }
 
 typedef struct model_desc {
-	pt_layer_spec layers[16];
+	pt_layer_spec layers[24];
 	int n;
 	pt_act_shape in, out;
 	int64_t microbatch;
@@ -121,6 +124,9 @@ typedef struct pipe_run {
 	double samples_per_s, bubble;
 } pipe_run;
 
+/* Interleaved: chunks per rank; p then counts p / il_v ranks' chunks. */
+static int il_v = 1;
+
 /* Builds p stage threads and a coordinator over local or nng (tcp loopback)
  * communicators and trains `steps` steps after `warmup`. */
 static pipe_run run_pipe_as(const model_desc *d, int p, int m, bool use_nng, int warmup, int steps,
@@ -162,6 +168,16 @@ static pipe_run run_pipe_as(const model_desc *d, int p, int m, bool use_nng, int
 			if (pt_local_comm_create(&comms[i], g, i) != PT_OK)
 				die("local communicator");
 	}
+	pt_stage_turn *turns[PT_MAX_STAGES] = {0};
+	int ranks = p / il_v, il_slots = 0;
+	for (int r = 1; sched == PT_SCHED_INTERLEAVED && r <= ranks; r++) {
+		int peak, chunks[PT_MAX_STAGES];
+		if (pt_pipe_interleaved_peak(r, ranks, il_v, m, &peak, chunks) != PT_OK ||
+		    pt_stage_turn_create(&turns[r - 1], r, ranks, il_v, m) != PT_OK)
+			die("interleaved order");
+		for (int c = 0; c < il_v; c++)
+			il_slots = chunks[c] > il_slots ? chunks[c] : il_slots;
+	}
 	for (int s = 1; s <= p; s++) {
 		pt_stage_config sc = {.layers = d->layers,
 		                      .n_layers = d->n,
@@ -169,18 +185,22 @@ static pipe_run run_pipe_as(const model_desc *d, int p, int m, bool use_nng, int
 		                      .microbatch = d->microbatch,
 		                      .first = first[s - 1],
 		                      .last = first[s],
-		                      .n_slots = sched == PT_SCHED_ZBH1   ? p + 1
-		                                 : sched == PT_SCHED_1F1B ? p
-		                                                          : m,
+		                      .n_slots = sched == PT_SCHED_INTERLEAVED ? il_slots
+		                                 : sched == PT_SCHED_ZBH1      ? p + 1
+		                                 : sched == PT_SCHED_1F1B      ? p
+		                                                               : m,
 		                      .mode = PT_MODE_SYNC,
 		                      .schedule = sched,
 		                      .n_microbatches = m,
+		                      .virtual_stages = il_v,
+		                      .turn = turns[(s - 1) % ranks],
 		                      .optim = pt_optim_defaults(PT_OPTIM_ADAMW, 1e-3f),
 		                      .seed = 1,
 		                      .threads = 1};
 		if (pt_stage_create(&stages[s], &sc, comms[s]) != PT_OK)
 			die("stage");
-		pt_stage_set_task_delay(stages[s], delay_ms);
+		/* A chunk is 1/v of a rank's layers: 1/v of its work. */
+		pt_stage_set_task_delay(stages[s], delay_ms / il_v);
 		if (pt_stage_start(stages[s]) != PT_OK)
 			die("stage");
 	}
@@ -189,6 +209,7 @@ static pipe_run run_pipe_as(const model_desc *d, int p, int m, bool use_nng, int
 	                         .microbatch = d->microbatch,
 	                         .mode = PT_MODE_SYNC,
 	                         .schedule = sched,
+	                         .virtual_stages = il_v,
 	                         .loss = PT_LOSS_CROSS_ENTROPY,
 	                         .ignore_index = -1,
 	                         .optim = pt_optim_defaults(PT_OPTIM_ADAMW, 1e-3f),
@@ -217,6 +238,8 @@ static pipe_run run_pipe_as(const model_desc *d, int p, int m, bool use_nng, int
 	for (int i = 0; i <= p; i++)
 		pt_comm_destroy(comms[i]);
 	pt_local_group_destroy(g);
+	for (int r = 0; r < ranks; r++)
+		pt_stage_turn_destroy(turns[r]);
 	pt_tensor_fini(&x);
 	pt_tensor_fini(&y);
 	return out;
@@ -271,6 +294,12 @@ int main(int argc, char **argv)
 	printf("bench bubble_zbh1_p4_m8 %.3f\n", zb.bubble);
 	printf("bench bubble_zbh1_formula_p4_m8 %.3f\n", 3.0 / 27.0);
 	printf("bench bubble_zbh1_vs_1f1b_p4_m8 %.3f\n", zb.bubble / f1.bubble);
+	balanced_mlp(&d, 8, 32);
+	il_v = 2;
+	pipe_run il = run_pipe_as(&d, 8, 8, false, 1, 3, PT_SCHED_INTERLEAVED, 20);
+	il_v = 1;
+	printf("bench bubble_interleaved_v2_p4_m8 %.3f\n", il.bubble);
+	printf("bench bubble_interleaved_v2_formula_p4_m8 %.3f\n", 3.0 / 19.0);
 
 	/* Real compute: W2, 2 stages, ZB-H1 against 1F1B, alternating. */
 	w2(&d, 2);

@@ -266,8 +266,9 @@ static const opt_desc options[] = {
      "a queued job waiting for more pool workers than are free holds up every job behind "
      "it (default: jobs behind it that fit start first)"},
     {"task_delay_ms", OPT_INT, F(task_delay_ms), "0", 0, 60000, NULL,
-     "with --worker, for tests and benchmarks only: every forward and backward of the "
-     "stage it serves sleeps this long first (work that does not need the CPU)"},
+     "for tests and benchmarks only: every forward and backward of the stage a --worker "
+     "serves, or of the stages jobs run in this process, sleeps this long first (work that "
+     "does not need the CPU; an interleaved chunk 1/v of it)"},
     {"help", OPT_BOOL, F(help), "false", 0, 0, NULL, "print this table and exit"},
 };
 #undef F

@@ -248,9 +248,10 @@ int main(int argc, char **argv)
 		}
 	}
 
+	/* Benchmarks and tests: sleep-based stage work (0: none), in the stage
+	 * a worker serves or the stages jobs run in this process. */
+	pt_stage_host_set_task_delay(cfg.task_delay_ms);
 	if (cfg.worker) {
-		/* Benchmarks and tests: sleep-based stage work (0: none). */
-		pt_stage_host_set_task_delay(cfg.task_delay_ms);
 		pt_worker_config wc = {.urls = (const char *const *)cfg.listen,
 		                       .n_urls = cfg.n_listen,
 		                       .auth_token = cfg.auth_token,

@@ -889,7 +889,7 @@ static void test_job_spec_validation_of_c_specs(void)
 	/* Schedules: named, flushing modes only, zb-h1 without recompute. */
 	s.schedule = strdup("zb-h2");
 	PT_CHECK_ERR_MSG(pt_job_spec_validate(&s, PT_SOURCE_ROOT, false), PT_ERR_INVALID,
-	                 "schedule: \"zb-h2\" (gpipe, 1f1b, zb-h1 or auto)");
+	                 "schedule: \"zb-h2\" (gpipe, 1f1b, zb-h1, interleaved or auto)");
 	free(s.schedule);
 	s.schedule = strdup("zb-h1");
 	s.mode = PT_MODE_ASYNC;
@@ -906,7 +906,55 @@ static void test_job_spec_validation_of_c_specs(void)
 	s.mode = PT_MODE_SYNC;
 	PT_CHECK_OK(pt_job_spec_validate(&s, PT_SOURCE_ROOT, false));
 	free(s.schedule);
+	/* Interleaved: 2 to 8 chunks a stage, a layer a chunk, m a multiple of p,
+	 * no boundaries and no workers; virtual_stages only with it. */
+	s.schedule = strdup("1f1b");
+	s.virtual_stages = 2;
+	PT_CHECK_ERR_MSG(pt_job_spec_validate(&s, PT_SOURCE_ROOT, false), PT_ERR_INVALID,
+	                 "virtual_stages: 2 needs schedule \"interleaved\"");
+	free(s.schedule);
+	s.schedule = strdup("interleaved");
+	PT_CHECK_ERR_MSG(pt_job_spec_validate(&s, PT_SOURCE_ROOT, false), PT_ERR_RANGE,
+	                 "virtual_stages: 4 stages of 2 chunks need 8 layers at least; the model "
+	                 "has 5");
+	s.stages = 2;
+	PT_CHECK_OK(pt_job_spec_validate(&s, PT_SOURCE_ROOT, false));
+	s.virtual_stages = 0; /* 2 */
+	PT_CHECK_OK(pt_job_spec_validate(&s, PT_SOURCE_ROOT, false));
+	CU_ASSERT_EQUAL(pt_job_spec_virtual_stages(&s), 2);
+	s.virtual_stages = 9;
+	PT_CHECK_ERR_MSG(pt_job_spec_validate(&s, PT_SOURCE_ROOT, false), PT_ERR_RANGE,
+	                 "virtual_stages: 9 (2 to 8)");
+	s.virtual_stages = 1;
+	PT_CHECK_ERR_MSG(pt_job_spec_validate(&s, PT_SOURCE_ROOT, false), PT_ERR_RANGE,
+	                 "virtual_stages: 1 (2 to 8)");
+	s.virtual_stages = 2;
+	s.microbatches = 1;
+	PT_CHECK_ERR_MSG(pt_job_spec_validate(&s, PT_SOURCE_ROOT, false), PT_ERR_INVALID,
+	                 "microbatches: 1 is not a multiple of placement.stages 2 (schedule "
+	                 "interleaved)");
+	s.microbatches = 4;
+	s.boundaries = (int[]){0, 2, 5};
+	PT_CHECK_ERR_MSG(pt_job_spec_validate(&s, PT_SOURCE_ROOT, false), PT_ERR_INVALID,
+	                 "placement.boundaries: not with schedule interleaved (its 4 chunks are "
+	                 "balanced by the partitioner)");
+	s.boundaries = NULL;
+	s.workers = (char *[]){"tcp://127.0.0.1:1", "tcp://127.0.0.1:2"};
+	s.n_workers = 2;
+	PT_CHECK_ERR_MSG(pt_job_spec_validate(&s, PT_SOURCE_ROOT, false), PT_ERR_UNSUPPORTED,
+	                 "placement.workers: schedule interleaved runs its stages in the server's "
+	                 "process");
+	s.workers = NULL;
+	s.n_workers = 0;
+	s.mode = PT_MODE_ASYNC;
+	PT_CHECK_ERR_MSG(pt_job_spec_validate(&s, PT_SOURCE_ROOT, false), PT_ERR_INVALID,
+	                 "schedule: \"interleaved\" with mode Async");
+	s.mode = PT_MODE_SYNC;
+	s.stages = 4;
+	s.virtual_stages = 0;
+	free(s.schedule);
 	s.schedule = NULL;
+	CU_ASSERT_EQUAL(pt_job_spec_virtual_stages(&s), 1);
 	/* Relative data paths resolve against files_root. */
 	PT_CHECK_ERR_MSG(pt_job_spec_validate(&s, "/nonexistent", false), PT_ERR_IO,
 	                 "data.features: files root '/nonexistent': No such file or directory");
@@ -1556,6 +1604,8 @@ static void on_checkpoint(void *ctx, int64_t step, const char *path, const char 
 static bool example_graphs;          /* run_example: the spec's use_graphs */
 static const char *example_schedule; /* run_example: the spec's schedule (NULL: as shipped) */
 static int example_stages;           /* run_example: placement.stages (0: as shipped) */
+static int example_virtual;          /* run_example: virtual_stages (0: as shipped) */
+static int example_deeper;           /* run_example: layers 1 and 2 repeated this often more */
 
 /* run_example trains examples/NAME.json with a few fields changed. */
 static pt_err run_example(const char *name, int64_t steps, int64_t every, int keep,
@@ -1583,6 +1633,22 @@ static pt_err run_example(const char *name, int64_t steps, int64_t every, int ke
 	if (example_schedule != NULL) {
 		free(s.schedule);
 		s.schedule = strdup(example_schedule);
+	}
+	s.virtual_stages = example_virtual;
+	if (example_deeper > 0) {
+		/* The MLP gets more hidden Linear+ReLU pairs, the GPT more blocks. */
+		int n = s.n_layers + 2 * example_deeper, k = 0;
+		pt_layer_spec *l = malloc(sizeof(*l) * (size_t)n);
+		for (int i = 0; i < s.n_layers; i++) {
+			l[k++] = s.layers[i];
+			for (int j = 0; i == 2 && j < example_deeper; j++) {
+				l[k++] = s.layers[1];
+				l[k++] = s.layers[2];
+			}
+		}
+		free(s.layers);
+		s.layers = l;
+		s.n_layers = n;
 	}
 	if (example_stages > 0) {
 		s.stages = example_stages;
@@ -1690,6 +1756,68 @@ static bool same_tensors(const char *a, const char *b)
 	}
 	pt_safetensors_destroy(x);
 	pt_safetensors_destroy(y);
+	return same;
+}
+
+/* same_state_split compares two .state files of runs with different stage
+ * counts: each stage's state is its parameter arena then c optimizer copies
+ * of its size (c from the weights file a_w), and the stages' arenas
+ * concatenated are the full model's, so the concatenations of every
+ * stage's k-th part must be equal, bitwise, for k = 0..c. */
+static bool same_state_split(const char *a_w, const char *a, const char *b)
+{
+	pt_safetensors *w, *f[2];
+	int64_t nparams = 0;
+	float *cat[2] = {NULL, NULL};
+	int64_t total[2] = {0, 0}, copies;
+	bool same = true;
+
+	PT_CHECK_OK(pt_safetensors_open(&w, a_w));
+	for (size_t i = 0; i < pt_safetensors_count(w); i++) {
+		pt_tensor t;
+		PT_CHECK_OK(pt_safetensors_get(w, pt_safetensors_name(w, i), &t));
+		nparams += pt_tensor_numel(&t);
+		pt_tensor_fini(&t);
+	}
+	pt_safetensors_destroy(w);
+	PT_CHECK_OK(pt_safetensors_open(&f[0], a));
+	PT_CHECK_OK(pt_safetensors_open(&f[1], b));
+	for (int k = 0; k < 2; k++) {
+		int64_t at[8] = {0};
+		size_t n = pt_safetensors_count(f[k]);
+		/* First the total, then each stage's parts to their places. */
+		for (size_t i = 0; i < n; i++) {
+			pt_tensor t;
+			PT_CHECK_OK(pt_safetensors_get(f[k], pt_safetensors_name(f[k], i), &t));
+			total[k] += pt_tensor_numel(&t);
+			pt_tensor_fini(&t);
+		}
+		/* The stages' arenas pad their tensors (the weights file does not). */
+		copies = total[k] / nparams;
+		CU_ASSERT_FATAL(copies >= 1 && copies <= 8 && total[k] % copies == 0);
+		cat[k] = malloc(sizeof(float) * (size_t)total[k]);
+		for (int64_t c = 0; c < copies; c++)
+			at[c] = c * (total[k] / copies);
+		for (size_t i = 0; i < n; i++) {
+			char name[32];
+			pt_tensor t;
+			snprintf(name, sizeof(name), "stage%zu.state", i);
+			PT_CHECK_OK(pt_safetensors_get(f[k], name, &t));
+			int64_t part = pt_tensor_numel(&t) / copies;
+			for (int64_t c = 0; c < copies; c++) {
+				memcpy(cat[k] + at[c], (const float *)pt_tensor_data(&t) + c * part,
+				       sizeof(float) * (size_t)part);
+				at[c] += part;
+			}
+			pt_tensor_fini(&t);
+		}
+	}
+	same =
+	    total[0] == total[1] && memcmp(cat[0], cat[1], sizeof(float) * (size_t)total[0]) == 0;
+	free(cat[0]);
+	free(cat[1]);
+	pt_safetensors_destroy(f[0]);
+	pt_safetensors_destroy(f[1]);
 	return same;
 }
 
@@ -1847,6 +1975,66 @@ static void test_job_run_schedules_are_bitwise(void)
 		}
 	example_schedule = NULL;
 	example_stages = 0;
+}
+
+/* Interleaved (v = 2) against GPipe at 1, 2 and 4 stages: losses, gradient
+ * norms, weights and optimizer state bitwise over 20 steps. Both examples
+ * have 5 layers, too few for 4 stages of 2 chunks: both runs of a pair use
+ * the example with two more hidden Linear+ReLU pairs (MLP) or four more
+ * blocks (GPT), 9 layers. */
+static void test_job_run_interleaved_is_bitwise(void)
+{
+	enum { N = 20 };
+	static recorder ref, got;
+	const char *examples[] = {"digits", "gpt"};
+	const int stages[] = {1, 2, 4};
+	char a[64], b[64], fa[128], fb[128], fc[160];
+	int64_t last;
+
+	example_deeper = 2;
+	for (int e = 0; e < 2; e++)
+		for (int k = 0; k < 3; k++) {
+			example_stages = stages[k];
+			example_schedule = "gpipe";
+			example_virtual = 0;
+			snprintf(a, sizeof(a), "il-%s-%d-gpipe", examples[e], stages[k]);
+			memset(&ref, 0, sizeof(ref));
+			PT_CHECK_OK(
+			    run_example(examples[e], N, 0, 1, 0, tmp_path(a), NULL, &ref, &last));
+			CU_ASSERT_EQUAL_FATAL(ref.n, N);
+			example_schedule = "interleaved";
+			example_virtual = 2;
+			snprintf(b, sizeof(b), "il-%s-%d-interleaved", examples[e], stages[k]);
+			memset(&got, 0, sizeof(got));
+			PT_CHECK_OK(
+			    run_example(examples[e], N, 0, 1, 0, tmp_path(b), NULL, &got, &last));
+			CU_ASSERT_EQUAL_FATAL(got.n, N);
+			bool same = true;
+			for (int i = 0; i < N; i++)
+				same =
+				    same &&
+				    memcmp(&ref.m[i].loss, &got.m[i].loss, sizeof(double)) == 0 &&
+				    memcmp(&ref.m[i].grad_norm, &got.m[i].grad_norm,
+				           sizeof(double)) == 0;
+			snprintf(fa, sizeof(fa), "%s/step-%d.safetensors", a, N);
+			snprintf(fb, sizeof(fb), "%s/step-%d.safetensors", b, N);
+			same = same && same_tensors(tmp_path(fa), tmp_path(fb));
+			/* p * v stage states against p: compared part by part. */
+			snprintf(fc, sizeof(fc), "%s.state", fa);
+			strcat(fb, ".state");
+			same = same && same_state_split(tmp_path(fa), tmp_path(fc), tmp_path(fb));
+			if (!same) {
+				printf("\n    %s, %d stages: interleaved differs from gpipe",
+				       examples[e], stages[k]);
+				for (int i = 0; i < N && getenv("PT_DEBUG"); i++)
+					printf("\n      %d: %.17g %.17g  %.17g %.17g", i,
+					       ref.m[i].loss, got.m[i].loss, ref.m[i].grad_norm,
+					       got.m[i].grad_norm);
+			}
+			CU_ASSERT(same);
+		}
+	example_schedule = NULL;
+	example_stages = example_virtual = example_deeper = 0;
 }
 
 /* The planner (plan.c): every flushing schedule at each candidate, fastest
@@ -2326,6 +2514,7 @@ static const pt_test_case run_tests[] = {
     {"test_job_run_cancel_then_resume_is_bitwise", test_job_run_cancel_then_resume_is_bitwise},
     {"test_job_run_use_graphs_is_bitwise", test_job_run_use_graphs_is_bitwise},
     {"test_job_run_schedules_are_bitwise", test_job_run_schedules_are_bitwise},
+    {"test_job_run_interleaved_is_bitwise", test_job_run_interleaved_is_bitwise},
     {"test_job_plan", test_job_plan},
     {"test_job_run_edges", test_job_run_edges},
     {"test_job_run_init_from", test_job_run_init_from},

@@ -19,6 +19,7 @@ typedef struct rig {
 	pt_comm *comms[PT_MAX_STAGES + 1];
 	pt_stage *stages[PT_MAX_STAGES + 1];
 	pt_coordinator *coord;
+	pt_stage_turn *turns[PT_MAX_STAGES]; /* interleaved: one per rank */
 } rig;
 
 /* Stage options rig_up applies to every stage; rig_optim (when set) replaces
@@ -27,6 +28,7 @@ static bool rig_graphs, rig_sync_sends;
 static const pt_optim_config *rig_optim;
 static pt_pipe_schedule rig_schedule; /* PT_SCHED_MODE: the mode's own */
 static int rig_delay_ms;              /* every stage's task-delay hook */
+static int rig_virtual;               /* interleaved: chunks per rank (p counts p * v stages) */
 
 static void rig_up(rig *r, int p, int m, pt_pipe_mode mode, bool recompute, const int *bounds)
 {
@@ -41,16 +43,29 @@ static void rig_up(rig *r, int p, int m, pt_pipe_mode mode, bool recompute, cons
 		sc[s].sync_sends = rig_sync_sends;
 		sc[s].schedule = rig_schedule;
 		sc[s].n_microbatches = m;
-		if (rig_schedule == PT_SCHED_ZBH1)
+		if (rig_schedule == PT_SCHED_INTERLEAVED) {
+			int ranks = p / rig_virtual, peak, chunks[PT_MAX_STAGES];
+			if (s < ranks)
+				PT_CHECK_OK(pt_stage_turn_create(&r->turns[s], s + 1, ranks,
+				                                 rig_virtual, m));
+			PT_CHECK_OK(pt_pipe_interleaved_peak(s % ranks + 1, ranks, rig_virtual, m,
+			                                     &peak, chunks));
+			sc[s].n_slots = chunks[s / ranks];
+			sc[s].virtual_stages = rig_virtual;
+		} else if (rig_schedule == PT_SCHED_ZBH1)
 			sc[s].n_slots = p + 1;
 		else if (rig_schedule == PT_SCHED_1F1B)
 			sc[s].n_slots = p;
 		if (rig_optim)
 			sc[s].optim = *rig_optim;
 	}
+	if (rig_schedule == PT_SCHED_INTERLEAVED)
+		for (int s = 0; s < p; s++)
+			sc[s].turn = r->turns[s % (p / rig_virtual)];
 	if (rig_optim)
 		pc.optim = *rig_optim;
 	pc.schedule = rig_schedule;
+	pc.virtual_stages = rig_virtual;
 	PT_CHECK_OK(pt_local_group_create(&r->g, p + 1));
 	for (int i = 0; i <= p; i++)
 		PT_CHECK_OK(pt_local_comm_create(&r->comms[i], r->g, i));
@@ -73,6 +88,8 @@ static void rig_down(rig *r)
 	for (int i = 0; i <= r->p; i++)
 		pt_comm_destroy(r->comms[i]);
 	pt_local_group_destroy(r->g);
+	for (int i = 0; i < r->p; i++)
+		pt_stage_turn_destroy(r->turns[i]);
 }
 
 static float *gather_params(rig *r, size_t *nbytes)
@@ -309,6 +326,9 @@ static void two_steps(rig *r, fx_data *d, pt_pipe_schedule sc, int p, int m)
 		pt_pipe_step_result res;
 		fx_data_next(d, k);
 		PT_CHECK_OK(pt_coordinator_step(r->coord, &d->x, &d->y, k, &res));
+		if (getenv("PT_DEBUG"))
+			printf("\n DEBUG sched %d step %ld loss %.17g norm %.17g", sc, (long)k,
+			       res.loss, res.grad_norm);
 	}
 }
 
@@ -391,6 +411,111 @@ static void test_pipeline_zbh1_order_and_memory(void)
 		printf("\n    stage %d: held between F and B: 1f1b %d, zb-h1 %d; until W: zb-h1 %d",
 		       s, act_1f1b[s], act[s], held[s]);
 	}
+	rig_down(&r);
+	rig_schedule = PT_SCHED_MODE;
+	rig_delay_ms = 0;
+	fx_data_down(&d);
+}
+
+/* Megatron-LM's interleaved order (pt_pipe_interleaved_order) for p = 4,
+ * v = 2, m = 8, and what it holds: rank r keeps at most
+ * (p - r) * 2 + (v - 1) * p + 1 chunk microbatches between forward and
+ * backward, each 1/v of its stage's activations: 11/2 = 5.5 microbatches'
+ * worth on rank 1 against 1F1B's p = 4, i.e. p (1 + (p - 1) / (p v)) as the
+ * paper states (Narayanan et al., SC'21, section 2.2.2 and its memory
+ * discussion). Then a real run, p = 2 ranks of v = 2 chunks on the fixture
+ * MLP (4 stages), sleep-based tasks: each rank runs exactly its order (its
+ * chunks' timelines merged by start time), one task at a time, and each
+ * chunk holds what the order says; the weights equal GPipe's bitwise. */
+static void test_pipeline_interleaved_order_and_memory(void)
+{
+	enum { P = 4, V = 2, M = 8 };
+	pt_chunk_task o[2 * M * V];
+	char got[1024], want[1024];
+	fx_data d;
+	rig r;
+
+	/* Rank 1: 10 forwards (chunk 0 mb 0-3, chunk 1 mb 0-3, chunk 0 mb 4-5),
+	 * then F and B alternate; its first backward is chunk 1's microbatch 0. */
+	PT_CHECK_OK(pt_pipe_interleaved_order(1, P, V, M, o));
+	CU_ASSERT(o[0].chunk == 0 && !o[0].backward && o[0].mb == 0);
+	CU_ASSERT(o[4].chunk == 1 && !o[4].backward && o[4].mb == 0);
+	CU_ASSERT(o[8].chunk == 0 && !o[8].backward && o[8].mb == 4);
+	CU_ASSERT(o[10].chunk == 0 && !o[10].backward && o[10].mb == 6);
+	CU_ASSERT(o[11].chunk == 1 && o[11].backward && o[11].mb == 0);
+	CU_ASSERT(o[2 * M * V - 1].chunk == 0 && o[2 * M * V - 1].backward &&
+	          o[2 * M * V - 1].mb == 7);
+	for (int rk = 1; rk <= P; rk++) {
+		int peak, chunks[V], f = 0, b = 0;
+		PT_CHECK_OK(pt_pipe_interleaved_order(rk, P, V, M, o));
+		for (int k = 0; k < 2 * M * V; k++)
+			o[k].backward ? b++ : f++;
+		CU_ASSERT(f == M * V && b == M * V);
+		PT_CHECK_OK(pt_pipe_interleaved_peak(rk, P, V, M, &peak, chunks));
+		CU_ASSERT_EQUAL(peak, (P - rk) * 2 + (V - 1) * P + 1);
+		printf("\n    rank %d of %d: holds %d chunk microbatches (%.1f stage microbatches; "
+		       "1f1b %d)",
+		       rk, P, peak, (double)peak / V, P - rk + 1);
+	}
+	PT_CHECK_ERR_MSG(pt_pipe_interleaved_order(1, 4, 2, 6, o), PT_ERR_INVALID,
+	                 "not a multiple of 4 stages");
+
+	fx_data_up(&d, 4);
+	rig_delay_ms = 5;
+	rig_virtual = 2;
+	two_steps(&r, &d, PT_SCHED_INTERLEAVED, 4, 4);
+	for (int rk = 1; rk <= 2; rk++) {
+		const pt_task_record *t[2];
+		int n[2], i[2] = {0, 0}, peak, chunks[2], act;
+		size_t go = 0, wo = 0;
+		double last_end = 0;
+		for (int c = 0; c < 2; c++)
+			t[c] = pt_coordinator_step_timeline(r.coord, c * 2 + rk, &n[c]);
+		PT_CHECK_OK(pt_pipe_interleaved_order(rk, 2, 2, 4, o));
+		for (int k = 0; k < 16; k++)
+			wo += (size_t)snprintf(want + wo, sizeof(want) - wo, "%s%c%d.%d",
+			                       k ? " " : "", o[k].backward ? 'B' : 'F', o[k].mb,
+			                       o[k].chunk);
+		/* Merge the chunks' tasks by start time (steps are not tasks here). */
+		for (;;) {
+			int c = -1;
+			for (int k = 0; k < 2; k++) {
+				while (i[k] < n[k] && t[k][i[k]].kind == PT_TASK_STEP)
+					i[k]++;
+				if (i[k] < n[k] && (c < 0 || t[k][i[k]].start < t[c][i[c]].start))
+					c = k;
+			}
+			if (c < 0)
+				break;
+			const pt_task_record *x = &t[c][i[c]++];
+			CU_ASSERT(x->start >= last_end); /* one task at a time on a rank */
+			last_end = x->end;
+			go += (size_t)snprintf(
+			    got + go, sizeof(got) - go, "%s%c%d.%d", go ? " " : "",
+			    x->kind == PT_TASK_BACKWARD ? 'B' : 'F', x->microbatch, c);
+		}
+		if (strcmp(got, want) != 0)
+			printf("\n    rank %d: %s\n    wanted: %s", rk, got, want);
+		CU_ASSERT_STRING_EQUAL(got, want);
+		PT_CHECK_OK(pt_pipe_interleaved_peak(rk, 2, 2, 4, &peak, chunks));
+		for (int c = 0; c < 2; c++) {
+			int dummy;
+			peaks(t[c], n[c], false, &act, &dummy);
+			CU_ASSERT_EQUAL(act, chunks[c]);
+		}
+	}
+	size_t nb;
+	float *got_params = gather_params(&r, &nb);
+	rig_down(&r);
+	rig_virtual = 0;
+	fx_data_down(&d); /* the same two batches again */
+	fx_data_up(&d, 4);
+	two_steps(&r, &d, PT_SCHED_GPIPE, 4, 4);
+	size_t nb2;
+	float *ref_params = gather_params(&r, &nb2);
+	CU_ASSERT(nb == nb2 && memcmp(got_params, ref_params, nb) == 0);
+	free(got_params);
+	free(ref_params);
 	rig_down(&r);
 	rig_schedule = PT_SCHED_MODE;
 	rig_delay_ms = 0;
@@ -920,6 +1045,7 @@ static const pt_test_case tests[] = {
      test_pipeline_semi_async_equals_sync_with_fewer_activations},
     {"test_pipeline_recompute_is_bitwise_equal", test_pipeline_recompute_is_bitwise_equal},
     {"test_pipeline_zbh1_order_and_memory", test_pipeline_zbh1_order_and_memory},
+    {"test_pipeline_interleaved_order_and_memory", test_pipeline_interleaved_order_and_memory},
     {"test_pipeline_graphs_and_sync_sends_are_bitwise",
      test_pipeline_graphs_and_sync_sends_are_bitwise},
     {"test_pipeline_graphs_sgd_is_bitwise", test_pipeline_graphs_sgd_is_bitwise},

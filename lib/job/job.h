@@ -60,11 +60,13 @@ typedef struct pt_job_spec {
 	uint64_t seed;
 	int64_t eval_every;
 	bool compress, recompute, weight_stashing;
-	bool use_graphs;  /* replay a captured training step */
-	int max_restarts; /* restarts after a lost worker (0: the job fails) */
-	char *init_from;  /* initial weights (safetensors, PyTorch names), or NULL */
-	int priority;     /* server queue: higher first, FIFO within (-1000 to 1000) */
-	char *schedule;   /* flushing modes: "gpipe", "1f1b", "zb-h1" (NULL: the mode's own) */
+	bool use_graphs;    /* replay a captured training step */
+	int max_restarts;   /* restarts after a lost worker (0: the job fails) */
+	char *init_from;    /* initial weights (safetensors, PyTorch names), or NULL */
+	int priority;       /* server queue: higher first, FIFO within (-1000 to 1000) */
+	char *schedule;     /* flushing modes: "gpipe", "1f1b", "zb-h1", "interleaved" (NULL: the
+	                     * mode's own) */
+	int virtual_stages; /* interleaved: chunks per stage (0: 2) */
 } pt_job_spec;
 
 /* The JobSpec table descriptor, pt_fb_job_job_spec_desc, for verifying
@@ -76,6 +78,10 @@ pt_err pt_job_spec_read(const uint8_t *table, pt_job_spec *out);
 
 /* pt_job_spec_decode verifies buf as a JobSpec root buffer, then reads it. */
 pt_err pt_job_spec_decode(const void *buf, size_t len, pt_job_spec *out);
+
+/* pt_job_spec_virtual_stages is the chunks per stage of a job with schedule
+ * "interleaved" (virtual_stages, 2 when absent), else 1. */
+int pt_job_spec_virtual_stages(const pt_job_spec *s);
 
 /* pt_job_spec_validate checks everything a run needs: model shapes for the
  * data's sample shape, batch and microbatches, stages vs layers, optimizer

@@ -206,6 +206,7 @@ static const jfield job_fields[] = {
     F("init_from", JT_STR, pt_job_spec, init_from),
     F("priority", JT_I32, pt_job_spec, priority),
     F("schedule", JT_STR, pt_job_spec, schedule),
+    F("virtual_stages", JT_I32, pt_job_spec, virtual_stages),
 };
 static const jtable job_table = JTABLE("JobSpec", job_fields);
 

@@ -255,6 +255,7 @@ static pt_err read_spec(const uint8_t *t, pt_job_spec *s)
 	s->use_graphs = pt_fb_get_bool(t, PT_FB_JOB_JOB_SPEC_USE_GRAPHS, false);
 	s->max_restarts = pt_fb_get_i32(t, PT_FB_JOB_JOB_SPEC_MAX_RESTARTS, 0);
 	s->priority = pt_fb_get_i32(t, PT_FB_JOB_JOB_SPEC_PRIORITY, 0);
+	s->virtual_stages = pt_fb_get_i32(t, PT_FB_JOB_JOB_SPEC_VIRTUAL_STAGES, 0);
 	s->checkpoint_every =
 	    ck ? pt_fb_get_i64(ck, PT_FB_JOB_CHECKPOINT_POLICY_EVERY_STEPS, 0) : 0;
 	s->checkpoint_keep = ck ? pt_fb_get_i32(ck, PT_FB_JOB_CHECKPOINT_POLICY_KEEP, 3) : 3;
@@ -394,6 +395,7 @@ pt_err pt_job_spec_build(pt_fb_builder *b, const pt_job_spec *s, pt_fb_ref *out)
 	pt_fb_add_i32(b, PT_FB_JOB_JOB_SPEC_MICROBATCHES, s->microbatches, 1);
 	pt_fb_add_i32(b, PT_FB_JOB_JOB_SPEC_MAX_RESTARTS, s->max_restarts, 0);
 	pt_fb_add_i32(b, PT_FB_JOB_JOB_SPEC_PRIORITY, s->priority, 0);
+	pt_fb_add_i32(b, PT_FB_JOB_JOB_SPEC_VIRTUAL_STAGES, s->virtual_stages, 0);
 	pt_fb_add_u8(b, PT_FB_JOB_JOB_SPEC_LOSS, (uint8_t)s->loss, 0);
 	pt_fb_add_u8(b, PT_FB_JOB_JOB_SPEC_MODE, (uint8_t)s->mode, 0);
 	pt_fb_add_bool(b, PT_FB_JOB_JOB_SPEC_COMPRESS, s->compress, false);

@@ -142,7 +142,8 @@ static uint64_t to_bytes(double b)
 pt_err pt_job_memory_estimate(const pt_job_spec *s, const pt_job_data_shape *d, pt_job_memory *out)
 {
 	int first[PT_MAX_STAGES + 1];
-	int p = s->stages, m = s->microbatches;
+	int v = pt_job_spec_virtual_stages(s), p = s->stages * v, m = s->microbatches;
+	int il_slots = 0; /* interleaved: the most microbatches a chunk holds */
 	double B, total_params = 0, host = 0, fp, fslot, fwork, fin, fout;
 	int host_stages = 0;
 	int opt_copies = s->optim.kind == PT_OPTIM_ADAMW ? 2 : s->optim.momentum != 0.0f ? 1 : 0;
@@ -157,6 +158,12 @@ pt_err pt_job_memory_estimate(const pt_job_spec *s, const pt_job_data_shape *d, 
 		memcpy(first, s->boundaries, sizeof(int) * ((size_t)p + 1));
 	else
 		PT_TRY(pt_partition(s->layers, s->n_layers, in, p, first));
+	for (int r = 1; v > 1 && r <= s->stages; r++) {
+		int peak, chunks[PT_MAX_STAGES];
+		PT_TRY(pt_pipe_interleaved_peak(r, s->stages, v, m, &peak, chunks));
+		for (int c = 0; c < v; c++)
+			il_slots = chunks[c] > il_slots ? chunks[c] : il_slots;
+	}
 	out->n_stages = p;
 	for (int st = 0; st < p; st++) {
 		pt_job_memory_stage *e = &out->stages[st];
@@ -166,7 +173,7 @@ pt_err pt_job_memory_estimate(const pt_job_spec *s, const pt_job_data_shape *d, 
 		          (strcmp(s->schedule, "zb-h1") == 0 || strcmp(s->schedule, "auto") == 0);
 		bool all = s->schedule != NULL ? strcmp(s->schedule, "gpipe") == 0
 		                               : s->mode == PT_MODE_SYNC;
-		int slots = zb ? p + 1 : all ? m : p;
+		int slots = v > 1 ? il_slots : zb ? p + 1 : all ? m : p;
 		double P, state;
 
 		model_bytes(s, in, first[st], first[st + 1], B, &fp, &fslot, &fwork, &fin, &fout);

@@ -84,6 +84,10 @@ typedef struct runner {
 	const pt_job_hooks *h;
 	const pt_job_run_options *o;
 	int p, m, threads, tps;
+	/* Interleaved: p = ranks * v stages, chunk c of rank r is stage
+	 * c * ranks + r; the chunks of a rank take turns (turns[r - 1]). */
+	int ranks, v;
+	pt_stage_turn *turns[PT_MAX_STAGES];
 	int64_t B; /* samples per microbatch */
 	pt_act_shape in;
 	int first[PT_MAX_STAGES + 1];
@@ -316,7 +320,7 @@ static pt_err nccl_up(runner *r, pt_device dev, pt_device *devs)
 	devs[0] = PT_CPU;
 	for (int i = 1; i <= r->p; i++)
 		devs[i] = r->o->n_stage_gpus > 0
-		              ? (pt_device){PT_DEV_CUDA, r->o->stage_gpus[i - 1]}
+		              ? (pt_device){PT_DEV_CUDA, r->o->stage_gpus[(i - 1) % r->ranks]}
 		              : (pt_device){PT_DEV_CUDA, (dev.index + i - 1) % n};
 	return pt_nccl_comm_create_group(r->comms, devs, r->p + 1, -1);
 }
@@ -394,7 +398,21 @@ static pt_err pipeline_up(runner *r)
 	} else if (s->schedule != NULL) {
 		PT_TRY(pt_pipe_schedule_parse(s->schedule, &sched));
 	}
+	int il_slots = 0;
+	if (sched == PT_SCHED_INTERLEAVED) {
+		/* A chunk holds at most what its rank's order keeps in flight. */
+		for (int rk = 1; rk <= r->ranks; rk++) {
+			int peak, chunks[PT_MAX_STAGES];
+			PT_TRY(pt_pipe_interleaved_peak(rk, r->ranks, r->v, r->m, &peak, chunks));
+			for (int c = 0; c < r->v; c++)
+				il_slots = chunks[c] > il_slots ? chunks[c] : il_slots;
+			if (s->n_workers == 0)
+				PT_TRY(pt_stage_turn_create(&r->turns[rk - 1], rk, r->ranks, r->v,
+				                            r->m));
+		}
+	}
 	pt_pipeline_config pc = {.n_stages = r->p,
+	                         .virtual_stages = r->v,
 	                         .n_microbatches = r->m,
 	                         .microbatch = r->B,
 	                         .mode = s->mode,
@@ -408,9 +426,9 @@ static pt_err pipeline_up(runner *r)
 	pt_device dev = PT_CPU, devs[PT_MAX_STAGES + 1] = {{PT_DEV_CPU, 0}};
 
 	if (r->o->n_stage_gpus > 0) {
-		if (r->o->n_stage_gpus != r->p)
+		if (r->o->n_stage_gpus != r->ranks)
 			return pt_set_error(PT_ERR_INVALID, "%d GPUs placed for %d stages",
-			                    r->o->n_stage_gpus, r->p);
+			                    r->o->n_stage_gpus, r->ranks);
 		dev = (pt_device){PT_DEV_CUDA, r->o->stage_gpus[0]};
 	} else if (s->device != NULL) {
 		PT_TRY(pt_device_parse(s->device, &dev));
@@ -439,7 +457,8 @@ static pt_err pipeline_up(runner *r)
 		                     /* GPipe holds m; 1F1B and ZB-H1 at most p (r->p + 1:
 		                      * ZB-H1's B leaves its slot to a W). */
 		                     .n_slots =
-		                         sched == PT_SCHED_ZBH1 ? r->p + 1
+		                         sched == PT_SCHED_INTERLEAVED ? il_slots
+		                         : sched == PT_SCHED_ZBH1      ? r->p + 1
 		                         : (sched == PT_SCHED_GPIPE ||
 		                            (sched == PT_SCHED_MODE && s->mode == PT_MODE_SYNC))
 		                             ? r->m
@@ -447,6 +466,8 @@ static pt_err pipeline_up(runner *r)
 		                     .mode = s->mode,
 		                     .schedule = sched,
 		                     .n_microbatches = r->m,
+		                     .virtual_stages = r->v,
+		                     .turn = r->turns[(st - 1) % r->ranks],
 		                     .optim = s->optim,
 		                     .seed = s->seed,
 		                     .weight_stashing = s->weight_stashing,
@@ -515,6 +536,10 @@ static void pipeline_down(runner *r)
 	}
 	pt_local_group_destroy(r->g);
 	r->g = NULL;
+	for (int i = 0; i < r->ranks; i++) {
+		pt_stage_turn_destroy(r->turns[i]);
+		r->turns[i] = NULL;
+	}
 }
 
 static void models_down(runner *r)
@@ -1200,12 +1225,15 @@ pt_err pt_job_run(const pt_job_spec *spec, const pt_job_run_options *o, const pt
 	r->ckdir = o->checkpoint_dir;
 	r->h = h;
 	r->o = o;
-	r->p = spec->stages;
+	r->ranks = spec->stages;
+	r->v = pt_job_spec_virtual_stages(spec);
+	r->p = r->ranks * r->v;
 	r->m = spec->microbatches;
 	r->B = spec->batch_size / spec->microbatches;
 	r->threads = o->threads > 0 ? o->threads : pt_num_cores();
-	r->tps = spec->threads_per_stage > 0 ? spec->threads_per_stage
-	                                     : (r->threads / r->p > 1 ? r->threads / r->p : 1);
+	r->tps = spec->threads_per_stage > 0
+	             ? spec->threads_per_stage
+	             : (r->threads / r->ranks > 1 ? r->threads / r->ranks : 1);
 	r->last_ckpt = -1;
 	pt_set_num_threads(r->threads); /* this thread evaluates with the whole budget */
 

@@ -405,6 +405,45 @@ static pt_err validate_device(const char *dev)
 	return PT_OK;
 }
 
+int pt_job_spec_virtual_stages(const pt_job_spec *s)
+{
+	if (s->schedule == NULL || strcmp(s->schedule, "interleaved") != 0)
+		return 1;
+	return s->virtual_stages > 0 ? s->virtual_stages : 2;
+}
+
+/* check_interleaved: p * v chunks of at least a layer each, m a multiple of
+ * p, and the stages in the server's process (docs/pipeline.md). */
+static pt_err check_interleaved(const pt_job_spec *s)
+{
+	int v = pt_job_spec_virtual_stages(s), pv = s->stages * v;
+
+	if (v < 2 || v > 8)
+		return pt_set_error(PT_ERR_RANGE, "virtual_stages: %d (2 to 8)", s->virtual_stages);
+	if (pv > PT_MAX_STAGES || pv > s->n_layers)
+		return pt_set_error(
+		    PT_ERR_RANGE,
+		    "virtual_stages: %d stages of %d chunks need %d layers at least; "
+		    "the model has %d",
+		    s->stages, v, pv, s->n_layers);
+	if (s->stages > 1 && s->microbatches % s->stages != 0)
+		return pt_set_error(PT_ERR_INVALID,
+		                    "microbatches: %d is not a multiple of placement.stages %d "
+		                    "(schedule interleaved)",
+		                    s->microbatches, s->stages);
+	if (s->boundaries != NULL)
+		return pt_set_error(PT_ERR_INVALID,
+		                    "placement.boundaries: not with schedule interleaved (its %d "
+		                    "chunks are balanced by the partitioner)",
+		                    pv);
+	if (s->n_workers > 0)
+		return pt_set_error(
+		    PT_ERR_UNSUPPORTED,
+		    "placement.workers: schedule interleaved runs its stages in the "
+		    "server's process (chunks of one stage on a worker: not built)");
+	return PT_OK;
+}
+
 pt_err pt_job_spec_validate(const pt_job_spec *s, const char *files_root, bool any_path)
 {
 	pt_err rv;
@@ -468,9 +507,11 @@ pt_err pt_job_spec_validate(const pt_job_spec *s, const char *files_root, bool a
 		pt_pipe_schedule sc = PT_SCHED_MODE;
 		if (strcmp(s->schedule, "auto") != 0 &&
 		    pt_pipe_schedule_parse(s->schedule, &sc) != PT_OK)
-			return pt_set_error(PT_ERR_INVALID,
-			                    "schedule: \"%.40s\" (gpipe, 1f1b, zb-h1 or auto)",
-			                    s->schedule);
+			return pt_set_error(
+			    PT_ERR_INVALID,
+			    "schedule: \"%.40s\" (gpipe, 1f1b, zb-h1, interleaved or "
+			    "auto)",
+			    s->schedule);
 		if (s->mode == PT_MODE_ASYNC)
 			return pt_set_error(PT_ERR_INVALID,
 			                    "schedule: \"%s\" with mode Async, which has its own "
@@ -481,7 +522,14 @@ pt_err pt_job_spec_validate(const pt_job_spec *s, const char *files_root, bool a
 			    PT_ERR_INVALID,
 			    "schedule: zb-h1 keeps each microbatch's activations until "
 			    "its weight gradients; it does not combine with recompute");
+		if (sc == PT_SCHED_INTERLEAVED && (rv = check_interleaved(s)) != PT_OK)
+			return rv;
 	}
+	if (s->virtual_stages != 0 &&
+	    (s->schedule == NULL || strcmp(s->schedule, "interleaved") != 0))
+		return pt_set_error(PT_ERR_INVALID,
+		                    "virtual_stages: %d needs schedule \"interleaved\"",
+		                    s->virtual_stages);
 	for (int i = 0; i < s->n_workers; i++) {
 		/* The control URL of a `pipeserver --worker` (lib/job/workers.c). */
 		static const char *const schemes[] = {"tcp://", "tcp4://",     "tcp6://",

@@ -318,7 +318,9 @@ static pt_err flush_step(pt_coordinator *c, const pt_tensor *x, const pt_tensor 
 	 * keep p microbatches in flight and send each loss gradient at once. */
 	bool eager = c->cfg.schedule == PT_SCHED_MODE ? c->cfg.mode == PT_MODE_SEMI_ASYNC
 	                                              : c->cfg.schedule != PT_SCHED_GPIPE;
-	int limit = eager ? c->p : c->m;
+	/* Interleaved: stage 1 takes its inputs in its rank's order; the
+	 * inputs wait in its inbox meanwhile. */
+	int limit = eager && c->cfg.schedule != PT_SCHED_INTERLEAVED ? c->p : c->m;
 	pt_msg *held = calloc((size_t)c->m, sizeof(pt_msg));
 	double t0 = pt_now(), t_done, t_grads;
 	pt_err rv = PT_OK;
@@ -420,7 +422,11 @@ static pt_err flush_step(pt_coordinator *c, const pt_tensor *x, const pt_tensor 
 		}
 		busy += res->stage_busy[s - 1];
 	}
-	res->bubble = t_grads > t0 ? 1.0 - busy / (c->p * (t_grads - t0)) : 0.0;
+	/* Interleaved: p * v stages share p ranks. */
+	int ranks = c->cfg.schedule == PT_SCHED_INTERLEAVED && c->cfg.virtual_stages > 1
+	                ? c->p / c->cfg.virtual_stages
+	                : c->p;
+	res->bubble = t_grads > t0 ? 1.0 - busy / (ranks * (t_grads - t0)) : 0.0;
 out:
 	for (int k = 0; k < c->m; k++) {
 		pt_msg_fini(&held[k]);

@@ -169,6 +169,7 @@ pt_err pt_fb_build_stage_config(pt_fb_builder *b, const pt_stage_config *c, pt_f
 	pt_fb_add_u8(b, PT_FB_STAGE_STAGE_CONFIG_MODE, (uint8_t)c->mode, 0);
 	pt_fb_add_u8(b, PT_FB_STAGE_STAGE_CONFIG_SCHEDULE, (uint8_t)c->schedule, 0);
 	pt_fb_add_i32(b, PT_FB_STAGE_STAGE_CONFIG_MICROBATCHES, c->n_microbatches, 0);
+	pt_fb_add_i32(b, PT_FB_STAGE_STAGE_CONFIG_VIRTUAL_STAGES, c->virtual_stages, 0);
 	pt_fb_add_bool(b, PT_FB_STAGE_STAGE_CONFIG_WEIGHT_STASHING, c->weight_stashing, true);
 	pt_fb_add_bool(b, PT_FB_STAGE_STAGE_CONFIG_RECOMPUTE, c->recompute, false);
 	pt_fb_add_bool(b, PT_FB_STAGE_STAGE_CONFIG_USE_GRAPHS, c->use_graphs, false);
@@ -202,6 +203,7 @@ pt_err pt_fb_read_stage_config(const uint8_t *t, pt_stage_config *c, pt_layer_sp
 	c->mode = (pt_pipe_mode)mode;
 	c->schedule = (pt_pipe_schedule)sched;
 	c->n_microbatches = pt_fb_get_i32(t, PT_FB_STAGE_STAGE_CONFIG_MICROBATCHES, 0);
+	c->virtual_stages = pt_fb_get_i32(t, PT_FB_STAGE_STAGE_CONFIG_VIRTUAL_STAGES, 0);
 	c->seed = pt_fb_get_u64(t, PT_FB_STAGE_STAGE_CONFIG_SEED, 0);
 	c->weight_stashing = pt_fb_get_bool(t, PT_FB_STAGE_STAGE_CONFIG_WEIGHT_STASHING, true);
 	c->recompute = pt_fb_get_bool(t, PT_FB_STAGE_STAGE_CONFIG_RECOMPUTE, false);

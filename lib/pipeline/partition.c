@@ -23,7 +23,8 @@ pt_err pt_pipe_mode_parse(const char *name, pt_pipe_mode *out)
 	                    name);
 }
 
-static const char *const schedule_names[PT_SCHED_COUNT] = {"", "gpipe", "1f1b", "zb-h1"};
+static const char *const schedule_names[PT_SCHED_COUNT] = {"", "gpipe", "1f1b", "zb-h1",
+                                                           "interleaved"};
 
 const char *pt_pipe_schedule_name(pt_pipe_schedule s)
 {
@@ -37,7 +38,69 @@ pt_err pt_pipe_schedule_parse(const char *name, pt_pipe_schedule *out)
 			*out = (pt_pipe_schedule)i;
 			return PT_OK;
 		}
-	return pt_set_error(PT_ERR_INVALID, "unknown schedule \"%s\" (gpipe, 1f1b or zb-h1)", name);
+	return pt_set_error(PT_ERR_INVALID,
+	                    "unknown schedule \"%s\" (gpipe, 1f1b, zb-h1 or interleaved)", name);
+}
+
+pt_err pt_pipe_interleaved_order(int r, int p, int v, int m, pt_chunk_task *out)
+{
+	int pv = p * v, total = m * v, warm, n = 0;
+
+	if (p < 1 || v < 1 || m < 1 || r < 1 || r > p)
+		return pt_set_error(PT_ERR_INVALID, "interleaved order: rank %d of %d, v %d, m %d",
+		                    r, p, v, m);
+	if (p > 1 && m % p != 0)
+		return pt_set_error(PT_ERR_INVALID,
+		                    "interleaved: %d microbatches is not a multiple of %d stages",
+		                    m, p);
+	warm = (p - r) * 2 + (v - 1) * p;
+	if (warm > total)
+		warm = total;
+#define CHUNK_TASK(k, bwd)                                                                         \
+	(pt_chunk_task)                                                                            \
+	{                                                                                          \
+		.chunk = (int16_t)((bwd) ? v - 1 - ((k) % pv) / p : ((k) % pv) / p),               \
+		.backward = (bwd), .mb = ((k) / pv) * p + (k) % p                                  \
+	}
+	for (int k = 0; k < warm; k++)
+		out[n++] = CHUNK_TASK(k, false);
+	for (int k = 0; k < total - warm; k++) {
+		out[n++] = CHUNK_TASK(warm + k, false);
+		out[n++] = CHUNK_TASK(k, true);
+	}
+	for (int k = total - warm; k < total; k++)
+		out[n++] = CHUNK_TASK(k, true);
+#undef CHUNK_TASK
+	return PT_OK;
+}
+
+pt_err pt_pipe_interleaved_peak(int r, int p, int v, int m, int *rank_peak, int *chunk_peak)
+{
+	pt_chunk_task *order = calloc((size_t)(2 * m * v), sizeof(*order));
+	int *live = calloc((size_t)v, sizeof(int)), held = 0;
+	pt_err rv;
+
+	*rank_peak = 0;
+	if (order == NULL || live == NULL) {
+		free(order);
+		free(live);
+		return pt_set_error(PT_ERR_NOMEM, "interleaved order");
+	}
+	if (chunk_peak)
+		memset(chunk_peak, 0, sizeof(int) * (size_t)v);
+	if ((rv = pt_pipe_interleaved_order(r, p, v, m, order)) == PT_OK)
+		for (int k = 0; k < 2 * m * v; k++) {
+			int c = order[k].chunk, d = order[k].backward ? -1 : 1;
+			live[c] += d;
+			held += d;
+			if (held > *rank_peak)
+				*rank_peak = held;
+			if (chunk_peak && live[c] > chunk_peak[c])
+				chunk_peak[c] = live[c];
+		}
+	free(order);
+	free(live);
+	return rv;
 }
 
 pt_err pt_partition_check(int n, int p, const int *first)

@@ -49,17 +49,43 @@ pt_err pt_pipe_mode_parse(const char *name, pt_pipe_mode *out);
  * gradient): stage r (1-based, of p) runs min(p - r + 1, m) forwards, then
  * alternates B and F, runs a W after a B whenever more than r - 1 are
  * pending, and the rest after its last B (Qi et al., ICLR 2024). Every
- * flushing schedule sums the gradients in microbatch order: their weights
- * are GPipe's bitwise. */
+ * PT_SCHED_INTERLEAVED (Megatron-LM's interleaved 1F1B): the model is cut
+ * into p * v stages (pt_stage_config.virtual_stages v); rank r holds stages
+ * r, r + p, ..., each a chunk, and runs its chunks' forwards and backwards
+ * in the order pt_pipe_interleaved_order gives. Every flushing schedule
+ * sums the gradients in microbatch order: their weights are GPipe's bitwise. */
 typedef enum pt_pipe_schedule {
 	PT_SCHED_MODE,
 	PT_SCHED_GPIPE,
 	PT_SCHED_1F1B,
 	PT_SCHED_ZBH1,
+	PT_SCHED_INTERLEAVED,
 	PT_SCHED_COUNT
 } pt_pipe_schedule;
 
-/* pt_pipe_schedule_name returns "gpipe", "1f1b", "zb-h1" ("" for PT_SCHED_MODE). */
+/* One task of an interleaved rank: forward (backward false) or backward of
+ * microbatch mb on the rank's chunk (0-based; logical stage chunk * p + r). */
+typedef struct pt_chunk_task {
+	int16_t chunk;
+	bool backward;
+	int32_t mb;
+} pt_chunk_task;
+
+/* pt_pipe_interleaved_order writes rank r's (1-based, of p) 2 * m * v tasks
+ * of one step into out, Megatron-LM's order: (p - r) * 2 + (v - 1) * p
+ * forwards (at most m * v) to warm up, then one forward and one backward in
+ * turn, then the last backwards. The k-th forward runs chunk
+ * (k mod pv) / p, the k-th backward chunk v - 1 - (k mod pv) / p, both on
+ * microbatch (k / pv) * p + k mod p. m must be a multiple of p (p > 1). */
+pt_err pt_pipe_interleaved_order(int r, int p, int v, int m, pt_chunk_task *out);
+
+/* pt_pipe_interleaved_peak walks rank r's order: *rank_peak gets the most
+ * chunk microbatches it holds between forward and backward at once (each
+ * 1/v of a stage's activations), chunk_peak[c] (NULL: not wanted) the most
+ * chunk c holds. */
+pt_err pt_pipe_interleaved_peak(int r, int p, int v, int m, int *rank_peak, int *chunk_peak);
+
+/* pt_pipe_schedule_name returns "gpipe", "1f1b", "zb-h1", "interleaved" ("" for PT_SCHED_MODE). */
 const char *pt_pipe_schedule_name(pt_pipe_schedule s);
 pt_err pt_pipe_schedule_parse(const char *name, pt_pipe_schedule *out);
 
@@ -83,6 +109,13 @@ typedef struct pt_stage_config {
 	pt_pipe_mode mode;
 	pt_pipe_schedule schedule; /* flushing modes: the order of the step's tasks */
 	int n_microbatches;        /* m: PT_SCHED_ZBH1 orders the step's tasks by it */
+	/* PT_SCHED_INTERLEAVED: v chunks per rank; this stage (rank L of p * v)
+	 * is chunk (L - 1) / p of rank (L - 1) mod p + 1. */
+	int virtual_stages;
+	/* The rank's turn (local stages only, NULL over a wire): the chunks of
+	 * one rank share it and run their tasks one at a time in the rank's
+	 * order; without it each chunk keeps only its own order. */
+	struct pt_stage_turn *turn;
 	pt_optim_config optim;
 	uint64_t seed;
 	bool weight_stashing; /* async: backward uses the forward's weights */
@@ -96,6 +129,12 @@ typedef struct pt_stage_config {
 	 * (outputs, parameters, state, norms) is host data. */
 	pt_device device;
 } pt_stage_config;
+
+/* pt_stage_turn_create makes the turn the v chunk stages of rank r (of p)
+ * share when they run in one process (pt_stage_config.turn). */
+typedef struct pt_stage_turn pt_stage_turn;
+pt_err pt_stage_turn_create(pt_stage_turn **out, int r, int p, int v, int m);
+void pt_stage_turn_destroy(pt_stage_turn *t);
 
 /* One recorded task of a stage. */
 /* PT_TASK_BACKWARD is a whole backward, or B (the input gradient) under a
@@ -148,7 +187,8 @@ pt_err pt_stage_host_run(pt_comm *comm, int timeout_ms);
  * stage, for fault-injection tests). */
 void pt_stage_set_task_delay(pt_stage *s, int delay_ms);
 
-/* The delay given to stages built by pt_stage_host_run in this process. */
+/* The delay every stage built in this process starts with (pt_stage_host_run
+ * and local stages alike; an interleaved chunk gets 1/v of it). */
 void pt_stage_host_set_task_delay(int delay_ms);
 
 /* pt_stage_graphs_captured returns how many of s's graphs are captured and
@@ -171,6 +211,7 @@ typedef struct pt_pipeline_config {
 	int64_t ignore_index;
 	pt_optim_config optim; /* clip_norm and the schedule are applied here */
 	pt_act_shape output;   /* the last stage's output shape per sample */
+	int virtual_stages;    /* interleaved: n_stages counts p * v stages on p ranks */
 	int timeout_ms;        /* any wait for a stage (0: 30 s) */
 } pt_pipeline_config;
 

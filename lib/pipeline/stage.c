@@ -101,7 +101,100 @@ struct pt_stage {
 	int zb_warm, zb_defer; /* forwards before the first B; W's held back */
 	int zb_f, zb_b;        /* forwards and B's run in this step */
 	int *zb_w, zb_nw;      /* slots whose W is pending, oldest first */
+	/* Interleaved (PT_SCHED_INTERLEAVED): this chunk's share of its rank's
+	 * order (true: a backward), the next of them, the rank's turn. */
+	bool il;
+	int chunk;
+	bool *il_order;
+	int il_n, il_pos;
+	pt_stage_turn *turn;
 };
+
+/* The chunks of one interleaved rank in one process take turns: a chunk's
+ * task waits until the rank's order reaches it. A RESET starts the order
+ * again; a task of an older generation neither waits nor advances it. */
+struct pt_stage_turn {
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	pt_chunk_task *order;
+	int n, pos;
+	uint32_t generation;
+};
+
+pt_err pt_stage_turn_create(pt_stage_turn **out, int r, int p, int v, int m)
+{
+	pt_stage_turn *t = calloc(1, sizeof(*t));
+	pt_err rv;
+
+	*out = NULL;
+	if (t == NULL || (t->order = calloc((size_t)(2 * m * v), sizeof(pt_chunk_task))) == NULL) {
+		free(t);
+		return pt_set_error(PT_ERR_NOMEM, "stage turn");
+	}
+	if ((rv = pt_pipe_interleaved_order(r, p, v, m, t->order)) != PT_OK) {
+		free(t->order);
+		free(t);
+		return rv;
+	}
+	t->n = 2 * m * v;
+	pthread_mutex_init(&t->mu, NULL);
+	pthread_cond_init(&t->cv, NULL);
+	*out = t;
+	return PT_OK;
+}
+
+void pt_stage_turn_destroy(pt_stage_turn *t)
+{
+	if (t == NULL)
+		return;
+	pthread_mutex_destroy(&t->mu);
+	pthread_cond_destroy(&t->cv);
+	free(t->order);
+	free(t);
+}
+
+/* turn_wait blocks until the rank's next task is this chunk's (backward,
+ * mb); false when a RESET made the message's generation an old one. */
+static bool turn_wait(pt_stage *s, bool backward, int32_t mb, uint32_t tag)
+{
+	pt_stage_turn *t = s->turn;
+	bool ok;
+
+	pthread_mutex_lock(&t->mu);
+	while (t->generation == tag &&
+	       !(t->order[t->pos].chunk == s->chunk && t->order[t->pos].backward == backward &&
+	         t->order[t->pos].mb == mb))
+		pthread_cond_wait(&t->cv, &t->mu);
+	ok = t->generation == tag;
+	pthread_mutex_unlock(&t->mu);
+	return ok;
+}
+
+static void turn_done(pt_stage *s, uint32_t tag)
+{
+	pt_stage_turn *t = s->turn;
+	pthread_mutex_lock(&t->mu);
+	if (t->generation == tag)
+		t->pos = (t->pos + 1) % t->n;
+	pthread_cond_broadcast(&t->cv);
+	pthread_mutex_unlock(&t->mu);
+}
+
+static void turn_reset(pt_stage *s, uint32_t generation)
+{
+	pt_stage_turn *t = s->turn;
+	pthread_mutex_lock(&t->mu);
+	if (t->generation != generation) {
+		t->generation = generation;
+		t->pos = 0;
+	}
+	pthread_cond_broadcast(&t->cv);
+	pthread_mutex_unlock(&t->mu);
+}
+
+/* pt_stage_host_set_task_delay's delay: every stage built in this process
+ * starts with it (tests and benchmarks). */
+static int host_delay_ms;
 
 /* One queued send: the message (owning its tensor reference) and its stage. */
 typedef struct tx_item {
@@ -110,6 +203,38 @@ typedef struct tx_item {
 	bool ran; /* false: cancelled by the stream's destroy */
 	pt_msg m;
 } tx_item;
+
+/* interleaved_up finds this stage's chunk and rank and keeps its share of
+ * the rank's order. */
+static pt_err interleaved_up(pt_stage *s)
+{
+	const pt_stage_config *cfg = &s->cfg;
+	int v = cfg->virtual_stages, m = cfg->n_microbatches, p, r;
+	pt_chunk_task *order;
+	pt_err rv;
+
+	if (cfg->mode == PT_MODE_ASYNC || v < 1 || m < 1 || s->p % v != 0)
+		return pt_set_error(
+		    PT_ERR_INVALID,
+		    "schedule interleaved needs a flushing mode, the microbatch count "
+		    "and virtual_stages dividing the %d stages",
+		    s->p);
+	p = s->p / v;
+	r = (s->rank - 1) % p + 1;
+	s->chunk = (s->rank - 1) / p;
+	if ((order = calloc((size_t)(2 * m * v), sizeof(*order))) == NULL ||
+	    (s->il_order = calloc((size_t)(2 * m), sizeof(bool))) == NULL) {
+		free(order);
+		return pt_set_error(PT_ERR_NOMEM, "stage order");
+	}
+	if ((rv = pt_pipe_interleaved_order(r, p, v, m, order)) == PT_OK)
+		for (int k = 0; k < 2 * m * v; k++)
+			if (order[k].chunk == s->chunk)
+				s->il_order[s->il_n++] = order[k].backward;
+	free(order);
+	s->turn = cfg->turn;
+	return rv;
+}
 
 pt_err pt_stage_create(pt_stage **out, const pt_stage_config *cfg, pt_comm *comm)
 {
@@ -129,7 +254,13 @@ pt_err pt_stage_create(pt_stage **out, const pt_stage_config *cfg, pt_comm *comm
 	s->p = pt_comm_world(comm) - 1;
 	s->n_slots = cfg->n_slots;
 	s->fail_mb = -1;
+	/* A chunk of an interleaved stage is 1/v of its work. */
+	s->delay_ms =
+	    host_delay_ms / (cfg->schedule == PT_SCHED_INTERLEAVED && cfg->virtual_stages > 1
+	                         ? cfg->virtual_stages
+	                         : 1);
 	s->zb = cfg->schedule == PT_SCHED_ZBH1;
+	s->il = cfg->schedule == PT_SCHED_INTERLEAVED;
 	/* 1F1B in its textbook order when the microbatch count is known (else,
 	 * for callers that do not give it, the stage's reactive order). */
 	s->ordered =
@@ -141,6 +272,8 @@ pt_err pt_stage_create(pt_stage **out, const pt_stage_config *cfg, pt_comm *comm
 		                                  "recomputation and the microbatch count");
 		goto fail;
 	}
+	if (s->il && (rv = interleaved_up(s)) != PT_OK)
+		goto fail;
 	/* Stage r of p: p - r + 1 forwards ahead of the first B, r - 1 W's held. */
 	s->zb_warm =
 	    s->p - s->rank + 1 < cfg->n_microbatches ? s->p - s->rank + 1 : cfg->n_microbatches;
@@ -224,6 +357,7 @@ void pt_stage_destroy(pt_stage *s)
 	pt_model_destroy(s->model);
 	free(s->slots);
 	free(s->zb_w);
+	free(s->il_order);
 	free(s->sqnorms);
 	free(s->tasks);
 	free(s);
@@ -243,8 +377,6 @@ void pt_stage_set_task_delay(pt_stage *s, int delay_ms)
 {
 	s->delay_ms = delay_ms;
 }
-
-static int host_delay_ms;
 
 void pt_stage_host_set_task_delay(int delay_ms)
 {
@@ -841,8 +973,10 @@ static bool on_command(pt_stage *s, pt_msg *m)
 		for (int i = 0; i < s->n_slots; i++)
 			if (s->slots[i].used)
 				release(s, i);
-		s->zb_f = s->zb_b = s->zb_nw = 0;
+		s->zb_f = s->zb_b = s->zb_nw = s->il_pos = 0;
 		s->generation = (uint32_t)c.step;
+		if (s->turn)
+			turn_reset(s, s->generation);
 		rv = pt_model_zero_grad(s->model);
 		break;
 	case PT_CMD_PARAMS:
@@ -886,6 +1020,11 @@ static pt_err zb_next(pt_stage *s, pt_msg *m)
 static pt_err next_message(pt_stage *s, pt_msg *m)
 {
 	static const pt_channel order[] = {PT_CH_BACKWARD, PT_CH_CONTROL, PT_CH_FORWARD};
+	if (s->il)
+		return pt_comm_recv(s->comm, PT_ANY_RANK,
+		                    s->il_order[s->il_pos] ? PT_CH_BACKWARD_OR_CONTROL
+		                                           : PT_CH_FORWARD_OR_CONTROL,
+		                    -1, m);
 	if (s->ordered && s->zb_f > 0)
 		return zb_next(s, m);
 	for (int k = 0; k < 3; k++) {
@@ -927,6 +1066,11 @@ static pt_err loop(pt_stage *s)
 			pt_msg_fini(&m); /* from before the last reset */
 			continue;
 		}
+		if (data && s->turn &&
+		    !turn_wait(s, m.meta.kind == PT_MSG_BACKWARD, m.meta.microbatch, m.meta.tag)) {
+			pt_msg_fini(&m); /* a RESET came meanwhile */
+			continue;
+		}
 		switch (m.meta.kind) {
 		case PT_MSG_FORWARD:
 			on_forward(s, &m);
@@ -940,6 +1084,10 @@ static pt_err loop(pt_stage *s)
 		default:
 			break;
 		}
+		if (data && s->il)
+			s->il_pos = (s->il_pos + 1) % s->il_n;
+		if (data && s->turn)
+			turn_done(s, m.meta.tag);
 		pt_msg_fini(&m);
 		if (stop)
 			return PT_OK;
@@ -982,9 +1130,8 @@ pt_err pt_stage_host_run(pt_comm *comm, int timeout_ms)
 	if ((rv = pt_comm_recv(comm, 0, PT_CH_CONTROL, timeout_ms, &m)) != PT_OK)
 		return pt_set_error(rv, "waiting for the coordinator's configuration: %s",
 		                    pt_last_error());
-	if ((rv = pt_wire_configure_decode(&m, &cfg, &layers)) == PT_OK &&
-	    (rv = pt_stage_create(&s, &cfg, comm)) == PT_OK)
-		s->delay_ms = host_delay_ms;
+	if ((rv = pt_wire_configure_decode(&m, &cfg, &layers)) == PT_OK)
+		rv = pt_stage_create(&s, &cfg, comm);
 	pt_msg_fini(&m);
 	if (rv != PT_OK) {
 		pt_msg e = {.meta = {.kind = PT_MSG_ERROR}};

@@ -214,7 +214,14 @@ class JobSpec(object):
             return self._tab.String(o + self._tab.Pos)
         return None
 
-def JobSpecStart(builder): builder.StartObject(23)
+    # JobSpec
+    def VirtualStages(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(50))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
+        return 0
+
+def JobSpecStart(builder): builder.StartObject(24)
 def Start(builder):
     return JobSpecStart(builder)
 def JobSpecAddName(builder, name): builder.PrependUOffsetTRelativeSlot(0, flatbuffers.number_types.UOffsetTFlags.py_type(name), 0)
@@ -289,6 +296,9 @@ def AddPriority(builder, priority):
 def JobSpecAddSchedule(builder, schedule): builder.PrependUOffsetTRelativeSlot(22, flatbuffers.number_types.UOffsetTFlags.py_type(schedule), 0)
 def AddSchedule(builder, schedule):
     return JobSpecAddSchedule(builder, schedule)
+def JobSpecAddVirtualStages(builder, virtualStages): builder.PrependInt32Slot(23, virtualStages, 0)
+def AddVirtualStages(builder, virtualStages):
+    return JobSpecAddVirtualStages(builder, virtualStages)
 def JobSpecEnd(builder): return builder.EndObject()
 def End(builder):
     return JobSpecEnd(builder)
@@ -324,6 +334,7 @@ class JobSpecT(object):
         self.initFrom = None  # type: str
         self.priority = 0  # type: int
         self.schedule = None  # type: str
+        self.virtualStages = 0  # type: int
 
     @classmethod
     def InitFromBuf(cls, buf, pos):
@@ -375,6 +386,7 @@ class JobSpecT(object):
         self.initFrom = jobSpec.InitFrom()
         self.priority = jobSpec.Priority()
         self.schedule = jobSpec.Schedule()
+        self.virtualStages = jobSpec.VirtualStages()
 
     # JobSpecT
     def Pack(self, builder):
@@ -435,5 +447,6 @@ class JobSpecT(object):
         JobSpecAddPriority(builder, self.priority)
         if self.schedule is not None:
             JobSpecAddSchedule(builder, schedule)
+        JobSpecAddVirtualStages(builder, self.virtualStages)
         jobSpec = JobSpecEnd(builder)
         return jobSpec
