@@ -802,12 +802,10 @@ _Static_assert((int)PT_POOL_IDLE == (int)PT_API_WORKER_IDLE &&
                "pool states are the schema's WorkerState");
 
 /* pooled tells whether jb may run on pool workers: the server has a pool
- * and the job names no workers of its own (an interleaved job's stages run
- * in this process). */
+ * and the job names no workers of its own. */
 static bool pooled(const pt_jobs *m, const job *jb)
 {
 	return m->pool != NULL && jb->spec.n_workers == 0 &&
-	       pt_job_spec_virtual_stages(&jb->spec) == 1 &&
 	       (jb->spec.device == NULL || strncmp(jb->spec.device, "cuda:", 5) != 0);
 }
 

@@ -1,7 +1,11 @@
 /* worker.c - `pipeserver --worker` (see worker.h): a REP loop on one thread
- * answering the handshake and the heartbeats, and at most one stage thread.
+ * answering the handshake and the heartbeats, and a stage thread per seat.
  *
- * States: IDLE -> JOINED (StageJoin: communicator made, session drawn) ->
+ * Seats: a worker serves one job at a time (the session key names it) and
+ * usually one of its stages; an interleaved job puts the chunks of one rank
+ * on one worker, each a seat with a session of its own (at most
+ * PT_WORKER_SEATS), sharing the rank's turn (pt_stage_turn_share). A seat's
+ * states: IDLE -> JOINED (StageJoin: communicator made, session drawn) ->
  * RUNNING (StagePeers: connected, stage thread started) -> DONE (the stage
  * thread returned) -> IDLE (the REP thread joined it and freed the
  * communicator). Only the REP thread creates and destroys the communicator
@@ -58,9 +62,27 @@
 #define MAX_HEARTBEAT_MS     3600000
 #define MAX_REQUEST          (256 * 1024)
 #define DEFAULT_CONFIGURE_MS 60000
+#define PT_WORKER_SEATS      8 /* stages of one job at once: virtual_stages at most */
 #define MAX_LISTENERS        16
 
 typedef enum wstate { W_IDLE, W_JOINED, W_RUNNING, W_DONE } wstate;
+
+/* One stage this worker serves: a session of its own (an interleaved job
+ * puts each of a rank's chunks on the same worker, one seat each). */
+typedef struct seat {
+	struct pt_worker *w;
+	wstate state;
+	pt_comm *comm;
+	int rank, world;
+	uint64_t session;
+	uint8_t key[PT_COMM_KEY_BYTES]; /* the job's data-plane key */
+	double joined_at;
+	int timeout_ms;   /* the session's heartbeat timeout */
+	double last_ping; /* pt_now() of the session's last request (under mu) */
+	bool abandoned;   /* the stage was told to end (under mu) */
+	pthread_t stage;
+	bool stage_started;
+} seat;
 
 struct pt_worker {
 	pt_worker_config cfg;
@@ -74,17 +96,9 @@ struct pt_worker {
 	pt_fb_builder b;
 
 	pthread_mutex_t mu;
-	pthread_cond_t cv; /* signalled when the stage thread reaches DONE */
-	wstate state;
-	pt_comm *comm;
-	int rank, world;
-	uint64_t session;
-	double joined_at;
-	int timeout_ms;   /* the session's heartbeat timeout */
-	double last_ping; /* pt_now() of the session's last request (under mu) */
-	bool abandoned;   /* the stage was told to end (under mu) */
-	pthread_t stage;
-	bool stage_started;
+	pthread_cond_t cv; /* signalled when a stage thread reaches DONE */
+	seat seats[PT_WORKER_SEATS];
+	pt_stage_turn_share *share; /* the turn of the seats' interleaved rank */
 };
 
 /* ct_equal compares a presented token with the expected one in time that
@@ -96,6 +110,16 @@ static bool ct_equal(const char *got, const char *want)
 
 	for (size_t i = 0; i < lw; i++)
 		d |= (unsigned char)((i < lg ? (unsigned char)got[i] : 0) ^ (unsigned char)want[i]);
+	return d == 0;
+}
+
+/* key_equal compares session keys in constant time (a join presenting a
+ * guessed key learns nothing from how long the answer took). */
+static bool key_equal(const uint8_t *a, const uint8_t *b)
+{
+	unsigned char d = 0;
+	for (int i = 0; i < PT_COMM_KEY_BYTES; i++)
+		d |= (unsigned char)(a[i] ^ b[i]);
 	return d == 0;
 }
 
@@ -117,39 +141,39 @@ static void *close_main(void *arg)
 	return NULL;
 }
 
-/* release frees the session (mu held). Its communicator is destroyed on a
- * thread of its own: closing the sockets of a stage whose peers vanished
- * has been seen to block in nng_close (a worker continued after SIGSTOP, its
- * coordinator gone), and this thread - the REP thread or the watchdog,
- * holding mu - must keep answering. */
-static void release(pt_worker *w)
+/* release frees the seat's session (mu held). Its communicator is
+ * destroyed on a thread of its own: closing the sockets of a stage whose
+ * peers vanished has been seen to block in nng_close (a worker continued
+ * after SIGSTOP, its coordinator gone), and this thread - the REP thread or
+ * the watchdog, holding mu - must keep answering. */
+static void release(seat *st)
 {
 	pthread_t t;
-	if (w->comm != NULL) {
-		if (pthread_create(&t, NULL, close_main, w->comm) == 0)
+	if (st->comm != NULL) {
+		if (pthread_create(&t, NULL, close_main, st->comm) == 0)
 			pthread_detach(t);
 		else
-			pt_comm_destroy(w->comm);
+			pt_comm_destroy(st->comm);
 	}
-	w->comm = NULL;
-	w->session = 0;
-	w->abandoned = false;
-	w->state = W_IDLE;
+	st->comm = NULL;
+	st->session = 0;
+	st->abandoned = false;
+	st->state = W_IDLE;
 }
 
 /* end_stage makes a running stage return (mu held; the watchdog or the REP
  * thread; the communicator stays until the REP thread frees it): every peer is lost,
  * so no send waits on a dead link past the send timeout, and the
  * communicator closes. */
-static void end_stage(pt_worker *w)
+static void end_stage(seat *st)
 {
-	if (w->abandoned || w->comm == NULL)
+	if (st->abandoned || st->comm == NULL)
 		return;
-	w->abandoned = true;
-	for (int r = 0; r < w->world; r++)
-		if (r != w->rank)
-			pt_nng_comm_mark_lost(w->comm, r);
-	pt_comm_close(w->comm);
+	st->abandoned = true;
+	for (int r = 0; r < st->world; r++)
+		if (r != st->rank)
+			pt_nng_comm_mark_lost(st->comm, r);
+	pt_comm_close(st->comm);
 }
 
 /* watch_main ends a running stage whose coordinator went silent. */
@@ -161,54 +185,60 @@ static void *watch_main(void *arg)
 	while (!atomic_load(&w->stopping)) {
 		nanosleep(&nap, NULL);
 		pthread_mutex_lock(&w->mu);
-		if (w->state == W_RUNNING && !w->abandoned &&
-		    pt_now() - w->last_ping > w->timeout_ms / 1000.0) {
-			pt_warn("worker: stage %d: no heartbeat from the coordinator for %.1f s; "
-			        "abandoning the stage",
-			        w->rank, w->timeout_ms / 1000.0);
-			end_stage(w);
+		for (int i = 0; i < PT_WORKER_SEATS; i++) {
+			seat *st = &w->seats[i];
+			if (st->state == W_RUNNING && !st->abandoned &&
+			    pt_now() - st->last_ping > st->timeout_ms / 1000.0) {
+				pt_warn("worker: stage %d: no heartbeat from the coordinator for "
+				        "%.1f s; abandoning the stage",
+				        st->rank, st->timeout_ms / 1000.0);
+				end_stage(st);
+			}
 		}
 		pthread_mutex_unlock(&w->mu);
 	}
 	return NULL;
 }
 
-/* reap frees a finished stage and an expired join (REP thread). */
+/* reap frees finished stages and expired joins (REP thread). */
 static void reap(pt_worker *w)
 {
-	bool done;
-
-	pthread_mutex_lock(&w->mu);
-	done = w->state == W_DONE;
-	pthread_mutex_unlock(&w->mu);
-	if (done) {
-		pthread_join(w->stage, NULL);
-		w->stage_started = false;
+	for (int i = 0; i < PT_WORKER_SEATS; i++) {
+		seat *st = &w->seats[i];
+		bool done;
 		pthread_mutex_lock(&w->mu);
-		release(w);
+		done = st->state == W_DONE;
 		pthread_mutex_unlock(&w->mu);
-		pt_info("worker: stage %d finished; idle", w->rank);
-	}
-	if (w->state == W_JOINED && pt_now() - w->joined_at > JOIN_TTL_S) {
-		pt_warn("worker: stage %d: no peer list within %.0f s; session dropped", w->rank,
-		        JOIN_TTL_S);
-		pthread_mutex_lock(&w->mu);
-		release(w);
-		pthread_mutex_unlock(&w->mu);
+		if (done) {
+			pthread_join(st->stage, NULL);
+			st->stage_started = false;
+			pthread_mutex_lock(&w->mu);
+			release(st);
+			pthread_mutex_unlock(&w->mu);
+			pt_info("worker: stage %d finished; idle", st->rank);
+		}
+		if (st->state == W_JOINED && pt_now() - st->joined_at > JOIN_TTL_S) {
+			pt_warn("worker: stage %d: no peer list within %.0f s; session dropped",
+			        st->rank, JOIN_TTL_S);
+			pthread_mutex_lock(&w->mu);
+			release(st);
+			pthread_mutex_unlock(&w->mu);
+		}
 	}
 }
 
 static void *stage_main(void *arg)
 {
-	pt_worker *w = arg;
+	seat *st = arg;
+	pt_worker *w = st->w;
 	int timeout =
 	    w->cfg.configure_timeout_ms > 0 ? w->cfg.configure_timeout_ms : DEFAULT_CONFIGURE_MS;
-	pt_err rv = pt_stage_host_run(w->comm, timeout);
+	pt_err rv = pt_stage_host_run_shared(st->comm, timeout, w->share);
 
 	if (rv != PT_OK)
-		pt_warn("worker: stage %d: %s", w->rank, pt_last_error());
+		pt_warn("worker: stage %d: %s", st->rank, pt_last_error());
 	pthread_mutex_lock(&w->mu);
-	w->state = W_DONE;
+	st->state = W_DONE;
 	pthread_cond_broadcast(&w->cv);
 	pthread_mutex_unlock(&w->mu);
 	return NULL;
@@ -216,7 +246,7 @@ static void *stage_main(void *arg)
 
 /* wait_done gives a stage that is finishing (its STOP answered, or its
  * session ended) up to ms to return, then reaps it. */
-static void wait_done(pt_worker *w, int ms)
+static void wait_done(pt_worker *w, seat *st, int ms)
 {
 	struct timespec ts;
 
@@ -225,11 +255,29 @@ static void wait_done(pt_worker *w, int ms)
 	ts.tv_nsec += (long)ms % 1000 * 1000000L;
 	ts.tv_sec += ms / 1000 + ts.tv_nsec / 1000000000L;
 	ts.tv_nsec %= 1000000000L;
-	while (w->state == W_RUNNING && !atomic_load(&w->stopping))
+	while (st->state == W_RUNNING && !atomic_load(&w->stopping))
 		if (pthread_cond_timedwait(&w->cv, &w->mu, &ts) != 0)
 			break;
 	pthread_mutex_unlock(&w->mu);
 	reap(w);
+}
+
+/* find_seat returns the seat of a session (NULL: none; session 0 is none). */
+static seat *find_seat(pt_worker *w, uint64_t session)
+{
+	for (int i = 0; session != 0 && i < PT_WORKER_SEATS; i++)
+		if (w->seats[i].state != W_IDLE && w->seats[i].session == session)
+			return &w->seats[i];
+	return NULL;
+}
+
+/* busy_seats counts the seats in use. */
+static int busy_seats(const pt_worker *w)
+{
+	int n = 0;
+	for (int i = 0; i < PT_WORKER_SEATS; i++)
+		n += w->seats[i].state != W_IDLE;
+	return n;
 }
 
 /* data_host writes the host peers should dial for this worker's data. */
@@ -258,6 +306,7 @@ static void on_join(pt_worker *w, nng_msg *req, const pt_worker_request *q, pt_w
                     char *msg, size_t n)
 {
 	char host[300], url[400];
+	seat *st = NULL;
 	int timeout = q->timeout_ms > 0 ? q->timeout_ms : DEFAULT_HEARTBEAT_MS;
 	/* A send to a peer that stopped reading fails after the heartbeat
 	 * timeout: a stage is never stuck longer than its coordinator waits. */
@@ -291,90 +340,114 @@ static void on_join(pt_worker *w, nng_msg *req, const pt_worker_request *q, pt_w
 		return;
 	}
 	reap(w);
-	/* Only a stage already told to end is waited for: the REP thread must
-	 * stay free to answer the running session's pings. */
-	if (w->state == W_RUNNING && w->abandoned)
-		wait_done(w, BUSY_WAIT_MS);
-	if (w->state != W_IDLE) {
-		snprintf(msg, n, "worker busy with another job");
-		r->busy = true;
-		return;
-	}
+	/* Only stages already told to end are waited for: the REP thread must
+	 * stay free to answer the running sessions' pings. */
+	for (int i = 0; i < PT_WORKER_SEATS; i++)
+		if (w->seats[i].state == W_RUNNING && w->seats[i].abandoned)
+			wait_done(w, &w->seats[i], BUSY_WAIT_MS);
 	if (q->world < 2 || q->world > PT_MAX_STAGES + 1 || q->rank < 1 || q->rank >= q->world) {
 		snprintf(msg, n, "rank %d of world %d: need 2 <= world <= %d and 1 <= rank < world",
 		         (int)q->rank, (int)q->world, PT_MAX_STAGES + 1);
+		return;
+	}
+	/* Seats go to one job at a time: its key. Several are the chunks of an
+	 * interleaved rank (one world, distinct ranks). */
+	for (int i = 0; i < PT_WORKER_SEATS; i++) {
+		seat *x = &w->seats[i];
+		if (x->state == W_IDLE)
+			continue;
+		if (!key_equal(x->key, q->key)) {
+			snprintf(msg, n, "worker busy with another job");
+			r->busy = true;
+			return;
+		}
+		if (x->world != q->world || x->rank == q->rank) {
+			snprintf(msg, n,
+			         "rank %d of world %d beside this job's rank %d of world %d",
+			         (int)q->rank, (int)q->world, x->rank, x->world);
+			return;
+		}
+	}
+	for (int i = 0; i < PT_WORKER_SEATS && st == NULL; i++)
+		if (w->seats[i].state == W_IDLE)
+			st = &w->seats[i];
+	if (st == NULL) {
+		snprintf(msg, n, "this worker serves %d stages of the job already (at most %d)",
+		         PT_WORKER_SEATS, PT_WORKER_SEATS);
 		return;
 	}
 	data_host(w, req, host, sizeof(host));
 	snprintf(url, sizeof(url), "%s://%s:0", w->tls_data ? "tls+tcp" : "tcp", host);
 	o.world = q->world;
 	o.rank = q->rank;
-	if ((rv = pt_nng_comm_create(&w->comm, &o)) != PT_OK) {
+	if ((rv = pt_nng_comm_create(&st->comm, &o)) != PT_OK) {
 		snprintf(msg, n, "cannot listen on %s: %s", url, pt_last_error());
-		w->comm = NULL;
+		st->comm = NULL;
 		return;
 	}
 	pthread_mutex_lock(&w->mu);
-	w->state = W_JOINED;
-	w->rank = q->rank;
-	w->world = q->world;
-	w->session = new_session();
-	w->joined_at = pt_now();
-	w->last_ping = w->joined_at;
-	w->timeout_ms = timeout;
+	st->state = W_JOINED;
+	st->rank = q->rank;
+	st->world = q->world;
+	st->session = new_session();
+	memcpy(st->key, q->key, PT_COMM_KEY_BYTES);
+	st->joined_at = pt_now();
+	st->last_ping = st->joined_at;
+	st->timeout_ms = timeout;
 	pthread_mutex_unlock(&w->mu);
 	r->ok = true;
 	r->message = NULL;
-	r->data_url = pt_nng_comm_url(w->comm);
-	r->session = w->session;
+	r->data_url = pt_nng_comm_url(st->comm);
+	r->session = st->session;
 	pt_info("worker: joined as stage rank %d of world %d; data on %s; heartbeat timeout %d ms",
-	        w->rank, w->world, r->data_url, w->timeout_ms);
+	        st->rank, st->world, r->data_url, st->timeout_ms);
 }
 
 static void on_peers(pt_worker *w, const pt_worker_request *q, pt_worker_reply *r, char *msg,
                      size_t n)
 {
+	seat *st = find_seat(w, q->session);
 	pt_err rv;
 
 	r->message = msg;
-	if (q->n_urls == 0 && (w->state == W_RUNNING || w->state == W_DONE) &&
-	    q->session == w->session && q->session != 0) {
+	if (q->n_urls == 0 && st != NULL && (st->state == W_RUNNING || st->state == W_DONE)) {
 		/* The coordinator ends a running session (job over, or failed):
-		 * the stage returns and the worker is idle before the reply. */
+		 * the stage returns and the seat is idle before the reply. */
 		pthread_mutex_lock(&w->mu);
-		end_stage(w);
+		end_stage(st);
 		pthread_mutex_unlock(&w->mu);
-		wait_done(w, END_WAIT_MS);
-		pt_info("worker: stage %d: session ended by the coordinator; %s", w->rank,
-		        w->state == W_IDLE ? "idle" : "the stage is still finishing");
+		wait_done(w, st, END_WAIT_MS);
+		pt_info("worker: stage %d: session ended by the coordinator; %s", st->rank,
+		        st->state == W_IDLE ? "idle" : "the stage is still finishing");
 		r->ok = true;
-		snprintf(msg, n, w->state == W_IDLE ? "ended" : "ending");
+		snprintf(msg, n, st->state == W_IDLE ? "ended" : "ending");
 		return;
 	}
-	if (w->state != W_JOINED || q->session != w->session) {
+	if (st == NULL || st->state != W_JOINED) {
 		snprintf(msg, n, "no such session (StageJoin first)");
 		return;
 	}
 	if (q->n_urls == 0) {
 		pthread_mutex_lock(&w->mu);
-		release(w);
+		release(st);
 		pthread_mutex_unlock(&w->mu);
-		pt_info("worker: session cancelled; idle");
+		pt_info("worker: session cancelled; %s",
+		        busy_seats(w) ? "other stages go on" : "idle");
 		r->ok = true;
 		snprintf(msg, n, "cancelled");
 		return;
 	}
-	if (q->n_urls != w->world) {
-		snprintf(msg, n, "%d peer URLs for a world of %d", q->n_urls, w->world);
-	} else if ((rv = pt_nng_comm_connect(w->comm, q->urls)) != PT_OK) {
+	if (q->n_urls != st->world) {
+		snprintf(msg, n, "%d peer URLs for a world of %d", q->n_urls, st->world);
+	} else if ((rv = pt_nng_comm_connect(st->comm, q->urls)) != PT_OK) {
 		snprintf(msg, n, "connecting to the peers: %s", pt_last_error());
 	} else {
 		pthread_mutex_lock(&w->mu);
-		w->state = W_RUNNING;
-		w->last_ping = pt_now();
+		st->state = W_RUNNING;
+		st->last_ping = pt_now();
 		pthread_mutex_unlock(&w->mu);
-		if (pthread_create(&w->stage, NULL, stage_main, w) == 0) {
-			w->stage_started = true;
+		if (pthread_create(&st->stage, NULL, stage_main, st) == 0) {
+			st->stage_started = true;
 			r->ok = true;
 			r->message = NULL;
 			return;
@@ -383,7 +456,7 @@ static void on_peers(pt_worker *w, const pt_worker_request *q, pt_worker_reply *
 	}
 	/* A failed peer list ends the session: the coordinator gives up the job. */
 	pthread_mutex_lock(&w->mu);
-	release(w);
+	release(st);
 	pthread_mutex_unlock(&w->mu);
 }
 
@@ -391,28 +464,43 @@ static void on_peers(pt_worker *w, const pt_worker_request *q, pt_worker_reply *
 static void on_ping(pt_worker *w, const pt_worker_request *q, pt_worker_reply *r, char *msg,
                     size_t n)
 {
-	bool live;
+	seat *st;
+	bool live = false;
 
 	pthread_mutex_lock(&w->mu);
-	live = (w->state == W_JOINED || w->state == W_RUNNING) && !w->abandoned;
-	if (live && q->session == w->session && q->session != 0)
-		w->last_ping = pt_now();
+	st = find_seat(w, q->session);
+	if (st != NULL)
+		live = (st->state == W_JOINED || st->state == W_RUNNING) && !st->abandoned;
+	if (live)
+		st->last_ping = pt_now();
 	pthread_mutex_unlock(&w->mu);
 	r->message = msg;
-	r->busy = w->state != W_IDLE;
+	r->busy = busy_seats(w) > 0;
 	r->devices = w->devices;
 	if (q->session == 0) {
+		/* "idle", or each seat: "serving stage rank 1 of world 3". */
+		size_t o = 0;
 		r->ok = true;
-		if (w->state == W_IDLE)
+		msg[0] = '\0';
+		for (int i = 0; i < PT_WORKER_SEATS && o < n; i++) {
+			seat *x = &w->seats[i];
+			const char *sep = o ? "; " : "";
+			if (x->state == W_IDLE)
+				continue;
+			if (!((x->state == W_JOINED || x->state == W_RUNNING) && !x->abandoned))
+				o += (size_t)snprintf(msg + o, n - o, "%sending stage rank %d", sep,
+				                      x->rank);
+			else
+				o += (size_t)snprintf(
+				    msg + o, n - o, "%s%s stage rank %d of world %d", sep,
+				    x->state == W_JOINED ? "joined as" : "serving", x->rank,
+				    x->world);
+		}
+		if (o == 0)
 			snprintf(msg, n, "idle");
-		else if (!live)
-			snprintf(msg, n, "ending stage rank %d", w->rank);
-		else
-			snprintf(msg, n, "%s stage rank %d of world %d",
-			         w->state == W_JOINED ? "joined as" : "serving", w->rank, w->world);
 		return;
 	}
-	if (!live || q->session != w->session) {
+	if (!live) {
 		snprintf(msg, n, "no such session (the worker ended it or never had it)");
 		return;
 	}
@@ -557,7 +645,10 @@ pt_err pt_worker_start(pt_worker **out, const pt_worker_config *cfg, FILE *annou
 	describe_devices(w->devices, sizeof(w->devices));
 	pthread_mutex_init(&w->mu, NULL);
 	pthread_cond_init(&w->cv, NULL);
-	if ((e = pt_fb_builder_init(&w->b, 1024)) != PT_OK) {
+	for (int i = 0; i < PT_WORKER_SEATS; i++)
+		w->seats[i].w = w;
+	if ((e = pt_stage_turn_share_create(&w->share)) != PT_OK ||
+	    (e = pt_fb_builder_init(&w->b, 1024)) != PT_OK) {
 		pt_worker_destroy(w);
 		return e;
 	}
@@ -617,12 +708,16 @@ void pt_worker_destroy(pt_worker *w)
 	if (w->watchdog_started)
 		pthread_join(w->watchdog, NULL);
 	pthread_mutex_lock(&w->mu);
-	if (w->state == W_RUNNING && w->comm != NULL)
-		pt_comm_close(w->comm); /* the stage loop returns */
+	for (int i = 0; i < PT_WORKER_SEATS; i++)
+		if (w->seats[i].state == W_RUNNING && w->seats[i].comm != NULL)
+			pt_comm_close(w->seats[i].comm); /* the stage loop returns */
 	pthread_mutex_unlock(&w->mu);
-	if (w->stage_started)
-		pthread_join(w->stage, NULL);
-	pt_comm_destroy(w->comm);
+	for (int i = 0; i < PT_WORKER_SEATS; i++) {
+		if (w->seats[i].stage_started)
+			pthread_join(w->seats[i].stage, NULL);
+		pt_comm_destroy(w->seats[i].comm);
+	}
+	pt_stage_turn_share_destroy(w->share);
 	pt_fb_builder_fini(&w->b);
 	pthread_cond_destroy(&w->cv);
 	pthread_mutex_destroy(&w->mu);

@@ -1,4 +1,5 @@
-/* worker.h - `pipeserver --worker`: host one pipeline stage at a time for
+/* worker.h - `pipeserver --worker`: host the pipeline stages of one job at
+ * a time (one stage; an interleaved job's chunks of one rank) for
  * coordinators that name this process in a job's placement.workers.
  *
  * The worker listens with an nng REP socket on its control URLs and speaks
@@ -11,8 +12,9 @@
  * its control thread, whatever the stage computes. When the stage ends
  * (STOP, an empty StagePeers that ends the session, or no ping for the
  * session's timeout: the coordinator died or is cut off) the worker is idle
- * again. While a session is joined or running, another StageJoin is refused
- * ("worker busy with another job"); a joined session that gets no
+ * again. While a session is joined or running, a StageJoin with another
+ * session key is refused ("worker busy with another job"); one with the same
+ * key (the same job) gets another seat for another rank; a joined session that gets no
  * StagePeers expires after 30 s. StagePing with session 0 reports the state.
  * The StageJoin carries the session's data-plane key (protocol 3): the
  * stage's communicator accepts only frames authenticated with it.

@@ -907,7 +907,7 @@ static void test_job_spec_validation_of_c_specs(void)
 	PT_CHECK_OK(pt_job_spec_validate(&s, PT_SOURCE_ROOT, false));
 	free(s.schedule);
 	/* Interleaved: 2 to 8 chunks a stage, a layer a chunk, m a multiple of p,
-	 * no boundaries and no workers; virtual_stages only with it. */
+	 * no boundaries; virtual_stages only with it. */
 	s.schedule = strdup("1f1b");
 	s.virtual_stages = 2;
 	PT_CHECK_ERR_MSG(pt_job_spec_validate(&s, PT_SOURCE_ROOT, false), PT_ERR_INVALID,
@@ -940,10 +940,8 @@ static void test_job_spec_validation_of_c_specs(void)
 	                 "balanced by the partitioner)");
 	s.boundaries = NULL;
 	s.workers = (char *[]){"tcp://127.0.0.1:1", "tcp://127.0.0.1:2"};
-	s.n_workers = 2;
-	PT_CHECK_ERR_MSG(pt_job_spec_validate(&s, PT_SOURCE_ROOT, false), PT_ERR_UNSUPPORTED,
-	                 "placement.workers: schedule interleaved runs its stages in the server's "
-	                 "process");
+	s.n_workers = 2; /* one a stage: each serves its stage's 2 chunks */
+	PT_CHECK_OK(pt_job_spec_validate(&s, PT_SOURCE_ROOT, false));
 	s.workers = NULL;
 	s.n_workers = 0;
 	s.mode = PT_MODE_ASYNC;

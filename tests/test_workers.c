@@ -206,12 +206,13 @@ static void example_run(const char *name, const char *schedule, const wf_proc *w
 	pt_job_spec_fini(&spec);
 }
 
-/* Over nng, stages in worker processes: ZB-H1 (split backward) and 1F1B
- * give the in-process GPipe run's losses and last gradient norm, bitwise,
- * for the MLP and the GPT examples. */
+/* Over nng, stages in worker processes: ZB-H1 (split backward), 1F1B and
+ * interleaved (v = 2: each worker serves its rank's two chunks, a seat
+ * each, one task at a time) give the in-process GPipe run's losses and last
+ * gradient norm, bitwise, for the MLP and the GPT examples. */
 static void test_workers_schedules_match_gpipe(void)
 {
-	const char *names[] = {"digits", "gpt"}, *schedules[] = {"zb-h1", "1f1b"};
+	const char *names[] = {"digits", "gpt"}, *schedules[] = {"zb-h1", "1f1b", "interleaved"};
 	wf_proc w[2];
 	losses ref, got;
 	double nref, ngot;
@@ -220,7 +221,7 @@ static void test_workers_schedules_match_gpipe(void)
 	CU_ASSERT_FATAL(worker_start(&w[1], NULL));
 	for (int e = 0; e < 2; e++) {
 		example_run(names[e], "gpipe", NULL, &ref, &nref);
-		for (int c = 0; c < 2; c++) {
+		for (int c = 0; c < 3; c++) {
 			char what[64];
 			snprintf(what, sizeof(what), "%s %s on workers", names[e], schedules[c]);
 			example_run(names[e], schedules[c], w, &got, &ngot);
@@ -228,6 +229,101 @@ static void test_workers_schedules_match_gpipe(void)
 			CU_ASSERT_EQUAL(memcmp(&nref, &ngot, sizeof(double)), 0);
 		}
 	}
+	CU_ASSERT_EQUAL(wf_proc_stop(&w[0]), 0);
+	CU_ASSERT_EQUAL(wf_proc_stop(&w[1]), 0);
+}
+
+/* The last step's merged order of an interleaved rank: "F0.0 B1.1 ..." from
+ * its chunks' task records (ranks r and r + p), one task at a time. */
+typedef struct il_capture {
+	char order[2][512];
+	bool overlap[2];
+	int steps;
+} il_capture;
+
+static void on_il_metric(void *ctx, const pt_job_metric *m)
+{
+	il_capture *c = ctx;
+	c->steps++;
+	for (int rk = 0; rk < 2; rk++) {
+		int i[2] = {0, 0};
+		size_t o = 0;
+		double last_end = 0.0;
+		c->order[rk][0] = '\0';
+		c->overlap[rk] = false;
+		for (;;) {
+			int k = -1;
+			for (int ch = 0; ch < 2; ch++) {
+				const pt_task_record *t = m->tasks[ch * 2 + rk];
+				int n = m->n_tasks[ch * 2 + rk];
+				while (i[ch] < n && t[i[ch]].kind == PT_TASK_STEP)
+					i[ch]++;
+				if (i[ch] < n &&
+				    (k < 0 || t[i[ch]].start < m->tasks[k * 2 + rk][i[k]].start))
+					k = ch;
+			}
+			if (k < 0)
+				break;
+			const pt_task_record *x = &m->tasks[k * 2 + rk][i[k]++];
+			c->overlap[rk] = c->overlap[rk] || x->start < last_end;
+			last_end = x->end;
+			o += (size_t)snprintf(
+			    c->order[rk] + o, sizeof(c->order[rk]) - o, "%s%c%d.%d", o ? " " : "",
+			    x->kind == PT_TASK_BACKWARD ? 'B' : 'F', x->microbatch, k);
+		}
+	}
+}
+
+/* Interleaved on workers: each worker serves its rank's two chunks (two
+ * seats of one job) and runs them one task at a time in the rank's order,
+ * as in one process: workers whose tasks sleep 10 ms (--task-delay-ms 20,
+ * half a chunk), the digits job on 2 ranks, 4 microbatches. */
+static void test_workers_interleaved_turns(void)
+{
+	const char *args[] = {"--worker",        "--listen", "tcp://127.0.0.1:0",
+	                      "--task-delay-ms", "20",       NULL};
+	wf_proc w[2];
+	il_capture cap = {0};
+	pt_job_spec spec;
+	void *buf;
+	size_t len;
+	pt_job_run_options o = {.files_root = PT_SOURCE_ROOT, .threads = 2};
+	pt_job_hooks h = {.ctx = &cap, .on_metric = on_il_metric};
+	pt_chunk_task order[16];
+	int64_t last = 0;
+
+	CU_ASSERT_FATAL(proc_start(&w[0], args));
+	CU_ASSERT_FATAL(proc_start(&w[1], args));
+	PT_CHECK_OK(pt_job_spec_load_file(pt_test_path("examples/digits.json"), &buf, &len));
+	memset(&spec, 0, sizeof(spec));
+	PT_CHECK_OK(pt_job_spec_decode(buf, len, &spec));
+	free(buf);
+	spec.steps = 2;
+	spec.stages = 2;
+	spec.microbatches = 4;
+	spec.eval_every = 0;
+	spec.schedule = strdup("interleaved");
+	spec.virtual_stages = 2;
+	spec.workers = calloc(2, sizeof(char *));
+	spec.workers[0] = strdup(w[0].url);
+	spec.workers[1] = strdup(w[1].url);
+	spec.n_workers = 2;
+	PT_CHECK_OK(pt_job_run(&spec, &o, &h, &last));
+	CU_ASSERT_EQUAL(cap.steps, 2);
+	for (int rk = 0; rk < 2; rk++) {
+		char want[512];
+		size_t n = 0;
+		PT_CHECK_OK(pt_pipe_interleaved_order(rk + 1, 2, 2, 4, order));
+		for (int k = 0; k < 16; k++)
+			n += (size_t)snprintf(want + n, sizeof(want) - n, "%s%c%d.%d", k ? " " : "",
+			                      order[k].backward ? 'B' : 'F', order[k].mb,
+			                      order[k].chunk);
+		if (strcmp(cap.order[rk], want) != 0)
+			printf("\n    rank %d: %s\n    wanted: %s", rk + 1, cap.order[rk], want);
+		CU_ASSERT_STRING_EQUAL(cap.order[rk], want);
+		CU_ASSERT_FALSE(cap.overlap[rk]);
+	}
+	pt_job_spec_fini(&spec);
 	CU_ASSERT_EQUAL(wf_proc_stop(&w[0]), 0);
 	CU_ASSERT_EQUAL(wf_proc_stop(&w[1]), 0);
 }
@@ -292,9 +388,19 @@ static void test_workers_handshake_refusals(void)
 	CU_ASSERT(r.data_url != NULL && strncmp(r.data_url, "tcp://127.0.0.1:", 16) == 0);
 	session = r.session;
 	CU_ASSERT_NOT_EQUAL(session, 0);
-	/* Busy: a second join (another coordinator) is refused. */
-	wf_hs_call(&b, &join, &r);
-	wf_expect_refusal(&r, "worker busy with another job");
+	/* Busy: a second join with another key (another job) is refused; one
+	 * with the same key (another chunk of the job) needs another rank. */
+	{
+		static const uint8_t key2[PT_COMM_KEY_BYTES] = {2};
+		join.key = key2;
+		wf_hs_call(&b, &join, &r);
+		wf_expect_refusal(&r, "worker busy with another job");
+		CU_ASSERT_TRUE(r.busy);
+		join.key = key;
+		wf_hs_call(&b, &join, &r);
+		wf_expect_refusal(&r, "rank 1 of world 2 beside this job's rank 1 of world 2");
+		CU_ASSERT_FALSE(r.busy);
+	}
 	/* A peer list for an unknown session is refused; the owner's cancel
 	 * frees the worker. */
 	cancel.session = session + 1;
@@ -1447,6 +1553,7 @@ static const pt_test_case worker_tests[] = {
     {"test_workers_pool_file_reload", test_workers_pool_file_reload},
     {"test_workers_pool_refusals", test_workers_pool_refusals},
     {"test_workers_schedules_match_gpipe", test_workers_schedules_match_gpipe},
+    {"test_workers_interleaved_turns", test_workers_interleaved_turns},
     {NULL, NULL},
 };
 static const pt_test_suite suites[] = {

@@ -95,7 +95,7 @@ typedef struct runner {
 
 	pt_local_group *g;
 	pt_job_workers *ws;       /* placement.workers: owns comms[0] */
-	int place[PT_MAX_STAGES]; /* index in spec->workers serving each stage */
+	int place[PT_MAX_STAGES]; /* index in spec->workers serving each rank */
 	bool bad[PT_MAX_STAGES];  /* workers this run lost or could not join */
 	int restarts;
 	char ckpt_path[4096]; /* newest checkpoint written or resumed ("": none) */
@@ -332,7 +332,7 @@ static int next_spare(runner *r)
 {
 	for (int i = 0; i < r->s->n_workers; i++) {
 		bool used = r->bad[i];
-		for (int st = 0; st < r->p && !used; st++)
+		for (int st = 0; st < r->ranks && !used; st++)
 			used = r->place[st] == i;
 		if (used)
 			continue;
@@ -354,8 +354,9 @@ static pt_err join_workers(runner *r)
 		const char *urls[PT_MAX_STAGES];
 		int failed = -1, spare = -1;
 		pt_err rv;
+		/* An interleaved rank's chunks share its worker (a seat each). */
 		for (int st = 0; st < r->p; st++)
-			urls[st] = s->workers[r->place[st]];
+			urls[st] = s->workers[r->place[st % r->ranks]];
 		pt_job_workers_options wo = {.urls = urls,
 		                             .n = r->p,
 		                             .token = r->o->worker_token,
@@ -371,8 +372,8 @@ static pt_err join_workers(runner *r)
 			return rv;
 		pt_warn("job %s: %s; stage %d goes to spare worker %s", s->name ? s->name : "",
 		        pt_last_error(), failed, s->workers[spare]);
-		r->bad[r->place[failed]] = true;
-		r->place[failed] = spare;
+		r->bad[r->place[failed % r->ranks]] = true;
+		r->place[failed % r->ranks] = spare;
 	}
 }
 
@@ -406,6 +407,7 @@ static pt_err pipeline_up(runner *r)
 			PT_TRY(pt_pipe_interleaved_peak(rk, r->ranks, r->v, r->m, &peak, chunks));
 			for (int c = 0; c < r->v; c++)
 				il_slots = chunks[c] > il_slots ? chunks[c] : il_slots;
+			/* On workers: the worker's turn (pt_stage_turn_share). */
 			if (s->n_workers == 0)
 				PT_TRY(pt_stage_turn_create(&r->turns[rk - 1], rk, r->ranks, r->v,
 				                            r->m));
@@ -1171,9 +1173,13 @@ static bool restart(runner *r, pt_err *rv, int64_t *start)
 	pt_set_error(*rv, "%s (%s)", why, first);
 	if (r->restarts >= s->max_restarts)
 		return false;
-	for (int st = 0; st < r->p; st++)
-		if (pt_job_workers_is_lost(r->ws, st))
-			lost[n_lost++] = st;
+	for (int st = 0; st < r->p; st++) {
+		bool seen = false;
+		for (int i = 0; i < n_lost; i++)
+			seen = seen || lost[i] == st % r->ranks;
+		if (!seen && pt_job_workers_is_lost(r->ws, st))
+			lost[n_lost++] = st % r->ranks; /* the rank: its worker serves its chunks */
+	}
 	for (int i = 0; i < n_lost; i++)
 		r->bad[r->place[lost[i]]] = true;
 	moves[0] = '\0';
@@ -1237,7 +1243,7 @@ pt_err pt_job_run(const pt_job_spec *spec, const pt_job_run_options *o, const pt
 	r->last_ckpt = -1;
 	pt_set_num_threads(r->threads); /* this thread evaluates with the whole budget */
 
-	for (int st = 0; st < r->p; st++)
+	for (int st = 0; st < r->ranks; st++)
 		r->place[st] = st;
 	if (o->resume_from != NULL)
 		snprintf(r->ckpt_path, sizeof(r->ckpt_path), "%s", o->resume_from);

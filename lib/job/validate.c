@@ -413,7 +413,7 @@ int pt_job_spec_virtual_stages(const pt_job_spec *s)
 }
 
 /* check_interleaved: p * v chunks of at least a layer each, m a multiple of
- * p, and the stages in the server's process (docs/pipeline.md). */
+ * p, the partitioner's boundaries (docs/pipeline.md). */
 static pt_err check_interleaved(const pt_job_spec *s)
 {
 	int v = pt_job_spec_virtual_stages(s), pv = s->stages * v;
@@ -436,11 +436,6 @@ static pt_err check_interleaved(const pt_job_spec *s)
 		                    "placement.boundaries: not with schedule interleaved (its %d "
 		                    "chunks are balanced by the partitioner)",
 		                    pv);
-	if (s->n_workers > 0)
-		return pt_set_error(
-		    PT_ERR_UNSUPPORTED,
-		    "placement.workers: schedule interleaved runs its stages in the "
-		    "server's process (chunks of one stage on a worker: not built)");
 	return PT_OK;
 }
 

@@ -183,6 +183,17 @@ pt_err pt_stage_join(pt_stage *s);
  * A config that cannot be built is answered with a StageError. */
 pt_err pt_stage_host_run(pt_comm *comm, int timeout_ms);
 
+/* Interleaved chunks served in one process (a worker serving several of a
+ * job's stages) share their rank's turn through a pt_stage_turn_share: the
+ * first chunk configured creates the turn, the others take it (they must be
+ * chunks of the same rank, else their configuration is refused), the last
+ * to finish destroys it. pt_stage_host_run_shared is pt_stage_host_run
+ * taking its turn from share (NULL: none). */
+typedef struct pt_stage_turn_share pt_stage_turn_share;
+pt_err pt_stage_turn_share_create(pt_stage_turn_share **out);
+void pt_stage_turn_share_destroy(pt_stage_turn_share *sh);
+pt_err pt_stage_host_run_shared(pt_comm *comm, int timeout_ms, pt_stage_turn_share *sh);
+
 /* Test hook: every forward and backward of s sleeps delay_ms first (a slow
  * stage, for fault-injection tests). */
 void pt_stage_set_task_delay(pt_stage *s, int delay_ms);

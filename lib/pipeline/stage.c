@@ -119,6 +119,7 @@ struct pt_stage_turn {
 	pt_chunk_task *order;
 	int n, pos;
 	uint32_t generation;
+	bool closed; /* a chunk left its loop: the others wait no more */
 };
 
 pt_err pt_stage_turn_create(pt_stage_turn **out, int r, int p, int v, int m)
@@ -161,11 +162,11 @@ static bool turn_wait(pt_stage *s, bool backward, int32_t mb, uint32_t tag)
 	bool ok;
 
 	pthread_mutex_lock(&t->mu);
-	while (t->generation == tag &&
+	while (t->generation == tag && !t->closed &&
 	       !(t->order[t->pos].chunk == s->chunk && t->order[t->pos].backward == backward &&
 	         t->order[t->pos].mb == mb))
 		pthread_cond_wait(&t->cv, &t->mu);
-	ok = t->generation == tag;
+	ok = t->generation == tag && !t->closed;
 	pthread_mutex_unlock(&t->mu);
 	return ok;
 }
@@ -176,6 +177,17 @@ static void turn_done(pt_stage *s, uint32_t tag)
 	pthread_mutex_lock(&t->mu);
 	if (t->generation == tag)
 		t->pos = (t->pos + 1) % t->n;
+	pthread_cond_broadcast(&t->cv);
+	pthread_mutex_unlock(&t->mu);
+}
+
+/* turn_close: this chunk left its loop (STOP, or its communicator
+ * closed); a sibling waiting for a task of it would wait for good. */
+static void turn_close(pt_stage *s)
+{
+	pt_stage_turn *t = s->turn;
+	pthread_mutex_lock(&t->mu);
+	t->closed = true;
 	pthread_cond_broadcast(&t->cv);
 	pthread_mutex_unlock(&t->mu);
 }
@@ -1042,6 +1054,8 @@ pt_err pt_stage_run(pt_stage *s)
 	pt_err rv;
 	pt_set_num_threads(s->cfg.threads > 0 ? s->cfg.threads : 1);
 	rv = loop(s);
+	if (s->turn)
+		turn_close(s);
 	drain(s);
 	return rv;
 }
@@ -1118,8 +1132,79 @@ pt_err pt_stage_join(pt_stage *s)
 	return s->result;
 }
 
+struct pt_stage_turn_share {
+	pthread_mutex_t mu;
+	pt_stage_turn *turn;
+	int refs, r, p, v, m;
+};
+
+pt_err pt_stage_turn_share_create(pt_stage_turn_share **out)
+{
+	if ((*out = calloc(1, sizeof(**out))) == NULL)
+		return pt_set_error(PT_ERR_NOMEM, "stage turn share");
+	pthread_mutex_init(&(*out)->mu, NULL);
+	return PT_OK;
+}
+
+void pt_stage_turn_share_destroy(pt_stage_turn_share *sh)
+{
+	if (sh == NULL)
+		return;
+	pt_stage_turn_destroy(sh->turn);
+	pthread_mutex_destroy(&sh->mu);
+	free(sh);
+}
+
+/* share_take gives cfg (an interleaved chunk of rank L) its rank's turn. */
+static pt_err share_take(pt_stage_turn_share *sh, pt_comm *comm, pt_stage_config *cfg)
+{
+	int v = cfg->virtual_stages, world = pt_comm_world(comm) - 1, p, r;
+	pt_err rv = PT_OK;
+
+	if (v < 1 || world % v != 0)
+		return pt_set_error(PT_ERR_INVALID, "virtual_stages %d for %d stages", v, world);
+	p = world / v;
+	r = (pt_comm_rank(comm) - 1) % p + 1;
+	pthread_mutex_lock(&sh->mu);
+	if (sh->refs == 0) {
+		pt_stage_turn_destroy(sh->turn);
+		sh->turn = NULL;
+		if ((rv = pt_stage_turn_create(&sh->turn, r, p, v, cfg->n_microbatches)) == PT_OK) {
+			sh->r = r, sh->p = p, sh->v = v, sh->m = cfg->n_microbatches;
+		}
+	} else if (sh->r != r || sh->p != p || sh->v != v || sh->m != cfg->n_microbatches) {
+		rv = pt_set_error(
+		    PT_ERR_INVALID,
+		    "chunk of rank %d of %d (v %d, m %d) beside chunks of rank %d of %d "
+		    "(v %d, m %d): one process serves the chunks of one rank",
+		    r, p, v, cfg->n_microbatches, sh->r, sh->p, sh->v, sh->m);
+	}
+	if (rv == PT_OK) {
+		sh->refs++;
+		cfg->turn = sh->turn;
+	}
+	pthread_mutex_unlock(&sh->mu);
+	return rv;
+}
+
+static void share_drop(pt_stage_turn_share *sh)
+{
+	pthread_mutex_lock(&sh->mu);
+	if (--sh->refs == 0) {
+		pt_stage_turn_destroy(sh->turn);
+		sh->turn = NULL;
+	}
+	pthread_mutex_unlock(&sh->mu);
+}
+
 pt_err pt_stage_host_run(pt_comm *comm, int timeout_ms)
 {
+	return pt_stage_host_run_shared(comm, timeout_ms, NULL);
+}
+
+pt_err pt_stage_host_run_shared(pt_comm *comm, int timeout_ms, pt_stage_turn_share *sh)
+{
+	bool shared = false;
 	pt_stage_config cfg;
 	pt_layer_spec *layers = NULL;
 	pt_stage *s = NULL;
@@ -1130,7 +1215,10 @@ pt_err pt_stage_host_run(pt_comm *comm, int timeout_ms)
 	if ((rv = pt_comm_recv(comm, 0, PT_CH_CONTROL, timeout_ms, &m)) != PT_OK)
 		return pt_set_error(rv, "waiting for the coordinator's configuration: %s",
 		                    pt_last_error());
-	if ((rv = pt_wire_configure_decode(&m, &cfg, &layers)) == PT_OK)
+	if ((rv = pt_wire_configure_decode(&m, &cfg, &layers)) == PT_OK && sh != NULL &&
+	    cfg.schedule == PT_SCHED_INTERLEAVED && (rv = share_take(sh, comm, &cfg)) == PT_OK)
+		shared = true;
+	if (rv == PT_OK)
 		rv = pt_stage_create(&s, &cfg, comm);
 	pt_msg_fini(&m);
 	if (rv != PT_OK) {
@@ -1142,6 +1230,8 @@ pt_err pt_stage_host_run(pt_comm *comm, int timeout_ms)
 			pt_comm_send(comm, 0, &e);
 		pt_msg_fini(&e);
 		free(layers);
+		if (shared)
+			share_drop(sh);
 		return pt_set_error(rv, "%s", msg);
 	}
 	if ((rv = pt_wire_reply_encode(&ready, &r)) == PT_OK &&
@@ -1150,5 +1240,7 @@ pt_err pt_stage_host_run(pt_comm *comm, int timeout_ms)
 	pt_msg_fini(&ready);
 	pt_stage_destroy(s);
 	free(layers);
+	if (shared)
+		share_drop(sh);
 	return rv;
 }
