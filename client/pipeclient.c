@@ -755,9 +755,12 @@ pipeclient_err pipeclient_plan_file(pipeclient *c, const char *path, const int *
 	if (k.resp.n_plans > 0 && (arr = calloc(k.resp.n_plans, sizeof(*arr))) == NULL)
 		e = fail(c, PIPECLIENT_ERR_NOMEM, "out of memory");
 	for (size_t i = 0; e == PIPECLIENT_OK && i < k.resp.n_plans; i++) {
-		if (pt_api_response_plan(&k.resp, i, &pl) != PT_OK || pl.stages < 1 ||
-		    pl.stages > PIPECLIENT_MAX_STAGES || pl.n_boundaries > pl.stages + 1 ||
-		    pl.n_stage_bytes > pl.stages) {
+		bool ok = pt_api_response_plan(&k.resp, i, &pl) == PT_OK;
+		/* Interleaved: boundaries and stage_bytes count stages * vs. */
+		int vs = ok && pl.virtual_stages > 1 ? pl.virtual_stages : 1;
+		if (!ok || pl.stages < 1 || pl.virtual_stages < 0 || pl.virtual_stages > 8 ||
+		    pl.stages * vs > PIPECLIENT_MAX_STAGES ||
+		    pl.n_boundaries > pl.stages * vs + 1 || pl.n_stage_bytes > pl.stages * vs) {
 			e = fail(c, PIPECLIENT_ERR_PROTOCOL, "PlanJob: plan %zu", i);
 			break;
 		}
@@ -765,6 +768,7 @@ pipeclient_err pipeclient_plan_file(pipeclient *c, const char *path, const int *
 		         pl.schedule ? pl.schedule : "");
 		arr[i].stages = pl.stages;
 		arr[i].microbatches = pl.microbatches;
+		arr[i].virtual_stages = vs;
 		arr[i].step_seconds = pl.step_seconds;
 		arr[i].bubble = pl.bubble;
 		arr[i].samples_per_second = pl.samples_per_second;

@@ -258,13 +258,15 @@ pipeclient_err pipeclient_timeline(pipeclient *c, uint64_t job, pipeclient_task 
 
 /* A schedule the server priced for a job before it runs. */
 typedef struct pipeclient_plan {
-	char schedule[16]; /* "gpipe", "1f1b", "zb-h1" */
+	char schedule[16]; /* "gpipe", "1f1b", "zb-h1", "interleaved" */
 	int stages, microbatches;
+	int virtual_stages;  /* interleaved: chunks per stage (boundaries and stage_bytes
+	                      * then count stages * virtual_stages), else 1 */
 	double step_seconds; /* predicted wall time of a step */
 	double bubble;       /* predicted idle share of stage time */
 	double samples_per_second;
 	int boundaries[PIPECLIENT_MAX_STAGES + 1];   /* stage s: layers [b[s], b[s+1]) */
-	uint64_t stage_bytes[PIPECLIENT_MAX_STAGES]; /* estimated peak memory */
+	uint64_t stage_bytes[PIPECLIENT_MAX_STAGES]; /* estimated peak memory per stage */
 } pipeclient_plan;
 
 /* pipeclient_plan_file has the server price every flushing schedule of the

@@ -1139,40 +1139,48 @@ static int cmd_plan(cli *a, const char *path)
 		for (size_t i = 0; i < n; i++) {
 			printf("%s{\"schedule\":", i ? "," : "");
 			json_str(stdout, p[i].schedule);
-			printf(",\"stages\":%d,\"microbatches\":%d,\"step_seconds\":", p[i].stages,
-			       p[i].microbatches);
+			printf(",\"stages\":%d,\"virtual_stages\":%d,\"microbatches\":%d,"
+			       "\"step_seconds\":",
+			       p[i].stages, p[i].virtual_stages, p[i].microbatches);
 			json_num(stdout, p[i].step_seconds);
 			fputs(",\"bubble\":", stdout);
 			json_num(stdout, p[i].bubble);
 			fputs(",\"samples_per_second\":", stdout);
 			json_num(stdout, p[i].samples_per_second);
 			fputs(",\"boundaries\":[", stdout);
-			for (int s = 0; s <= p[i].stages; s++)
+			for (int s = 0; s <= p[i].stages * p[i].virtual_stages; s++)
 				printf("%s%d", s ? "," : "", p[i].boundaries[s]);
 			fputs("],\"stage_bytes\":[", stdout);
-			for (int s = 0; s < p[i].stages; s++)
+			for (int s = 0; s < p[i].stages * p[i].virtual_stages; s++)
 				printf("%s%" PRIu64, s ? "," : "", p[i].stage_bytes[s]);
 			fputs("]}", stdout);
 		}
 		fputs("]}\n", stdout);
 	} else {
-		printf("%-7s %6s %12s %10s %7s %12s  %-18s %s\n", "SCHEDULE", "STAGES",
+		printf("%-11s %6s %12s %10s %7s %12s  %-18s %s\n", "SCHEDULE", "STAGES",
 		       "MICROBATCHES", "STEP", "BUBBLE", "SAMPLES/S", "PARTITION",
 		       "PEAK MEMORY/STAGE");
 		for (size_t i = 0; i < n; i++) {
-			char part[64] = "", mem[256] = "";
+			char part[64] = "", mem[256] = "", stages[24];
 			size_t o = 0, q = 0;
-			for (int s = 0; s <= p[i].stages && o < sizeof(part); s++)
+			int nl = p[i].stages * p[i].virtual_stages;
+			for (int s = 0; s <= nl && o < sizeof(part); s++)
 				o += (size_t)snprintf(part + o, sizeof(part) - o, "%s%d",
 				                      s ? "," : "", p[i].boundaries[s]);
-			for (int s = 0; s < p[i].stages && q < sizeof(mem); s++) {
+			for (int s = 0; s < nl && q < sizeof(mem); s++) {
 				char h[32];
 				human_bytes(p[i].stage_bytes[s], h, sizeof(h));
 				q += (size_t)snprintf(mem + q, sizeof(mem) - q, "%s%s",
 				                      s ? ", " : "", h);
 			}
-			printf("%-8s %6d %12d %8.2f ms %6.1f%% %12.3g  %-18s %s\n", p[i].schedule,
-			       p[i].stages, p[i].microbatches, p[i].step_seconds * 1e3,
+			/* Interleaved: "4x2", 4 stages of 2 chunks. */
+			if (p[i].virtual_stages > 1)
+				snprintf(stages, sizeof(stages), "%dx%d", p[i].stages,
+				         p[i].virtual_stages);
+			else
+				snprintf(stages, sizeof(stages), "%d", p[i].stages);
+			printf("%-11s %6s %12d %8.2f ms %6.1f%% %12.3g  %-18s %s\n", p[i].schedule,
+			       stages, p[i].microbatches, p[i].step_seconds * 1e3,
 			       p[i].bubble * 100, p[i].samples_per_second, part, mem);
 		}
 	}

@@ -349,17 +349,20 @@ static pt_err h_plan(srv_ctx *c, const uint8_t **data, size_t *size, bool *parke
 	}
 	for (int i = 0; i < n; i++) {
 		const pt_job_plan *p = &plans[i];
-		v[i] = (pt_api_plan){.schedule = pt_pipe_schedule_name(p->schedule),
-		                     .stages = p->stages,
-		                     .microbatches = p->microbatches,
-		                     .step_seconds = p->step_seconds,
-		                     .bubble = p->bubble,
-		                     .samples_per_second = p->samples_per_s,
-		                     .n_boundaries = p->stages + 1,
-		                     .n_stage_bytes = p->stages};
-		for (int s = 0; s <= p->stages; s++)
+		int nl = p->stages * (p->virtual_stages > 1 ? p->virtual_stages : 1);
+		v[i] =
+		    (pt_api_plan){.schedule = pt_pipe_schedule_name(p->schedule),
+		                  .stages = p->stages,
+		                  .microbatches = p->microbatches,
+		                  .virtual_stages = p->virtual_stages > 1 ? p->virtual_stages : 0,
+		                  .step_seconds = p->step_seconds,
+		                  .bubble = p->bubble,
+		                  .samples_per_second = p->samples_per_s,
+		                  .n_boundaries = nl + 1,
+		                  .n_stage_bytes = nl};
+		for (int s = 0; s <= nl; s++)
 			v[i].boundaries[s] = p->first[s];
-		for (int s = 0; s < p->stages; s++)
+		for (int s = 0; s < nl; s++)
 			v[i].stage_bytes[s] = p->stage_bytes[s];
 	}
 	pt_api_response_init(&r, c->r.id, PT_API_OK, PT_API_PLAN_JOB);

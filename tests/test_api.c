@@ -448,6 +448,7 @@ static void test_api_response_round_trip(void)
 		pt_api_plan pl[2] = {{.schedule = "zb-h1",
 		                      .stages = 2,
 		                      .microbatches = 8,
+		                      .virtual_stages = 3,
 		                      .step_seconds = 0.25,
 		                      .bubble = 0.125,
 		                      .samples_per_second = 256,
@@ -464,8 +465,9 @@ static void test_api_response_round_trip(void)
 		CU_ASSERT_EQUAL_FATAL(o.n_plans, 2);
 		PT_CHECK_OK(pt_api_response_plan(&o, 0, &got));
 		CU_ASSERT_STRING_EQUAL(got.schedule, "zb-h1");
-		CU_ASSERT(got.stages == 2 && got.microbatches == 8 && got.step_seconds == 0.25 &&
-		          got.bubble == 0.125 && got.samples_per_second == 256);
+		CU_ASSERT(got.stages == 2 && got.microbatches == 8 && got.virtual_stages == 3 &&
+		          got.step_seconds == 0.25 && got.bubble == 0.125 &&
+		          got.samples_per_second == 256);
 		CU_ASSERT(got.n_boundaries == 3 && got.boundaries[1] == 3 &&
 		          got.boundaries[2] == 5);
 		CU_ASSERT(got.n_stage_bytes == 2 && got.stage_bytes[1] == 2000);

@@ -1184,14 +1184,15 @@ static void test_client_names_escaped(void)
 /* Requests the server refuses: exit code 4 and the server's code. */
 /* pipeclient plan prices every schedule at every stage count asked (the
  * server measures the layers and simulates the orders): fastest first, each
- * with its partition and memory per stage; a count the model cannot take
- * is refused naming the field; options outside plan are usage errors. */
+ * with its partition and memory per stage (interleaved: of 2p chunks, where
+ * they fit the 5 layers: p = 1, 2); a count the model cannot take is refused
+ * naming the field; options outside plan are usage errors. */
 static void test_client_plan(void)
 {
 	char *out, *err;
 	pt_json v;
 	const pt_json *plans;
-	int per[3] = {0, 0, 0};
+	int per[4] = {0, 0, 0, 0};
 	double last = 0;
 
 	CU_ASSERT_EQUAL(run_cli(&out, "--server", srv.url, "--json", "plan", job_json, "--stages",
@@ -1200,17 +1201,20 @@ static void test_client_plan(void)
 	CU_ASSERT_FATAL(parse_line(out, 0, &v));
 	plans = pt_json_get(&v, "plans");
 	CU_ASSERT_FATAL(plans != NULL && plans->type == PT_JSON_ARRAY);
-	CU_ASSERT_EQUAL(plans->len, 9);
+	CU_ASSERT_EQUAL(plans->len, 11);
 	for (size_t i = 0; i < plans->len; i++) {
 		const pt_json *p = &plans->items[i], *b = pt_json_get(p, "boundaries");
 		const pt_json *m = pt_json_get(p, "stage_bytes");
 		const char *sc = jstr(p, "schedule");
-		int64_t st = jint(p, "stages");
+		int64_t st = jint(p, "stages"), vs = jint(p, "virtual_stages");
 		double step = jnum(p, "step_seconds"), bub = jnum(p, "bubble");
-		per[strcmp(sc, "gpipe") == 0 ? 0 : strcmp(sc, "1f1b") == 0 ? 1 : 2]++;
+		bool il = strcmp(sc, "interleaved") == 0;
+		per[strcmp(sc, "gpipe") == 0 ? 0 : strcmp(sc, "1f1b") == 0 ? 1 : il ? 3 : 2]++;
 		CU_ASSERT(strcmp(sc, "gpipe") == 0 || strcmp(sc, "1f1b") == 0 ||
-		          strcmp(sc, "zb-h1") == 0);
-		CU_ASSERT(st == 1 || st == 2 || st == 4);
+		          strcmp(sc, "zb-h1") == 0 || il);
+		CU_ASSERT(st == 1 || st == 2 || st == (il ? 2 : 4));
+		CU_ASSERT_EQUAL(vs, il ? 2 : 1);
+		st *= vs; /* the partition and memory count chunks */
 		CU_ASSERT_EQUAL(jint(p, "microbatches"), 4);
 		CU_ASSERT(step > 0 && step >= last); /* fastest first */
 		last = step;
@@ -1223,11 +1227,11 @@ static void test_client_plan(void)
 		for (size_t k = 0; k < m->len; k++)
 			CU_ASSERT(m->items[k].d > 0);
 	}
-	CU_ASSERT(per[0] == 3 && per[1] == 3 && per[2] == 3);
+	CU_ASSERT(per[0] == 3 && per[1] == 3 && per[2] == 3 && per[3] == 2);
 	pt_json_fini(&v);
 	free(out);
 	CU_ASSERT_EQUAL(run_cli(&out, "--server", srv.url, "plan", job_json, NULL), CLI_OK);
-	CU_ASSERT_PTR_NOT_NULL(strstr(out, "SCHEDULE STAGES MICROBATCHES"));
+	CU_ASSERT_PTR_NOT_NULL(strstr(out, "SCHEDULE    STAGES MICROBATCHES"));
 	CU_ASSERT_PTR_NOT_NULL(strstr(out, "zb-h1"));
 	free(out);
 	CU_ASSERT_EQUAL(

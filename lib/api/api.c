@@ -548,6 +548,7 @@ static pt_err build_plan_fn(pt_fb_builder *b, const void *item, pt_fb_ref *out)
 	pt_fb_add_offset(b, PT_FB_API_PLAN_SCHEDULE, sched);
 	pt_fb_add_i32(b, PT_FB_API_PLAN_STAGES, p->stages, 0);
 	pt_fb_add_i32(b, PT_FB_API_PLAN_MICROBATCHES, p->microbatches, 0);
+	pt_fb_add_i32(b, PT_FB_API_PLAN_VIRTUAL_STAGES, p->virtual_stages, 0);
 	pt_fb_add_f64(b, PT_FB_API_PLAN_STEP_SECONDS, p->step_seconds, 0);
 	pt_fb_add_f64(b, PT_FB_API_PLAN_BUBBLE, p->bubble, 0);
 	pt_fb_add_f64(b, PT_FB_API_PLAN_SAMPLES_PER_SECOND, p->samples_per_second, 0);
@@ -809,6 +810,7 @@ pt_err pt_api_response_plan(const pt_api_response *r, size_t i, pt_api_plan *out
 	out->schedule = opt_string(t, PT_FB_API_PLAN_SCHEDULE);
 	out->stages = pt_fb_get_i32(t, PT_FB_API_PLAN_STAGES, 0);
 	out->microbatches = pt_fb_get_i32(t, PT_FB_API_PLAN_MICROBATCHES, 0);
+	out->virtual_stages = pt_fb_get_i32(t, PT_FB_API_PLAN_VIRTUAL_STAGES, 0);
 	out->step_seconds = pt_fb_get_f64(t, PT_FB_API_PLAN_STEP_SECONDS, 0);
 	out->bubble = pt_fb_get_f64(t, PT_FB_API_PLAN_BUBBLE, 0);
 	out->samples_per_second = pt_fb_get_f64(t, PT_FB_API_PLAN_SAMPLES_PER_SECOND, 0);

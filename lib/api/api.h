@@ -315,6 +315,7 @@ typedef struct pt_api_worker_info {
 typedef struct pt_api_plan {
 	const char *schedule;
 	int32_t stages, microbatches;
+	int32_t virtual_stages; /* interleaved: chunks per stage (0, 1: none) */
 	double step_seconds, bubble, samples_per_second;
 	int32_t boundaries[PT_API_MAX_STAGES + 1];
 	int n_boundaries;

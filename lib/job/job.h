@@ -330,11 +330,13 @@ void pt_job_workers_end(pt_job_workers *ws);
 typedef struct pt_job_plan {
 	pt_pipe_schedule schedule;
 	int stages, microbatches;
+	int virtual_stages;  /* interleaved: chunks per stage (2), else 1 */
 	double step_seconds; /* predicted wall time of one step */
 	double bubble;       /* predicted idle share of stage time */
 	double samples_per_s;
-	int first[PT_MAX_STAGES + 1];        /* the partition (pt_partition's) */
-	uint64_t stage_bytes[PT_MAX_STAGES]; /* pt_job_memory_estimate per stage */
+	int first[PT_MAX_STAGES + 1];        /* the partition (pt_partition's), of stages *
+	                                      * virtual_stages */
+	uint64_t stage_bytes[PT_MAX_STAGES]; /* pt_job_memory_estimate per (logical) stage */
 } pt_job_plan;
 
 typedef struct pt_job_plan_options {

@@ -349,118 +349,155 @@ enum { T_F, T_B, T_W, T_BW };
 
 typedef struct task {
 	int kind, mb;
+	int stage; /* the logical stage (0-based): the rank's, or its chunk's */
 } task;
 
-typedef struct stage_sim {
+/* One rank: its task order over its stages (one, or v chunks). */
+typedef struct rank_sim {
 	task *order;
 	int n, pos;
-	double f, b, w; /* seconds per microbatch */
-	double left;    /* work left of the running task (seconds at full speed) */
+	double left; /* work left of the running task (seconds at full speed) */
 	bool running;
 	double busy;
+} rank_sim;
+
+/* One logical stage's costs and its messages' arrival times. */
+typedef struct stage_sim {
+	double f, b, w; /* seconds per microbatch */
 	double *f_done; /* per microbatch: when its forward's output is available */
 	double *b_done; /* per microbatch: when its input gradient is available */
 } stage_sim;
 
-/* order_of writes stage r's (1-based) task order for the schedule. */
-static int order_of(pt_pipe_schedule sc, int p, int m, int r, task *o)
+/* order_of writes rank r's (1-based) task order for the schedule: stage
+ * r - 1's, or with v > 1 the interleaved order over its chunks. */
+static int order_of(pt_pipe_schedule sc, int p, int v, int m, int r, task *o)
 {
 	int n = 0, f = 0, b = 0, nw = 0, wq = 0;
 	int warm = p - r + 1 < m ? p - r + 1 : m, defer = r - 1;
+	if (sc == PT_SCHED_INTERLEAVED) {
+		pt_chunk_task *c = calloc((size_t)(2 * m * v), sizeof(*c));
+		if (c == NULL || pt_pipe_interleaved_order(r, p, v, m, c) != PT_OK) {
+			free(c);
+			return -1;
+		}
+		for (int k = 0; k < 2 * m * v; k++)
+			o[n++] =
+			    (task){c[k].backward ? T_BW : T_F, c[k].mb, c[k].chunk * p + r - 1};
+		free(c);
+		return n;
+	}
 	if (sc == PT_SCHED_GPIPE) {
 		for (int k = 0; k < m; k++)
-			o[n++] = (task){T_F, k};
+			o[n++] = (task){T_F, k, r - 1};
 		for (int k = 0; k < m; k++)
-			o[n++] = (task){T_BW, k};
+			o[n++] = (task){T_BW, k, r - 1};
 		return n;
 	}
 	while (b < m) {
 		if (f - b < warm && f < m) {
-			o[n++] = (task){T_F, f++};
+			o[n++] = (task){T_F, f++, r - 1};
 			continue;
 		}
-		o[n++] = (task){sc == PT_SCHED_ZBH1 ? T_B : T_BW, b++};
+		o[n++] = (task){sc == PT_SCHED_ZBH1 ? T_B : T_BW, b++, r - 1};
 		if (sc != PT_SCHED_ZBH1)
 			continue;
 		nw++;
 		while (nw > (b < m ? defer : 0)) {
-			o[n++] = (task){T_W, wq++};
+			o[n++] = (task){T_W, wq++, r - 1};
 			nw--;
 		}
 	}
 	return n;
 }
 
-/* simulate predicts one step: *step (seconds) and *bubble. */
-static pt_err simulate(pt_pipe_schedule sc, int p, int m, const double *sf, const double *sb,
+/* ready_at is when task t of a rank can start: its input's arrival. */
+static double ready_at(const stage_sim *st, int nl, const double *inject, const double *loss_end,
+                       task t, double now)
+{
+	if (t.kind == T_F)
+		return t.stage == 0 ? inject[t.mb] : st[t.stage - 1].f_done[t.mb];
+	if (t.kind == T_W)
+		return now;
+	return t.stage == nl - 1 ? loss_end[t.mb] : st[t.stage + 1].b_done[t.mb];
+}
+
+/* simulate predicts one step: *step (seconds) and *bubble. p ranks hold
+ * p * v logical stages (v > 1: interleaved), whose costs sf, sb, sw, so and
+ * hand-overs hop_f, hop_b are indexed by logical stage. */
+static pt_err simulate(pt_pipe_schedule sc, int p, int v, int m, const double *sf, const double *sb,
                        const double *sw, const double *so, const double *hop_f, const double *hop_b,
                        double hop0, double loss_s, int threads, int tps, double *step,
                        double *bubble)
 {
+	int nl = p * v, per_rank = 3 * m * v + 4;
+	rank_sim rk[PT_MAX_STAGES];
 	stage_sim st[PT_MAX_STAGES];
-	double *mem =
-	    calloc((size_t)(p * 2 + 4) * (size_t)m + (size_t)(p * 3 * m + 8) * 2, sizeof(double));
-	task *orders = calloc((size_t)p * (size_t)(3 * m + 4), sizeof(task));
+	double *mem = calloc((size_t)(nl * 2) * (size_t)m, sizeof(double));
+	task *orders = calloc((size_t)p * (size_t)per_rank, sizeof(task));
 	double *loss_end = calloc((size_t)m, sizeof(double)),
 	       *inject = calloc((size_t)m, sizeof(double));
 	double now = 0.0, busy = 0.0, opt = 0.0;
-	int done_b1 = 0, losses = 0, out_n = 0;
+	int out_n = 0;
 	double loss_left = 0.0;
 	bool loss_running = false;
 	int loss_mb = 0;
+	/* GPipe and interleaved: the coordinator sends every input at once;
+	 * the others keep p in flight. */
+	bool all_in = sc == PT_SCHED_GPIPE || sc == PT_SCHED_INTERLEAVED;
 	pt_err rv = PT_OK;
 
 	if (mem == NULL || orders == NULL || loss_end == NULL || inject == NULL) {
 		rv = pt_set_error(PT_ERR_NOMEM, "planner");
 		goto out;
 	}
-	for (int s = 0; s < p; s++) {
-		st[s] = (stage_sim){.order = orders + (size_t)s * (size_t)(3 * m + 4),
-		                    .f = sf[s],
+	for (int s = 0; s < nl; s++) {
+		st[s] = (stage_sim){.f = sf[s],
 		                    .b = sb[s],
 		                    .w = sw[s],
 		                    .f_done = mem + (size_t)(2 * s) * (size_t)m,
 		                    .b_done = mem + (size_t)(2 * s + 1) * (size_t)m};
-		st[s].n = order_of(sc, p, m, s + 1, st[s].order);
 		for (int k = 0; k < m; k++)
 			st[s].f_done[k] = st[s].b_done[k] = INFINITY;
 	}
+	for (int r = 0; r < p; r++) {
+		rk[r] = (rank_sim){.order = orders + (size_t)r * (size_t)per_rank};
+		if ((rk[r].n = order_of(sc, p, v, m, r + 1, rk[r].order)) < 0) {
+			rv =
+			    pt_set_error(PT_ERR_INVALID, "planner: no %s order for %d stages, m %d",
+			                 pt_pipe_schedule_name(sc), p, m);
+			goto out;
+		}
+	}
 	for (int k = 0; k < m; k++) {
 		loss_end[k] = INFINITY;
-		inject[k] = sc == PT_SCHED_GPIPE || k < p ? 0.0 : INFINITY;
+		inject[k] = all_in || k < p ? 0.0 : INFINITY;
 	}
 	/* Event loop: start what can start, advance to the next completion. */
-	for (int guard = 0; guard < 100 * p * m + 100; guard++) {
+	for (int guard = 0; guard < 100 * nl * m + 100; guard++) {
 		int active = 0;
 		double rate, dt = INFINITY;
 		bool all_done = true;
-		for (int s = 0; s < p; s++) {
-			stage_sim *x = &st[s];
+		for (int r = 0; r < p; r++) {
+			rank_sim *x = &rk[r];
 			if (x->pos < x->n)
 				all_done = false;
 			if (x->running || x->pos >= x->n)
 				continue;
 			task t = x->order[x->pos];
-			double ready;
-			if (t.kind == T_F)
-				ready = s == 0 ? inject[t.mb] : st[s - 1].f_done[t.mb];
-			else if (t.kind == T_W)
-				ready = 0.0;
-			else
-				ready = s == p - 1 ? loss_end[t.mb] : st[s + 1].b_done[t.mb];
-			if (ready <= now) {
+			if (ready_at(st, nl, inject, loss_end, t, now) <= now) {
+				const stage_sim *y = &st[t.stage];
 				x->running = true;
-				x->left = t.kind == T_F   ? x->f
-				          : t.kind == T_B ? x->b
-				          : t.kind == T_W ? x->w
-				                          : x->b + x->w;
+				x->left = t.kind == T_F   ? y->f
+				          : t.kind == T_B ? y->b
+				          : t.kind == T_W ? y->w
+				                          : y->b + y->w;
 			}
 		}
 		/* The coordinator's losses, in microbatch order as outputs arrive
 		 * (GPipe: after the last output). */
 		if (!loss_running && loss_mb < m) {
 			bool ready =
-			    sc == PT_SCHED_GPIPE ? out_n == m : st[p - 1].f_done[loss_mb] <= now;
+			    sc == PT_SCHED_GPIPE ? out_n == m : st[nl - 1].f_done[loss_mb] <= now;
 			if (ready) {
 				loss_running = true;
 				loss_left = loss_s;
@@ -468,26 +505,22 @@ static pt_err simulate(pt_pipe_schedule sc, int p, int m, const double *sf, cons
 		}
 		if (all_done && loss_mb >= m)
 			break;
-		for (int s = 0; s < p; s++)
-			active += st[s].running ? tps : 0;
+		for (int r = 0; r < p; r++)
+			active += rk[r].running ? tps : 0;
 		active += loss_running ? 1 : 0;
 		if (active == 0) {
 			/* Nothing runs: on to the next message's arrival. */
 			double next = INFINITY;
-			for (int s = 0; s < p; s++) {
-				stage_sim *x = &st[s];
-				if (x->pos >= x->n)
+			for (int r = 0; r < p; r++) {
+				double a;
+				if (rk[r].pos >= rk[r].n)
 					continue;
-				task t = x->order[x->pos];
-				double r = t.kind == T_F
-				               ? (s == 0 ? inject[t.mb] : st[s - 1].f_done[t.mb])
-				           : t.kind == T_W ? now
-				           : s == p - 1    ? loss_end[t.mb]
-				                           : st[s + 1].b_done[t.mb];
-				next = r < next ? r : next;
+				a = ready_at(st, nl, inject, loss_end, rk[r].order[rk[r].pos], now);
+				next = a < next ? a : next;
 			}
-			if (loss_mb < m && sc != PT_SCHED_GPIPE && st[p - 1].f_done[loss_mb] < next)
-				next = st[p - 1].f_done[loss_mb];
+			if (loss_mb < m && sc != PT_SCHED_GPIPE &&
+			    st[nl - 1].f_done[loss_mb] < next)
+				next = st[nl - 1].f_done[loss_mb];
 			if (!(next > now && isfinite(next))) {
 				rv = pt_set_error(PT_ERR_STATE, "planner: the %s order stalls",
 				                  pt_pipe_schedule_name(sc));
@@ -497,60 +530,56 @@ static pt_err simulate(pt_pipe_schedule sc, int p, int m, const double *sf, cons
 			continue;
 		}
 		rate = active > threads ? (double)threads / active : 1.0;
-		for (int s = 0; s < p; s++)
-			if (st[s].running && st[s].left / rate < dt)
-				dt = st[s].left / rate;
+		for (int r = 0; r < p; r++)
+			if (rk[r].running && rk[r].left / rate < dt)
+				dt = rk[r].left / rate;
 		if (loss_running && loss_left / rate < dt)
 			dt = loss_left / rate;
 		now += dt;
-		for (int s = 0; s < p; s++) {
-			stage_sim *x = &st[s];
+		for (int r = 0; r < p; r++) {
+			rank_sim *x = &rk[r];
 			if (!x->running)
 				continue;
 			x->left -= dt * rate;
-			x->busy += dt; /* wall time the task occupied the stage */
+			x->busy += dt; /* wall time the task occupied the rank */
 			if (x->left > 1e-12)
 				continue;
 			task t = x->order[x->pos++];
 			x->running = false;
 			if (t.kind == T_F) {
-				x->f_done[t.mb] = now + hop_f[s];
-				if (s == p - 1)
+				st[t.stage].f_done[t.mb] = now + hop_f[t.stage];
+				if (t.stage == nl - 1)
 					out_n++;
 			} else if (t.kind != T_W) {
-				x->b_done[t.mb] = now + hop_b[s];
-				if (s == 0) {
-					done_b1++;
-					if (t.mb + p < m && sc != PT_SCHED_GPIPE)
-						inject[t.mb + p] = now + hop0;
-				}
+				st[t.stage].b_done[t.mb] = now + hop_b[t.stage];
+				if (t.stage == 0 && t.mb + p < m && !all_in)
+					inject[t.mb + p] = now + hop0;
 			}
 		}
 		if (loss_running) {
 			loss_left -= dt * rate;
 			if (loss_left <= 1e-12) {
 				loss_running = false;
-				loss_end[loss_mb++] = now + hop_f[p - 1];
-				losses++;
+				loss_end[loss_mb++] = now + hop_f[nl - 1];
 			}
 		}
 	}
-	for (int s = 0; s < p; s++) {
-		if (st[s].pos < st[s].n) {
-			rv = pt_set_error(PT_ERR_STATE, "planner: stage %d did not finish", s + 1);
+	for (int r = 0; r < p; r++) {
+		if (rk[r].pos < rk[r].n) {
+			rv = pt_set_error(PT_ERR_STATE, "planner: stage %d did not finish", r + 1);
 			goto out;
 		}
-		busy += st[s].busy;
+		busy += rk[r].busy;
 	}
 	/* The optimizer update on every stage at once. */
 	{
-		double rate = p * tps > threads ? (double)threads / (p * tps) : 1.0;
-		for (int s = 0; s < p; s++)
+		double rate = nl * tps > threads ? (double)threads / (nl * tps) : 1.0;
+		for (int s = 0; s < nl; s++)
 			opt = so[s] / rate > opt ? so[s] / rate : opt;
 	}
 	/* Then the gradient norms, the step and the timeline: three rounds of
 	 * a command to every stage and its reply. */
-	*step = now + opt + 3.0 * (p + 1) * hop0;
+	*step = now + opt + 3.0 * (nl + 1) * hop0;
 	*bubble = now > 0 ? 1.0 - busy / (p * now) : 0.0;
 out:
 	free(mem);
@@ -571,7 +600,8 @@ static int by_step(const void *a, const void *b)
 pt_err pt_job_plan_run(const pt_job_spec *spec, const pt_job_plan_options *o, pt_job_plan **out,
                        int *n_out)
 {
-	static const pt_pipe_schedule scheds[] = {PT_SCHED_GPIPE, PT_SCHED_1F1B, PT_SCHED_ZBH1};
+	static const pt_pipe_schedule scheds[] = {PT_SCHED_GPIPE, PT_SCHED_1F1B, PT_SCHED_ZBH1,
+	                                          PT_SCHED_INTERLEAVED};
 	int ps[8], ms[8], np = 0, nm = 0, threads = o->threads > 0 ? o->threads : pt_num_cores();
 	pt_job_data_shape d;
 	pt_job_plan *v = NULL;
@@ -602,18 +632,13 @@ pt_err pt_job_plan_run(const pt_job_spec *spec, const pt_job_plan_options *o, pt
 			ms[nm++] = o->microbatches[i];
 	else
 		ms[nm++] = spec->microbatches;
-	if ((v = calloc((size_t)(np * nm * 3), sizeof(*v))) == NULL)
+	if ((v = calloc((size_t)(np * nm * 4), sizeof(*v))) == NULL)
 		return pt_set_error(PT_ERR_NOMEM, "plans");
 	for (int i = 0; i < np; i++)
 		for (int j = 0; j < nm; j++) {
 			int p = ps[i], m = ms[j];
 			int tps = spec->threads_per_stage > 0 ? spec->threads_per_stage
 			                                      : (threads / p > 1 ? threads / p : 1);
-			int first[PT_MAX_STAGES + 1];
-			double sf[PT_MAX_STAGES] = {0}, sb[PT_MAX_STAGES] = {0},
-			       sw[PT_MAX_STAGES] = {0}, so[PT_MAX_STAGES] = {0},
-			       hf[PT_MAX_STAGES] = {0}, hb[PT_MAX_STAGES] = {0}, loss_s = 0, hop0;
-			int64_t B;
 			if (p < 1 || p > PT_MAX_STAGES || p > spec->n_layers) {
 				rv = pt_set_error(PT_ERR_RANGE,
 				                  "stages: %d (1 to %d for this model)", p,
@@ -628,56 +653,75 @@ pt_err pt_job_plan_run(const pt_job_spec *spec, const pt_job_plan_options *o, pt
 				                 m, (long long)spec->batch_size);
 				goto fail;
 			}
-			B = spec->batch_size / m;
-			if (spec->boundaries != NULL && p == spec->stages)
-				memcpy(first, spec->boundaries, sizeof(int) * (size_t)(p + 1));
-			else if ((rv = pt_partition(spec->layers, spec->n_layers, in, p, first)) !=
-			         PT_OK)
-				goto fail;
-			for (int s = 0; s < p; s++)
-				for (int l = first[s]; l < first[s + 1]; l++) {
-					layer_cost c = {0};
-					if ((rv = profile_layer(spec, in, l, B, tps, &c)) != PT_OK)
-						goto fail;
-					sf[s] += c.f;
-					sb[s] += c.b;
-					sw[s] += c.w;
-					so[s] += c.opt;
-					if (l == first[s])
-						hb[s] = s > 0 ? profile_hop(c.in_floats) : 0.0;
-					if (l == first[s + 1] - 1)
-						hf[s] = profile_hop(c.out_floats);
-				}
-			hop0 = profile_hop(1);
-			if ((rv = profile_loss(spec, in, B, 1, &loss_s)) != PT_OK)
-				goto fail;
-			for (size_t k = 0; k < sizeof(scheds) / sizeof(scheds[0]); k++) {
-				pt_job_plan *pl = &v[n];
-				if (scheds[k] == PT_SCHED_ZBH1 && spec->recompute)
-					continue; /* refused together (validate.c) */
-				pt_job_spec t = *spec;
-				pt_job_memory mem;
-				memset(pl, 0, sizeof(*pl));
-				pl->schedule = scheds[k];
-				pl->stages = p;
-				pl->microbatches = m;
-				memcpy(pl->first, first, sizeof(int) * (size_t)(p + 1));
-				if ((rv = simulate(scheds[k], p, m, sf, sb, sw, so, hf, hb, hop0,
-				                   loss_s, threads, tps, &pl->step_seconds,
-				                   &pl->bubble)) != PT_OK)
+			/* v = 1: gpipe, 1f1b, zb-h1; v = 2: interleaved, where it fits. */
+			for (int vs = 1; vs <= 2; vs++) {
+				int nl = p * vs, first[PT_MAX_STAGES + 1];
+				double sf[PT_MAX_STAGES] = {0}, sb[PT_MAX_STAGES] = {0},
+				       sw[PT_MAX_STAGES] = {0}, so[PT_MAX_STAGES] = {0},
+				       hf[PT_MAX_STAGES] = {0}, hb[PT_MAX_STAGES] = {0}, loss_s = 0,
+				       hop0;
+				int64_t B = spec->batch_size / m;
+				if (vs > 1 && (nl > PT_MAX_STAGES || nl > spec->n_layers ||
+				               (p > 1 && m % p != 0)))
+					continue;
+				if (vs == 1 && spec->boundaries != NULL && p == spec->stages)
+					memcpy(first, spec->boundaries,
+					       sizeof(int) * (size_t)(p + 1));
+				else if ((rv = pt_partition(spec->layers, spec->n_layers, in, nl,
+				                            first)) != PT_OK)
 					goto fail;
-				pl->samples_per_s =
-				    pl->step_seconds > 0
-				        ? (double)spec->batch_size / pl->step_seconds
-				        : 0;
-				t.stages = p;
-				t.microbatches = m;
-				t.boundaries = pl->first;
-				t.schedule = (char *)pt_pipe_schedule_name(scheds[k]);
-				if (pt_job_memory_estimate(&t, &d, &mem) == PT_OK)
-					for (int s = 0; s < p; s++)
-						pl->stage_bytes[s] = mem.stages[s].total;
-				n++;
+				for (int s = 0; s < nl; s++)
+					for (int l = first[s]; l < first[s + 1]; l++) {
+						layer_cost c = {0};
+						if ((rv = profile_layer(spec, in, l, B, tps, &c)) !=
+						    PT_OK)
+							goto fail;
+						sf[s] += c.f;
+						sb[s] += c.b;
+						sw[s] += c.w;
+						so[s] += c.opt;
+						if (l == first[s])
+							hb[s] =
+							    s > 0 ? profile_hop(c.in_floats) : 0.0;
+						if (l == first[s + 1] - 1)
+							hf[s] = profile_hop(c.out_floats);
+					}
+				hop0 = profile_hop(1);
+				if ((rv = profile_loss(spec, in, B, 1, &loss_s)) != PT_OK)
+					goto fail;
+				for (size_t k = 0; k < sizeof(scheds) / sizeof(scheds[0]); k++) {
+					pt_job_plan *pl = &v[n];
+					if ((scheds[k] == PT_SCHED_INTERLEAVED) != (vs > 1))
+						continue;
+					if (scheds[k] == PT_SCHED_ZBH1 && spec->recompute)
+						continue; /* refused together (validate.c) */
+					pt_job_spec t = *spec;
+					pt_job_memory mem;
+					memset(pl, 0, sizeof(*pl));
+					pl->schedule = scheds[k];
+					pl->stages = p;
+					pl->virtual_stages = vs;
+					pl->microbatches = m;
+					memcpy(pl->first, first, sizeof(int) * (size_t)(nl + 1));
+					if ((rv = simulate(scheds[k], p, vs, m, sf, sb, sw, so, hf,
+					                   hb, hop0, loss_s, threads, tps,
+					                   &pl->step_seconds, &pl->bubble)) !=
+					    PT_OK)
+						goto fail;
+					pl->samples_per_s =
+					    pl->step_seconds > 0
+					        ? (double)spec->batch_size / pl->step_seconds
+					        : 0;
+					t.stages = p;
+					t.microbatches = m;
+					t.boundaries = NULL;
+					t.schedule = (char *)pt_pipe_schedule_name(scheds[k]);
+					t.virtual_stages = vs > 1 ? vs : 0;
+					if (pt_job_memory_estimate(&t, &d, &mem) == PT_OK)
+						for (int s = 0; s < nl; s++)
+							pl->stage_bytes[s] = mem.stages[s].total;
+					n++;
+				}
 			}
 		}
 	pt_set_num_threads(threads);

@@ -87,6 +87,7 @@ typedef struct runner {
 	/* Interleaved: p = ranks * v stages, chunk c of rank r is stage
 	 * c * ranks + r; the chunks of a rank take turns (turns[r - 1]). */
 	int ranks, v;
+	pt_pipe_schedule sched; /* resolve_schedule's */
 	pt_stage_turn *turns[PT_MAX_STAGES];
 	int64_t B; /* samples per microbatch */
 	pt_act_shape in;
@@ -377,12 +378,18 @@ static pt_err join_workers(runner *r)
 	}
 }
 
-static pt_err pipeline_up(runner *r)
+/* resolve_schedule sets r->sched, r->v and r->p: the spec's schedule, or
+ * with "auto" the planner's fastest at the job's stage and microbatch
+ * counts (the mode's own where the planner cannot price the job). Auto
+ * passes over interleaved plans: they cut the model into more stages, and
+ * a resume (after a restart of the server, which plans again) must find the
+ * checkpoint's stage count. */
+static pt_err resolve_schedule(runner *r)
 {
 	const pt_job_spec *s = r->s;
-	pt_pipe_schedule sched = PT_SCHED_MODE;
+	r->sched = PT_SCHED_MODE;
+	r->v = pt_job_spec_virtual_stages(s);
 	if (s->schedule != NULL && strcmp(s->schedule, "auto") == 0) {
-		/* The planner's fastest schedule at this job's stages and microbatches. */
 		pt_job_plan_options po = {
 		    .files_root = r->root, .any_path = r->any_path, .threads = r->threads};
 		pt_job_plan *plans = NULL;
@@ -390,15 +397,26 @@ static pt_err pipeline_up(runner *r)
 		if (pt_job_plan_run(s, &po, &plans, &n) != PT_OK)
 			pt_warn("schedule auto: %s; the mode's own schedule instead",
 			        pt_last_error());
-		sched = n > 0 ? plans[0].schedule : PT_SCHED_MODE;
-		if (n > 0)
-			pt_info("schedule auto: %s (predicted %.4g s a step)",
-			        pt_pipe_schedule_name(sched), plans[0].step_seconds);
+		for (int i = 0; i < n; i++)
+			if (plans[i].virtual_stages <= 1) {
+				r->sched = plans[i].schedule;
+				pt_info("schedule auto: %s (predicted %.4g s a step)",
+				        pt_pipe_schedule_name(r->sched), plans[i].step_seconds);
+				break;
+			}
 		free(plans);
 		pt_set_num_threads(r->threads);
 	} else if (s->schedule != NULL) {
-		PT_TRY(pt_pipe_schedule_parse(s->schedule, &sched));
+		PT_TRY(pt_pipe_schedule_parse(s->schedule, &r->sched));
 	}
+	r->p = r->ranks * r->v;
+	return PT_OK;
+}
+
+static pt_err pipeline_up(runner *r)
+{
+	const pt_job_spec *s = r->s;
+	pt_pipe_schedule sched = r->sched;
 	int il_slots = 0;
 	if (sched == PT_SCHED_INTERLEAVED) {
 		/* A chunk holds at most what its rank's order keeps in flight. */
@@ -1232,8 +1250,7 @@ pt_err pt_job_run(const pt_job_spec *spec, const pt_job_run_options *o, const pt
 	r->h = h;
 	r->o = o;
 	r->ranks = spec->stages;
-	r->v = pt_job_spec_virtual_stages(spec);
-	r->p = r->ranks * r->v;
+	r->p = r->ranks; /* resolve_schedule: ranks * v */
 	r->m = spec->microbatches;
 	r->B = spec->batch_size / spec->microbatches;
 	r->threads = o->threads > 0 ? o->threads : pt_num_cores();
@@ -1247,7 +1264,8 @@ pt_err pt_job_run(const pt_job_spec *spec, const pt_job_run_options *o, const pt
 		r->place[st] = st;
 	if (o->resume_from != NULL)
 		snprintf(r->ckpt_path, sizeof(r->ckpt_path), "%s", o->resume_from);
-	if ((rv = data_up(r)) == PT_OK && (rv = models_up(r)) == PT_OK) {
+	if ((rv = data_up(r)) == PT_OK && (rv = resolve_schedule(r)) == PT_OK &&
+	    (rv = models_up(r)) == PT_OK) {
 		for (;;) {
 			if ((rv = pipeline_up(r)) == PT_OK && r->ckpt_path[0] != '\0' &&
 			    (rv = resume(r, r->ckpt_path, &start)) == PT_OK)

@@ -120,7 +120,14 @@ class Plan(object):
         o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(18))
         return o == 0
 
-def PlanStart(builder): builder.StartObject(8)
+    # Plan
+    def VirtualStages(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(20))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
+        return 0
+
+def PlanStart(builder): builder.StartObject(9)
 def Start(builder):
     return PlanStart(builder)
 def PlanAddSchedule(builder, schedule): builder.PrependUOffsetTRelativeSlot(0, flatbuffers.number_types.UOffsetTFlags.py_type(schedule), 0)
@@ -153,6 +160,9 @@ def AddStageBytes(builder, stageBytes):
 def PlanStartStageBytesVector(builder, numElems): return builder.StartVector(8, numElems, 8)
 def StartStageBytesVector(builder, numElems):
     return PlanStartStageBytesVector(builder, numElems)
+def PlanAddVirtualStages(builder, virtualStages): builder.PrependInt32Slot(8, virtualStages, 0)
+def AddVirtualStages(builder, virtualStages):
+    return PlanAddVirtualStages(builder, virtualStages)
 def PlanEnd(builder): return builder.EndObject()
 def End(builder):
     return PlanEnd(builder)
@@ -173,6 +183,7 @@ class PlanT(object):
         self.samplesPerSecond = 0.0  # type: float
         self.boundaries = None  # type: List[int]
         self.stageBytes = None  # type: List[int]
+        self.virtualStages = 0  # type: int
 
     @classmethod
     def InitFromBuf(cls, buf, pos):
@@ -210,6 +221,7 @@ class PlanT(object):
                     self.stageBytes.append(plan.StageBytes(i))
             else:
                 self.stageBytes = plan.StageBytesAsNumpy()
+        self.virtualStages = plan.VirtualStages()
 
     # PlanT
     def Pack(self, builder):
@@ -243,5 +255,6 @@ class PlanT(object):
             PlanAddBoundaries(builder, boundaries)
         if self.stageBytes is not None:
             PlanAddStageBytes(builder, stageBytes)
+        PlanAddVirtualStages(builder, self.virtualStages)
         plan = PlanEnd(builder)
         return plan
