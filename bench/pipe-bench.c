@@ -3,6 +3,8 @@
  *   pipe_eff_local, pipe_eff_nng: 2 stages, m = 8, the W2 byte-level GPT,
  *     one thread per stage; achieved tokens/s over the ideal
  *     (single-stage single-thread tokens/s x 2 x m / (m + p - 1)).
+ *   pipe_bf16_wire_bytes_ratio: the same nng pipeline with precision bf16:
+ *     the bytes stage 1 sent (activations, DONEs, replies) over fp32's.
  *   bubble_p<P>_m<M> next to bubble_formula_p<P>_m<M> = (p-1)/(m+p-1):
  *     measured from the stages' timelines in sync mode on a balanced MLP.
  *   bubble_1f1b_p4_m8, bubble_zbh1_p4_m8: the same measure for 1F1B and
@@ -122,10 +124,13 @@ static double single_stage(const model_desc *d, int m, int warmup, int steps)
 
 typedef struct pipe_run {
 	double samples_per_s, bubble;
+	uint64_t stage1_bytes; /* what stage 1 sent (its communicator's count) */
 } pipe_run;
 
 /* Interleaved: chunks per rank; p then counts p / il_v ranks' chunks. */
 static int il_v = 1;
+/* The stages' precision (bf16: products and the wire between stages). */
+static pt_precision bench_prec = PT_PREC_FP32;
 
 /* Builds p stage threads and a coordinator over local or nng (tcp loopback)
  * communicators and trains `steps` steps after `warmup`. */
@@ -194,6 +199,7 @@ static pipe_run run_pipe_as(const model_desc *d, int p, int m, bool use_nng, int
 		                      .n_microbatches = m,
 		                      .virtual_stages = il_v,
 		                      .turn = turns[(s - 1) % ranks],
+		                      .precision = bench_prec,
 		                      .optim = pt_optim_defaults(PT_OPTIM_ADAMW, 1e-3f),
 		                      .seed = 1,
 		                      .threads = 1};
@@ -226,6 +232,8 @@ static pipe_run run_pipe_as(const model_desc *d, int p, int m, bool use_nng, int
 			die("pipeline step");
 		if (s >= warmup)
 			bubble += r.bubble / steps;
+		if (r.has_stage_comm[0])
+			out.stage1_bytes = r.stage_comm[0].bytes_sent;
 	}
 	out.samples_per_s = (double)(d->microbatch * m) * steps / (pt_now() - t0);
 	out.bubble = bubble;
@@ -273,6 +281,13 @@ int main(int argc, char **argv)
 	printf("bench pipe_nng_tokens_per_s %.0f\n", net.samples_per_s * 128);
 	printf("bench pipe_eff_local %.3f\n", loc.samples_per_s / ideal);
 	printf("bench pipe_eff_nng %.3f\n", net.samples_per_s / ideal);
+	/* bf16 between the stages over nng: bytes stage 1 sent, over fp32's. */
+	bench_prec = PT_PREC_BF16;
+	pipe_run net16 = run_pipe(&d, p, m, true, 1, 3);
+	bench_prec = PT_PREC_FP32;
+	printf("bench pipe_nng_bf16_tokens_per_s %.0f\n", net16.samples_per_s * 128);
+	printf("bench pipe_bf16_wire_bytes_ratio %.3f\n",
+	       (double)net16.stage1_bytes / (double)net.stage1_bytes);
 
 	/* Bubble fraction vs GPipe's (p - 1) / (m + p - 1). */
 	static const int ps[] = {2, 4}, ms[] = {4, 8, 16};

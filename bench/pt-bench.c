@@ -5,6 +5,7 @@
  *   w1_samples_per_s  MLP 64-256-256-256-10, batch 256, AdamW
  *   w2_tokens_per_s   byte-level GPT: d 256, 4 heads, 8 blocks, ctx 128, batch 16, AdamW
  *   w2_sgemm_ratio    W2's achieved GFLOP/s over sgemm_gflops
+ *   w2_bf16_tokens_per_s, w2_bf16_vs_fp32  W2 with bf16 matrix products
  *   sha256_gbps       SHA-256 of 256 MiB as checkpoints are hashed (OpenSSL's
  *                     compression); sha256_portable_gbps, the portable one
  * and informational w1_gflops / w2_gflops. Threads: PIPETRAIN_THREADS or all cores.
@@ -13,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "backend.h"
 #include "runtime.h"
 #include "sha256.h"
 #include "train.h"
@@ -163,6 +165,16 @@ int main(int argc, char **argv)
 	printf("bench w2_tokens_per_s %.0f\n", s2 * 128);
 	printf("bench w2_gflops %.1f\n", g2);
 	printf("bench w2_sgemm_ratio %.3f\n", g2 / sgemm);
+	/* The same in bf16 (precision "bf16": bf16 operands, f32 accumulation). */
+	{
+		double g2b, s2b;
+		pt_set_precision(PT_PREC_BF16);
+		s2b = run(&wl2, &g2b);
+		pt_set_precision(PT_PREC_FP32);
+		printf("bench w2_bf16_tokens_per_s %.0f\n", s2b * 128);
+		printf("bench w2_bf16_vs_fp32 %.3f\n", s2b / s2);
+		printf("# bf16: %s\n", pt_backend_bf16());
+	}
 	pt_sha256_use_openssl(); /* as the server has it (this program links no safetensors code) */
 	printf("bench sha256_gbps %.2f\n", bench_sha256());
 	pt_sha256_set_blocks(NULL, NULL);

@@ -24,6 +24,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "backend.h"
 #include "fileio.h"
 #include "job/job.h"
 #include "log.h"
@@ -1067,6 +1068,10 @@ static void run_one(pt_jobs *m, job *jb)
 	/* The status states the data read and the evaluation set (kept on success). */
 	if (pt_job_data_describe(&jb->spec, o.files_root, o.any_path, note, sizeof(note)) != PT_OK)
 		snprintf(note, sizeof(note), "%s", pt_last_error());
+	if (pt_job_spec_precision(&jb->spec) == PT_PREC_BF16) {
+		size_t at = strlen(note);
+		snprintf(note + at, sizeof(note) - at, "; precision bf16 (%s)", pt_backend_bf16());
+	}
 	snprintf(msg, sizeof(msg), "%s%s", where, note);
 	jb->restarts = 0;
 	if (o.resume_from)

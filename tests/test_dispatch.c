@@ -4,8 +4,10 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <pthread.h>
 #include <unistd.h>
 
+#include "cpu/cpu_kernels.h"
 #include "cpu/cpu_math.h"
 #include "ops.h"
 #include "pt_test.h"
@@ -392,6 +394,225 @@ static void test_dispatch_cpu_expf_non_finite(void)
 	}
 }
 
+/* ------------------------------------------------------------ bf16 -- */
+
+static float bits_float(uint32_t u)
+{
+	float f;
+	memcpy(&f, &u, sizeof(f));
+	return f;
+}
+
+static uint32_t float_bits(float f)
+{
+	uint32_t u;
+	memcpy(&u, &f, sizeof(u));
+	return u;
+}
+
+/* Rounding to bf16: nearest, ties to even; infinities stay, NaN stays NaN,
+ * the largest floats round up to infinity (as PyTorch's .bfloat16()). */
+static void test_bf16_rounding(void)
+{
+	float in[10] = {1.0f,
+	                1.00390625f,             /* halfway: down to even 1.0 */
+	                1.01171875f,             /* halfway: up to even 1.015625 */
+	                bits_float(0x3f808001u), /* just above halfway: up */
+	                -2.5f,
+	                INFINITY,
+	                -INFINITY,
+	                3.4028235e38f,
+	                bits_float(0x7fc00001u),
+	                1e-40f};
+	float want[10] = {1.0f,      1.0f,
+	                  1.015625f, 1.0078125f,
+	                  -2.5f,     INFINITY,
+	                  -INFINITY, INFINITY,
+	                  NAN,       bits_float(float_bits(1e-40f) & 0xffff0000u)};
+	float out[10];
+	cpu_round_bf16(out, in, 1, 10, 10);
+	for (int i = 0; i < 10; i++) {
+		if (isnan(want[i])) {
+			CU_ASSERT(isnan(out[i]));
+		} else {
+			CU_ASSERT_EQUAL(float_bits(out[i]), float_bits(want[i]));
+		}
+		CU_ASSERT_EQUAL(float_bits(out[i]) & 0xffffu, 0u);
+	}
+}
+
+static void fill_uniform(pt_tensor *t, uint32_t seed)
+{
+	float *p = pt_tensor_f32(t);
+	for (int64_t i = 0; i < pt_tensor_numel(t); i++) {
+		seed = seed * 1664525u + 1013904223u;
+		p[i] = (float)(seed >> 8) / 16777216.0f * 2.0f - 1.0f;
+	}
+}
+
+static void rounded(pt_tensor *out, const pt_tensor *x)
+{
+	PT_CHECK_OK(pt_tensor_init(out, PT_F32, x->ndim, x->shape));
+	cpu_round_bf16(pt_tensor_f32(out), pt_tensor_f32(x), 1, pt_tensor_numel(x),
+	               pt_tensor_numel(x));
+}
+
+/* ||a - b|| / ||b||, Frobenius. */
+static double rel_err(const pt_tensor *a, const pt_tensor *b)
+{
+	double num = 0, den = 0;
+	const float *x = pt_tensor_f32(a), *y = pt_tensor_f32(b);
+	for (int64_t i = 0; i < pt_tensor_numel(b); i++) {
+		num += ((double)x[i] - y[i]) * ((double)x[i] - y[i]);
+		den += (double)y[i] * y[i];
+	}
+	return sqrt(num / den);
+}
+
+static bool same_bits(const pt_tensor *a, const pt_tensor *b)
+{
+	return memcmp(pt_tensor_data(a), pt_tensor_data(b), pt_tensor_nbytes(a)) == 0;
+}
+
+typedef struct lin {
+	pt_tensor y, dx, dw, db;
+} lin;
+
+static void linear_run(const pt_tensor *x, const pt_tensor *w, const pt_tensor *b,
+                       const pt_tensor *dy, lin *o)
+{
+	PT_CHECK_OK(pt_tensor_init(&o->y, PT_F32, 2, (int64_t[]){x->shape[0], w->shape[0]}));
+	PT_CHECK_OK(pt_tensor_init(&o->dx, PT_F32, 2, x->shape));
+	PT_CHECK_OK(pt_tensor_init(&o->dw, PT_F32, 2, w->shape));
+	PT_CHECK_OK(pt_tensor_init(&o->db, PT_F32, 1, b->shape));
+	PT_CHECK_OK(pt_linear_forward(&o->y, x, w, b));
+	PT_CHECK_OK(pt_linear_backward(&o->dx, &o->dw, &o->db, dy, x, w, false));
+}
+
+static void lin_fini(lin *o)
+{
+	pt_tensor_fini(&o->y);
+	pt_tensor_fini(&o->dx);
+	pt_tensor_fini(&o->dw);
+	pt_tensor_fini(&o->db);
+}
+
+static void *fp32_thread(void *arg)
+{
+	void **a = arg;
+	linear_run(a[0], a[1], a[2], a[3], a[4]);
+	return NULL;
+}
+
+/* Linear in bf16: each product is the f32 product of the bf16-rounded
+ * operands (bitwise), the bias gradient an f32 sum (bitwise fp32's), and
+ * against fp32 the relative error is below 1e-2 (bf16 keeps 8 significant
+ * bits: about 4e-3 per operand). The precision is the dispatching thread's:
+ * another thread meanwhile computes fp32, bitwise. */
+static void test_bf16_linear(void)
+{
+	pt_tensor x, w, b, dy, xr, wr, dyr;
+	lin f32, bf, ref, other;
+	pthread_t t;
+
+	PT_CHECK_OK(pt_tensor_init(&x, PT_F32, 2, (int64_t[]){33, 70}));
+	PT_CHECK_OK(pt_tensor_init(&w, PT_F32, 2, (int64_t[]){45, 70}));
+	PT_CHECK_OK(pt_tensor_init(&b, PT_F32, 1, (int64_t[]){45}));
+	PT_CHECK_OK(pt_tensor_init(&dy, PT_F32, 2, (int64_t[]){33, 45}));
+	fill_uniform(&x, 1);
+	fill_uniform(&w, 2);
+	fill_uniform(&b, 3);
+	fill_uniform(&dy, 4);
+	linear_run(&x, &w, &b, &dy, &f32);
+	pt_set_precision(PT_PREC_BF16);
+	CU_ASSERT_EQUAL(pt_get_precision(), PT_PREC_BF16);
+	linear_run(&x, &w, &b, &dy, &bf);
+	{
+		void *args[5] = {&x, &w, &b, &dy, &other};
+		CU_ASSERT_EQUAL_FATAL(pthread_create(&t, NULL, fp32_thread, args), 0);
+		pthread_join(t, NULL);
+	}
+	pt_set_precision(PT_PREC_FP32);
+	rounded(&xr, &x);
+	rounded(&wr, &w);
+	rounded(&dyr, &dy);
+	/* The reference: fp32 products of rounded operands (dy rounded for dx
+	 * and dw, as the backward's products take it). */
+	PT_CHECK_OK(pt_tensor_init(&ref.y, PT_F32, 2, (int64_t[]){33, 45}));
+	PT_CHECK_OK(pt_tensor_init(&ref.dx, PT_F32, 2, x.shape));
+	PT_CHECK_OK(pt_tensor_init(&ref.dw, PT_F32, 2, w.shape));
+	PT_CHECK_OK(pt_tensor_init(&ref.db, PT_F32, 1, b.shape));
+	PT_CHECK_OK(pt_linear_forward(&ref.y, &xr, &wr, &b));
+	PT_CHECK_OK(pt_linear_backward(&ref.dx, &ref.dw, NULL, &dyr, &xr, &wr, false));
+	PT_CHECK_OK(pt_linear_backward(NULL, NULL, &ref.db, &dy, &x, &w, false));
+	CU_ASSERT(same_bits(&bf.y, &ref.y));
+	CU_ASSERT(same_bits(&bf.dx, &ref.dx));
+	CU_ASSERT(same_bits(&bf.dw, &ref.dw));
+	CU_ASSERT(same_bits(&bf.db, &ref.db));
+	CU_ASSERT(same_bits(&bf.db, &f32.db));
+	CU_ASSERT(!same_bits(&bf.y, &f32.y));
+	CU_ASSERT(rel_err(&bf.y, &f32.y) < 1e-2);
+	CU_ASSERT(rel_err(&bf.dx, &f32.dx) < 1e-2);
+	CU_ASSERT(rel_err(&bf.dw, &f32.dw) < 1e-2);
+	printf("\n    linear bf16 vs fp32: y %.2e, dx %.2e, dw %.2e", rel_err(&bf.y, &f32.y),
+	       rel_err(&bf.dx, &f32.dx), rel_err(&bf.dw, &f32.dw));
+	CU_ASSERT(same_bits(&other.y, &f32.y) && same_bits(&other.dx, &f32.dx) &&
+	          same_bits(&other.dw, &f32.dw));
+	lin_fini(&f32);
+	lin_fini(&bf);
+	lin_fini(&ref);
+	lin_fini(&other);
+	pt_tensor_fini(&x);
+	pt_tensor_fini(&w);
+	pt_tensor_fini(&b);
+	pt_tensor_fini(&dy);
+	pt_tensor_fini(&xr);
+	pt_tensor_fini(&wr);
+	pt_tensor_fini(&dyr);
+}
+
+/* Attention in bf16 (its four products; softmax in f32): output and input
+ * gradient within 2e-2 of fp32 (relative, Frobenius). */
+static void test_bf16_attention(void)
+{
+	enum { B = 2, T = 16, C = 32, NH = 4 };
+	pt_tensor qkv, dout, out[2], att[2], dq[2];
+
+	PT_CHECK_OK(pt_tensor_init(&qkv, PT_F32, 3, (int64_t[]){B, T, 3 * C}));
+	PT_CHECK_OK(pt_tensor_init(&dout, PT_F32, 3, (int64_t[]){B, T, C}));
+	fill_uniform(&qkv, 5);
+	fill_uniform(&dout, 6);
+	for (int k = 0; k < 2; k++) {
+		pt_set_precision(k ? PT_PREC_BF16 : PT_PREC_FP32);
+		PT_CHECK_OK(pt_tensor_init(&out[k], PT_F32, 3, (int64_t[]){B, T, C}));
+		PT_CHECK_OK(pt_tensor_init(&att[k], PT_F32, 4, (int64_t[]){B, NH, T, T}));
+		PT_CHECK_OK(pt_tensor_init(&dq[k], PT_F32, 3, (int64_t[]){B, T, 3 * C}));
+		PT_CHECK_OK(pt_attention_forward(&out[k], &att[k], &qkv, NH));
+		PT_CHECK_OK(pt_attention_backward(&dq[k], &dout, &qkv, &att[k], NH, false));
+	}
+	pt_set_precision(PT_PREC_FP32);
+	CU_ASSERT(!same_bits(&out[1], &out[0]));
+	CU_ASSERT(rel_err(&out[1], &out[0]) < 2e-2);
+	CU_ASSERT(rel_err(&att[1], &att[0]) < 2e-2);
+	CU_ASSERT(rel_err(&dq[1], &dq[0]) < 2e-2);
+	printf("\n    attention bf16 vs fp32: out %.2e, att %.2e, dqkv %.2e",
+	       rel_err(&out[1], &out[0]), rel_err(&att[1], &att[0]), rel_err(&dq[1], &dq[0]));
+	for (int k = 0; k < 2; k++) {
+		pt_tensor_fini(&out[k]);
+		pt_tensor_fini(&att[k]);
+		pt_tensor_fini(&dq[k]);
+	}
+	pt_tensor_fini(&qkv);
+	pt_tensor_fini(&dout);
+}
+
+static const pt_test_case bf16_tests[] = {
+    {"test_bf16_rounding", test_bf16_rounding},
+    {"test_bf16_linear", test_bf16_linear},
+    {"test_bf16_attention", test_bf16_attention},
+    {NULL, NULL},
+};
+
 static const pt_test_case eager_tests[] = {
     {"test_dispatch_cpu_expf_non_finite", test_dispatch_cpu_expf_non_finite},
     {"test_dispatch_eager_runs_at_once", test_dispatch_eager_runs_at_once},
@@ -419,6 +640,7 @@ int main(void)
 	const pt_test_suite suites[] = {
 	    {"dispatch_eager", eager_tests},
 	    {"dispatch_deferred", deferred_tests},
+	    {"bf16", bf16_tests},
 	    {NULL, NULL},
 	};
 	return pt_test_main(suites);

@@ -29,6 +29,7 @@ static const pt_optim_config *rig_optim;
 static pt_pipe_schedule rig_schedule; /* PT_SCHED_MODE: the mode's own */
 static int rig_delay_ms;              /* every stage's task-delay hook */
 static int rig_virtual;               /* interleaved: chunks per rank (p counts p * v stages) */
+static pt_precision rig_precision;    /* every stage's precision */
 
 static void rig_up(rig *r, int p, int m, pt_pipe_mode mode, bool recompute, const int *bounds)
 {
@@ -43,6 +44,7 @@ static void rig_up(rig *r, int p, int m, pt_pipe_mode mode, bool recompute, cons
 		sc[s].sync_sends = rig_sync_sends;
 		sc[s].schedule = rig_schedule;
 		sc[s].n_microbatches = m;
+		sc[s].precision = rig_precision;
 		if (rig_schedule == PT_SCHED_INTERLEAVED) {
 			int ranks = p / rig_virtual, peak, chunks[PT_MAX_STAGES];
 			if (s < ranks)
@@ -520,6 +522,40 @@ static void test_pipeline_interleaved_order_and_memory(void)
 	rig_schedule = PT_SCHED_MODE;
 	rig_delay_ms = 0;
 	fx_data_down(&d);
+}
+
+/* precision bf16: what stage 1 sends stage 2 (activations) travels as
+ * bf16: its bytes sent over two steps are about half fp32's (the same
+ * replies and DONEs ride along); the losses differ from fp32's and stay
+ * finite. */
+static void test_pipeline_bf16_wire(void)
+{
+	uint64_t bytes[2];
+	double loss[2];
+	fx_data d;
+	rig r;
+
+	for (int k = 0; k < 2; k++) {
+		pt_pipe_step_result res;
+		rig_precision = k ? PT_PREC_BF16 : PT_PREC_FP32;
+		fx_data_up(&d, 4);
+		rig_up(&r, 2, 4, PT_MODE_SYNC, false, NULL);
+		for (int64_t st = 0; st < 2; st++) {
+			fx_data_next(&d, st);
+			PT_CHECK_OK(pt_coordinator_step(r.coord, &d.x, &d.y, st, &res));
+		}
+		CU_ASSERT_FATAL(res.has_stage_comm[0]);
+		bytes[k] = res.stage_comm[0].bytes_sent;
+		loss[k] = res.loss;
+		rig_down(&r);
+		fx_data_down(&d);
+	}
+	rig_precision = PT_PREC_FP32;
+	double ratio = (double)bytes[1] / (double)bytes[0];
+	printf("\n    stage 1 bytes sent: fp32 %llu, bf16 %llu (%.3f); loss fp32 %.6f bf16 %.6f",
+	       (unsigned long long)bytes[0], (unsigned long long)bytes[1], ratio, loss[0], loss[1]);
+	CU_ASSERT(ratio > 0.45 && ratio < 0.6);
+	CU_ASSERT(isfinite(loss[1]) && loss[0] != loss[1] && fabs(loss[1] - loss[0]) < 0.05);
 }
 
 static void test_pipeline_recompute_is_bitwise_equal(void)
@@ -1046,6 +1082,7 @@ static const pt_test_case tests[] = {
     {"test_pipeline_recompute_is_bitwise_equal", test_pipeline_recompute_is_bitwise_equal},
     {"test_pipeline_zbh1_order_and_memory", test_pipeline_zbh1_order_and_memory},
     {"test_pipeline_interleaved_order_and_memory", test_pipeline_interleaved_order_and_memory},
+    {"test_pipeline_bf16_wire", test_pipeline_bf16_wire},
     {"test_pipeline_graphs_and_sync_sends_are_bitwise",
      test_pipeline_graphs_and_sync_sends_are_bitwise},
     {"test_pipeline_graphs_sgd_is_bitwise", test_pipeline_graphs_sgd_is_bitwise},

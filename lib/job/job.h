@@ -67,6 +67,7 @@ typedef struct pt_job_spec {
 	char *schedule;     /* flushing modes: "gpipe", "1f1b", "zb-h1", "interleaved" (NULL: the
 	                     * mode's own) */
 	int virtual_stages; /* interleaved: chunks per stage (0: 2) */
+	char *precision;    /* "fp32" (NULL too) or "bf16" (pt_job_spec_precision) */
 } pt_job_spec;
 
 /* The JobSpec table descriptor, pt_fb_job_job_spec_desc, for verifying
@@ -82,6 +83,9 @@ pt_err pt_job_spec_decode(const void *buf, size_t len, pt_job_spec *out);
 /* pt_job_spec_virtual_stages is the chunks per stage of a job with schedule
  * "interleaved" (virtual_stages, 2 when absent), else 1. */
 int pt_job_spec_virtual_stages(const pt_job_spec *s);
+
+/* pt_job_spec_precision is PT_PREC_BF16 for precision "bf16", else fp32. */
+pt_precision pt_job_spec_precision(const pt_job_spec *s);
 
 /* pt_job_spec_validate checks everything a run needs: model shapes for the
  * data's sample shape, batch and microbatches, stages vs layers, optimizer

@@ -207,6 +207,7 @@ static const jfield job_fields[] = {
     F("priority", JT_I32, pt_job_spec, priority),
     F("schedule", JT_STR, pt_job_spec, schedule),
     F("virtual_stages", JT_I32, pt_job_spec, virtual_stages),
+    F("precision", JT_STR, pt_job_spec, precision),
 };
 static const jtable job_table = JTABLE("JobSpec", job_fields);
 

@@ -128,6 +128,7 @@ void pt_job_spec_fini(pt_job_spec *s)
 	free(s->device);
 	free(s->init_from);
 	free(s->schedule);
+	free(s->precision);
 	memset(s, 0, sizeof(*s));
 }
 
@@ -268,6 +269,7 @@ static pt_err read_spec(const uint8_t *t, pt_job_spec *s)
 	PT_TRY(read_string(t, PT_FB_JOB_JOB_SPEC_NAME, "name", &s->name));
 	PT_TRY(read_string(t, PT_FB_JOB_JOB_SPEC_DEVICE, "device", &s->device));
 	PT_TRY(read_string(t, PT_FB_JOB_JOB_SPEC_SCHEDULE, "schedule", &s->schedule));
+	PT_TRY(read_string(t, PT_FB_JOB_JOB_SPEC_PRECISION, "precision", &s->precision));
 	return read_string(t, PT_FB_JOB_JOB_SPEC_INIT_FROM, "init_from", &s->init_from);
 }
 
@@ -304,7 +306,7 @@ static pt_err build_string(pt_fb_builder *b, const char *s, pt_fb_ref *out)
 pt_err pt_job_spec_build(pt_fb_builder *b, const pt_job_spec *s, pt_fb_ref *out)
 {
 	pt_fb_ref name, model, data, optim, placement, ck, device, feat, lab, tok, val_tok,
-	    init_from, schedule;
+	    init_from, schedule, precision;
 	pt_fb_ref bounds = 0, workers = 0;
 
 	*out = 0;
@@ -349,6 +351,7 @@ pt_err pt_job_spec_build(pt_fb_builder *b, const pt_job_spec *s, pt_fb_ref *out)
 	PT_TRY(build_string(b, s->device, &device));
 	PT_TRY(build_string(b, s->init_from, &init_from));
 	PT_TRY(build_string(b, s->schedule, &schedule));
+	PT_TRY(build_string(b, s->precision, &precision));
 
 	pt_fb_start_table(b);
 	pt_fb_add_i64(b, PT_FB_JOB_DATA_SEQ_LEN, s->data.seq_len, 0);
@@ -392,6 +395,7 @@ pt_err pt_job_spec_build(pt_fb_builder *b, const pt_job_spec *s, pt_fb_ref *out)
 	pt_fb_add_offset(b, PT_FB_JOB_JOB_SPEC_DEVICE, device);
 	pt_fb_add_offset(b, PT_FB_JOB_JOB_SPEC_INIT_FROM, init_from);
 	pt_fb_add_offset(b, PT_FB_JOB_JOB_SPEC_SCHEDULE, schedule);
+	pt_fb_add_offset(b, PT_FB_JOB_JOB_SPEC_PRECISION, precision);
 	pt_fb_add_i32(b, PT_FB_JOB_JOB_SPEC_MICROBATCHES, s->microbatches, 1);
 	pt_fb_add_i32(b, PT_FB_JOB_JOB_SPEC_MAX_RESTARTS, s->max_restarts, 0);
 	pt_fb_add_i32(b, PT_FB_JOB_JOB_SPEC_PRIORITY, s->priority, 0);

@@ -453,6 +453,11 @@ static pt_err pipeline_up(runner *r)
 	} else if (s->device != NULL) {
 		PT_TRY(pt_device_parse(s->device, &dev));
 	}
+	if (dev.kind == PT_DEV_CUDA && pt_job_spec_precision(s) == PT_PREC_BF16)
+		return pt_set_error(PT_ERR_UNSUPPORTED,
+		                    "precision: bf16 on CUDA (cuda:%d) is not built yet; fp32 runs "
+		                    "there",
+		                    dev.index);
 	if (dev.kind == PT_DEV_CUDA && s->n_workers > 0)
 		return pt_set_error(PT_ERR_UNSUPPORTED,
 		                    "device %s with placement.workers: not supported yet (the "
@@ -494,6 +499,7 @@ static pt_err pipeline_up(runner *r)
 		                     .recompute = s->recompute,
 		                     .threads = r->tps,
 		                     .use_graphs = s->use_graphs,
+		                     .precision = pt_job_spec_precision(s),
 		                     .device = devs[st]};
 		configs[st - 1] = c;
 		if (s->n_workers > 0)
@@ -1231,6 +1237,7 @@ pt_err pt_job_run(const pt_job_spec *spec, const pt_job_run_options *o, const pt
 	static const pt_job_run_options none = {0};
 	runner *r;
 	int prev_threads = pt_get_num_threads();
+	pt_precision prev_prec = PT_PREC_FP32;
 	int64_t start = 0, done = 0;
 	char msg[1024];
 	pt_err rv;
@@ -1259,6 +1266,8 @@ pt_err pt_job_run(const pt_job_spec *spec, const pt_job_run_options *o, const pt
 	             : (r->threads / r->ranks > 1 ? r->threads / r->ranks : 1);
 	r->last_ckpt = -1;
 	pt_set_num_threads(r->threads); /* this thread evaluates with the whole budget */
+	prev_prec = pt_get_precision();
+	pt_set_precision(pt_job_spec_precision(spec)); /* evaluation as training computes */
 
 	for (int st = 0; st < r->ranks; st++)
 		r->place[st] = st;
@@ -1296,6 +1305,7 @@ pt_err pt_job_run(const pt_job_spec *spec, const pt_job_run_options *o, const pt
 		pt_clear_error();
 	}
 	pt_set_num_threads(prev_threads);
+	pt_set_precision(prev_prec);
 	if (last_step)
 		*last_step = done;
 	if (rv != PT_OK)

@@ -405,6 +405,12 @@ static pt_err validate_device(const char *dev)
 	return PT_OK;
 }
 
+pt_precision pt_job_spec_precision(const pt_job_spec *s)
+{
+	return s->precision != NULL && strcmp(s->precision, "bf16") == 0 ? PT_PREC_BF16
+	                                                                 : PT_PREC_FP32;
+}
+
 int pt_job_spec_virtual_stages(const pt_job_spec *s)
 {
 	if (s->schedule == NULL || strcmp(s->schedule, "interleaved") != 0)
@@ -520,6 +526,17 @@ pt_err pt_job_spec_validate(const pt_job_spec *s, const char *files_root, bool a
 		if (sc == PT_SCHED_INTERLEAVED && (rv = check_interleaved(s)) != PT_OK)
 			return rv;
 	}
+	if (s->precision != NULL && strcmp(s->precision, "fp32") != 0 &&
+	    strcmp(s->precision, "bf16") != 0)
+		return pt_set_error(PT_ERR_INVALID, "precision: \"%.40s\" (fp32 or bf16)",
+		                    s->precision);
+	if (pt_job_spec_precision(s) == PT_PREC_BF16 && s->device != NULL &&
+	    strncmp(s->device, "cuda:", 5) == 0)
+		return pt_set_error(
+		    PT_ERR_UNSUPPORTED,
+		    "precision: bf16 on CUDA (device %s) is not built yet; fp32 runs "
+		    "there",
+		    s->device);
 	if (s->virtual_stages != 0 &&
 	    (s->schedule == NULL || strcmp(s->schedule, "interleaved") != 0))
 		return pt_set_error(PT_ERR_INVALID,

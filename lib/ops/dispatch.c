@@ -43,6 +43,18 @@ struct pt_op_tape {
 };
 
 static _Thread_local pt_dispatcher *current;
+static _Thread_local pt_precision precision;
+
+void pt_set_precision(pt_precision p)
+{
+	precision = p;
+}
+
+pt_precision pt_get_precision(void)
+{
+	return precision;
+}
+
 static _Thread_local pt_dispatcher *thread_default;
 
 /* Frees a thread's default dispatcher when the thread exits. */
@@ -567,6 +579,7 @@ pt_err pt_dispatch_on(pt_dispatcher *d, pt_op_call *c)
 	def = &pt_op_defs[c->op];
 	c->n_in = def->n_in;
 	c->n_out = def->n_out;
+	c->prec = (uint8_t)precision;
 	for (int i = 0; i < c->n_in; i++)
 		if (c->in[i] && c->in[i]->storage == NULL)
 			return pt_set_error(PT_ERR_INVALID, "%s: input %d has no storage",

@@ -136,12 +136,24 @@ struct pt_dispatcher;
 /* A planned kernel: runs the call with a workspace of the planned size. */
 typedef pt_err (*pt_kernel_fn)(const struct pt_op_call *c, void *workspace);
 
+/* The precision of matrix products (linear layers, attention): fp32, or
+ * bf16 operands with f32 accumulation and f32 results (a job's
+ * `precision`). Everything else computes in f32 either way. */
+typedef enum pt_precision { PT_PREC_FP32, PT_PREC_BF16 } pt_precision;
+
+/* pt_set_precision sets the calling thread's precision for the ops it
+ * dispatches from now on (a stage thread sets its job's); pt_get_precision
+ * reads it (PT_PREC_FP32 unless set). */
+void pt_set_precision(pt_precision p);
+pt_precision pt_get_precision(void);
+
 typedef struct pt_op_call {
 	pt_op op;
 	int n_in, n_out;
 	const pt_tensor *in[PT_OP_MAX_IN]; /* borrowed; NULL for an absent optional input */
 	pt_tensor *out[PT_OP_MAX_OUT];     /* borrowed; NULL for an absent optional output */
 	pt_op_params p;
+	uint8_t prec; /* pt_precision: the dispatching thread's, set by pt_dispatch */
 	/* Filled by plan: */
 	pt_kernel_fn kernel;
 	size_t workspace;

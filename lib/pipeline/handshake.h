@@ -20,8 +20,9 @@
 
 /* The handshake protocol version this build speaks (2: heartbeats; 3: a
  * session key in StageJoin, authenticated frames; 4: frame tags over NH;
- * 5: StageConfig.schedule and microbatches; 6: interleaved, virtual_stages). */
-#define PT_WORKER_PROTOCOL 6
+ * 5: StageConfig.schedule and microbatches; 6: interleaved, virtual_stages;
+ * 7: StageConfig.precision). */
+#define PT_WORKER_PROTOCOL 7
 
 /* Which request a WorkerRequest carries. */
 typedef enum pt_worker_msg { PT_WORKER_PEERS, PT_WORKER_JOIN, PT_WORKER_PING } pt_worker_msg;

@@ -170,6 +170,7 @@ pt_err pt_fb_build_stage_config(pt_fb_builder *b, const pt_stage_config *c, pt_f
 	pt_fb_add_u8(b, PT_FB_STAGE_STAGE_CONFIG_SCHEDULE, (uint8_t)c->schedule, 0);
 	pt_fb_add_i32(b, PT_FB_STAGE_STAGE_CONFIG_MICROBATCHES, c->n_microbatches, 0);
 	pt_fb_add_i32(b, PT_FB_STAGE_STAGE_CONFIG_VIRTUAL_STAGES, c->virtual_stages, 0);
+	pt_fb_add_u8(b, PT_FB_STAGE_STAGE_CONFIG_PRECISION, (uint8_t)c->precision, 0);
 	pt_fb_add_bool(b, PT_FB_STAGE_STAGE_CONFIG_WEIGHT_STASHING, c->weight_stashing, true);
 	pt_fb_add_bool(b, PT_FB_STAGE_STAGE_CONFIG_RECOMPUTE, c->recompute, false);
 	pt_fb_add_bool(b, PT_FB_STAGE_STAGE_CONFIG_USE_GRAPHS, c->use_graphs, false);
@@ -204,6 +205,12 @@ pt_err pt_fb_read_stage_config(const uint8_t *t, pt_stage_config *c, pt_layer_sp
 	c->schedule = (pt_pipe_schedule)sched;
 	c->n_microbatches = pt_fb_get_i32(t, PT_FB_STAGE_STAGE_CONFIG_MICROBATCHES, 0);
 	c->virtual_stages = pt_fb_get_i32(t, PT_FB_STAGE_STAGE_CONFIG_VIRTUAL_STAGES, 0);
+	if (pt_fb_get_u8(t, PT_FB_STAGE_STAGE_CONFIG_PRECISION, 0) > PT_PREC_BF16) {
+		rv = pt_set_error(PT_ERR_INVALID, "precision: unknown precision %u",
+		                  pt_fb_get_u8(t, PT_FB_STAGE_STAGE_CONFIG_PRECISION, 0));
+		goto fail;
+	}
+	c->precision = (pt_precision)pt_fb_get_u8(t, PT_FB_STAGE_STAGE_CONFIG_PRECISION, 0);
 	c->seed = pt_fb_get_u64(t, PT_FB_STAGE_STAGE_CONFIG_SEED, 0);
 	c->weight_stashing = pt_fb_get_bool(t, PT_FB_STAGE_STAGE_CONFIG_WEIGHT_STASHING, true);
 	c->recompute = pt_fb_get_bool(t, PT_FB_STAGE_STAGE_CONFIG_RECOMPUTE, false);

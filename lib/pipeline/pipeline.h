@@ -123,6 +123,10 @@ typedef struct pt_stage_config {
 	int threads;          /* CPU threads for this stage's kernels (0: 1) */
 	bool use_graphs;      /* forward, backward and optimizer step through graphs */
 	bool sync_sends;      /* send on the stage thread: no compute/transfer overlap */
+	/* bf16: the stage's matrix products take bf16 operands (pt_set_precision
+	 * on its thread), and the activations and gradients it sends to other
+	 * stages travel as bf16 (half the bytes; widened to f32 on arrival). */
+	pt_precision precision;
 	/* Where the stage's model lives and computes (zero-initialised: PT_CPU).
 	 * On a device, inputs that arrive on the host are copied there, sends to
 	 * other stages are device tensors, and whatever goes to the coordinator

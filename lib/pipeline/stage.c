@@ -560,8 +560,36 @@ static pt_err send_to(pt_stage *s, int dst, pt_msg_kind kind, int64_t step, int3
 		else
 			pt_tensor_view(&m.tensor, t);
 		m.has_tensor = true;
+		/* bf16 between stages (the coordinator gets f32). */
+		if (dst != 0 && s->cfg.precision == PT_PREC_BF16 && m.tensor.dtype == PT_F32 &&
+		    pt_tensor_device(&m.tensor).kind == PT_DEV_CPU) {
+			pt_tensor h;
+			pt_err rv;
+			if ((rv = pt_tensor_init(&h, PT_BF16, m.tensor.ndim, m.tensor.shape)) ==
+			        PT_OK &&
+			    (rv = pt_tensor_convert(&h, &m.tensor)) != PT_OK)
+				pt_tensor_fini(&h);
+			pt_tensor_fini(&m.tensor);
+			PT_TRY(rv);
+			m.tensor = h;
+		}
 	}
 	return post(s, dst, &m);
+}
+
+/* widen makes a bf16 activation or gradient from another stage f32. */
+static pt_err widen(pt_msg *m)
+{
+	pt_tensor f;
+	pt_err rv;
+	PT_TRY(pt_tensor_init(&f, PT_F32, m->tensor.ndim, m->tensor.shape));
+	if ((rv = pt_tensor_convert(&f, &m->tensor)) != PT_OK) {
+		pt_tensor_fini(&f);
+		return rv;
+	}
+	pt_tensor_fini(&m->tensor);
+	m->tensor = f;
+	return PT_OK;
 }
 
 /* Reports a failed task to the coordinator; the stage carries on. */
@@ -1053,6 +1081,7 @@ pt_err pt_stage_run(pt_stage *s)
 {
 	pt_err rv;
 	pt_set_num_threads(s->cfg.threads > 0 ? s->cfg.threads : 1);
+	pt_set_precision(s->cfg.precision);
 	rv = loop(s);
 	if (s->turn)
 		turn_close(s);
@@ -1078,6 +1107,12 @@ static pt_err loop(pt_stage *s)
 		bool data = m.meta.kind == PT_MSG_FORWARD || m.meta.kind == PT_MSG_BACKWARD;
 		if (data && m.meta.tag != s->generation) {
 			pt_msg_fini(&m); /* from before the last reset */
+			continue;
+		}
+		if (data && m.has_tensor && m.tensor.dtype == PT_BF16 &&
+		    (rv = widen(&m)) != PT_OK) {
+			report(s, m.meta.step, m.meta.microbatch, rv);
+			pt_msg_fini(&m);
 			continue;
 		}
 		if (data && s->turn &&

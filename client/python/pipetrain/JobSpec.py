@@ -221,7 +221,14 @@ class JobSpec(object):
             return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
         return 0
 
-def JobSpecStart(builder): builder.StartObject(24)
+    # JobSpec
+    def Precision(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(52))
+        if o != 0:
+            return self._tab.String(o + self._tab.Pos)
+        return None
+
+def JobSpecStart(builder): builder.StartObject(25)
 def Start(builder):
     return JobSpecStart(builder)
 def JobSpecAddName(builder, name): builder.PrependUOffsetTRelativeSlot(0, flatbuffers.number_types.UOffsetTFlags.py_type(name), 0)
@@ -299,6 +306,9 @@ def AddSchedule(builder, schedule):
 def JobSpecAddVirtualStages(builder, virtualStages): builder.PrependInt32Slot(23, virtualStages, 0)
 def AddVirtualStages(builder, virtualStages):
     return JobSpecAddVirtualStages(builder, virtualStages)
+def JobSpecAddPrecision(builder, precision): builder.PrependUOffsetTRelativeSlot(24, flatbuffers.number_types.UOffsetTFlags.py_type(precision), 0)
+def AddPrecision(builder, precision):
+    return JobSpecAddPrecision(builder, precision)
 def JobSpecEnd(builder): return builder.EndObject()
 def End(builder):
     return JobSpecEnd(builder)
@@ -335,6 +345,7 @@ class JobSpecT(object):
         self.priority = 0  # type: int
         self.schedule = None  # type: str
         self.virtualStages = 0  # type: int
+        self.precision = None  # type: str
 
     @classmethod
     def InitFromBuf(cls, buf, pos):
@@ -387,6 +398,7 @@ class JobSpecT(object):
         self.priority = jobSpec.Priority()
         self.schedule = jobSpec.Schedule()
         self.virtualStages = jobSpec.VirtualStages()
+        self.precision = jobSpec.Precision()
 
     # JobSpecT
     def Pack(self, builder):
@@ -414,6 +426,8 @@ class JobSpecT(object):
             initFrom = builder.CreateString(self.initFrom)
         if self.schedule is not None:
             schedule = builder.CreateString(self.schedule)
+        if self.precision is not None:
+            precision = builder.CreateString(self.precision)
         JobSpecStart(builder)
         if self.name is not None:
             JobSpecAddName(builder, name)
@@ -448,5 +462,7 @@ class JobSpecT(object):
         if self.schedule is not None:
             JobSpecAddSchedule(builder, schedule)
         JobSpecAddVirtualStages(builder, self.virtualStages)
+        if self.precision is not None:
+            JobSpecAddPrecision(builder, precision)
         jobSpec = JobSpecEnd(builder)
         return jobSpec

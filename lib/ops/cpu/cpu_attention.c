@@ -5,7 +5,8 @@
  * spread over the OpenMP budget and each runs single-threaded sgemm calls
  * (oneDNN does not nest parallelism), so results do not depend on the thread
  * count. att (B, NH, T, T) keeps the softmax probabilities, zero above the
- * diagonal.
+ * diagonal. bf16 precision: the four products round their operands to
+ * bf16 (cpu_gemm_prec); softmax and its backward stay f32.
  */
 #include <math.h>
 #include <omp.h>
@@ -23,6 +24,7 @@ pt_err cpu_attention_forward(const pt_op_call *c, void *ws)
 	const float *qkv = pt_tensor_f32(qt);
 	float *out = pt_tensor_f32(c->out[0]), *att = pt_tensor_f32(c->out[1]);
 	float scale = 1.0f / sqrtf((float)hs);
+	pt_precision prec = (pt_precision)c->prec;
 	pt_err err = PT_OK;
 
 #pragma omp parallel for schedule(static)
@@ -33,7 +35,8 @@ pt_err cpu_attention_forward(const pt_op_call *c, void *ws)
 		float *a = att + bh * T * T;
 		float *o = out + b * T * C + h * hs;
 		/* scores = scale * q k^T; only the causal lower triangle is used. */
-		pt_err e = cpu_gemm(false, true, T, T, hs, scale, q, C3, k, C3, 0.0f, a, T);
+		pt_err e =
+		    cpu_gemm_prec(prec, false, true, T, T, hs, scale, q, C3, k, C3, 0.0f, a, T);
 		if (e != PT_OK) {
 #pragma omp critical
 			err = e;
@@ -44,7 +47,7 @@ pt_err cpu_attention_forward(const pt_op_call *c, void *ws)
 			pt_softmax_row(row, row, i + 1, NULL, NULL);
 			memset(row + i + 1, 0, sizeof(float) * (size_t)(T - i - 1));
 		}
-		e = cpu_gemm(false, false, T, hs, T, 1.0f, a, T, v, C3, 0.0f, o, C);
+		e = cpu_gemm_prec(prec, false, false, T, hs, T, 1.0f, a, T, v, C3, 0.0f, o, C);
 		if (e != PT_OK) {
 #pragma omp critical
 			err = e;
@@ -72,6 +75,7 @@ pt_err cpu_attention_backward(const pt_op_call *c, void *ws)
 	float beta = c->p.attention.accum_dx ? 1.0f : 0.0f;
 	float scale = 1.0f / sqrtf((float)hs);
 	int nthreads = omp_get_max_threads();
+	pt_precision prec = (pt_precision)c->prec;
 	pt_err err = PT_OK;
 
 #pragma omp parallel for schedule(static) num_threads(nthreads)
@@ -86,10 +90,10 @@ pt_err cpu_attention_backward(const pt_op_call *c, void *ws)
 		pt_err e;
 
 		/* dv = att^T d ; datt = d v^T */
-		if ((e = cpu_gemm(true, false, T, hs, T, 1.0f, a, T, d, C, beta, dv, C3)) !=
-		        PT_OK ||
-		    (e = cpu_gemm(false, true, T, T, hs, 1.0f, d, C, v, C3, 0.0f, da, T)) !=
-		        PT_OK) {
+		if ((e = cpu_gemm_prec(prec, true, false, T, hs, T, 1.0f, a, T, d, C, beta, dv,
+		                       C3)) != PT_OK ||
+		    (e = cpu_gemm_prec(prec, false, true, T, T, hs, 1.0f, d, C, v, C3, 0.0f, da,
+		                       T)) != PT_OK) {
 #pragma omp critical
 			err = e;
 			continue;
@@ -108,10 +112,10 @@ pt_err cpu_attention_backward(const pt_op_call *c, void *ws)
 			memset(dr + i + 1, 0, sizeof(float) * (size_t)(T - i - 1));
 		}
 		/* dq = dscores k ; dk = dscores^T q */
-		if ((e = cpu_gemm(false, false, T, hs, T, 1.0f, da, T, k, C3, beta, dq, C3)) !=
-		        PT_OK ||
-		    (e = cpu_gemm(true, false, T, hs, T, 1.0f, da, T, q, C3, beta, dk, C3)) !=
-		        PT_OK) {
+		if ((e = cpu_gemm_prec(prec, false, false, T, hs, T, 1.0f, da, T, k, C3, beta, dq,
+		                       C3)) != PT_OK ||
+		    (e = cpu_gemm_prec(prec, true, false, T, hs, T, 1.0f, da, T, q, C3, beta, dk,
+		                       C3)) != PT_OK) {
 #pragma omp critical
 			err = e;
 		}

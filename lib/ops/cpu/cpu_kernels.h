@@ -48,6 +48,19 @@ size_t cpu_attention_workspace(const pt_op_call *c);
 pt_err cpu_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
                 int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
 
+/* cpu_gemm_prec is cpu_gemm at precision prec: PT_PREC_BF16 rounds A and B
+ * to bf16 (nearest even) and multiplies with f32 accumulation into f32 C,
+ * as a bf16 GEMM does. The rounded operands are packed in a per-thread
+ * buffer; the product is oneDNN's sgemm of them (bf16 numerics at fp32
+ * speed: pt_backend_bf16 says so). */
+pt_err cpu_gemm_prec(pt_precision prec, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
+                     float alpha, const float *A, int64_t lda, const float *B, int64_t ldb,
+                     float beta, float *C, int64_t ldc);
+
+/* cpu_round_bf16 writes rows x cols of src (leading dimension ld) to dst
+ * (packed), each rounded to the nearest bf16 (ties to even; NaN stays NaN). */
+void cpu_round_bf16(float *dst, const float *src, int64_t rows, int64_t cols, int64_t ld);
+
 /* Element-wise work below this many elements runs on one thread: waking a
  * sleeping OpenMP thread costs ~40-80 us here, more than the work saved. */
 #define PT_CPU_PAR_MIN (1 << 18)

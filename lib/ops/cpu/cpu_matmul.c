@@ -1,6 +1,9 @@
 /* cpu_matmul.c - matrix products through oneDNN's sgemm (AVX-512 picked at
- * run time), and the Linear layer's forward and backward built on them. */
+ * run time), and the Linear layer's forward and backward built on them;
+ * bf16 precision rounds the operands first (cpu_gemm_prec). */
 #include <oneapi/dnnl/dnnl.h>
+#include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cpu_kernels.h"
@@ -19,6 +22,67 @@ pt_err cpu_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, 
 	return PT_OK;
 }
 
+void cpu_round_bf16(float *dst, const float *src, int64_t rows, int64_t cols, int64_t ld)
+{
+	for (int64_t r = 0; r < rows; r++) {
+		const uint32_t *s = (const uint32_t *)(src + r * ld);
+		uint32_t *d = (uint32_t *)(dst + r * cols);
+#pragma omp simd
+		for (int64_t j = 0; j < cols; j++) {
+			uint32_t u = s[j];
+			uint32_t nan = (u & 0x7f800000u) == 0x7f800000u && (u & 0x007fffffu) != 0;
+			uint32_t rnd = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+			d[j] = nan ? (u | 0x00400000u) & 0xffff0000u : rnd;
+		}
+	}
+}
+
+/* The per-thread buffer of rounded operands (freed when the thread ends). */
+static pthread_key_t scratch_key;
+static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
+static _Thread_local float *scratch;
+static _Thread_local size_t scratch_cap;
+
+static void make_scratch_key(void)
+{
+	pthread_key_create(&scratch_key, free);
+}
+
+static float *scratch_floats(size_t n)
+{
+	if (n > scratch_cap) {
+		float *p = realloc(scratch, n * sizeof(float));
+		if (p == NULL)
+			return NULL;
+		scratch = p;
+		scratch_cap = n;
+		pthread_once(&scratch_once, make_scratch_key);
+		pthread_setspecific(scratch_key, p);
+	}
+	return scratch;
+}
+
+pt_err cpu_gemm_prec(pt_precision prec, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
+                     float alpha, const float *A, int64_t lda, const float *B, int64_t ldb,
+                     float beta, float *C, int64_t ldc)
+{
+	int64_t ra = ta ? K : M, ca = ta ? M : K, rb = tb ? N : K, cb = tb ? K : N;
+	float *a, *b;
+
+	if (prec != PT_PREC_BF16)
+		return cpu_gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+	if (M == 0 || N == 0)
+		return PT_OK;
+	if ((a = scratch_floats((size_t)(ra * ca + rb * cb))) == NULL)
+		return pt_set_error(PT_ERR_NOMEM, "bf16 operands (%ld x %ld x %ld)", (long)M,
+		                    (long)N, (long)K);
+	b = a + ra * ca;
+	cpu_round_bf16(a, A, ra, ca, lda);
+	cpu_round_bf16(b, B, rb, cb, ldb);
+	return cpu_gemm(ta, tb, M, N, K, alpha, a, ca > 0 ? ca : 1, b, cb > 0 ? cb : 1, beta, C,
+	                ldc);
+}
+
 pt_err cpu_matmul(const pt_op_call *c, void *ws)
 {
 	const pt_tensor *a = c->in[0], *b = c->in[1];
@@ -26,9 +90,9 @@ pt_err cpu_matmul(const pt_op_call *c, void *ws)
 	bool ta = c->p.matmul.trans_a, tb = c->p.matmul.trans_b;
 	int64_t M = o->shape[0], N = o->shape[1];
 	int64_t K = ta ? a->shape[0] : a->shape[1];
-	return cpu_gemm(ta, tb, M, N, K, c->p.matmul.alpha, pt_tensor_f32(a), a->strides[0],
-	                pt_tensor_f32(b), b->strides[0], c->p.matmul.beta, pt_tensor_f32(o),
-	                o->strides[0]);
+	return cpu_gemm_prec(c->prec, ta, tb, M, N, K, c->p.matmul.alpha, pt_tensor_f32(a),
+	                     a->strides[0], pt_tensor_f32(b), b->strides[0], c->p.matmul.beta,
+	                     pt_tensor_f32(o), o->strides[0]);
 }
 
 static int64_t rows_of(const pt_tensor *t)
@@ -50,8 +114,8 @@ pt_err cpu_linear_forward(const pt_op_call *c, void *ws)
 			memcpy(y + r * O, bias, sizeof(float) * (size_t)O);
 		beta = 1.0f;
 	}
-	return cpu_gemm(false, true, N, O, I, 1.0f, pt_tensor_f32(x), I, pt_tensor_f32(w), I, beta,
-	                y, O);
+	return cpu_gemm_prec(c->prec, false, true, N, O, I, 1.0f, pt_tensor_f32(x), I,
+	                     pt_tensor_f32(w), I, beta, y, O);
 }
 
 pt_err cpu_linear_backward(const pt_op_call *c, void *ws)
@@ -61,11 +125,12 @@ pt_err cpu_linear_backward(const pt_op_call *c, void *ws)
 	const float *g = pt_tensor_f32(dy);
 
 	if (c->out[0] != NULL)
-		PT_TRY(cpu_gemm(false, false, N, I, O, 1.0f, g, O, pt_tensor_f32(w), I,
-		                c->p.linear.accum_dx ? 1.0f : 0.0f, pt_tensor_f32(c->out[0]), I));
+		PT_TRY(cpu_gemm_prec(c->prec, false, false, N, I, O, 1.0f, g, O, pt_tensor_f32(w),
+		                     I, c->p.linear.accum_dx ? 1.0f : 0.0f,
+		                     pt_tensor_f32(c->out[0]), I));
 	if (c->out[1] != NULL) /* NULL: the input gradient only (split backward) */
-		PT_TRY(cpu_gemm(true, false, O, I, N, 1.0f, g, O, pt_tensor_f32(x), I, 1.0f,
-		                pt_tensor_f32(c->out[1]), I));
+		PT_TRY(cpu_gemm_prec(c->prec, true, false, O, I, N, 1.0f, g, O, pt_tensor_f32(x), I,
+		                     1.0f, pt_tensor_f32(c->out[1]), I));
 	if (c->out[2] != NULL) {
 		/* Column sums, rows in order: deterministic for any thread count. */
 		float *db = pt_tensor_f32(c->out[2]);
