@@ -44,10 +44,15 @@ def test_full_digits_flow(server, tmp_path):
         assert points[-1]["loss"] < points[0]["loss"]
         assert points[0]["eval_loss"] is None and points[19]["eval_loss"] is not None
         plans = c.plan(digits(), stages=[1, 2], microbatches=[4])
-        assert len(plans) == 6 and {p["schedule"] for p in plans} == {"gpipe", "1f1b", "zb-h1"}
+        # Interleaved (2 chunks a stage) fits the 5 layers at 1 and 2 stages.
+        assert len(plans) == 8 and {p["schedule"] for p in plans} == {
+            "gpipe", "1f1b", "zb-h1", "interleaved"}
         assert all(p["step_seconds"] > 0 for p in plans)
         assert [p["step_seconds"] for p in plans] == sorted(p["step_seconds"] for p in plans)
-        assert all(len(p["boundaries"]) == p["stages"] + 1 for p in plans)
+        for p in plans:
+            v = 2 if p["schedule"] == "interleaved" else 1
+            assert (p["virtual_stages"] or 1) == v
+            assert len(p["boundaries"]) == p["stages"] * v + 1
         g = c.get(job)
         assert g["id"] == job and g["state"] == "Succeeded" and g["step"] == 60
         assert g["name"] == "digits-mlp"
