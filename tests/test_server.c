@@ -1542,7 +1542,50 @@ static void test_server_full_disk(void)
 	CU_ASSERT_EQUAL(system(cmd), 0);
 }
 
+/* --devices values the server refuses at start, exit 2, naming the entry
+ * (a GPU the machine lacks is test_workers_gpu_placement's). */
+static void test_server_devices_refused(void)
+{
+	static const char *const cases[][2] = {
+	    {"gpu", "'gpu': cpu, cuda:N, a comma-separated list of them, all or none"},
+	    {"cuda:", "'cuda:': cpu, cuda:N"},
+	    {"cuda:x", "'cuda:x': cpu, cuda:N"},
+	    {"CPU", "'CPU': cpu, cuda:N"},
+	    {"cuda:1x", "'cuda:1x': cuda:N with N a device number"},
+	    {"cuda:-1", "'cuda:-1': cpu, cuda:N"},
+	    {"cuda:99999", "'cuda:99999': cuda:N with N a device number"},
+	    {"cuda:0,cuda:0", "'cuda:0' is listed twice"},
+	    {"cpu,", "'cpu,': an empty entry"},
+	    {",cpu", "',cpu': an empty or overlong entry"},
+	    {"cpu,,cuda:0", "'cpu,,cuda:0': an empty or overlong entry"},
+	    {"", "empty: cpu, cuda:N"},
+	    {"cuda:0123456789012345678901234567890",
+	     "an empty or overlong entry"},
+	    {"all,cpu", "'all': cpu, cuda:N"},
+	};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		char cmd[PATH_MAX + 512], out[2048];
+		size_t n;
+		FILE *f;
+		int st;
+		snprintf(cmd, sizeof(cmd),
+		         "'%s' --listen tcp://127.0.0.1:0 --data-dir '%s/devices-bad' --devices '%s' "
+		         "2>&1 </dev/null",
+		         server_bin, tmpdir, cases[i][0]);
+		CU_ASSERT_PTR_NOT_NULL_FATAL(f = popen(cmd, "r"));
+		n = fread(out, 1, sizeof(out) - 1, f);
+		out[n] = '\0';
+		st = pclose(f);
+		if (!(WIFEXITED(st) && WEXITSTATUS(st) == 2) || strstr(out, cases[i][1]) == NULL)
+			printf("\n    --devices '%s': exit %d: %s", cases[i][0],
+			       WIFEXITED(st) ? WEXITSTATUS(st) : -1, out);
+		CU_ASSERT(WIFEXITED(st) && WEXITSTATUS(st) == 2);
+		CU_ASSERT_PTR_NOT_NULL(strstr(out, cases[i][1]));
+	}
+}
+
 static const pt_test_case server_tests[] = {
+    {"test_server_devices_refused", test_server_devices_refused},
     {"test_server_every_request", test_server_every_request},
     {"test_server_cancel", test_server_cancel},
     {"test_server_bad_input", test_server_bad_input},
