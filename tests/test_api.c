@@ -5,6 +5,7 @@
  * flatc is not on PATH.
  */
 #include "api/api.h"
+#include "job/job.h"
 #include "json.h"
 #include "pt_test.h"
 
@@ -1025,6 +1026,110 @@ static void test_api_depth(void)
 	}
 }
 
+/* GetJob's timeline: PT_API_MAX_TIMELINE task spans round trip, field by
+ * field; one more is refused by the builder (the server caps what it
+ * sends at that). */
+static void test_api_timeline_cap(void)
+{
+	pt_api_task_span *t = calloc(PT_API_MAX_TIMELINE + 1, sizeof(*t));
+	pt_api_job_info j = {.id = 3, .name = "tl", .state = PT_JOB_RUNNING};
+	pt_api_response r, o;
+	pt_api_job_info ji;
+	pt_api_task_span x;
+	pt_fb_builder b;
+	uint8_t *keep;
+	const uint8_t *d;
+	size_t n;
+
+	CU_ASSERT_PTR_NOT_NULL_FATAL(t);
+	for (int i = 0; i <= PT_API_MAX_TIMELINE; i++)
+		t[i] = (pt_api_task_span){.start = (float)i * 0.5f,
+		                          .end = (float)i * 0.5f + 0.25f,
+		                          .microbatch = i % 37,
+		                          .stage = (uint8_t)(i % 64),
+		                          .kind = (uint8_t)(i % 2 ? 3 : 0)};
+	PT_CHECK_OK(pt_fb_builder_init(&b, 0));
+	j.timeline = t;
+	j.n_timeline = PT_API_MAX_TIMELINE;
+	pt_api_response_init(&r, 9, PT_API_OK, PT_API_GET_JOB);
+	r.jobs = &j;
+	r.n_jobs = 1;
+	resp_round_trip(&b, &r, &o, &keep);
+	PT_CHECK_OK(pt_api_response_job(&o, 0, &ji));
+	CU_ASSERT_EQUAL_FATAL(ji.n_timeline, PT_API_MAX_TIMELINE);
+	for (size_t i = 0; i < ji.n_timeline; i += 1023) {
+		PT_CHECK_OK(pt_api_job_task(&ji, i, &x));
+		CU_ASSERT(x.start == t[i].start && x.end == t[i].end &&
+		          x.microbatch == t[i].microbatch && x.stage == t[i].stage &&
+		          x.kind == t[i].kind);
+	}
+	PT_CHECK_ERR(pt_api_job_task(&ji, ji.n_timeline, &x), PT_ERR_RANGE);
+	free(keep);
+	j.n_timeline = PT_API_MAX_TIMELINE + 1;
+	PT_CHECK_ERR_MSG(pt_api_build_response(&b, &r, &d, &n), PT_ERR_INVALID,
+	                 "JobInfo: 4097 timeline tasks");
+	pt_fb_builder_fini(&b);
+	free(t);
+}
+
+/* PlanJob takes at most 8 stage and 8 microbatch counts: a hand-built
+ * request with 9 (the C builder cannot make one) is refused naming the
+ * field; 8 parse. */
+static void test_api_plan_candidates_bounded(void)
+{
+	static const int32_t v[9] = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+	pt_job_spec js;
+	void *raw;
+	size_t rawn;
+
+	PT_CHECK_OK(pt_job_spec_load_file(pt_test_path("examples/digits.json"), &raw, &rawn));
+	memset(&js, 0, sizeof(js));
+	PT_CHECK_OK(pt_job_spec_decode(raw, rawn, &js));
+	free(raw);
+	for (int field = 0; field < 2; field++)
+		for (size_t n = 8; n <= 9; n++) {
+			pt_fb_builder b;
+			pt_fb_ref spec, vec, body, root;
+			const uint8_t *d;
+			size_t len;
+			uint8_t *buf;
+			pt_api_request q;
+			pt_err rv;
+
+			PT_CHECK_OK(pt_fb_builder_init(&b, 0));
+			PT_CHECK_OK(pt_job_spec_build(&b, &js, &spec));
+			PT_CHECK_OK(pt_fb_create_vector(&b, v, n, 4, 4, &vec));
+			pt_fb_start_table(&b);
+			pt_fb_add_offset(&b, PT_FB_API_PLAN_JOB_SPEC, spec);
+			pt_fb_add_offset(&b,
+			                 field == 0 ? PT_FB_API_PLAN_JOB_STAGES
+			                            : PT_FB_API_PLAN_JOB_MICROBATCHES,
+			                 vec);
+			pt_fb_end_table(&b, &body);
+			pt_fb_start_table(&b);
+			pt_fb_add_u64(&b, PT_FB_API_REQUEST_ID, 7, 0);
+			pt_fb_add_union(&b, PT_FB_API_REQUEST_BODY_TYPE, (uint8_t)PT_API_PLAN_JOB, body);
+			pt_fb_end_table(&b, &root);
+			PT_CHECK_OK(pt_fb_finish(&b, root, NULL, &d, &len));
+			buf = aligned_copy(d, len);
+			rv = pt_api_parse_request(buf, len, &q);
+			if (n == 8) {
+				PT_CHECK_OK(rv);
+				CU_ASSERT_EQUAL(field == 0 ? q.n_plan_stages : q.n_plan_microbatches, 8);
+				CU_ASSERT_EQUAL((field == 0 ? q.plan_stages : q.plan_microbatches)[7], 8);
+			} else {
+				char want[64];
+				snprintf(want, sizeof(want), "PlanJob.%s: 9 entries (at most 8)",
+				         field == 0 ? "stages" : "microbatches");
+				CU_ASSERT_EQUAL(rv, PT_ERR_INVALID);
+				CU_ASSERT_PTR_NOT_NULL(strstr(pt_last_error(), want));
+			}
+			free(buf);
+			pt_fb_builder_fini(&b);
+		}
+	pt_job_spec_fini(&js);
+}
+
 static void test_api_misaligned(void)
 {
 	size_t n;
@@ -1056,6 +1161,8 @@ static const pt_test_case hostile_tests[] = {
     {"test_api_lying_offsets", test_api_lying_offsets},
     {"test_api_depth", test_api_depth},
     {"test_api_misaligned", test_api_misaligned},
+    {"test_api_plan_candidates_bounded", test_api_plan_candidates_bounded},
+    {"test_api_timeline_cap", test_api_timeline_cap},
     {NULL, NULL},
 };
 static const pt_test_suite suites[] = {
