@@ -2013,20 +2013,18 @@ static void test_job_run_interleaved_is_bitwise(void)
 	for (int e = 0; e < 2; e++)
 		for (int k = 0; k < 3; k++) {
 			example_stages = stages[k];
-			example_schedule = "gpipe";
-			example_virtual = 0;
-			snprintf(a, sizeof(a), "il-%s-%d-gpipe", examples[e], stages[k]);
-			memset(&ref, 0, sizeof(ref));
-			PT_CHECK_OK(
-			    run_example(examples[e], N, 0, 1, 0, tmp_path(a), NULL, &ref, &last));
-			CU_ASSERT_EQUAL_FATAL(ref.n, N);
-			example_schedule = "interleaved";
-			example_virtual = 2;
-			snprintf(b, sizeof(b), "il-%s-%d-interleaved", examples[e], stages[k]);
-			memset(&got, 0, sizeof(got));
-			PT_CHECK_OK(
-			    run_example(examples[e], N, 0, 1, 0, tmp_path(b), NULL, &got, &last));
-			CU_ASSERT_EQUAL_FATAL(got.n, N);
+			for (int c = 0; c < 2; c++) {
+				recorder *rec = c ? &got : &ref;
+				char *dir = c ? b : a;
+				example_schedule = c ? "interleaved" : "gpipe";
+				example_virtual = c ? 2 : 0;
+				snprintf(dir, 64, "il-%s-%d-%s", examples[e], stages[k],
+				         example_schedule);
+				memset(rec, 0, sizeof(*rec));
+				PT_CHECK_OK(run_example(examples[e], N, 0, 1, 0, tmp_path(dir),
+				                        NULL, rec, &last));
+				CU_ASSERT_EQUAL_FATAL(rec->n, N);
+			}
 			bool same = true;
 			for (int i = 0; i < N; i++)
 				same =
