@@ -605,6 +605,22 @@ static pipeclient_err copy_job(pipeclient *c, pipeclient_job *d, const pt_api_jo
 	return PIPECLIENT_OK;
 }
 
+int pipeclient_job_virtual_stages(const pipeclient_job *j)
+{
+	pt_job_spec s;
+	int v = 1;
+
+	if (j == NULL || j->spec == NULL)
+		return 1;
+	memset(&s, 0, sizeof(s));
+	if (pt_job_spec_decode(j->spec, j->spec_len, &s) == PT_OK && s.schedule != NULL &&
+	    strcmp(s.schedule, "interleaved") == 0)
+		v = s.virtual_stages > 1 ? s.virtual_stages : 2;
+	pt_clear_error();
+	pt_job_spec_fini(&s);
+	return v;
+}
+
 void pipeclient_job_fini(pipeclient_job *j)
 {
 	if (j == NULL)

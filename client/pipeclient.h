@@ -187,6 +187,13 @@ typedef struct pipeclient_job {
 	size_t spec_len;
 } pipeclient_job;
 
+/* pipeclient_job_virtual_stages is the model chunks each stage of j holds:
+ * its spec's virtual_stages (2 when absent) under schedule "interleaved",
+ * else 1 (also without a spec). An interleaved job's timeline has
+ * stages * virtual_stages rows: row s is chunk s / stages of stage
+ * s % stages. */
+int pipeclient_job_virtual_stages(const pipeclient_job *j);
+
 /* pipeclient_job_fini frees what j owns and zeroes it. Accepts NULL. */
 void pipeclient_job_fini(pipeclient_job *j);
 

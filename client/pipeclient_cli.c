@@ -857,13 +857,15 @@ static void json_timeline(FILE *f, const pipeclient_task *t, size_t n)
 
 /* print_timeline draws the last step's tasks as a text Gantt chart, a row
  * per stage, TIMELINE_COLS columns for the step: a task is its kind letter
- * and microbatch ("F3--"), '.' is idle. */
+ * and microbatch ("F3--"), '.' is idle. An interleaved job (v chunks a
+ * stage) gets a row per stage too: chunk 0's tasks in capitals, the other
+ * chunks' in small letters. */
 #define TIMELINE_COLS 72
 static void print_timeline(const pipeclient_job *j, const pipeclient_task *t, size_t n)
 {
 	char row[TIMELINE_COLS + 1];
 	double span = 0.0;
-	int stages = 0;
+	int stages = 0, v = pipeclient_job_virtual_stages(j);
 
 	for (size_t i = 0; i < n; i++) {
 		span = t[i].end > span ? t[i].end : span;
@@ -871,22 +873,29 @@ static void print_timeline(const pipeclient_job *j, const pipeclient_task *t, si
 	}
 	if (n == 0 || span <= 0.0)
 		return;
+	if (v > 1 && stages % v != 0)
+		v = 1; /* not the shape an interleaved job has: a row per stage row */
+	stages /= v;
 	printf("timeline of step %" PRId64 " (F forward, B backward input, W weight gradients, "
-	       ". idle; a column is %.3g ms):\n",
-	       j->has_last ? j->last.step : j->step, span / TIMELINE_COLS * 1e3);
+	       ". idle%s; a column is %.3g ms):\n",
+	       j->has_last ? j->last.step : j->step,
+	       v > 1 ? "; chunk 0 in capitals, later chunks in small letters" : "",
+	       span / TIMELINE_COLS * 1e3);
 	for (int st = 0; st < stages; st++) {
 		memset(row, '.', TIMELINE_COLS);
 		row[TIMELINE_COLS] = '\0';
 		for (size_t i = 0; i < n; i++) {
 			char label[16];
 			int a, b, len;
-			if (t[i].stage != st)
+			if (t[i].stage % stages != st)
 				continue;
 			a = (int)(t[i].start / span * TIMELINE_COLS);
 			b = (int)(t[i].end / span * TIMELINE_COLS + 0.5);
 			a = a < 0 ? 0 : a >= TIMELINE_COLS ? TIMELINE_COLS - 1 : a;
 			b = b <= a ? a + 1 : b > TIMELINE_COLS ? TIMELINE_COLS : b;
-			len = snprintf(label, sizeof(label), "%c%d", t[i].kind, t[i].microbatch);
+			len = snprintf(label, sizeof(label), "%c%d",
+			               t[i].stage >= stages ? t[i].kind - 'A' + 'a' : t[i].kind,
+			               t[i].microbatch);
 			for (int c = a; c < b; c++)
 				row[c] = c - a < len ? label[c - a] : '-';
 		}

@@ -1056,6 +1056,69 @@ static void check_status_stages(pipeclient *c, uint64_t id)
 	free(st);
 }
 
+/* An interleaved job (2 stages of 2 chunks): its last step's timeline has
+ * the 4 chunk stages' tasks (4 forwards, 4 backwards each); the library
+ * says 2 chunks a stage from the spec (1 without one), and `pipeclient
+ * status` draws a row per stage, chunk 1 in small letters. */
+static void test_client_interleaved_timeline(void)
+{
+	pipeclient *c = connect_lib();
+	pipeclient_job j = {0};
+	pipeclient_task *t = NULL;
+	size_t n = 0;
+	int per[4][2] = {{0}};
+	uint64_t id;
+	char *out, buf[64], *text, *json;
+	const char *il = tpath("interleaved.json");
+	size_t len;
+
+	/* job.json with 2 stages, the schedule and no checkpoints. */
+	text = read_text(job_json, &len);
+	CU_ASSERT_PTR_NOT_NULL_FATAL(text);
+	json = malloc(len + 256);
+	{
+		const char *p = strstr(text, "\"placement\"");
+		CU_ASSERT_PTR_NOT_NULL_FATAL(p);
+		snprintf(json, len + 256,
+		         "%.*s\"placement\": { \"stages\": 2, \"threads_per_stage\": 1 },\n"
+		         "  \"schedule\": \"interleaved\", \"virtual_stages\": 2,\n"
+		         "  \"seed\": 7, \"eval_every\": 8\n}\n",
+		         (int)(p - text), text);
+	}
+	pt_test_write_file(il, json, strlen(json));
+	CU_ASSERT_EQUAL(pipeclient_job_virtual_stages(&j), 1); /* no spec */
+	CHECK_LIB(pipeclient_submit_file(c, il, &id));
+	CU_ASSERT_EQUAL(wait_final(c, id, NULL), PIPECLIENT_SUCCEEDED);
+	CHECK_LIB(pipeclient_get(c, id, &j));
+	CU_ASSERT_EQUAL(pipeclient_job_virtual_stages(&j), 2);
+	CU_ASSERT_EQUAL(j.last.n_stages, 4);
+	pipeclient_job_fini(&j);
+	CHECK_LIB(pipeclient_timeline(c, id, &t, &n));
+	CU_ASSERT_EQUAL(n, 32);
+	for (size_t i = 0; i < n; i++) {
+		CU_ASSERT_FATAL(t[i].stage >= 0 && t[i].stage < 4);
+		per[t[i].stage][t[i].kind == 'F' ? 0 : 1]++;
+	}
+	for (int s = 0; s < 4; s++)
+		CU_ASSERT(per[s][0] == 4 && per[s][1] == 4);
+	free(t);
+	snprintf(buf, sizeof(buf), "%" PRIu64, id);
+	CU_ASSERT_EQUAL(run_cli(&out, "--server", srv.url, "status", buf, NULL), CLI_OK);
+	CU_ASSERT_PTR_NOT_NULL(strstr(out, "chunk 0 in capitals, later chunks in small letters"));
+	CU_ASSERT_PTR_NOT_NULL(strstr(out, "\n  stage 0  "));
+	CU_ASSERT_PTR_NOT_NULL(strstr(out, "\n  stage 1  "));
+	CU_ASSERT_PTR_NULL(strstr(out, "\n  stage 2  "));
+	{
+		const char *row = strstr(out, "\n  stage 0  ");
+		CU_ASSERT(row != NULL && strpbrk(row + 12, "fb") != NULL &&
+		          strpbrk(row + 12, "FB") != NULL);
+	}
+	free(out);
+	free(json);
+	free(text);
+	pipeclient_close(c);
+}
+
 static void test_client_get_list(void)
 {
 	pipeclient *c = connect_lib();
@@ -2061,6 +2124,7 @@ int main(void)
 	    {"test_client_names_escaped", test_client_names_escaped},
 	    {"test_client_rejected", test_client_rejected},
 	    {"test_client_plan", test_client_plan},
+	    {"test_client_interleaved_timeline", test_client_interleaved_timeline},
 	    {"test_client_job_file_syntax_error", test_client_job_file_syntax_error},
 	    {"test_client_cancel", test_client_cancel},
 	    {"test_client_failed_job", test_client_failed_job},
