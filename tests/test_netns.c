@@ -592,8 +592,14 @@ static void test_netns_handshake_refusals(void)
 	/* The worker tells peers to dial it on the address we reached it at. */
 	CU_ASSERT(r.data_url != NULL && strncmp(r.data_url, "tcp://10.99.0.7:", 16) == 0);
 	cancel.session = r.session;
-	wf_hs_call(&b, &join, &r);
-	wf_expect_refusal(&r, "worker busy with another job");
+	{
+		/* Another job (another session key) finds the worker busy. */
+		static const uint8_t key2[PT_COMM_KEY_BYTES] = {2};
+		join.key = key2;
+		wf_hs_call(&b, &join, &r);
+		wf_expect_refusal(&r, "worker busy with another job");
+		join.key = key;
+	}
 
 	/* A job that names the busy worker (and has no spare) fails, its error
 	 * naming the stage and worker but not what the worker answered (that
