@@ -106,10 +106,16 @@ if $have_torch; then
 	theirs=$(medians torch "$runs_theirs")
 	echo "$theirs" | awk '{ print ($1 == "#" ? $0 : "# " $0) }'
 	get() { echo "$1" | awk -v k="$2" '$1 != "#" && $2 == k { print $3 }'; }
-	for w in w1_samples_per_s w2_tokens_per_s; do
+	for w in w1_samples_per_s w2_tokens_per_s w2_bf16_tokens_per_s; do
 		a=$(get "$ours" "$w")
 		b=$(get "$theirs" "$w")
-		awk -v a="$a" -v b="$b" -v n="${w%%_*}" 'BEGIN { printf "bench %s_vs_torch %.2f\n", n, a / b }'
+		n=${w%_tokens_per_s}
+		n=${n%_samples_per_s}
+		if [ "$n" = w2_bf16 ]; then
+			awk -v a="$a" -v b="$b" 'BEGIN { printf "bench w2_bf16_vs_torch_bf16 %.2f\n", a / b }'
+		else
+			awk -v a="$a" -v b="$b" -v n="$n" 'BEGIN { printf "bench %s_vs_torch %.2f\n", n, a / b }'
+		fi
 	done
 else
 	echo "# PyTorch not importable by /usr/bin/python3: w1_vs_torch and w2_vs_torch skipped"

@@ -47,15 +47,18 @@ class GPT(nn.Module):
         return self.head(self.ln(self.blocks(x)))
 
 
-def run(model, x, y, warmup, steps, flat):
+def run(model, x, y, warmup, steps, flat, bf16=False):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     lossf = nn.CrossEntropyLoss()
     for s in range(warmup + steps):
         if s == warmup:
             t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        out = model(x)
-        loss = lossf(out.view(-1, out.shape[-1]) if flat else out, y.view(-1) if flat else y)
+        # bf16: autocast, PyTorch's mixed precision (f32 master weights).
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            out = model(x)
+        loss = lossf(out.float().view(-1, out.shape[-1]) if flat else out.float(),
+                     y.view(-1) if flat else y)
         loss.backward()
         opt.step()
     return x.shape[0] * steps / (time.perf_counter() - t0)
@@ -67,4 +70,7 @@ s1 = run(w1, torch.randn(256, 64), torch.randint(0, 10, (256,)), 30, 300, False)
 print(f"torch w1_samples_per_s {s1:.0f}")
 s2 = run(GPT(), torch.randint(0, 256, (16, 128)), torch.randint(0, 256, (16, 128)), 2, 8, True)
 print(f"torch w2_tokens_per_s {s2 * 128:.0f}")
+s2b = run(GPT(), torch.randint(0, 256, (16, 128)), torch.randint(0, 256, (16, 128)), 2, 8, True,
+          bf16=True)
+print(f"torch w2_bf16_tokens_per_s {s2b * 128:.0f}")
 sys.stdout.flush()

@@ -174,6 +174,8 @@ static void end_stage(seat *st)
 		if (r != st->rank)
 			pt_nng_comm_mark_lost(st->comm, r);
 	pt_comm_close(st->comm);
+	/* A chunk waiting for its rank's turn reads no closed communicator. */
+	pt_stage_turn_share_close(st->w->share);
 }
 
 /* watch_main ends a running stage whose coordinator went silent. */
@@ -711,6 +713,7 @@ void pt_worker_destroy(pt_worker *w)
 	for (int i = 0; i < PT_WORKER_SEATS; i++)
 		if (w->seats[i].state == W_RUNNING && w->seats[i].comm != NULL)
 			pt_comm_close(w->seats[i].comm); /* the stage loop returns */
+	pt_stage_turn_share_close(w->share);
 	pthread_mutex_unlock(&w->mu);
 	for (int i = 0; i < PT_WORKER_SEATS; i++) {
 		if (w->seats[i].stage_started)

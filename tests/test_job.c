@@ -944,6 +944,11 @@ static void test_job_spec_validation_of_c_specs(void)
 	PT_CHECK_OK(pt_job_spec_validate(&s, PT_SOURCE_ROOT, false));
 	s.workers = NULL;
 	s.n_workers = 0;
+	s.device = strdup("cuda:0");
+	PT_CHECK_ERR_MSG(pt_job_spec_validate(&s, PT_SOURCE_ROOT, false), PT_ERR_UNSUPPORTED,
+	                 "schedule: interleaved on CUDA (device cuda:0) is not built yet");
+	free(s.device);
+	s.device = NULL;
 	s.mode = PT_MODE_ASYNC;
 	PT_CHECK_ERR_MSG(pt_job_spec_validate(&s, PT_SOURCE_ROOT, false), PT_ERR_INVALID,
 	                 "schedule: \"interleaved\" with mode Async");

@@ -747,6 +747,54 @@ static void test_pipeline_op_error_ends_step_and_recovers(void)
 	fx_data_down(&d);
 }
 
+/* Interleaved (2 ranks of 2 chunks; stage 2 is a ReLU, which the failure
+ * hook, an op of a Linear, cannot fail): a failed forward on stage 1, 3 or
+ * 4, at microbatch 0, 1 or 3, ends the step with an error
+ * within a second - the failure's, or the report of the chunk that then
+ * receives the next microbatch out of order (it reports it instead of
+ * waiting for a turn that never comes) -; every chunk takes its RESET, the
+ * next step runs, and the stages stop and join. Before the out-of-order
+ * check, two chunks of a rank waited for each other for good. */
+static void test_pipeline_interleaved_failure_recovers(void)
+{
+	for (int fs = 1; fs <= 4; fs += fs == 1 ? 2 : 1)
+		for (int fm = 0; fm < 4; fm += fm == 1 ? 2 : 1) {
+			rig r;
+			fx_data d;
+			pt_pipe_step_result res;
+			pt_stage_stats ss;
+			double t0;
+			rig_virtual = 2;
+			rig_schedule = PT_SCHED_INTERLEAVED;
+			rig_up(&r, 4, 4, PT_MODE_SYNC, false, (int[]){0, 1, 2, 3, 5});
+			fx_data_up(&d, 4);
+			fx_data_next(&d, 0);
+			PT_CHECK_OK(pt_coordinator_step(r.coord, &d.x, &d.y, 0, &res));
+			pt_stage_fail_forward_at(r.stages[fs], fm);
+			fx_data_next(&d, 1);
+			t0 = pt_now();
+			/* The failure, or the next stage's report of the skipped
+			 * microbatch, whichever reaches the coordinator first. */
+			CU_ASSERT_NOT_EQUAL(pt_coordinator_step(r.coord, &d.x, &d.y, 1, &res),
+			                    PT_OK);
+			CU_ASSERT(strstr(pt_last_error(), "injected") != NULL ||
+			          strstr(pt_last_error(), "where the interleaved order expects") !=
+			              NULL);
+			CU_ASSERT(pt_now() - t0 < 1.0);
+			t0 = pt_now();
+			PT_CHECK_OK(pt_coordinator_step(r.coord, &d.x, &d.y, 2, &res));
+			CU_ASSERT(isfinite(res.loss) && pt_now() - t0 < 1.0);
+			for (int st = 1; st <= 4; st++) {
+				PT_CHECK_OK(pt_coordinator_stage_stats(r.coord, st, &ss));
+				CU_ASSERT(ss.forwards >= 8); /* steps 0 and 2 at least */
+			}
+			rig_down(&r);
+			fx_data_down(&d);
+		}
+	rig_virtual = 0;
+	rig_schedule = PT_SCHED_MODE;
+}
+
 static void test_pipeline_corrupt_message_is_reported(void)
 {
 	rig r;
@@ -1083,6 +1131,7 @@ static const pt_test_case tests[] = {
     {"test_pipeline_zbh1_order_and_memory", test_pipeline_zbh1_order_and_memory},
     {"test_pipeline_interleaved_order_and_memory", test_pipeline_interleaved_order_and_memory},
     {"test_pipeline_bf16_wire", test_pipeline_bf16_wire},
+    {"test_pipeline_interleaved_failure_recovers", test_pipeline_interleaved_failure_recovers},
     {"test_pipeline_graphs_and_sync_sends_are_bitwise",
      test_pipeline_graphs_and_sync_sends_are_bitwise},
     {"test_pipeline_graphs_sgd_is_bitwise", test_pipeline_graphs_sgd_is_bitwise},

@@ -3,11 +3,12 @@
  * Cost model. Every layer's forward (F), input-gradient (B) and
  * weight-gradient (W) time is measured on this process's CPU at the
  * microbatch size, on the thread count a stage of the candidate gets (the
- * runner's rule: the job's threads over p, at least 1): a one-layer model
+ * runner's rule: the job's threads over p, at least 1) and the calling
+ * thread's precision (pt_set_precision: a bf16 job's): a one-layer model
  * built as a stage builds it, one warm-up and the median of PROFILE_RUNS
  * timed runs. The coordinator's loss and the optimizer update are measured
  * the same way. Measurements are cached per (layer spec, input shape,
- * microbatch, threads) for the life of the process. A stage's F, B and W are
+ * microbatch, threads, precision) for the life of the process. A stage's F, B and W are
  * the sums over its layers (pt_partition's split, the runner's), a whole
  * backward B + W.
  *
@@ -56,6 +57,7 @@ typedef struct cache_entry {
 	pt_act_shape in;
 	int64_t batch;
 	int threads;
+	int precision; /* pt_precision of the measuring thread */
 	layer_cost cost;
 } cache_entry;
 
@@ -74,6 +76,7 @@ static bool cached(const pt_layer_spec *s, pt_act_shape in, int64_t B, int t, la
 	pthread_mutex_lock(&cache_mu);
 	for (int i = 0; i < n_cache && !hit; i++)
 		if (cache[i].batch == B && cache[i].threads == t && same_shape(cache[i].in, in) &&
+		    cache[i].precision == (int)pt_get_precision() &&
 		    memcmp(&cache[i].spec, s, sizeof(*s)) == 0) {
 			*out = cache[i].cost;
 			hit = true;
@@ -86,7 +89,7 @@ static void remember(const pt_layer_spec *s, pt_act_shape in, int64_t B, int t, 
 {
 	pthread_mutex_lock(&cache_mu);
 	if (n_cache < CACHE_MAX)
-		cache[n_cache++] = (cache_entry){*s, in, B, t, c};
+		cache[n_cache++] = (cache_entry){*s, in, B, t, (int)pt_get_precision(), c};
 	pthread_mutex_unlock(&cache_mu);
 }
 
@@ -606,6 +609,7 @@ pt_err pt_job_plan_run(const pt_job_spec *spec, const pt_job_plan_options *o, pt
 	pt_job_data_shape d;
 	pt_job_plan *v = NULL;
 	int n = 0;
+	pt_precision prev_prec;
 	pt_err rv;
 
 	*out = NULL;
@@ -634,6 +638,9 @@ pt_err pt_job_plan_run(const pt_job_spec *spec, const pt_job_plan_options *o, pt
 		ms[nm++] = spec->microbatches;
 	if ((v = calloc((size_t)(np * nm * 4), sizeof(*v))) == NULL)
 		return pt_set_error(PT_ERR_NOMEM, "plans");
+	/* Layers are measured at the job's precision. */
+	prev_prec = pt_get_precision();
+	pt_set_precision(pt_job_spec_precision(spec));
 	for (int i = 0; i < np; i++)
 		for (int j = 0; j < nm; j++) {
 			int p = ps[i], m = ms[j];
@@ -714,7 +721,10 @@ pt_err pt_job_plan_run(const pt_job_spec *spec, const pt_job_plan_options *o, pt
 					        : 0;
 					t.stages = p;
 					t.microbatches = m;
-					t.boundaries = NULL;
+					t.boundaries =
+					    vs == 1 ? pl->first : NULL; /* interleaved:
+					                                 * the estimate cuts
+					                                 * p * v itself */
 					t.schedule = (char *)pt_pipe_schedule_name(scheds[k]);
 					t.virtual_stages = vs > 1 ? vs : 0;
 					if (pt_job_memory_estimate(&t, &d, &mem) == PT_OK)
@@ -725,12 +735,14 @@ pt_err pt_job_plan_run(const pt_job_spec *spec, const pt_job_plan_options *o, pt
 			}
 		}
 	pt_set_num_threads(threads);
+	pt_set_precision(prev_prec);
 	qsort(v, (size_t)n, sizeof(*v), by_step);
 	*out = v;
 	*n_out = n;
 	return PT_OK;
 fail:
 	pt_set_num_threads(threads);
+	pt_set_precision(prev_prec);
 	free(v);
 	return rv;
 }

@@ -453,6 +453,12 @@ static pt_err pipeline_up(runner *r)
 	} else if (s->device != NULL) {
 		PT_TRY(pt_device_parse(s->device, &dev));
 	}
+	if (dev.kind == PT_DEV_CUDA && r->v > 1)
+		return pt_set_error(
+		    PT_ERR_UNSUPPORTED,
+		    "schedule: interleaved on CUDA (cuda:%d) is not built yet (a "
+		    "rank's chunks would share a GPU, and NCCL takes one rank a GPU)",
+		    dev.index);
 	if (dev.kind == PT_DEV_CUDA && pt_job_spec_precision(s) == PT_PREC_BF16)
 		return pt_set_error(PT_ERR_UNSUPPORTED,
 		                    "precision: bf16 on CUDA (cuda:%d) is not built yet; fp32 runs "
@@ -538,11 +544,15 @@ static void pipeline_down(runner *r)
 		}
 		stopped = pt_coordinator_stop(r->coord) == PT_OK;
 	}
-	/* Stages that did not take STOP leave their loops when closed. */
-	if (!stopped)
+	/* Stages that did not take STOP leave their loops when closed; an
+	 * interleaved chunk waiting for its rank's turn, when the turn closes. */
+	if (!stopped) {
 		for (int i = 0; i <= r->p; i++)
 			if (r->comms[i])
 				pt_comm_close(r->comms[i]);
+		for (int i = 0; i < r->ranks; i++)
+			pt_stage_turn_close(r->turns[i]);
+	}
 	for (int st = 1; st <= r->p; st++) {
 		if (r->started[st])
 			pt_stage_join(r->stages[st]);

@@ -442,6 +442,12 @@ static pt_err check_interleaved(const pt_job_spec *s)
 		                    "placement.boundaries: not with schedule interleaved (its %d "
 		                    "chunks are balanced by the partitioner)",
 		                    pv);
+	if (s->device != NULL && strncmp(s->device, "cuda:", 5) == 0)
+		return pt_set_error(
+		    PT_ERR_UNSUPPORTED,
+		    "schedule: interleaved on CUDA (device %s) is not built yet (a "
+		    "rank's chunks would share a GPU, and NCCL takes one rank a GPU)",
+		    s->device);
 	return PT_OK;
 }
 

@@ -250,8 +250,14 @@ static void reset_stages(pt_coordinator *c)
 	for (int i = 0; i < c->n_fl; i++)
 		fl_clear(&c->fl[i]);
 	c->live = 0;
+	/* Every stage is told before any reply is awaited: an interleaved
+	 * chunk waiting for its rank's turn answers only once a sibling chunk
+	 * has taken its own RESET. */
+	bool sent[PT_MAX_STAGES + 1] = {false};
 	for (int s = 1; s <= c->p; s++)
-		if (command(c, s, PT_CMD_RESET, 1.0f, c->generation) == PT_OK)
+		sent[s] = command(c, s, PT_CMD_RESET, 1.0f, c->generation) == PT_OK;
+	for (int s = 1; s <= c->p; s++)
+		if (sent[s])
 			wait_reply(c, s, NULL, NULL);
 }
 

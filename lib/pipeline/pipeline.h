@@ -140,6 +140,12 @@ typedef struct pt_stage_turn pt_stage_turn;
 pt_err pt_stage_turn_create(pt_stage_turn **out, int r, int p, int v, int m);
 void pt_stage_turn_destroy(pt_stage_turn *t);
 
+/* pt_stage_turn_close wakes the chunks waiting for their turn for good
+ * (their messages are dropped): call it with their communicators closed,
+ * before joining their threads, since a chunk waiting for its turn reads
+ * no STOP. Accepts NULL. */
+void pt_stage_turn_close(pt_stage_turn *t);
+
 /* One recorded task of a stage. */
 /* PT_TASK_BACKWARD is a whole backward, or B (the input gradient) under a
  * split-backward schedule, whose W (weight gradient) is PT_TASK_WEIGHT. */
@@ -197,6 +203,10 @@ typedef struct pt_stage_turn_share pt_stage_turn_share;
 pt_err pt_stage_turn_share_create(pt_stage_turn_share **out);
 void pt_stage_turn_share_destroy(pt_stage_turn_share *sh);
 pt_err pt_stage_host_run_shared(pt_comm *comm, int timeout_ms, pt_stage_turn_share *sh);
+
+/* pt_stage_turn_share_close closes the share's current turn
+ * (pt_stage_turn_close): the process ends its chunks' sessions. */
+void pt_stage_turn_share_close(pt_stage_turn_share *sh);
 
 /* Test hook: every forward and backward of s sleeps delay_ms first (a slow
  * stage, for fault-injection tests). */

@@ -106,6 +106,7 @@ struct pt_stage {
 	bool il;
 	int chunk;
 	bool *il_order;
+	int32_t *il_mb; /* the microbatch of each of them */
 	int il_n, il_pos;
 	pt_stage_turn *turn;
 };
@@ -181,15 +182,21 @@ static void turn_done(pt_stage *s, uint32_t tag)
 	pthread_mutex_unlock(&t->mu);
 }
 
-/* turn_close: this chunk left its loop (STOP, or its communicator
- * closed); a sibling waiting for a task of it would wait for good. */
-static void turn_close(pt_stage *s)
+void pt_stage_turn_close(pt_stage_turn *t)
 {
-	pt_stage_turn *t = s->turn;
+	if (t == NULL)
+		return;
 	pthread_mutex_lock(&t->mu);
 	t->closed = true;
 	pthread_cond_broadcast(&t->cv);
 	pthread_mutex_unlock(&t->mu);
+}
+
+/* turn_close: this chunk left its loop (STOP, or its communicator
+ * closed); a sibling waiting for a task of it would wait for good. */
+static void turn_close(pt_stage *s)
+{
+	pt_stage_turn_close(s->turn);
 }
 
 static void turn_reset(pt_stage *s, uint32_t generation)
@@ -235,14 +242,17 @@ static pt_err interleaved_up(pt_stage *s)
 	r = (s->rank - 1) % p + 1;
 	s->chunk = (s->rank - 1) / p;
 	if ((order = calloc((size_t)(2 * m * v), sizeof(*order))) == NULL ||
-	    (s->il_order = calloc((size_t)(2 * m), sizeof(bool))) == NULL) {
+	    (s->il_order = calloc((size_t)(2 * m), sizeof(bool))) == NULL ||
+	    (s->il_mb = calloc((size_t)(2 * m), sizeof(int32_t))) == NULL) {
 		free(order);
 		return pt_set_error(PT_ERR_NOMEM, "stage order");
 	}
 	if ((rv = pt_pipe_interleaved_order(r, p, v, m, order)) == PT_OK)
 		for (int k = 0; k < 2 * m * v; k++)
-			if (order[k].chunk == s->chunk)
+			if (order[k].chunk == s->chunk) {
+				s->il_mb[s->il_n] = order[k].mb;
 				s->il_order[s->il_n++] = order[k].backward;
+			}
 	free(order);
 	s->turn = cfg->turn;
 	return rv;
@@ -370,6 +380,7 @@ void pt_stage_destroy(pt_stage *s)
 	free(s->slots);
 	free(s->zb_w);
 	free(s->il_order);
+	free(s->il_mb);
 	free(s->sqnorms);
 	free(s->tasks);
 	free(s);
@@ -1115,6 +1126,19 @@ static pt_err loop(pt_stage *s)
 			pt_msg_fini(&m);
 			continue;
 		}
+		/* Interleaved: a chunk's forwards and backwards each come in
+		 * microbatch order; another one (a predecessor's failed task was
+		 * skipped) is an error here, not a wait for a turn that never
+		 * comes. */
+		if (data && s->il && m.meta.microbatch != s->il_mb[s->il_pos]) {
+			pt_set_error(PT_ERR_STATE,
+			             "%s of microbatch %d where the interleaved order expects %d",
+			             m.meta.kind == PT_MSG_FORWARD ? "activation" : "gradient",
+			             m.meta.microbatch, s->il_mb[s->il_pos]);
+			report(s, m.meta.step, m.meta.microbatch, PT_ERR_STATE);
+			pt_msg_fini(&m);
+			continue;
+		}
 		if (data && s->turn &&
 		    !turn_wait(s, m.meta.kind == PT_MSG_BACKWARD, m.meta.microbatch, m.meta.tag)) {
 			pt_msg_fini(&m); /* a RESET came meanwhile */
@@ -1220,6 +1244,15 @@ static pt_err share_take(pt_stage_turn_share *sh, pt_comm *comm, pt_stage_config
 	}
 	pthread_mutex_unlock(&sh->mu);
 	return rv;
+}
+
+void pt_stage_turn_share_close(pt_stage_turn_share *sh)
+{
+	if (sh == NULL)
+		return;
+	pthread_mutex_lock(&sh->mu);
+	pt_stage_turn_close(sh->turn);
+	pthread_mutex_unlock(&sh->mu);
 }
 
 static void share_drop(pt_stage_turn_share *sh)
