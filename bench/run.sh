@@ -109,6 +109,10 @@ if $have_torch; then
 	for w in w1_samples_per_s w2_tokens_per_s w2_bf16_tokens_per_s; do
 		a=$(get "$ours" "$w")
 		b=$(get "$theirs" "$w")
+		if [ -z "$a" ] || [ -z "$b" ]; then
+			echo "# ${w%_tokens_per_s} against PyTorch skipped (no figure from one side)"
+			continue
+		fi
 		n=${w%_tokens_per_s}
 		n=${n%_samples_per_s}
 		if [ "$n" = w2_bf16 ]; then
