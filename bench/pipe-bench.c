@@ -16,7 +16,8 @@
  *     (p-1)/(vm+p-1).
  *   w2_pipe_zbh1_vs_1f1b: real W2 compute, 2 stages, m = 8, local
  *     communicators: ZB-H1's tokens/s over 1F1B's (median of 5 alternating
- *     pairs).
+ *     pairs); w2_pipe_interleaved_vs_1f1b: interleaved, 2 ranks of 2
+ *     chunks, over the same 1F1B run.
  * Figures are printed as `bench <name> <value>`.
  */
 #include <stdio.h>
@@ -318,13 +319,20 @@ int main(int argc, char **argv)
 
 	/* Real compute: W2, 2 stages, ZB-H1 against 1F1B, alternating. */
 	w2(&d, 2);
-	double ratios[5];
+	double ratios[5], il_ratios[5];
 	for (int k = 0; k < 5; k++) {
 		pipe_run a = run_pipe_as(&d, 2, 8, false, 1, 2, PT_SCHED_1F1B, 0);
 		pipe_run b = run_pipe_as(&d, 2, 8, false, 1, 2, PT_SCHED_ZBH1, 0);
+		pipe_run c;
+		il_v = 2; /* 2 ranks of 2 chunks */
+		c = run_pipe_as(&d, 4, 8, false, 1, 2, PT_SCHED_INTERLEAVED, 0);
+		il_v = 1;
 		ratios[k] = b.samples_per_s / a.samples_per_s;
+		il_ratios[k] = c.samples_per_s / a.samples_per_s;
 	}
 	qsort(ratios, 5, sizeof(double), by_value);
+	qsort(il_ratios, 5, sizeof(double), by_value);
 	printf("bench w2_pipe_zbh1_vs_1f1b %.3f\n", ratios[2]);
+	printf("bench w2_pipe_interleaved_vs_1f1b %.3f\n", il_ratios[2]);
 	return 0;
 }
