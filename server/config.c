@@ -126,8 +126,9 @@ pt_err pt_server_devices_parse(const char *v, pt_server_devices *d)
 
 	memset(d, 0, sizeof(*d));
 	if (*v == '\0')
-		return pt_set_error(PT_ERR_INVALID,
-		                    "empty: cpu, cuda:N, a comma-separated list of them, all or none");
+		return pt_set_error(
+		    PT_ERR_INVALID,
+		    "empty: cpu, cuda:N, a comma-separated list of them, all or none");
 	if (strcmp(v, "none") == 0)
 		return PT_OK;
 	if (strcmp(v, "all") == 0) {

@@ -1108,15 +1108,18 @@ static void test_api_plan_candidates_bounded(void)
 			pt_fb_end_table(&b, &body);
 			pt_fb_start_table(&b);
 			pt_fb_add_u64(&b, PT_FB_API_REQUEST_ID, 7, 0);
-			pt_fb_add_union(&b, PT_FB_API_REQUEST_BODY_TYPE, (uint8_t)PT_API_PLAN_JOB, body);
+			pt_fb_add_union(&b, PT_FB_API_REQUEST_BODY_TYPE, (uint8_t)PT_API_PLAN_JOB,
+			                body);
 			pt_fb_end_table(&b, &root);
 			PT_CHECK_OK(pt_fb_finish(&b, root, NULL, &d, &len));
 			buf = aligned_copy(d, len);
 			rv = pt_api_parse_request(buf, len, &q);
 			if (n == 8) {
 				PT_CHECK_OK(rv);
-				CU_ASSERT_EQUAL(field == 0 ? q.n_plan_stages : q.n_plan_microbatches, 8);
-				CU_ASSERT_EQUAL((field == 0 ? q.plan_stages : q.plan_microbatches)[7], 8);
+				CU_ASSERT_EQUAL(
+				    field == 0 ? q.n_plan_stages : q.n_plan_microbatches, 8);
+				CU_ASSERT_EQUAL(
+				    (field == 0 ? q.plan_stages : q.plan_microbatches)[7], 8);
 			} else {
 				char want[64];
 				snprintf(want, sizeof(want), "PlanJob.%s: 9 entries (at most 8)",

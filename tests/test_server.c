@@ -1559,8 +1559,7 @@ static void test_server_devices_refused(void)
 	    {",cpu", "',cpu': an empty or overlong entry"},
 	    {"cpu,,cuda:0", "'cpu,,cuda:0': an empty or overlong entry"},
 	    {"", "empty: cpu, cuda:N"},
-	    {"cuda:0123456789012345678901234567890",
-	     "an empty or overlong entry"},
+	    {"cuda:0123456789012345678901234567890", "an empty or overlong entry"},
 	    {"all,cpu", "'all': cpu, cuda:N"},
 	};
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
@@ -1568,10 +1567,11 @@ static void test_server_devices_refused(void)
 		size_t n;
 		FILE *f;
 		int st;
-		snprintf(cmd, sizeof(cmd),
-		         "'%s' --listen tcp://127.0.0.1:0 --data-dir '%s/devices-bad' --devices '%s' "
-		         "2>&1 </dev/null",
-		         server_bin, tmpdir, cases[i][0]);
+		snprintf(
+		    cmd, sizeof(cmd),
+		    "'%s' --listen tcp://127.0.0.1:0 --data-dir '%s/devices-bad' --devices '%s' "
+		    "2>&1 </dev/null",
+		    server_bin, tmpdir, cases[i][0]);
 		CU_ASSERT_PTR_NOT_NULL_FATAL(f = popen(cmd, "r"));
 		n = fread(out, 1, sizeof(out) - 1, f);
 		out[n] = '\0';
