@@ -88,6 +88,14 @@ static const char *const spec_json[] = {
     "\"schedule\":\"WarmupCosine\",\"warmup_steps\":2,\"total_steps\":10,\"min_lr\":0.0003},"
     "\"batch_size\":2,\"microbatches\":2,\"steps\":10,\"mode\":\"SemiAsync\",\"recompute\":true,"
     "\"use_graphs\":true,\"weight_stashing\":false,\"placement\":{\"stages\":2}}",
+    "{\"name\":\"interleaved-bf16\",\"model\":[{\"kind\":\"Linear\",\"in_features\":4,"
+    "\"out_features\":8},{\"kind\":\"ReLU\"},{\"kind\":\"Linear\",\"in_features\":8,"
+    "\"out_features\":8},{\"kind\":\"ReLU\"},{\"kind\":\"Linear\",\"in_features\":8,"
+    "\"out_features\":2}],\"data\":{\"format\":\"Npy\",\"features\":\"x.npy\",\"labels\":"
+    "\"y.npy\"},\"loss\":\"CrossEntropy\",\"optimizer\":{\"kind\":\"AdamW\",\"lr\":0.01},"
+    "\"batch_size\":4,\"microbatches\":2,\"steps\":3,\"mode\":\"Sync\","
+    "\"placement\":{\"stages\":2},\"schedule\":\"interleaved\",\"virtual_stages\":2,"
+    "\"precision\":\"bf16\"}",
 };
 #define N_SPECS (sizeof(spec_json) / sizeof(spec_json[0]))
 
@@ -254,8 +262,9 @@ static void api(const pt_job_spec *specs)
 		put_response("rep-ServerInfo", &r);
 		{
 			pt_api_plan plans[2] = {
-			    {.schedule = "zb-h1",
-			     .stages = 2,
+			    {.schedule = "interleaved",
+			     .stages = 1,
+			     .virtual_stages = 2,
 			     .microbatches = 4,
 			     .step_seconds = 0.5,
 			     .bubble = 0.1,
@@ -330,7 +339,12 @@ static void wire(const pt_job_spec *specs)
 		    .use_graphs = s->use_graphs,
 		    .sync_sends = i == 1,
 		    .device = PT_CPU,
+		    .n_microbatches = s->microbatches,
+		    .virtual_stages = pt_job_spec_virtual_stages(s),
+		    .precision = pt_job_spec_precision(s),
 		};
+		if (pt_job_spec_virtual_stages(s) > 1)
+			cfg.schedule = PT_SCHED_INTERLEAVED;
 		check(pt_wire_configure_encode(&m, &cfg), "configure");
 		snprintf(name, sizeof(name), "configure-%zu", i);
 		put_msg(name, &m);
