@@ -421,6 +421,33 @@ static void test_workers_handshake_refusals(void)
 	wf_hs_call(&b, &cancel, &r);
 	CU_ASSERT_TRUE(r.ok);
 
+	/* One job takes at most 8 seats (virtual_stages' limit): ranks 1-8 of
+	 * a world of 10 join, the 9th is refused; cancelled, all are free. */
+	{
+		uint64_t seats[8];
+		join.world = 10;
+		for (int i = 0; i < 8; i++) {
+			join.rank = i + 1;
+			wf_hs_call(&a, &join, &r);
+			CU_ASSERT_TRUE_FATAL(r.ok);
+			seats[i] = r.session;
+		}
+		join.rank = 9;
+		wf_hs_call(&a, &join, &r);
+		wf_expect_refusal(&r, "this worker serves 8 stages of the job already (at most 8)");
+		CU_ASSERT_FALSE(r.busy);
+		for (int i = 0; i < 8; i++) {
+			cancel.session = seats[i];
+			wf_hs_call(&a, &cancel, &r);
+			CU_ASSERT_TRUE(r.ok);
+		}
+		wf_hs_call(&a, &join, &r); /* every seat free again */
+		CU_ASSERT_TRUE(r.ok);
+		cancel.session = r.session;
+		wf_hs_call(&a, &cancel, &r);
+		CU_ASSERT_TRUE(r.ok);
+	}
+
 	wf_hs_close(&a);
 	wf_hs_close(&b);
 	CU_ASSERT_EQUAL(wf_proc_stop(&w), 0);
