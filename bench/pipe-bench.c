@@ -176,14 +176,12 @@ static pipe_run run_pipe_as(const model_desc *d, int p, int m, bool use_nng, int
 	}
 	pt_stage_turn *turns[PT_MAX_STAGES] = {0};
 	int ranks = p / il_v, il_slots = 0;
-	for (int r = 1; sched == PT_SCHED_INTERLEAVED && r <= ranks; r++) {
-		int peak, chunks[PT_MAX_STAGES];
-		if (pt_pipe_interleaved_peak(r, ranks, il_v, m, &peak, chunks) != PT_OK ||
-		    pt_stage_turn_create(&turns[r - 1], r, ranks, il_v, m) != PT_OK)
-			die("interleaved order");
-		for (int c = 0; c < il_v; c++)
-			il_slots = chunks[c] > il_slots ? chunks[c] : il_slots;
-	}
+	if (sched == PT_SCHED_INTERLEAVED &&
+	    pt_pipe_interleaved_slots(ranks, il_v, m, &il_slots) != PT_OK)
+		die("interleaved order");
+	for (int r = 1; sched == PT_SCHED_INTERLEAVED && r <= ranks; r++)
+		if (pt_stage_turn_create(&turns[r - 1], r, ranks, il_v, m) != PT_OK)
+			die("interleaved turn");
 	for (int s = 1; s <= p; s++) {
 		pt_stage_config sc = {.layers = d->layers,
 		                      .n_layers = d->n,

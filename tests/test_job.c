@@ -2700,6 +2700,26 @@ static void test_job_memory_estimate_examples(void)
 	globfree(&g);
 }
 
+/* precision bf16 adds each stage thread's buffer of rounded operands to its
+ * workspace: the largest of a layer's input + output activations + its
+ * largest parameter, for the digits MLP on one stage (microbatch 16) the
+ * 256x256 Linear's 16*256 + 16*256 + 256*256 floats. */
+static void test_job_memory_bf16_operands(void)
+{
+	pt_job_spec s;
+	pt_job_memory f32, bf;
+
+	pt_test_digits_spec(&s);
+	s.stages = 1;
+	PT_CHECK_OK(pt_job_admit(&s, PT_SOURCE_ROOT, false, 1ull << 30, &f32));
+	s.precision = strdup("bf16");
+	PT_CHECK_OK(pt_job_admit(&s, PT_SOURCE_ROOT, false, 1ull << 30, &bf));
+	CU_ASSERT_EQUAL(bf.stages[0].workspace - f32.stages[0].workspace,
+	                4ull * (16 * 256 + 16 * 256 + 256 * 256));
+	CU_ASSERT_EQUAL(bf.stages[0].activations, f32.stages[0].activations);
+	pt_job_spec_fini(&s);
+}
+
 /* A 4.7 TB model (1.17e12 parameters) is refused at admission with the
  * estimate and the limit; the digits example passes a 1 GiB limit. */
 static void test_job_memory_refuses_huge(void)
@@ -2827,6 +2847,7 @@ static void test_job_memory_cgroup_default(void)
 
 static const pt_test_case memory_tests[] = {
     {"test_job_memory_estimate_examples", test_job_memory_estimate_examples},
+    {"test_job_memory_bf16_operands", test_job_memory_bf16_operands},
     {"test_job_memory_refuses_huge", test_job_memory_refuses_huge},
     {"test_job_memory_parse", test_job_memory_parse},
     {"test_job_memory_cgroup_default", test_job_memory_cgroup_default},

@@ -447,6 +447,7 @@ static void test_pipeline_interleaved_order_and_memory(void)
 	CU_ASSERT(o[11].chunk == 1 && o[11].backward && o[11].mb == 0);
 	CU_ASSERT(o[2 * M * V - 1].chunk == 0 && o[2 * M * V - 1].backward &&
 	          o[2 * M * V - 1].mb == 7);
+	int most = 0, slots;
 	for (int rk = 1; rk <= P; rk++) {
 		int peak, chunks[V], f = 0, b = 0;
 		PT_CHECK_OK(pt_pipe_interleaved_order(rk, P, V, M, o));
@@ -455,10 +456,14 @@ static void test_pipeline_interleaved_order_and_memory(void)
 		CU_ASSERT(f == M * V && b == M * V);
 		PT_CHECK_OK(pt_pipe_interleaved_peak(rk, P, V, M, &peak, chunks));
 		CU_ASSERT_EQUAL(peak, (P - rk) * 2 + (V - 1) * P + 1);
+		for (int c = 0; c < V; c++)
+			most = chunks[c] > most ? chunks[c] : most;
 		printf("\n    rank %d of %d: holds %d chunk microbatches (%.1f stage microbatches; "
 		       "1f1b %d)",
 		       rk, P, peak, (double)peak / V, P - rk + 1);
 	}
+	PT_CHECK_OK(pt_pipe_interleaved_slots(P, V, M, &slots));
+	CU_ASSERT_EQUAL(slots, most); /* the slots each chunk stage gets */
 	PT_CHECK_ERR_MSG(pt_pipe_interleaved_order(1, 4, 2, 6, o), PT_ERR_INVALID,
 	                 "not a multiple of 4 stages");
 

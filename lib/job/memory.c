@@ -69,7 +69,7 @@ static void model_bytes(const pt_job_spec *s, pt_act_shape input, int first, int
                         double *params, double *slot, double *work, double *in, double *out)
 {
 	pt_act_shape cur = input;
-	double p = 0, sl = 0, mx = 0, scratch = 16;
+	double p = 0, sl = 0, mx = 0, scratch = 16, bf16 = 0;
 
 	for (int i = 0; i < last; i++) {
 		const pt_layer_spec *ls = &s->layers[i];
@@ -87,9 +87,17 @@ static void model_bytes(const pt_job_spec *s, pt_act_shape input, int first, int
 		if (i == first)
 			mx = *in = act_floats(cur, B);
 		np = vt->params(ls, pinfo);
-		for (int k = 0; k < np; k++)
-			p += round16((double)pinfo[k].shape[0] *
-			             (pinfo[k].ndim == 2 ? (double)pinfo[k].shape[1] : 1.0));
+		double big = 0; /* the layer's largest parameter */
+		for (int k = 0; k < np; k++) {
+			double n = (double)pinfo[k].shape[0] *
+			           (pinfo[k].ndim == 2 ? (double)pinfo[k].shape[1] : 1.0);
+			p += round16(n);
+			big = fmax(big, n);
+		}
+		/* bf16: a product's two rounded operands (an activation or its
+		 * gradient, and a weight or another activation) in the thread's
+		 * buffer (cpu_gemm_prec), at most the layer's largest of each. */
+		bf16 = fmax(bf16, act_floats(cur, B) + act_floats(next, B) + big);
 		sl += round16(act_floats(next, B));
 		ns = vt->saved(ls, cur, (int64_t)B, info);
 		for (int k = 0; k < ns; k++) {
@@ -104,7 +112,9 @@ static void model_bytes(const pt_job_spec *s, pt_act_shape input, int first, int
 	}
 	*params = p;
 	*slot = sl * 4;
-	*work = (2 * round16(mx) + scratch) * 4;
+	*work = (2 * round16(mx) + scratch +
+	         (pt_job_spec_precision(s) == PT_PREC_BF16 ? round16(bf16) : 0)) *
+	        4;
 	*out = act_floats(cur, B);
 }
 
@@ -158,12 +168,8 @@ pt_err pt_job_memory_estimate(const pt_job_spec *s, const pt_job_data_shape *d, 
 		memcpy(first, s->boundaries, sizeof(int) * ((size_t)p + 1));
 	else
 		PT_TRY(pt_partition(s->layers, s->n_layers, in, p, first));
-	for (int r = 1; v > 1 && r <= s->stages; r++) {
-		int peak, chunks[PT_MAX_STAGES];
-		PT_TRY(pt_pipe_interleaved_peak(r, s->stages, v, m, &peak, chunks));
-		for (int c = 0; c < v; c++)
-			il_slots = chunks[c] > il_slots ? chunks[c] : il_slots;
-	}
+	if (v > 1)
+		PT_TRY(pt_pipe_interleaved_slots(s->stages, v, m, &il_slots));
 	out->n_stages = p;
 	for (int st = 0; st < p; st++) {
 		pt_job_memory_stage *e = &out->stages[st];

@@ -420,16 +420,10 @@ static pt_err pipeline_up(runner *r)
 	int il_slots = 0;
 	if (sched == PT_SCHED_INTERLEAVED) {
 		/* A chunk holds at most what its rank's order keeps in flight. */
-		for (int rk = 1; rk <= r->ranks; rk++) {
-			int peak, chunks[PT_MAX_STAGES];
-			PT_TRY(pt_pipe_interleaved_peak(rk, r->ranks, r->v, r->m, &peak, chunks));
-			for (int c = 0; c < r->v; c++)
-				il_slots = chunks[c] > il_slots ? chunks[c] : il_slots;
-			/* On workers: the worker's turn (pt_stage_turn_share). */
-			if (s->n_workers == 0)
-				PT_TRY(pt_stage_turn_create(&r->turns[rk - 1], rk, r->ranks, r->v,
-				                            r->m));
-		}
+		PT_TRY(pt_pipe_interleaved_slots(r->ranks, r->v, r->m, &il_slots));
+		/* On workers: the worker's turn (pt_stage_turn_share). */
+		for (int rk = 1; rk <= r->ranks && s->n_workers == 0; rk++)
+			PT_TRY(pt_stage_turn_create(&r->turns[rk - 1], rk, r->ranks, r->v, r->m));
 	}
 	pt_pipeline_config pc = {.n_stages = r->p,
 	                         .virtual_stages = r->v,

@@ -103,6 +103,20 @@ pt_err pt_pipe_interleaved_peak(int r, int p, int v, int m, int *rank_peak, int 
 	return rv;
 }
 
+pt_err pt_pipe_interleaved_slots(int p, int v, int m, int *slots)
+{
+	*slots = 0;
+	if (v < 1 || v > PT_MAX_STAGES)
+		return pt_set_error(PT_ERR_INVALID, "interleaved: %d chunks a rank", v);
+	for (int r = 1; r <= p; r++) {
+		int peak, chunks[PT_MAX_STAGES];
+		PT_TRY(pt_pipe_interleaved_peak(r, p, v, m, &peak, chunks));
+		for (int c = 0; c < v; c++)
+			*slots = chunks[c] > *slots ? chunks[c] : *slots;
+	}
+	return PT_OK;
+}
+
 pt_err pt_partition_check(int n, int p, const int *first)
 {
 	if (p < 1 || p > PT_MAX_STAGES)

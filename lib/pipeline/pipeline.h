@@ -85,6 +85,10 @@ pt_err pt_pipe_interleaved_order(int r, int p, int v, int m, pt_chunk_task *out)
  * chunk c holds. */
 pt_err pt_pipe_interleaved_peak(int r, int p, int v, int m, int *rank_peak, int *chunk_peak);
 
+/* pt_pipe_interleaved_slots is the most microbatches any chunk of any of
+ * the p ranks holds: the activation slots each chunk stage needs. */
+pt_err pt_pipe_interleaved_slots(int p, int v, int m, int *slots);
+
 /* pt_pipe_schedule_name returns "gpipe", "1f1b", "zb-h1", "interleaved" ("" for PT_SCHED_MODE). */
 const char *pt_pipe_schedule_name(pt_pipe_schedule s);
 pt_err pt_pipe_schedule_parse(const char *name, pt_pipe_schedule *out);
