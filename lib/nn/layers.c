@@ -416,7 +416,7 @@ static int attn_saved(const pt_layer_spec *s, pt_act_shape in, int64_t B, pt_sav
 {
 	int64_t T = in.seq, C = s->dim;
 	out[0] = sinfo(PT_F32, 3, B, T, 3 * C, 0);     /* qkv */
-	out[1] = sinfo(PT_F32, 4, B, s->n_head, T, T); /* att */
+	out[1] = sinfo(PT_F32, 3, B, s->n_head, T, 0); /* lse */
 	out[2] = sinfo(PT_F32, 3, B, T, C, 0);         /* attention output */
 	return 3;
 }
@@ -520,7 +520,7 @@ enum {
 	B_LN1_MEAN,
 	B_LN1_RSTD,
 	B_QKV,
-	B_ATT,
+	B_LSE,
 	B_ATTY,
 	B_R1,
 	B_LN2,
@@ -572,7 +572,7 @@ static int block_saved(const pt_layer_spec *s, pt_act_shape in, int64_t B, pt_sa
 	out[B_LN1_MEAN] = sinfo(PT_F32, 1, B * T, 0, 0, 0);
 	out[B_LN1_RSTD] = sinfo(PT_F32, 1, B * T, 0, 0, 0);
 	out[B_QKV] = sinfo(PT_F32, 3, B, T, 3 * C, 0);
-	out[B_ATT] = sinfo(PT_F32, 4, B, s->n_head, T, T);
+	out[B_LSE] = sinfo(PT_F32, 3, B, s->n_head, T, 0);
 	out[B_ATTY] = sinfo(PT_F32, 3, B, T, C, 0);
 	out[B_R1] = sinfo(PT_F32, 3, B, T, C, 0);
 	out[B_LN2] = sinfo(PT_F32, 3, B, T, C, 0);
@@ -597,7 +597,7 @@ static pt_err block_forward(pt_layer *l, pt_layer_ctx *x)
 	PT_TRY(pt_layernorm_forward(&sv[B_LN1], &sv[B_LN1_MEAN], &sv[B_LN1_RSTD], x->x, &p[P_LN1_W],
 	                            &p[P_LN1_B], eps));
 	PT_TRY(pt_linear_forward(&sv[B_QKV], &sv[B_LN1], &p[P_QKV_W], &p[P_QKV_B]));
-	PT_TRY(pt_attention_forward(&sv[B_ATTY], &sv[B_ATT], &sv[B_QKV], l->spec.n_head));
+	PT_TRY(pt_attention_forward(&sv[B_ATTY], &sv[B_LSE], &sv[B_QKV], l->spec.n_head));
 	PT_TRY(pt_linear_forward(&sv[B_R1], &sv[B_ATTY], &p[P_PROJ_W], &p[P_PROJ_B]));
 	PT_TRY(pt_add(&sv[B_R1], &sv[B_R1], x->x, 1.0f, 1.0f));
 	PT_TRY(pt_layernorm_forward(&sv[B_LN2], &sv[B_LN2_MEAN], &sv[B_LN2_RSTD], &sv[B_R1],
@@ -656,7 +656,7 @@ static pt_err block_backward_split(pt_layer *l, pt_layer_ctx *x)
 	                                &sv[B_LN2_MEAN], &sv[B_LN2_RSTD], true)) != PT_OK ||
 	    (rv = pt_linear_backward(&datty, NULL, NULL, &dr1, &sv[B_ATTY], &p[P_PROJ_W], false)) !=
 	        PT_OK ||
-	    (rv = pt_attention_backward(&dqkv, &datty, &sv[B_QKV], &sv[B_ATT], l->spec.n_head,
+	    (rv = pt_attention_backward(&dqkv, &datty, &sv[B_QKV], &sv[B_LSE], l->spec.n_head,
 	                                false)) != PT_OK ||
 	    (rv = pt_linear_backward(&dln1, NULL, NULL, &dqkv, &sv[B_LN1], &p[P_QKV_W], false)) !=
 	        PT_OK)
@@ -712,7 +712,7 @@ static pt_err block_backward(pt_layer *l, pt_layer_ctx *x)
 	/* Attention branch: r1 = x + proj(attn(qkv(ln_1(x)))). */
 	if ((rv = pt_linear_backward(&datty, &g[P_PROJ_W], &g[P_PROJ_B], &dr1, &sv[B_ATTY],
 	                             &p[P_PROJ_W], false)) != PT_OK ||
-	    (rv = pt_attention_backward(&dqkv, &datty, &sv[B_QKV], &sv[B_ATT], l->spec.n_head,
+	    (rv = pt_attention_backward(&dqkv, &datty, &sv[B_QKV], &sv[B_LSE], l->spec.n_head,
 	                                false)) != PT_OK ||
 	    (rv = pt_linear_backward(&dln, &g[P_QKV_W], &g[P_QKV_B], &dqkv, &sv[B_LN1], &p[P_QKV_W],
 	                             false)) != PT_OK)

@@ -358,13 +358,13 @@ static pt_err meta_emb_bwd(const pt_op_call *c)
 }
 
 static pt_err meta_attn_common(const pt_op_call *c, const pt_tensor *qkv, const pt_tensor *o,
-                               const char *oname, const pt_tensor *att)
+                               const char *oname, const pt_tensor *lse)
 {
 	int nh = c->p.attention.n_head;
 	int64_t B, T, C;
 	PT_TRY(need_f32(c, qkv, "qkv"));
 	PT_TRY(need_f32(c, o, oname));
-	PT_TRY(need_f32(c, att, "att"));
+	PT_TRY(need_f32(c, lse, "lse"));
 	if (qkv->ndim != 3 || qkv->shape[2] % 3 != 0)
 		return pt_set_error(PT_ERR_SHAPE, "%s: qkv must be (B, T, 3C)", pt_op_name(c->op));
 	B = qkv->shape[0], T = qkv->shape[1], C = qkv->shape[2] / 3;
@@ -372,7 +372,7 @@ static pt_err meta_attn_common(const pt_op_call *c, const pt_tensor *qkv, const 
 		return pt_set_error(PT_ERR_SHAPE, "%s: %d heads do not divide C = %" PRId64,
 		                    pt_op_name(c->op), nh, C);
 	PT_TRY(dims_are(c, o, oname, 3, (int64_t[]){B, T, C}));
-	return dims_are(c, att, "att", 4, (int64_t[]){B, nh, T, T});
+	return dims_are(c, lse, "lse", 3, (int64_t[]){B, nh, T});
 }
 
 static pt_err meta_attn_fwd(const pt_op_call *c)
@@ -533,7 +533,6 @@ PLAN_CPU(ln_fwd, layernorm_forward)
 PLAN_CPU(ln_bwd, layernorm_backward)
 PLAN_CPU(emb_fwd, embedding_forward)
 PLAN_CPU(emb_bwd, embedding_backward)
-PLAN_CPU(attn_fwd, attention_forward)
 PLAN_CPU(xent_fwd, cross_entropy_forward)
 PLAN_CPU(xent_bwd, cross_entropy_backward)
 PLAN_CPU(mse_fwd, mse_forward)
@@ -544,15 +543,25 @@ PLAN_CPU(sgd, sgd)
 /* Run-time scalars (input 1) live on the CPU: device_of refuses them next to
  * device buffers, so only CPU kernels read them. */
 
-static pt_err plan_attn_bwd(pt_op_call *c)
+static pt_err plan_attn(pt_op_call *c, pt_kernel_fn kernel)
 {
 	pt_device_kind k;
 	PT_TRY(device_of(c, &k));
 	if (k != PT_DEV_CPU)
 		return pt_backend_plan(c);
-	c->kernel = cpu_attention_backward;
+	c->kernel = kernel;
 	c->workspace = cpu_attention_workspace(c);
 	return PT_OK;
+}
+
+static pt_err plan_attn_fwd(pt_op_call *c)
+{
+	return plan_attn(c, cpu_attention_forward);
+}
+
+static pt_err plan_attn_bwd(pt_op_call *c)
+{
+	return plan_attn(c, cpu_attention_backward);
 }
 
 /* Ops sharing a meta function. */
@@ -771,24 +780,24 @@ pt_err pt_embedding_backward(pt_tensor *dwte, pt_tensor *dwpe, const pt_tensor *
 	return pt_dispatch(&c);
 }
 
-pt_err pt_attention_forward(pt_tensor *out, pt_tensor *att, const pt_tensor *qkv, int n_head)
+pt_err pt_attention_forward(pt_tensor *out, pt_tensor *lse, const pt_tensor *qkv, int n_head)
 {
 	CALL(ATTENTION_FWD);
 	c.out[0] = out;
-	c.out[1] = att;
+	c.out[1] = lse;
 	c.in[0] = qkv;
 	c.p.attention.n_head = n_head;
 	return pt_dispatch(&c);
 }
 
 pt_err pt_attention_backward(pt_tensor *dqkv, const pt_tensor *dout, const pt_tensor *qkv,
-                             const pt_tensor *att, int n_head, bool accum_dx)
+                             const pt_tensor *lse, int n_head, bool accum_dx)
 {
 	CALL(ATTENTION_BWD);
 	c.out[0] = dqkv;
 	c.in[0] = dout;
 	c.in[1] = qkv;
-	c.in[2] = att;
+	c.in[2] = lse;
 	c.p.attention.n_head = n_head;
 	c.p.attention.accum_dx = accum_dx;
 	return pt_dispatch(&c);

@@ -73,11 +73,12 @@ pt_err pt_embedding_backward(pt_tensor *dwte, pt_tensor *dwpe, const pt_tensor *
                              const pt_tensor *tokens);
 
 /* Causal multi-head self-attention core. qkv (B, T, 3C) holds q, k, v side by
- * side; out (B, T, C); att (B, NH, T, T) saves the probabilities. */
-pt_err pt_attention_forward(pt_tensor *out, pt_tensor *att, const pt_tensor *qkv, int n_head);
-/* dqkv (B, T, 3C) from dout (B, T, C), qkv, att. */
+ * side; out (B, T, C); lse (B, NH, T) saves each row's log-sum-exp of its
+ * scaled scores (the backward recomputes the probabilities from it). */
+pt_err pt_attention_forward(pt_tensor *out, pt_tensor *lse, const pt_tensor *qkv, int n_head);
+/* dqkv (B, T, 3C) from dout (B, T, C), qkv and the forward's lse. */
 pt_err pt_attention_backward(pt_tensor *dqkv, const pt_tensor *dout, const pt_tensor *qkv,
-                             const pt_tensor *att, int n_head, bool accum_dx);
+                             const pt_tensor *lse, int n_head, bool accum_dx);
 
 /* Softmax cross-entropy on logits (N, V) and targets (N) i64: losses (N)
  * (0 where target == ignore_index), probs (N, V) saved for backward. */

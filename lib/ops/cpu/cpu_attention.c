@@ -1,12 +1,19 @@
-/* cpu_attention.c - causal multi-head self-attention core.
+/* cpu_attention.c - causal multi-head self-attention core, blocked by rows.
  *
  * qkv (B, T, 3C) holds q | k | v per position; head h uses columns
  * [h*hs, (h+1)*hs) of each. Each (batch, head) pair is independent: pairs are
  * spread over the OpenMP budget and each runs single-threaded sgemm calls
  * (oneDNN does not nest parallelism), so results do not depend on the thread
- * count. att (B, NH, T, T) keeps the softmax probabilities, zero above the
- * diagonal. bf16 precision: the four products round their operands to
- * bf16 (cpu_gemm_prec); softmax and its backward stay f32.
+ * count.
+ *
+ * Queries go in strips of PT_ATTN_ROWS rows. A strip's scores reach only the
+ * keys up to its last row, so only the causal staircase is computed (about
+ * half of T x T), and each strip holds whole causal rows: its softmax is exact,
+ * with no running rescale. The forward saves each row's log-sum-exp
+ * lse (B, NH, T), never the T x T probabilities; the backward recomputes a
+ * strip's probabilities as exp(score - lse) in a per-thread buffer of
+ * 2 x PT_ATTN_ROWS x T floats. bf16 precision: the products round their
+ * operands to bf16 (cpu_gemm_prec); softmax and its backward stay f32.
  */
 #include <math.h>
 #include <omp.h>
@@ -15,39 +22,80 @@
 #include "cpu_kernels.h"
 #include "cpu_math.h"
 
+#include <stdlib.h>
+static int attn_rows(void)
+{
+	static int r;
+	if (!r)
+		r = getenv("AR") ? atoi(getenv("AR")) : 32;
+	return r;
+}
+#define PT_ATTN_ROWS attn_rows()
+
+typedef struct {
+	int64_t T, C, C3, hs, NH;
+	float scale;
+	pt_precision prec;
+} attn_dims;
+
+static attn_dims dims_of(const pt_op_call *c, const pt_tensor *qkv)
+{
+	attn_dims d;
+	d.T = qkv->shape[1];
+	d.C3 = qkv->shape[2];
+	d.C = d.C3 / 3;
+	d.NH = c->p.attention.n_head;
+	d.hs = d.C / d.NH;
+	d.scale = 1.0f / sqrtf((float)d.hs);
+	d.prec = (pt_precision)c->prec;
+	return d;
+}
+
+size_t cpu_attention_workspace(const pt_op_call *c)
+{
+	const pt_tensor *qkv = c->op == PT_OP_ATTENTION_FWD ? c->in[0] : c->in[1];
+	int64_t rows = qkv->shape[1] < PT_ATTN_ROWS ? qkv->shape[1] : PT_ATTN_ROWS;
+	return (size_t)omp_get_max_threads() * 2 * (size_t)(rows * qkv->shape[1]) * sizeof(float);
+}
+
+/* One (batch, head): out rows and lse for q, k, v at stride C3. */
+static pt_err head_forward(const attn_dims *d, const float *q, float *o, float *lse, float *s)
+{
+	const float *k = q + d->C, *v = q + 2 * d->C;
+	for (int64_t r0 = 0; r0 < d->T; r0 += PT_ATTN_ROWS) {
+		int64_t n = d->T - r0 < PT_ATTN_ROWS ? d->T - r0 : PT_ATTN_ROWS, kn = r0 + n;
+		PT_TRY(cpu_gemm_prec(d->prec, false, true, n, kn, d->hs, d->scale, q + r0 * d->C3,
+		                     d->C3, k, d->C3, 0.0f, s, kn));
+		for (int64_t i = 0; i < n; i++) {
+			float *row = s + i * kn, mx, sum;
+			int64_t len = r0 + i + 1;
+			pt_softmax_row(row, row, len, &mx, &sum);
+			lse[r0 + i] = mx + logf(sum);
+			memset(row + len, 0, sizeof(float) * (size_t)(kn - len));
+		}
+		PT_TRY(cpu_gemm_prec(d->prec, false, false, n, d->hs, kn, 1.0f, s, kn, v, d->C3,
+		                     0.0f, o + r0 * d->C, d->C));
+	}
+	return PT_OK;
+}
+
 pt_err cpu_attention_forward(const pt_op_call *c, void *ws)
 {
 	const pt_tensor *qt = c->in[0];
-	int64_t B = qt->shape[0], T = qt->shape[1], C3 = qt->shape[2], C = C3 / 3;
-	int NH = c->p.attention.n_head;
-	int64_t hs = C / NH;
+	attn_dims d = dims_of(c, qt);
+	int64_t B = qt->shape[0], T = d.T;
+	int64_t strip = (T < PT_ATTN_ROWS ? T : PT_ATTN_ROWS) * T;
 	const float *qkv = pt_tensor_f32(qt);
-	float *out = pt_tensor_f32(c->out[0]), *att = pt_tensor_f32(c->out[1]);
-	float scale = 1.0f / sqrtf((float)hs);
-	pt_precision prec = (pt_precision)c->prec;
+	float *out = pt_tensor_f32(c->out[0]), *lse = pt_tensor_f32(c->out[1]);
+	int nthreads = omp_get_max_threads();
 	pt_err err = PT_OK;
 
-#pragma omp parallel for schedule(static)
-	for (int64_t bh = 0; bh < B * NH; bh++) {
-		int64_t b = bh / NH, h = bh % NH;
-		const float *q = qkv + b * T * C3 + h * hs;
-		const float *k = q + C, *v = q + 2 * C;
-		float *a = att + bh * T * T;
-		float *o = out + b * T * C + h * hs;
-		/* scores = scale * q k^T; only the causal lower triangle is used. */
-		pt_err e =
-		    cpu_gemm_prec(prec, false, true, T, T, hs, scale, q, C3, k, C3, 0.0f, a, T);
-		if (e != PT_OK) {
-#pragma omp critical
-			err = e;
-			continue;
-		}
-		for (int64_t i = 0; i < T; i++) {
-			float *row = a + i * T;
-			pt_softmax_row(row, row, i + 1, NULL, NULL);
-			memset(row + i + 1, 0, sizeof(float) * (size_t)(T - i - 1));
-		}
-		e = cpu_gemm_prec(prec, false, false, T, hs, T, 1.0f, a, T, v, C3, 0.0f, o, C);
+#pragma omp parallel for schedule(static) num_threads(nthreads)
+	for (int64_t bh = 0; bh < B * d.NH; bh++) {
+		int64_t b = bh / d.NH, h = bh % d.NH;
+		float *s = (float *)ws + (size_t)omp_get_thread_num() * 2 * (size_t)strip;
+		pt_err e = head_forward(&d, qkv + b * T * d.C3 + h * d.hs,
+		                        out + b * T * d.C + h * d.hs, lse + bh * T, s);
 		if (e != PT_OK) {
 #pragma omp critical
 			err = e;
@@ -56,66 +104,75 @@ pt_err cpu_attention_forward(const pt_op_call *c, void *ws)
 	return err;
 }
 
-size_t cpu_attention_workspace(const pt_op_call *c)
+/* One (batch, head): dq, dk, dv (stride C3) from dout (stride C) and lse.
+ * dk and dv gather over strips, so they start from zero unless accumulating. */
+static pt_err head_backward(const attn_dims *d, const float *q, const float *dout, const float *lse,
+                            float *dq, bool accum, float *p, float *dp)
 {
-	const pt_tensor *qt = c->in[1];
-	int64_t T = qt->shape[1];
-	return (size_t)omp_get_max_threads() * (size_t)(T * T) * sizeof(float);
+	const float *k = q + d->C, *v = q + 2 * d->C;
+	float *dk = dq + d->C, *dv = dq + 2 * d->C;
+	float beta = accum ? 1.0f : 0.0f;
+	if (!accum)
+		for (int64_t t = 0; t < d->T; t++) {
+			memset(dk + t * d->C3, 0, sizeof(float) * (size_t)d->hs);
+			memset(dv + t * d->C3, 0, sizeof(float) * (size_t)d->hs);
+		}
+	for (int64_t r0 = 0; r0 < d->T; r0 += PT_ATTN_ROWS) {
+		int64_t n = d->T - r0 < PT_ATTN_ROWS ? d->T - r0 : PT_ATTN_ROWS, kn = r0 + n;
+		const float *qs = q + r0 * d->C3, *ds = dout + r0 * d->C;
+		/* p = exp(scale q k^T - lse) on the causal part; dp = dout v^T */
+		PT_TRY(cpu_gemm_prec(d->prec, false, true, n, kn, d->hs, d->scale, qs, d->C3, k,
+		                     d->C3, 0.0f, p, kn));
+		PT_TRY(cpu_gemm_prec(d->prec, false, true, n, kn, d->hs, 1.0f, ds, d->C, v, d->C3,
+		                     0.0f, dp, kn));
+		for (int64_t i = 0; i < n; i++) {
+			float *pr = p + i * kn, *dr = dp + i * kn, l = lse[r0 + i], dot = 0.0f;
+			int64_t len = r0 + i + 1;
+#pragma omp simd
+			for (int64_t j = 0; j < len; j++)
+				pr[j] = pt_expf(pr[j] - l);
+			memset(pr + len, 0, sizeof(float) * (size_t)(kn - len));
+#pragma omp simd reduction(+ : dot)
+			for (int64_t j = 0; j < len; j++)
+				dot += pr[j] * dr[j];
+				/* the score gradient, with the score scale folded in */
+#pragma omp simd
+			for (int64_t j = 0; j < len; j++)
+				dr[j] = d->scale * pr[j] * (dr[j] - dot);
+			memset(dr + len, 0, sizeof(float) * (size_t)(kn - len));
+		}
+		/* dv += p^T dout ; dq = ds k ; dk += ds^T q */
+		PT_TRY(cpu_gemm_prec(d->prec, true, false, kn, d->hs, n, 1.0f, p, kn, ds, d->C,
+		                     1.0f, dv, d->C3));
+		PT_TRY(cpu_gemm_prec(d->prec, false, false, n, d->hs, kn, 1.0f, dp, kn, k, d->C3,
+		                     beta, dq + r0 * d->C3, d->C3));
+		PT_TRY(cpu_gemm_prec(d->prec, true, false, kn, d->hs, n, 1.0f, dp, kn, qs, d->C3,
+		                     1.0f, dk, d->C3));
+	}
+	return PT_OK;
 }
 
 pt_err cpu_attention_backward(const pt_op_call *c, void *ws)
 {
 	const pt_tensor *qt = c->in[1];
-	int64_t B = qt->shape[0], T = qt->shape[1], C3 = qt->shape[2], C = C3 / 3;
-	int NH = c->p.attention.n_head;
-	int64_t hs = C / NH;
+	attn_dims d = dims_of(c, qt);
+	int64_t B = qt->shape[0], T = d.T;
+	int64_t strip = (T < PT_ATTN_ROWS ? T : PT_ATTN_ROWS) * T;
 	const float *dout = pt_tensor_f32(c->in[0]), *qkv = pt_tensor_f32(qt);
-	const float *att = pt_tensor_f32(c->in[2]);
+	const float *lse = pt_tensor_f32(c->in[2]);
 	float *dqkv = pt_tensor_f32(c->out[0]);
-	float beta = c->p.attention.accum_dx ? 1.0f : 0.0f;
-	float scale = 1.0f / sqrtf((float)hs);
+	bool accum = c->p.attention.accum_dx;
 	int nthreads = omp_get_max_threads();
-	pt_precision prec = (pt_precision)c->prec;
 	pt_err err = PT_OK;
 
 #pragma omp parallel for schedule(static) num_threads(nthreads)
-	for (int64_t bh = 0; bh < B * NH; bh++) {
-		int64_t b = bh / NH, h = bh % NH;
-		const float *q = qkv + b * T * C3 + h * hs;
-		const float *k = q + C, *v = q + 2 * C;
-		const float *a = att + bh * T * T;
-		const float *d = dout + b * T * C + h * hs;
-		float *dq = dqkv + b * T * C3 + h * hs, *dk = dq + C, *dv = dq + 2 * C;
-		float *da = (float *)ws + (size_t)omp_get_thread_num() * (size_t)(T * T);
-		pt_err e;
-
-		/* dv = att^T d ; datt = d v^T */
-		if ((e = cpu_gemm_prec(prec, true, false, T, hs, T, 1.0f, a, T, d, C, beta, dv,
-		                       C3)) != PT_OK ||
-		    (e = cpu_gemm_prec(prec, false, true, T, T, hs, 1.0f, d, C, v, C3, 0.0f, da,
-		                       T)) != PT_OK) {
-#pragma omp critical
-			err = e;
-			continue;
-		}
-		/* softmax backward on the causal rows, folding in the score scale. */
-		for (int64_t i = 0; i < T; i++) {
-			const float *ar = a + i * T;
-			float *dr = da + i * T;
-			float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-			for (int64_t j = 0; j <= i; j++)
-				dot += ar[j] * dr[j];
-#pragma omp simd
-			for (int64_t j = 0; j <= i; j++)
-				dr[j] = scale * ar[j] * (dr[j] - dot);
-			memset(dr + i + 1, 0, sizeof(float) * (size_t)(T - i - 1));
-		}
-		/* dq = dscores k ; dk = dscores^T q */
-		if ((e = cpu_gemm_prec(prec, false, false, T, hs, T, 1.0f, da, T, k, C3, beta, dq,
-		                       C3)) != PT_OK ||
-		    (e = cpu_gemm_prec(prec, true, false, T, hs, T, 1.0f, da, T, q, C3, beta, dk,
-		                       C3)) != PT_OK) {
+	for (int64_t bh = 0; bh < B * d.NH; bh++) {
+		int64_t b = bh / d.NH, h = bh % d.NH;
+		float *p = (float *)ws + (size_t)omp_get_thread_num() * 2 * (size_t)strip;
+		pt_err e = head_backward(&d, qkv + b * T * d.C3 + h * d.hs,
+		                         dout + b * T * d.C + h * d.hs, lse + bh * T,
+		                         dqkv + b * T * d.C3 + h * d.hs, accum, p, p + strip);
+		if (e != PT_OK) {
 #pragma omp critical
 			err = e;
 		}

@@ -164,12 +164,13 @@ int ptc_xent_backward(int dev, float *d, const float *probs, const int64_t *tg, 
 /* ---- attention (cuda_attention.cu) ---- */
 
 /* Causal self-attention core, as cpu_attention.c: qkv (B, T, 3C), out (B, T, C),
- * att (B, NH, T, T). Backward takes a scratch pool buffer of NH*T*T floats
- * (reused for each batch row). */
-int ptc_attention_forward(int dev, float *out, float *att, const float *qkv, int64_t B, int64_t T,
+ * lse (B, NH, T) each row's log-sum-exp of its scaled scores. The forward
+ * takes a scratch pool buffer of NH*T*T floats, the backward two (each reused
+ * for every batch row); the backward recomputes the probabilities from lse. */
+int ptc_attention_forward(int dev, float *out, float *lse, const float *qkv, int64_t B, int64_t T,
                           int64_t C, int64_t NH);
 int ptc_attention_backward(int dev, float *dqkv, const float *dout, const float *qkv,
-                           const float *att, int64_t B, int64_t T, int64_t C, int64_t NH,
+                           const float *lse, int64_t B, int64_t T, int64_t C, int64_t NH,
                            bool accum);
 
 #ifdef __cplusplus
