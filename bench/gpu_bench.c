@@ -24,6 +24,7 @@
 #include "dispatch.h"
 #include "ops.h"
 #include "rng.h"
+#include "profile.h"
 #include "runtime.h"
 #include "train.h"
 
@@ -106,30 +107,6 @@ static void bench_matmul(void)
 }
 
 enum { VOCAB = 50304, DIM = 768, BLOCKS = 12, HEADS = 12, CTX = 1024, BATCH = 8 };
-
-/* The per-op profile of one step, largest first, as `#` lines. */
-static void print_profile(const pt_kernel_timer *kt, double step_s)
-{
-	int order[PT_OP_COUNT], n = 0;
-	for (int i = 0; i < PT_OP_COUNT; i++)
-		if (kt->op_calls[i] > 0)
-			order[n++] = i;
-	for (int i = 1; i < n; i++)
-		for (int j = i; j > 0 && kt->op_seconds[order[j]] > kt->op_seconds[order[j - 1]];
-		     j--) {
-			int s = order[j];
-			order[j] = order[j - 1];
-			order[j - 1] = s;
-		}
-	printf("# profile of one step (each kernel between device syncs): %.1f ms in kernels, "
-	       "%.1f ms step\n",
-	       kt->seconds * 1e3, step_s * 1e3);
-	for (int i = 0; i < n && i < 16; i++)
-		printf("#   %-22s %8.2f ms %5.1f %% %6llu calls\n", pt_op_name((pt_op)order[i]),
-		       kt->op_seconds[order[i]] * 1e3,
-		       100.0 * kt->op_seconds[order[i]] / kt->seconds,
-		       (unsigned long long)kt->op_calls[order[i]]);
-}
 
 /* Trains the GPT-2-small shape on cuda:0; returns tokens/s. */
 static double bench_w2(void)

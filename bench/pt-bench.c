@@ -9,12 +9,14 @@
  *   sha256_gbps       SHA-256 of 256 MiB as checkpoints are hashed (OpenSSL's
  *                     compression); sha256_portable_gbps, the portable one
  * and informational w1_gflops / w2_gflops. Threads: PIPETRAIN_THREADS or all cores.
+ * PT_BENCH_PROFILE set: W2's per-op profile of one more step, as `#` lines.
  */
 #include <oneapi/dnnl/dnnl.h>
 #include <stdio.h>
 #include <stdlib.h>
 
 #include "backend.h"
+#include "profile.h"
 #include "runtime.h"
 #include "sha256.h"
 #include "train.h"
@@ -75,6 +77,7 @@ typedef struct workload {
 	pt_model_config cfg;
 	int warmup, steps;
 	double tokens_per_sample;
+	bool profile; /* after the timed steps, print one more step's per-op profile */
 } workload;
 
 /* Trains `steps` steps after `warmup` and returns samples/s; *gflops gets the
@@ -120,6 +123,19 @@ static double run(const workload *w, double *gflops)
 	}
 	sps = (double)B * w->steps / (pt_now() - t0);
 	*gflops = sps * pt_model_flops_per_sample(m) / 1e9;
+	if (w->profile) {
+		pt_kernel_timer *kt = calloc(1, sizeof(*kt));
+		pt_step_result r;
+		pt_dispatch_time_kernels(kt);
+		t0 = pt_now();
+		if (pt_trainer_step(t, &x, &y, 1, (uint64_t)(w->warmup + w->steps), &r) != PT_OK)
+			die(w->name);
+		pt_dispatch_time_kernels(NULL);
+		printf("# %s (%s):\n", w->name,
+		       pt_get_precision() == PT_PREC_BF16 ? "bf16" : "fp32");
+		print_profile(kt, pt_now() - t0);
+		free(kt);
+	}
 	pt_tensor_fini(&x);
 	pt_tensor_fini(&y);
 	pt_trainer_destroy(t);
@@ -152,9 +168,9 @@ int main(int argc, char **argv)
 	w2[n2++] = pt_linear(256, 256);
 
 	workload wl1 = {"w1", w1,  7, {256, {PT_F32, 0, 64}, 1, 1, {PT_DEV_CPU, 0}, false, false},
-	                30,   300, 0};
-	workload wl2 = {"w2", w2, n2, {16, {PT_I64, 128, 0}, 1, 1, {PT_DEV_CPU, 0}, false, false},
-	                2,    8,  128};
+	                30,   300, 0, false};
+	workload wl2 = {"w2", w2, n2,  {16, {PT_I64, 128, 0}, 1, 1, {PT_DEV_CPU, 0}, false, false},
+	                2,    8,  128, getenv("PT_BENCH_PROFILE") != NULL};
 
 	sgemm = bench_sgemm();
 	printf("bench sgemm_gflops %.1f\n", sgemm);

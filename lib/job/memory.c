@@ -69,7 +69,8 @@ static void model_bytes(const pt_job_spec *s, pt_act_shape input, int first, int
                         double *params, double *slot, double *work, double *in, double *out)
 {
 	pt_act_shape cur = input;
-	double p = 0, sl = 0, mx = 0, scratch = 16, bf16 = 0;
+	double p = 0, sl = 0, mx = 0, scratch = 16, operands = 0;
+	bool bf16 = pt_job_spec_precision(s) == PT_PREC_BF16;
 
 	for (int i = 0; i < last; i++) {
 		const pt_layer_spec *ls = &s->layers[i];
@@ -94,10 +95,17 @@ static void model_bytes(const pt_job_spec *s, pt_act_shape input, int first, int
 			p += round16(n);
 			big = fmax(big, n);
 		}
-		/* bf16: a product's two rounded operands (an activation or its
-		 * gradient, and a weight or another activation) in the thread's
-		 * buffer (cpu_gemm_prec), at most the layer's largest of each. */
-		bf16 = fmax(bf16, act_floats(cur, B) + act_floats(next, B) + big);
+		/* A product's two operands copied to the thread's buffer
+		 * (cpu_gemm_prec): in bf16 always (rounded), in fp32 those with
+		 * rows 512k floats long (padded by 16, so 33/32 of them). Each is an
+		 * activation-sized tensor (the input, the output, a saved tensor or
+		 * a gradient of one) or a parameter: at most act + max(act, big). */
+		double act = fmax(act_floats(cur, B), act_floats(next, B));
+		bool wide = (cur.features > 0 && cur.features % 512 == 0) ||
+		            (next.features > 0 && next.features % 512 == 0);
+		for (int k = 0; k < np; k++)
+			for (int d = 0; d < pinfo[k].ndim; d++)
+				wide = wide || pinfo[k].shape[d] % 512 == 0;
 		sl += round16(act_floats(next, B));
 		ns = vt->saved(ls, cur, (int64_t)B, info);
 		for (int k = 0; k < ns; k++) {
@@ -105,16 +113,21 @@ static void model_bytes(const pt_job_spec *s, pt_act_shape input, int first, int
 			for (int d = 0; d < info[k].ndim; d++)
 				sn *= (double)info[k].shape[d];
 			sl += round16(floor(sn * (double)pt_dtype_size(info[k].dtype) / 4));
+			act = fmax(act, sn);
+			wide = wide ||
+			       (info[k].ndim > 1 && info[k].shape[info[k].ndim - 1] % 512 == 0);
 		}
+		if (wide)
+			operands = fmax(operands, (act + fmax(act, big)) * 33 / 32);
+		else if (bf16)
+			operands = fmax(operands, act + fmax(act, big));
 		mx = fmax(mx, act_floats(next, B));
 		scratch = fmax(scratch, (double)vt->scratch(ls, cur, (int64_t)B));
 		cur = next;
 	}
 	*params = p;
 	*slot = sl * 4;
-	*work = (2 * round16(mx) + scratch +
-	         (pt_job_spec_precision(s) == PT_PREC_BF16 ? round16(bf16) : 0)) *
-	        4;
+	*work = (2 * round16(mx) + scratch + round16(ceil(operands))) * 4;
 	*out = act_floats(cur, B);
 }
 
