@@ -49,6 +49,9 @@ medians() {
 ours=$(medians bench "$runs_ours")
 echo "$ours"
 
+# The blocked causal attention kernel over the dense one it replaced (W2, W3).
+[ -x "$build/bench/attn_bench" ] && "$build/bench/attn_bench"
+
 # Communicator throughput: nng over tcp loopback against a plain TCP socket.
 if [ -x "$build/bench/comm_bench" ]; then
 	comm=$("$build/bench/comm_bench")

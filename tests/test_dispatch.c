@@ -573,6 +573,51 @@ static void test_bf16_linear(void)
 	pt_tensor_fini(&dyr);
 }
 
+/* An operand read down rows 1024 floats apart is copied to padded rows
+ * before the product (cpu_gemm_prec): the result is oneDNN's product of the
+ * original layout, bit for bit, for dW = dy^T x of a 256 -> 1024 Linear
+ * (dy's rows padded) and of a 1024 -> 256 one (x's), and dx = dy W (W's). */
+static void test_dispatch_gemm_padding_is_bitwise(void)
+{
+	enum { N = 300, W = 1024, S = 256 };
+	float *dy = malloc(sizeof(float) * N * W), *x = malloc(sizeof(float) * N * W);
+	float *ref = malloc(sizeof(float) * W * W), *got = malloc(sizeof(float) * W * W);
+	pt_tensor t;
+
+	PT_CHECK_OK(pt_tensor_init(&t, PT_F32, 1, (int64_t[]){N * W}));
+	fill_uniform(&t, 3);
+	memcpy(dy, pt_tensor_f32(&t), sizeof(float) * N * W);
+	fill_uniform(&t, 4);
+	memcpy(x, pt_tensor_f32(&t), sizeof(float) * N * W);
+	CU_ASSERT_EQUAL(cpu_gemm_operand_floats(false, true, false, W, S, N, W, S), N * (W + 16));
+	CU_ASSERT_EQUAL(cpu_gemm_operand_floats(false, true, false, S, W, N, S, W), N * (W + 16));
+	CU_ASSERT_EQUAL(cpu_gemm_operand_floats(false, false, false, N, W, S, S, W), S * (W + 16));
+	CU_ASSERT_EQUAL(cpu_gemm_operand_floats(false, true, false, W, S, 255, W, S), 0);
+	CU_ASSERT_EQUAL(cpu_gemm_operand_floats(false, false, true, N, W, S, S, S), 0);
+	/* dW (W x S) = dy^T (dy: N x W) x (N x S) */
+	PT_CHECK_OK(cpu_gemm(true, false, W, S, N, 1.0f, dy, W, x, S, 0.0f, ref, S));
+	PT_CHECK_OK(
+	    cpu_gemm_prec(PT_PREC_FP32, true, false, W, S, N, 1.0f, dy, W, x, S, 0.0f, got, S));
+	CU_ASSERT(memcmp(ref, got, sizeof(float) * W * S) == 0);
+	/* dW (S x W) = dy^T (dy: N x S) x (N x W) */
+	PT_CHECK_OK(cpu_gemm(true, false, S, W, N, 1.0f, dy, S, x, W, 0.0f, ref, W));
+	PT_CHECK_OK(
+	    cpu_gemm_prec(PT_PREC_FP32, true, false, S, W, N, 1.0f, dy, S, x, W, 0.0f, got, W));
+	CU_ASSERT(memcmp(ref, got, sizeof(float) * S * W) == 0);
+	/* dx (N x W) = dy (N x S) W (S x W), accumulated */
+	for (int i = 0; i < N * W; i++)
+		ref[i] = got[i] = 0.25f;
+	PT_CHECK_OK(cpu_gemm(false, false, N, W, S, 1.0f, dy, S, x, W, 1.0f, ref, W));
+	PT_CHECK_OK(
+	    cpu_gemm_prec(PT_PREC_FP32, false, false, N, W, S, 1.0f, dy, S, x, W, 1.0f, got, W));
+	CU_ASSERT(memcmp(ref, got, sizeof(float) * N * W) == 0);
+	pt_tensor_fini(&t);
+	free(dy);
+	free(x);
+	free(ref);
+	free(got);
+}
+
 /* attn_ref: causal attention and its input gradient in double, from the
  * definition: out, lse (B, NH, T) and dqkv (B, T, 3C), dqkv added to what it
  * holds when accum. */
@@ -747,6 +792,7 @@ static const pt_test_case eager_tests[] = {
     {"test_dispatch_eager_runs_at_once", test_dispatch_eager_runs_at_once},
     {"test_dispatch_eager_failure_reports", test_dispatch_eager_failure_reports},
     {"test_dispatch_attention_matches_definition", test_dispatch_attention_matches_definition},
+    {"test_dispatch_gemm_padding_is_bitwise", test_dispatch_gemm_padding_is_bitwise},
     {NULL, NULL},
 };
 
