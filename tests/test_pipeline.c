@@ -884,6 +884,49 @@ static void test_pipeline_state_roundtrip_resumes_bitwise(void)
 	rig_down(&b);
 }
 
+/* A stage fills its last state buffer again when nobody holds it (a
+ * checkpoint's snapshot freed), so steady checkpoints map no new memory; a
+ * snapshot still held (a checkpoint being written) is never overwritten: the
+ * next state goes to a new buffer. */
+static void test_pipeline_state_buffer_reused_not_overwritten(void)
+{
+	rig a;
+	fx_data d;
+	pt_pipe_step_result res;
+	pt_tensor s1, s2, s3;
+	int64_t steps;
+	float *copy;
+	size_t n;
+	uintptr_t p2;
+
+	rig_up(&a, 2, 4, PT_MODE_SYNC, false, NULL);
+	fx_data_up(&d, 4);
+	fx_data_next(&d, 0);
+	PT_CHECK_OK(pt_coordinator_step(a.coord, &d.x, &d.y, 0, &res));
+	PT_CHECK_OK(pt_coordinator_get_state(a.coord, 1, &s1, &steps));
+	n = pt_tensor_nbytes(&s1);
+	copy = malloc(n);
+	memcpy(copy, pt_tensor_data(&s1), n);
+	fx_data_next(&d, 1);
+	PT_CHECK_OK(pt_coordinator_step(a.coord, &d.x, &d.y, 1, &res));
+	PT_CHECK_OK(pt_coordinator_get_state(a.coord, 1, &s2, &steps));
+	CU_ASSERT_EQUAL(steps, 2);
+	CU_ASSERT(pt_tensor_data(&s2) != pt_tensor_data(&s1));
+	CU_ASSERT(memcmp(pt_tensor_data(&s1), copy, n) == 0);
+	CU_ASSERT(memcmp(pt_tensor_data(&s2), copy, n) != 0);
+	p2 = (uintptr_t)pt_tensor_data(&s2);
+	memcpy(copy, pt_tensor_data(&s2), n);
+	pt_tensor_fini(&s1);
+	pt_tensor_fini(&s2);
+	PT_CHECK_OK(pt_coordinator_get_state(a.coord, 1, &s3, &steps));
+	CU_ASSERT_EQUAL((uintptr_t)pt_tensor_data(&s3), p2);
+	CU_ASSERT(memcmp(pt_tensor_data(&s3), copy, n) == 0);
+	pt_tensor_fini(&s3);
+	free(copy);
+	fx_data_down(&d);
+	rig_down(&a);
+}
+
 /* flatc_json has flatc print the root table `root` of blob as JSON into json
  * (schema/stage.fbs); false when flatc fails. Temporary files are removed. */
 static bool flatc_json(const void *blob, size_t len, const char *root, char *json, size_t cap)
@@ -1126,6 +1169,8 @@ static const pt_test_case tests[] = {
     {"test_pipeline_reply_task_padding_zero", test_pipeline_reply_task_padding_zero},
     {"test_pipeline_state_roundtrip_resumes_bitwise",
      test_pipeline_state_roundtrip_resumes_bitwise},
+    {"test_pipeline_state_buffer_reused_not_overwritten",
+     test_pipeline_state_buffer_reused_not_overwritten},
     {"test_pipeline_partition", test_pipeline_partition},
     {"test_pipeline_seed_walkthrough_order", test_pipeline_seed_walkthrough_order},
     {"test_pipeline_sync_bitwise_across_stage_counts",

@@ -56,6 +56,7 @@
 #include <inttypes.h>
 #include <math.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -578,9 +579,10 @@ static void models_down(runner *r)
 	pt_model_destroy(r->full);
 }
 
-/* gather fetches every stage's state and copies the parameters into the full
- * model's arena (stage arenas concatenated). */
-static pt_err gather(runner *r)
+/* gather fetches every stage's state and, for an evaluation (weights), copies
+ * the parameters into the full model's arena (stage arenas concatenated); a
+ * checkpoint reads them from the states. */
+static pt_err gather(runner *r, bool weights)
 {
 	pt_tensor *P = pt_model_params(r->full);
 	float *dst;
@@ -600,6 +602,8 @@ static pt_err gather(runner *r)
 			    st, (long)pt_tensor_numel(&r->states[st]), (long)r->nparams[st]);
 		PT_TRY(pt_tensor_sync(&r->states[st]));
 	}
+	if (!weights)
+		return PT_OK;
 	PT_TRY(pt_data_write_begin(P, "full model parameters"));
 	dst = pt_tensor_f32(P);
 	for (int st = 0; st < r->p; st++) {
@@ -721,6 +725,13 @@ static pt_err snapshot_write(snapshot *sn)
 static void *writer_main(void *arg)
 {
 	runner *r = arg;
+	/* The write runs on cores training leaves idle: at normal priority its
+	 * hashing and the kernel's copies into the page cache take a core from
+	 * a stage's OpenMP team, and the whole team waits at every barrier. A
+	 * checkpoint due while the last is still written waits for it (the
+	 * waiting stages leave the cores to it). Best effort. */
+	struct sched_param idle = {0};
+	(void)pthread_setschedparam(pthread_self(), SCHED_IDLE, &idle);
 	pthread_mutex_lock(&r->wmu);
 	for (;;) {
 		while (!r->writer_quit && (r->wjob == NULL || !r->wbusy))
@@ -1155,7 +1166,7 @@ static pt_err train(runner *r, int64_t start, int64_t *done)
 		 * gather waits for the write of the last checkpoint's. */
 		if (eval_due || ck_due) {
 			PT_TRY(ckpt_wait(r));
-			PT_TRY(gather(r));
+			PT_TRY(gather(r, eval_due));
 		}
 		if (eval_due)
 			PT_TRY(evaluate(r, &m));
@@ -1170,7 +1181,7 @@ static pt_err train(runner *r, int64_t start, int64_t *done)
 	/* Stopped early (or nothing left to do): the last step still gets one. */
 	PT_TRY(ckpt_wait(r));
 	if (r->ckdir != NULL && r->last_ckpt != *done) {
-		PT_TRY(gather(r));
+		PT_TRY(gather(r, false));
 		PT_TRY(checkpoint(r, *done));
 		release_states(r);
 	}

@@ -79,6 +79,10 @@ struct pt_stage {
 	int n_slots;
 	slot *slots;
 	pt_tensor current; /* async stashing: the live weights during a stashed backward */
+	/* The last GET_STATE's buffer, filled again by the next one when nobody
+	 * else holds it any more (a checkpoint written, its snapshot freed), so
+	 * a steady run's checkpoints map and fault no new memory. */
+	pt_tensor state_buf;
 	uint32_t generation;
 	int64_t updates;
 	pt_task_record *tasks;
@@ -375,6 +379,7 @@ void pt_stage_destroy(pt_stage *s)
 		pt_tensor_fini(&s->slots[i].gdy);
 	}
 	pt_tensor_fini(&s->current);
+	pt_tensor_fini(&s->state_buf);
 	pt_optimizer_destroy(s->opt);
 	pt_model_destroy(s->model);
 	free(s->slots);
@@ -927,17 +932,22 @@ static pt_err get_state(pt_stage *s, pt_tensor *out)
 	int64_t n, off;
 	int ns;
 	PT_TRY(state_size(s, &n, &ns, st));
-	PT_TRY(pt_tensor_init(out, PT_F32, 1, (int64_t[]){n}));
+	if (s->state_buf.storage == NULL || pt_tensor_numel(&s->state_buf) != n ||
+	    atomic_load_explicit(&s->state_buf.storage->refs, memory_order_acquire) != 1) {
+		pt_tensor_fini(&s->state_buf);
+		PT_TRY(pt_tensor_init(&s->state_buf, PT_F32, 1, (int64_t[]){n}));
+	}
 	off = 0;
 	for (int i = -1; i < ns; i++) {
 		pt_tensor *src = i < 0 ? pt_model_params(s->model) : st[i];
-		pt_err rv = pt_tensor_narrow(&view, out, 0, off, pt_tensor_numel(src));
+		pt_err rv = pt_tensor_narrow(&view, &s->state_buf, 0, off, pt_tensor_numel(src));
 		if (rv == PT_OK)
 			rv = copy_state(&view, src);
 		pt_tensor_fini(&view);
 		PT_TRY(rv);
 		off += pt_tensor_numel(src);
 	}
+	pt_tensor_view(out, &s->state_buf);
 	return PT_OK;
 }
 
