@@ -89,13 +89,13 @@ static pt_err count_targets(pt_loss *l, const pt_tensor *target, int64_t *count)
 /* ce_forward runs the cross-entropy forward (losses and probabilities in l)
  * and counts the targets that count; with loss, the mean loss too. */
 static pt_err ce_forward(pt_loss *l, const pt_tensor *pred, const pt_tensor *target, double *loss,
-                         int64_t *n)
+                         int64_t *n, pt_tensor *probs)
 {
 	double sum = 0.0;
 	if (pt_tensor_numel(target) != l->rows)
 		return pt_set_error(PT_ERR_SHAPE, "cross-entropy: %ld targets for %ld rows",
 		                    (long)pt_tensor_numel(target), (long)l->rows);
-	PT_TRY(pt_cross_entropy_forward(&l->losses, &l->probs, pred, target, l->ignore_index));
+	PT_TRY(pt_cross_entropy_forward(&l->losses, probs, pred, target, l->ignore_index));
 	PT_TRY(count_targets(l, target, n));
 	if (loss == NULL)
 		return PT_OK;
@@ -117,7 +117,7 @@ pt_err pt_loss_compute_loss(pt_loss *l, const pt_tensor *pred, const pt_tensor *
 		PT_TRY(pt_tensor_item(&l->scalar, 0, &v));
 		*loss = v;
 	} else {
-		PT_TRY(ce_forward(l, pred, target, loss, &n));
+		PT_TRY(ce_forward(l, pred, target, loss, &n, &l->probs));
 	}
 	if (count)
 		*count = n;
@@ -133,7 +133,7 @@ pt_err pt_loss_compute_gradient(pt_loss *l, const pt_tensor *pred, const pt_tens
 		return pt_mse_backward(dpred, pred, target, n ? scale / (float)n : 0.0f);
 	}
 	/* Softmax again rather than keep per-microbatch probabilities alive. */
-	PT_TRY(ce_forward(l, pred, target, NULL, &n));
+	PT_TRY(ce_forward(l, pred, target, NULL, &n, &l->probs));
 	return pt_cross_entropy_backward(dpred, &l->probs, target, l->ignore_index,
 	                                 n ? scale / (float)n : 0.0f);
 }
@@ -142,13 +142,22 @@ pt_err pt_loss_compute_both(pt_loss *l, const pt_tensor *pred, const pt_tensor *
                             double *loss, int64_t *count, pt_tensor *dpred)
 {
 	int64_t n = 0;
+	pt_tensor *probs;
 	if (l->kind == PT_LOSS_MSE) {
 		PT_TRY(pt_loss_compute_loss(l, pred, target, loss, count));
 		return pt_loss_compute_gradient(l, pred, target, scale, dpred);
 	}
-	PT_TRY(ce_forward(l, pred, target, loss, &n));
+	/* The probabilities go straight into dpred, which the backward then
+	 * overwrites element by element: the loss's own buffer stays untouched
+	 * (a large one is never faulted in), one pred-sized buffer less. */
+	probs = dpred->ndim == pred->ndim && pt_tensor_numel(dpred) == pt_tensor_numel(pred) &&
+	                pt_device_equal(pt_tensor_device(dpred), pt_tensor_device(pred)) &&
+	                pt_tensor_is_contiguous(dpred)
+	            ? dpred
+	            : &l->probs;
+	PT_TRY(ce_forward(l, pred, target, loss, &n, probs));
 	if (count)
 		*count = n;
-	return pt_cross_entropy_backward(dpred, &l->probs, target, l->ignore_index,
+	return pt_cross_entropy_backward(dpred, probs, target, l->ignore_index,
 	                                 n ? scale / (float)n : 0.0f);
 }

@@ -277,8 +277,7 @@ static pt_err on_output(pt_coordinator *c, pt_msg *m, float scale)
 	if (f == NULL || !m->has_tensor)
 		return pt_set_error(PT_ERR_STATE, "output for unknown microbatch %d of step %ld",
 		                    m->meta.microbatch, (long)m->meta.step);
-	PT_TRY(pt_loss_compute_loss(c->loss, &m->tensor, &f->y, &l, NULL));
-	PT_TRY(pt_loss_compute_gradient(c->loss, &m->tensor, &f->y, scale, &f->dpred));
+	PT_TRY(pt_loss_compute_both(c->loss, &m->tensor, &f->y, scale, &l, NULL, &f->dpred));
 	c->loss_sum += l;
 	c->loss_n++;
 	return send_msg(c, c->p, PT_MSG_BACKWARD, f->step, f->mb, &f->dpred);
