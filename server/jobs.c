@@ -1071,6 +1071,11 @@ static void run_one(pt_jobs *m, job *jb)
 	if (pt_job_spec_precision(&jb->spec) == PT_PREC_BF16) {
 		size_t at = strlen(note);
 		snprintf(note + at, sizeof(note) - at, "; precision bf16 (%s)", pt_backend_bf16());
+	} else if (pt_job_spec_precision(&jb->spec) == PT_PREC_TF32) {
+		size_t at = strlen(note);
+		snprintf(note + at, sizeof(note) - at,
+		         "; precision tf32 (CUDA: cuBLAS with TF32 inputs; CPU: emulated, "
+		         "operands rounded to tf32, fp32 GEMMs)");
 	}
 	snprintf(msg, sizeof(msg), "%s%s", where, note);
 	jb->restarts = 0;

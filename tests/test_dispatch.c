@@ -452,11 +452,11 @@ static void fill_uniform(pt_tensor *t, uint32_t seed)
 	}
 }
 
-static void rounded(pt_tensor *out, const pt_tensor *x)
+static void rounded(pt_tensor *out, const pt_tensor *x, pt_precision prec)
 {
 	PT_CHECK_OK(pt_tensor_init(out, PT_F32, x->ndim, x->shape));
-	cpu_round_bf16(pt_tensor_f32(out), pt_tensor_f32(x), 1, pt_tensor_numel(x),
-	               pt_tensor_numel(x));
+	(prec == PT_PREC_TF32 ? cpu_round_tf32 : cpu_round_bf16)(
+	    pt_tensor_f32(out), pt_tensor_f32(x), 1, pt_tensor_numel(x), pt_tensor_numel(x));
 }
 
 /* ||a - b|| / ||b||, Frobenius. */
@@ -511,7 +511,10 @@ static void *fp32_thread(void *arg)
  * against fp32 the relative error is below 1e-2 (bf16 keeps 8 significant
  * bits: about 4e-3 per operand). The precision is the dispatching thread's:
  * another thread meanwhile computes fp32, bitwise. */
-static void test_bf16_linear(void)
+/* A Linear layer at prec: y, dx and dW are bitwise the f32 products of the
+ * rounded operands, within tol of fp32 (relative, Frobenius); the bias
+ * gradient is fp32's; another thread meanwhile computes fp32 bitwise. */
+static void check_linear_precision(pt_precision prec, double tol, const char *name)
 {
 	pt_tensor x, w, b, dy, xr, wr, dyr;
 	lin f32, bf, ref, other;
@@ -526,8 +529,8 @@ static void test_bf16_linear(void)
 	fill_uniform(&b, 3);
 	fill_uniform(&dy, 4);
 	linear_run(&x, &w, &b, &dy, &f32);
-	pt_set_precision(PT_PREC_BF16);
-	CU_ASSERT_EQUAL(pt_get_precision(), PT_PREC_BF16);
+	pt_set_precision(prec);
+	CU_ASSERT_EQUAL(pt_get_precision(), prec);
 	linear_run(&x, &w, &b, &dy, &bf);
 	{
 		void *args[5] = {&x, &w, &b, &dy, &other};
@@ -535,9 +538,9 @@ static void test_bf16_linear(void)
 		pthread_join(t, NULL);
 	}
 	pt_set_precision(PT_PREC_FP32);
-	rounded(&xr, &x);
-	rounded(&wr, &w);
-	rounded(&dyr, &dy);
+	rounded(&xr, &x, prec);
+	rounded(&wr, &w, prec);
+	rounded(&dyr, &dy, prec);
 	/* The reference: fp32 products of rounded operands (dy rounded for dx
 	 * and dw, as the backward's products take it). */
 	PT_CHECK_OK(pt_tensor_init(&ref.y, PT_F32, 2, (int64_t[]){33, 45}));
@@ -553,10 +556,10 @@ static void test_bf16_linear(void)
 	CU_ASSERT(same_bits(&bf.db, &ref.db));
 	CU_ASSERT(same_bits(&bf.db, &f32.db));
 	CU_ASSERT(!same_bits(&bf.y, &f32.y));
-	CU_ASSERT(rel_err(&bf.y, &f32.y) < 1e-2);
-	CU_ASSERT(rel_err(&bf.dx, &f32.dx) < 1e-2);
-	CU_ASSERT(rel_err(&bf.dw, &f32.dw) < 1e-2);
-	printf("\n    linear bf16 vs fp32: y %.2e, dx %.2e, dw %.2e", rel_err(&bf.y, &f32.y),
+	CU_ASSERT(rel_err(&bf.y, &f32.y) < tol);
+	CU_ASSERT(rel_err(&bf.dx, &f32.dx) < tol);
+	CU_ASSERT(rel_err(&bf.dw, &f32.dw) < tol);
+	printf("\n    linear %s vs fp32: y %.2e, dx %.2e, dw %.2e", name, rel_err(&bf.y, &f32.y),
 	       rel_err(&bf.dx, &f32.dx), rel_err(&bf.dw, &f32.dw));
 	CU_ASSERT(same_bits(&other.y, &f32.y) && same_bits(&other.dx, &f32.dx) &&
 	          same_bits(&other.dw, &f32.dw));
@@ -571,6 +574,41 @@ static void test_bf16_linear(void)
 	pt_tensor_fini(&xr);
 	pt_tensor_fini(&wr);
 	pt_tensor_fini(&dyr);
+}
+
+static void test_bf16_linear(void)
+{
+	check_linear_precision(PT_PREC_BF16, 1e-2, "bf16");
+}
+
+/* tf32 keeps 10 mantissa bits to bf16's 7: errors about 8x smaller. */
+static void test_tf32_linear(void)
+{
+	check_linear_precision(PT_PREC_TF32, 1.5e-3, "tf32");
+}
+
+/* tf32 rounding: nearest, ties to even at bit 13, NaN kept, overflow to inf. */
+static void test_tf32_rounding(void)
+{
+	float in[7] = {1.0f,
+	               bits_float(0x3f801000u), /* 1 + 2^-11, halfway: down to even 1.0 */
+	               bits_float(0x3f803000u), /* 1 + 3 * 2^-11, halfway: up to 1 + 2^-9 */
+	               bits_float(0x3f801001u), /* just above halfway: up */
+	               -2.5f,
+	               3.4028235e38f,
+	               bits_float(0x7fc00001u)};
+	uint32_t want[7] = {
+	    0x3f800000u, 0x3f800000u, 0x3f804000u, 0x3f802000u, 0xc0200000u, 0x7f800000u, 0};
+	float out[7];
+	cpu_round_tf32(out, in, 1, 7, 7);
+	for (int i = 0; i < 7; i++) {
+		if (i == 6) {
+			CU_ASSERT(isnan(out[i]));
+		} else {
+			CU_ASSERT_EQUAL(float_bits(out[i]), want[i]);
+		}
+		CU_ASSERT_EQUAL(float_bits(out[i]) & 0x1fffu, 0u);
+	}
 }
 
 /* An operand read down rows 1024 floats apart is copied to padded rows
@@ -781,10 +819,9 @@ static void test_bf16_attention(void)
 }
 
 static const pt_test_case bf16_tests[] = {
-    {"test_bf16_rounding", test_bf16_rounding},
-    {"test_bf16_linear", test_bf16_linear},
-    {"test_bf16_attention", test_bf16_attention},
-    {NULL, NULL},
+    {"test_bf16_rounding", test_bf16_rounding},   {"test_bf16_linear", test_bf16_linear},
+    {"test_tf32_rounding", test_tf32_rounding},   {"test_tf32_linear", test_tf32_linear},
+    {"test_bf16_attention", test_bf16_attention}, {NULL, NULL},
 };
 
 static const pt_test_case eager_tests[] = {

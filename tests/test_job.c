@@ -958,18 +958,26 @@ static void test_job_spec_validation_of_c_specs(void)
 	free(s.schedule);
 	s.schedule = NULL;
 	CU_ASSERT_EQUAL(pt_job_spec_virtual_stages(&s), 1);
-	/* Precision: fp32 or bf16; bf16 not on CUDA yet. */
+	/* Precision: fp32, bf16 or tf32; bf16 not on CUDA yet. */
 	s.precision = strdup("fp16");
 	PT_CHECK_ERR_MSG(pt_job_spec_validate(&s, PT_SOURCE_ROOT, false), PT_ERR_INVALID,
-	                 "precision: \"fp16\" (fp32 or bf16)");
+	                 "precision: \"fp16\" (fp32, bf16 or tf32)");
 	strcpy(s.precision, "bf16");
 	PT_CHECK_OK(pt_job_spec_validate(&s, PT_SOURCE_ROOT, false));
 	CU_ASSERT_EQUAL(pt_job_spec_precision(&s), PT_PREC_BF16);
 	s.device = strdup("cuda:0");
+	/* tf32 runs on CUDA (without a device the device check answers) */
+	strcpy(s.precision, "tf32");
+	CU_ASSERT(pt_job_spec_validate(&s, PT_SOURCE_ROOT, false) == PT_OK ||
+	          strstr(pt_last_error(), "precision") == NULL);
+	strcpy(s.precision, "bf16");
 	PT_CHECK_ERR_MSG(pt_job_spec_validate(&s, PT_SOURCE_ROOT, false), PT_ERR_UNSUPPORTED,
 	                 "precision: bf16 on CUDA (device cuda:0) is not built yet");
 	free(s.device);
 	s.device = NULL;
+	strcpy(s.precision, "tf32");
+	PT_CHECK_OK(pt_job_spec_validate(&s, PT_SOURCE_ROOT, false));
+	CU_ASSERT_EQUAL(pt_job_spec_precision(&s), PT_PREC_TF32);
 	strcpy(s.precision, "fp32");
 	PT_CHECK_OK(pt_job_spec_validate(&s, PT_SOURCE_ROOT, false));
 	CU_ASSERT_EQUAL(pt_job_spec_precision(&s), PT_PREC_FP32);
@@ -2080,6 +2088,16 @@ static void test_job_run_bf16(void)
 	       100 * (b - a) / a);
 	CU_ASSERT(isfinite(a) && isfinite(b) && fabs(b - a) <= 0.03 * a);
 	CU_ASSERT(memcmp(&f32.m[0].loss, &bf.m[0].loss, sizeof(double)) != 0);
+	/* tf32 (10 mantissa bits): within 1 %. */
+	memset(&bf, 0, sizeof(bf));
+	example_precision = "tf32";
+	PT_CHECK_OK(run_example("gpt", 300, 0, 1, 0, tmp_path("bf-gpt-tf32"), NULL, &bf, &last));
+	CU_ASSERT_EQUAL_FATAL(bf.n, 300);
+	b = bf.m[299].eval_loss;
+	printf("\n    gpt 300 steps held-out loss: tf32 %.4f (%+.2f %%)", b, 100 * (b - a) / a);
+	CU_ASSERT(isfinite(b) && fabs(b - a) <= 0.01 * a);
+	CU_ASSERT(memcmp(&f32.m[0].loss, &bf.m[0].loss, sizeof(double)) != 0);
+	example_precision = "bf16";
 	memset(&bf, 0, sizeof(bf));
 	example_stages = 4;
 	PT_CHECK_OK(run_example("digits", 400, 0, 1, 0, tmp_path("bf-digits"), NULL, &bf, &last));

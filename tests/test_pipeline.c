@@ -1052,6 +1052,30 @@ static void test_pipeline_configure_verifies_stage_config(void)
 	}
 }
 
+/* StageConfig.precision: fp32, bf16 and tf32 come back as sent; any other
+ * value is refused naming the field. */
+static void test_pipeline_configure_precision(void)
+{
+	pt_stage_config sc[2];
+	fx_stage_configs(sc, 2, 4, PT_MODE_SYNC, false, NULL);
+	for (int p = 0; p <= 3; p++) {
+		pt_msg m = {0};
+		pt_stage_config back;
+		pt_layer_spec *layers = NULL;
+		sc[1].precision = (pt_precision)p;
+		PT_CHECK_OK(pt_wire_configure_encode(&m, &sc[1]));
+		if (p <= PT_PREC_TF32) {
+			PT_CHECK_OK(pt_wire_configure_decode(&m, &back, &layers));
+			CU_ASSERT_EQUAL(back.precision, (pt_precision)p);
+		} else {
+			PT_CHECK_ERR_MSG(pt_wire_configure_decode(&m, &back, &layers),
+			                 PT_ERR_INVALID, "precision: unknown precision 3");
+		}
+		free(layers);
+		pt_msg_fini(&m);
+	}
+}
+
 /* A timeline Reply carries the stage's communicator counters (Reply.comm,
  * appended to schema/stage.fbs): they read back exactly, a reply without
  * them reads as has_comm false, a cut buffer is refused by the verifier, and
@@ -1167,6 +1191,7 @@ static const pt_test_case tests[] = {
     {"test_pipeline_reply_carries_comm_stats", test_pipeline_reply_carries_comm_stats},
     {"test_pipeline_step_reports_stage_comm_stats", test_pipeline_step_reports_stage_comm_stats},
     {"test_pipeline_control_matches_schema", test_pipeline_control_matches_schema},
+    {"test_pipeline_configure_precision", test_pipeline_configure_precision},
     {"test_pipeline_configure_verifies_stage_config",
      test_pipeline_configure_verifies_stage_config},
     {"test_pipeline_reply_task_padding_zero", test_pipeline_reply_task_padding_zero},

@@ -70,7 +70,7 @@ static void model_bytes(const pt_job_spec *s, pt_act_shape input, int first, int
 {
 	pt_act_shape cur = input;
 	double p = 0, sl = 0, mx = 0, scratch = 16, operands = 0;
-	bool bf16 = pt_job_spec_precision(s) == PT_PREC_BF16;
+	bool rounded = pt_job_spec_precision(s) != PT_PREC_FP32; /* bf16, tf32 */
 
 	for (int i = 0; i < last; i++) {
 		const pt_layer_spec *ls = &s->layers[i];
@@ -96,7 +96,7 @@ static void model_bytes(const pt_job_spec *s, pt_act_shape input, int first, int
 			big = fmax(big, n);
 		}
 		/* A product's two operands copied to the thread's buffer
-		 * (cpu_gemm_prec): in bf16 always (rounded), in fp32 those with
+		 * (cpu_gemm_prec): in bf16 and tf32 always (rounded), in fp32 those with
 		 * rows 512k floats long (padded by 16, so 33/32 of them). Each is an
 		 * activation-sized tensor (the input, the output, a saved tensor or
 		 * a gradient of one) or a parameter: at most act + max(act, big). */
@@ -119,7 +119,7 @@ static void model_bytes(const pt_job_spec *s, pt_act_shape input, int first, int
 		}
 		if (wide)
 			operands = fmax(operands, (act + fmax(act, big)) * 33 / 32);
-		else if (bf16)
+		else if (rounded)
 			operands = fmax(operands, act + fmax(act, big));
 		mx = fmax(mx, act_floats(next, B));
 		scratch = fmax(scratch, (double)vt->scratch(ls, cur, (int64_t)B));

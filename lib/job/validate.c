@@ -407,8 +407,11 @@ static pt_err validate_device(const char *dev)
 
 pt_precision pt_job_spec_precision(const pt_job_spec *s)
 {
-	return s->precision != NULL && strcmp(s->precision, "bf16") == 0 ? PT_PREC_BF16
-	                                                                 : PT_PREC_FP32;
+	if (s->precision != NULL && strcmp(s->precision, "bf16") == 0)
+		return PT_PREC_BF16;
+	if (s->precision != NULL && strcmp(s->precision, "tf32") == 0)
+		return PT_PREC_TF32;
+	return PT_PREC_FP32;
 }
 
 int pt_job_spec_virtual_stages(const pt_job_spec *s)
@@ -533,8 +536,8 @@ pt_err pt_job_spec_validate(const pt_job_spec *s, const char *files_root, bool a
 			return rv;
 	}
 	if (s->precision != NULL && strcmp(s->precision, "fp32") != 0 &&
-	    strcmp(s->precision, "bf16") != 0)
-		return pt_set_error(PT_ERR_INVALID, "precision: \"%.40s\" (fp32 or bf16)",
+	    strcmp(s->precision, "bf16") != 0 && strcmp(s->precision, "tf32") != 0)
+		return pt_set_error(PT_ERR_INVALID, "precision: \"%.40s\" (fp32, bf16 or tf32)",
 		                    s->precision);
 	if (pt_job_spec_precision(s) == PT_PREC_BF16 && s->device != NULL &&
 	    strncmp(s->device, "cuda:", 5) == 0)

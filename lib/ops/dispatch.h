@@ -136,10 +136,11 @@ struct pt_dispatcher;
 /* A planned kernel: runs the call with a workspace of the planned size. */
 typedef pt_err (*pt_kernel_fn)(const struct pt_op_call *c, void *workspace);
 
-/* The precision of matrix products (linear layers, attention): fp32, or
- * bf16 operands with f32 accumulation and f32 results (a job's
- * `precision`). Everything else computes in f32 either way. */
-typedef enum pt_precision { PT_PREC_FP32, PT_PREC_BF16 } pt_precision;
+/* The precision of matrix products (linear layers, attention): fp32, bf16
+ * operands, or tf32 operands (10 mantissa bits, as NVIDIA's tensor cores take
+ * fp32 inputs with TF32 allowed), each with f32 accumulation and f32 results
+ * (a job's `precision`). Everything else computes in f32 either way. */
+typedef enum pt_precision { PT_PREC_FP32, PT_PREC_BF16, PT_PREC_TF32 } pt_precision;
 
 /* pt_set_precision sets the calling thread's precision for the ops it
  * dispatches from now on (a stage thread sets its job's); pt_get_precision

@@ -205,7 +205,7 @@ pt_err pt_fb_read_stage_config(const uint8_t *t, pt_stage_config *c, pt_layer_sp
 	c->schedule = (pt_pipe_schedule)sched;
 	c->n_microbatches = pt_fb_get_i32(t, PT_FB_STAGE_STAGE_CONFIG_MICROBATCHES, 0);
 	c->virtual_stages = pt_fb_get_i32(t, PT_FB_STAGE_STAGE_CONFIG_VIRTUAL_STAGES, 0);
-	if (pt_fb_get_u8(t, PT_FB_STAGE_STAGE_CONFIG_PRECISION, 0) > PT_PREC_BF16) {
+	if (pt_fb_get_u8(t, PT_FB_STAGE_STAGE_CONFIG_PRECISION, 0) > PT_PREC_TF32) {
 		rv = pt_set_error(PT_ERR_INVALID, "precision: unknown precision %u",
 		                  pt_fb_get_u8(t, PT_FB_STAGE_STAGE_CONFIG_PRECISION, 0));
 		goto fail;

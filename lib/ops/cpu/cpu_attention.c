@@ -12,8 +12,8 @@
  * with no running rescale. The forward saves each row's log-sum-exp
  * lse (B, NH, T), never the T x T probabilities; the backward recomputes a
  * strip's probabilities as exp(score - lse) in a per-thread buffer of
- * 2 x PT_ATTN_ROWS x T floats. bf16 precision: the products round their
- * operands to bf16 (cpu_gemm_prec); softmax and its backward stay f32.
+ * 2 x PT_ATTN_ROWS x T floats. bf16 and tf32 precision: the products round
+ * their operands (cpu_gemm_prec); softmax and its backward stay f32.
  */
 #include <math.h>
 #include <omp.h>

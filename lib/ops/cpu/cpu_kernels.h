@@ -48,10 +48,10 @@ size_t cpu_attention_workspace(const pt_op_call *c);
 pt_err cpu_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
                 int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
 
-/* cpu_gemm_prec is cpu_gemm at precision prec: PT_PREC_BF16 rounds A and B
- * to bf16 (nearest even) and multiplies with f32 accumulation into f32 C,
- * as a bf16 GEMM does. The rounded operands are packed in a per-thread
- * buffer; the product is oneDNN's sgemm of them (bf16 numerics at fp32
+/* cpu_gemm_prec is cpu_gemm at precision prec: PT_PREC_BF16 (PT_PREC_TF32)
+ * rounds A and B to bf16 (tf32; nearest even) and multiplies with f32
+ * accumulation into f32 C, as a bf16 GEMM (a TF32 tensor-core GEMM) does. The rounded operands are
+ * packed in a per-thread buffer; the product is oneDNN's sgemm of them (bf16 numerics at fp32
  * speed: pt_backend_bf16 says so). At either precision, an operand read down
  * rows 512k floats apart (K >= 256, outside a parallel region) is first
  * copied to rows 16 floats longer in that buffer: same bits, no cache-set
@@ -62,8 +62,12 @@ pt_err cpu_gemm_prec(pt_precision prec, bool ta, bool tb, int64_t M, int64_t N, 
 
 /* cpu_gemm_operand_floats is the size of the buffer cpu_gemm_prec takes for
  * these operands (0: none). */
-size_t cpu_gemm_operand_floats(bool bf16, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
+size_t cpu_gemm_operand_floats(bool rounded, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
                                int64_t lda, int64_t ldb);
+
+/* cpu_round_tf32 is cpu_round_bf16 to tf32 (the top 19 bits of the pattern:
+ * sign, 8 exponent bits, 10 mantissa bits). */
+void cpu_round_tf32(float *dst, const float *src, int64_t rows, int64_t cols, int64_t ld);
 
 /* cpu_round_bf16 writes rows x cols of src (leading dimension ld) to dst
  * (packed), each rounded to the nearest bf16 (ties to even; NaN stays NaN). */

@@ -1,6 +1,6 @@
 /* cpu_matmul.c - matrix products through oneDNN's sgemm (AVX-512 picked at
  * run time), and the Linear layer's forward and backward built on them;
- * bf16 precision rounds the operands first (cpu_gemm_prec). */
+ * bf16 and tf32 precision round the operands first (cpu_gemm_prec). */
 #include <oneapi/dnnl/dnnl.h>
 #include <omp.h>
 #include <pthread.h>
@@ -24,15 +24,20 @@ pt_err cpu_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, 
 }
 
 /* Rows of src (leading dimension sld) to dst (leading dimension dld), each
- * rounded to bf16 when round, else copied. */
+ * element rounded to bf16 or tf32 (nearest, ties to even; NaN stays a quiet
+ * NaN) or copied as it is (PT_PREC_FP32). */
 static void copy_rows(float *dst, int64_t dld, const float *src, int64_t sld, int64_t rows,
-                      int64_t cols, bool round)
+                      int64_t cols, pt_precision prec)
 {
+	/* bf16 keeps the top 16 bits of the pattern, tf32 the top 19. */
+	uint32_t half = prec == PT_PREC_BF16 ? 0x7fffu : 0xfffu;
+	uint32_t keep = prec == PT_PREC_BF16 ? 0xffff0000u : 0xffffe000u;
+	int shift = prec == PT_PREC_BF16 ? 16 : 13;
 #pragma omp parallel for schedule(static) if (rows * cols >= PT_CPU_PAR_MIN && !omp_in_parallel())
 	for (int64_t r = 0; r < rows; r++) {
 		const uint32_t *s = (const uint32_t *)(src + r * sld);
 		uint32_t *d = (uint32_t *)(dst + r * dld);
-		if (!round) {
+		if (prec == PT_PREC_FP32) {
 			memcpy(d, s, sizeof(float) * (size_t)cols);
 			continue;
 		}
@@ -40,15 +45,20 @@ static void copy_rows(float *dst, int64_t dld, const float *src, int64_t sld, in
 		for (int64_t j = 0; j < cols; j++) {
 			uint32_t u = s[j];
 			uint32_t nan = (u & 0x7f800000u) == 0x7f800000u && (u & 0x007fffffu) != 0;
-			uint32_t rnd = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
-			d[j] = nan ? (u | 0x00400000u) & 0xffff0000u : rnd;
+			uint32_t rnd = (u + half + ((u >> shift) & 1u)) & keep;
+			d[j] = nan ? (u | 0x00400000u) & keep : rnd;
 		}
 	}
 }
 
 void cpu_round_bf16(float *dst, const float *src, int64_t rows, int64_t cols, int64_t ld)
 {
-	copy_rows(dst, cols, src, ld, rows, cols, true);
+	copy_rows(dst, cols, src, ld, rows, cols, PT_PREC_BF16);
+}
+
+void cpu_round_tf32(float *dst, const float *src, int64_t rows, int64_t cols, int64_t ld)
+{
+	copy_rows(dst, cols, src, ld, rows, cols, PT_PREC_TF32);
 }
 
 /* The per-thread buffer of rounded operands (freed when the thread ends). */
@@ -95,14 +105,14 @@ static int64_t padded_ld(int64_t cols)
 	return cols > 0 && cols % 512 == 0 ? cols + PT_GEMM_PAD : (cols > 0 ? cols : 1);
 }
 
-size_t cpu_gemm_operand_floats(bool bf16, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
+size_t cpu_gemm_operand_floats(bool rounded, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
                                int64_t lda, int64_t ldb)
 {
 	int64_t ra = ta ? K : M, ca = ta ? M : K, rb = tb ? N : K, cb = tb ? K : N;
 	size_t n = 0;
-	if (bf16 || (ta && conflicting(lda, K)))
+	if (rounded || (ta && conflicting(lda, K)))
 		n += (size_t)(ra * padded_ld(ca));
-	if (bf16 || (!tb && conflicting(ldb, K)))
+	if (rounded || (!tb && conflicting(ldb, K)))
 		n += (size_t)(rb * padded_ld(cb));
 	return n;
 }
@@ -112,10 +122,10 @@ pt_err cpu_gemm_prec(pt_precision prec, bool ta, bool tb, int64_t M, int64_t N, 
                      float beta, float *C, int64_t ldc)
 {
 	int64_t ra = ta ? K : M, ca = ta ? M : K, rb = tb ? N : K, cb = tb ? K : N;
-	bool bf16 = prec == PT_PREC_BF16;
-	bool copy_a = bf16 || (ta && conflicting(lda, K)),
-	     copy_b = bf16 || (!tb && conflicting(ldb, K));
-	size_t n = cpu_gemm_operand_floats(bf16, ta, tb, M, N, K, lda, ldb);
+	bool rounded = prec != PT_PREC_FP32;
+	bool copy_a = rounded || (ta && conflicting(lda, K));
+	bool copy_b = rounded || (!tb && conflicting(ldb, K));
+	size_t n = cpu_gemm_operand_floats(rounded, ta, tb, M, N, K, lda, ldb);
 	float *a;
 
 	if (n == 0 || M == 0 || N == 0)
@@ -124,13 +134,13 @@ pt_err cpu_gemm_prec(pt_precision prec, bool ta, bool tb, int64_t M, int64_t N, 
 		return pt_set_error(PT_ERR_NOMEM, "gemm operands (%ld x %ld x %ld)", (long)M,
 		                    (long)N, (long)K);
 	if (copy_a) {
-		copy_rows(a, padded_ld(ca), A, lda, ra, ca, bf16);
+		copy_rows(a, padded_ld(ca), A, lda, ra, ca, prec);
 		A = a;
 		lda = padded_ld(ca);
 		a += ra * lda;
 	}
 	if (copy_b) {
-		copy_rows(a, padded_ld(cb), B, ldb, rb, cb, bf16);
+		copy_rows(a, padded_ld(cb), B, ldb, rb, cb, prec);
 		B = a;
 		ldb = padded_ld(cb);
 	}

@@ -76,7 +76,9 @@ int ptc_sync(int dev);
 void *ptc_stream(int dev);
 
 /* ptc_gemm: row-major C (M, N) = alpha op(A) op(B) + beta C through cuBLAS
- * sgemm in full FP32 (no TF32); leading dimensions in elements. */
+ * sgemm in full FP32, or with TF32 inputs (f32 accumulation) while the
+ * calling thread has ptc_set_tf32(true); leading dimensions in elements. */
+void ptc_set_tf32(bool on);
 int ptc_gemm(int dev, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
              const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C,
              int64_t ldc);

@@ -93,7 +93,8 @@ static int init_device(int dev, ptc_device_state *d)
 		cudaStreamDestroy(d->stream);
 		return ptc_blas_fail("cublasCreate", bs);
 	}
-	/* FP32 everywhere (no TF32): results are compared with the CPU reference. */
+	/* FP32 unless a call asks for TF32 (ptc_set_tf32, per call): results are
+	 * compared with the CPU reference. */
 	if ((bs = cublasSetMathMode(d->blas, CUBLAS_DEFAULT_MATH)) != CUBLAS_STATUS_SUCCESS ||
 	    (bs = cublasSetStream(d->blas, d->stream)) != CUBLAS_STATUS_SUCCESS) {
 		cublasDestroy(d->blas);
@@ -281,6 +282,16 @@ extern "C" int ptc_sync(int dev)
 	return 0;
 }
 
+/* The calling thread's TF32 choice for its products (a job's precision
+ * tf32): a per-call compute type, so threads sharing a device's handle do
+ * not change each other's math. */
+static thread_local bool use_tf32;
+
+extern "C" void ptc_set_tf32(bool on)
+{
+	use_tf32 = on;
+}
+
 extern "C" int ptc_gemm_batched(int dev, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
                                 float alpha, const float *A, int64_t lda, int64_t strideA,
                                 const float *B, int64_t ldb, int64_t strideB, float beta, float *C,
@@ -298,7 +309,16 @@ extern "C" int ptc_gemm_batched(int dev, bool ta, bool tb, int64_t M, int64_t N,
 	/* Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T. */
 	cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
 	cublasOperation_t opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
-	if (batch == 1)
+	if (use_tf32 && batch == 1)
+		st = cublasGemmEx(h, opb, opa, (int)N, (int)M, (int)K, &alpha, B, CUDA_R_32F,
+		                  (int)ldb, A, CUDA_R_32F, (int)lda, &beta, C, CUDA_R_32F, (int)ldc,
+		                  CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_GEMM_DEFAULT);
+	else if (use_tf32)
+		st = cublasGemmStridedBatchedEx(
+		    h, opb, opa, (int)N, (int)M, (int)K, &alpha, B, CUDA_R_32F, (int)ldb, strideB, A,
+		    CUDA_R_32F, (int)lda, strideA, &beta, C, CUDA_R_32F, (int)ldc, strideC, (int)batch,
+		    CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_GEMM_DEFAULT);
+	else if (batch == 1)
 		st = cublasSgemm(h, opb, opa, (int)N, (int)M, (int)K, &alpha, B, (int)ldb, A,
 		                 (int)lda, &beta, C, (int)ldc);
 	else
