@@ -694,6 +694,28 @@ static void test_cuda_every_op_matches_cpu(void)
 	}
 }
 
+/* precision tf32: the matrix-product ops on the GPU (cuBLAS, TF32 compute
+ * type) against the CPU's emulation (operands rounded to TF32, nearest
+ * even); the GPU converts its own way, so within 1e-2 (|a - b| / (1 + |a|))
+ * rather than bitwise. */
+static void test_cuda_tf32_matches_cpu_emulation(void)
+{
+	int n = 0;
+	pt_set_precision(PT_PREC_TF32);
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		op_case cs = cases[i];
+		if (cs.op != PT_OP_MATMUL && cs.op != PT_OP_LINEAR_FWD &&
+		    cs.op != PT_OP_LINEAR_BWD && cs.op != PT_OP_ATTENTION_FWD &&
+		    cs.op != PT_OP_ATTENTION_BWD)
+			continue;
+		cs.tol = 1e-2;
+		run_case(&cs);
+		n++;
+	}
+	pt_set_precision(PT_PREC_FP32);
+	CU_ASSERT(n >= 5);
+}
+
 static void test_cuda_strided_copy_matches_cpu(void)
 {
 	op_case cs = {"copy_t", PT_OP_COPY, {F32(T, C)}, {F32(C, T)}, {{0}}, 0};
@@ -738,6 +760,7 @@ static void test_cuda_mixed_devices_refused(void)
 
 static const pt_test_case cuda_tests[] = {
     {"test_cuda_every_op_matches_cpu", test_cuda_every_op_matches_cpu},
+    {"test_cuda_tf32_matches_cpu_emulation", test_cuda_tf32_matches_cpu_emulation},
     {"test_cuda_large_shapes_match_cpu", test_cuda_large_shapes_match_cpu},
     {"test_cuda_beyond_2g_elements", test_cuda_beyond_2g_elements},
     {"test_cuda_strided_copy_matches_cpu", test_cuda_strided_copy_matches_cpu},
