@@ -918,6 +918,12 @@ static void test_job_spec_validation_of_c_specs(void)
 	                 "virtual_stages: 4 stages of 2 chunks need 8 layers at least; the model "
 	                 "has 5");
 	s.stages = 2;
+	/* stages times chunks is not computed in int before virtual_stages is
+	 * range-checked (the fuzzer's 1634036850 overflowed: UB) */
+	s.virtual_stages = 1634036850;
+	PT_CHECK_ERR_MSG(pt_job_spec_validate(&s, PT_SOURCE_ROOT, false), PT_ERR_RANGE,
+	                 "virtual_stages: 1634036850 (2 to 8)");
+	s.virtual_stages = 2;
 	PT_CHECK_OK(pt_job_spec_validate(&s, PT_SOURCE_ROOT, false));
 	s.virtual_stages = 0; /* 2 */
 	PT_CHECK_OK(pt_job_spec_validate(&s, PT_SOURCE_ROOT, false));

@@ -1165,7 +1165,17 @@ static pt_err train(runner *r, int64_t start, int64_t *done)
 		/* One gathered state at a time (the memory estimate counts one): a
 		 * gather waits for the write of the last checkpoint's. */
 		if (eval_due || ck_due) {
-			PT_TRY(ckpt_wait(r));
+			pt_err w = ckpt_wait(r);
+			if (w != PT_OK) {
+				/* The last checkpoint's write failed: this step is done
+				 * all the same, so its metric goes out before the error. */
+				char why[1024];
+				snprintf(why, sizeof(why), "%s", pt_last_error());
+				m.time_unix = unix_now();
+				if (r->h && r->h->on_metric)
+					r->h->on_metric(r->h->ctx, &m);
+				return pt_set_error(w, "%s", why);
+			}
 			PT_TRY(gather(r, eval_due));
 		}
 		if (eval_due)

@@ -425,26 +425,28 @@ int pt_job_spec_virtual_stages(const pt_job_spec *s)
  * p, the partitioner's boundaries (docs/pipeline.md). */
 static pt_err check_interleaved(const pt_job_spec *s)
 {
-	int v = pt_job_spec_virtual_stages(s), pv = s->stages * v;
+	int v = pt_job_spec_virtual_stages(s);
+	int64_t pv = (int64_t)s->stages * v; /* stages is not range-checked yet */
 
 	if (v < 2 || v > 8)
 		return pt_set_error(PT_ERR_RANGE, "virtual_stages: %d (2 to 8)", s->virtual_stages);
 	if (pv > PT_MAX_STAGES || pv > s->n_layers)
-		return pt_set_error(
-		    PT_ERR_RANGE,
-		    "virtual_stages: %d stages of %d chunks need %d layers at least; "
-		    "the model has %d",
-		    s->stages, v, pv, s->n_layers);
+		return pt_set_error(PT_ERR_RANGE,
+		                    "virtual_stages: %d stages of %d chunks need %" PRId64
+		                    " layers at least; "
+		                    "the model has %d",
+		                    s->stages, v, pv, s->n_layers);
 	if (s->stages > 1 && s->microbatches % s->stages != 0)
 		return pt_set_error(PT_ERR_INVALID,
 		                    "microbatches: %d is not a multiple of placement.stages %d "
 		                    "(schedule interleaved)",
 		                    s->microbatches, s->stages);
 	if (s->boundaries != NULL)
-		return pt_set_error(PT_ERR_INVALID,
-		                    "placement.boundaries: not with schedule interleaved (its %d "
-		                    "chunks are balanced by the partitioner)",
-		                    pv);
+		return pt_set_error(
+		    PT_ERR_INVALID,
+		    "placement.boundaries: not with schedule interleaved (its %" PRId64
+		    " chunks are balanced by the partitioner)",
+		    pv);
 	if (s->device != NULL && strncmp(s->device, "cuda:", 5) == 0)
 		return pt_set_error(
 		    PT_ERR_UNSUPPORTED,
