@@ -92,8 +92,8 @@ extern "C" int ptc_attention_forward(int dev, float *out, float *lse, const floa
 }
 
 extern "C" int ptc_attention_backward(int dev, float *dqkv, const float *dout, const float *qkv,
-                                      const float *lse, int64_t B, int64_t T, int64_t C,
-                                      int64_t NH, bool accum)
+                                      const float *lse, int64_t B, int64_t T, int64_t C, int64_t NH,
+                                      bool accum)
 {
 	PTC_STREAM(dev, s);
 	int64_t hs = C / NH, C3 = 3 * C;
@@ -126,8 +126,8 @@ extern "C" int ptc_attention_backward(int dev, float *dqkv, const float *dout, c
 		}
 		/* dv = att^T d ; datt = d v^T */
 		if (rc == 0)
-			rc = ptc_gemm_batched(dev, true, false, T, hs, T, 1.0f, a, T, T * T, d, C, hs,
-			                      beta, dv, C3, hs, NH);
+			rc = ptc_gemm_batched(dev, true, false, T, hs, T, 1.0f, a, T, T * T, d, C,
+			                      hs, beta, dv, C3, hs, NH);
 		if (rc == 0)
 			rc = ptc_gemm_batched(dev, false, true, T, T, hs, 1.0f, d, C, hs, v, C3, hs,
 			                      0.0f, da, T, T * T, NH);

@@ -315,9 +315,9 @@ extern "C" int ptc_gemm_batched(int dev, bool ta, bool tb, int64_t M, int64_t N,
 		                  CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_GEMM_DEFAULT);
 	else if (use_tf32)
 		st = cublasGemmStridedBatchedEx(
-		    h, opb, opa, (int)N, (int)M, (int)K, &alpha, B, CUDA_R_32F, (int)ldb, strideB, A,
-		    CUDA_R_32F, (int)lda, strideA, &beta, C, CUDA_R_32F, (int)ldc, strideC, (int)batch,
-		    CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_GEMM_DEFAULT);
+		    h, opb, opa, (int)N, (int)M, (int)K, &alpha, B, CUDA_R_32F, (int)ldb, strideB,
+		    A, CUDA_R_32F, (int)lda, strideA, &beta, C, CUDA_R_32F, (int)ldc, strideC,
+		    (int)batch, CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_GEMM_DEFAULT);
 	else if (batch == 1)
 		st = cublasSgemm(h, opb, opa, (int)N, (int)M, (int)K, &alpha, B, (int)ldb, A,
 		                 (int)lda, &beta, C, (int)ldc);
