@@ -783,6 +783,56 @@ static void test_dispatch_attention_matches_definition(void)
 	}
 }
 
+/* An attention tape captured on a one-thread budget and replayed on a
+ * four-thread one, with exactly the workspace the tape asks for: the kernel
+ * starts no more threads than that workspace holds scores for (ASan sees
+ * any write past it) and gives the captured run's bits. */
+static void test_dispatch_attention_replayed_on_more_threads(void)
+{
+	enum { B = 2, T = 70, C = 24, NH = 3 };
+	pt_dispatcher *d = pt_dispatcher_current();
+	pt_tensor qkv, dout, out, lse, dq, o0, l0, d0;
+	pt_op_tape *tape;
+	int threads = omp_get_max_threads();
+	void *ws;
+
+	PT_CHECK_OK(pt_tensor_init(&qkv, PT_F32, 3, (int64_t[]){B, T, 3 * C}));
+	PT_CHECK_OK(pt_tensor_init(&dout, PT_F32, 3, (int64_t[]){B, T, C}));
+	PT_CHECK_OK(pt_tensor_init(&out, PT_F32, 3, (int64_t[]){B, T, C}));
+	PT_CHECK_OK(pt_tensor_init(&lse, PT_F32, 3, (int64_t[]){B, NH, T}));
+	PT_CHECK_OK(pt_tensor_init(&dq, PT_F32, 3, (int64_t[]){B, T, 3 * C}));
+	fill_uniform(&qkv, 31);
+	fill_uniform(&dout, 32);
+	PT_CHECK_OK(pt_op_tape_create(&tape));
+	omp_set_num_threads(1);
+	PT_CHECK_OK(pt_dispatcher_capture_begin(d, tape));
+	PT_CHECK_OK(pt_attention_forward(&out, &lse, &qkv, NH));
+	PT_CHECK_OK(pt_attention_backward(&dq, &dout, &qkv, &lse, NH, false));
+	CU_ASSERT_PTR_EQUAL(pt_dispatcher_capture_end(d), tape);
+	CU_ASSERT_EQUAL(pt_op_tape_len(tape), 2);
+	PT_CHECK_OK(pt_tensor_init(&o0, PT_F32, 3, (int64_t[]){B, T, C}));
+	PT_CHECK_OK(pt_tensor_init(&l0, PT_F32, 3, (int64_t[]){B, NH, T}));
+	PT_CHECK_OK(pt_tensor_init(&d0, PT_F32, 3, (int64_t[]){B, T, 3 * C}));
+	PT_CHECK_OK(pt_tensor_transfer(&o0, &out));
+	PT_CHECK_OK(pt_tensor_transfer(&l0, &lse));
+	PT_CHECK_OK(pt_tensor_transfer(&d0, &dq));
+	memset(pt_tensor_f32(&out), 0, sizeof(float) * B * T * C);
+	memset(pt_tensor_f32(&dq), 0, sizeof(float) * B * T * 3 * C);
+	ws = malloc(pt_op_tape_workspace(tape));
+	CU_ASSERT_PTR_NOT_NULL_FATAL(ws);
+	omp_set_num_threads(4);
+	PT_CHECK_OK(pt_op_tape_replay(tape, ws));
+	omp_set_num_threads(threads);
+	CU_ASSERT(same_bits(&out, &o0));
+	CU_ASSERT(same_bits(&lse, &l0));
+	CU_ASSERT(same_bits(&dq, &d0));
+	free(ws);
+	pt_op_tape_destroy(tape);
+	pt_tensor *t[] = {&qkv, &dout, &out, &lse, &dq, &o0, &l0, &d0};
+	for (int k = 0; k < 8; k++)
+		pt_tensor_fini(t[k]);
+}
+
 /* Attention in bf16 (its four products; softmax in f32): output and input
  * gradient within 2e-2 of fp32 (relative, Frobenius). */
 static void test_bf16_attention(void)
@@ -829,6 +879,8 @@ static const pt_test_case eager_tests[] = {
     {"test_dispatch_eager_runs_at_once", test_dispatch_eager_runs_at_once},
     {"test_dispatch_eager_failure_reports", test_dispatch_eager_failure_reports},
     {"test_dispatch_attention_matches_definition", test_dispatch_attention_matches_definition},
+    {"test_dispatch_attention_replayed_on_more_threads",
+     test_dispatch_attention_replayed_on_more_threads},
     {"test_dispatch_gemm_padding_is_bitwise", test_dispatch_gemm_padding_is_bitwise},
     {NULL, NULL},
 };

@@ -15,6 +15,7 @@
  * 2 x PT_ATTN_ROWS x T floats. bf16 and tf32 precision: the products round
  * their operands (cpu_gemm_prec); softmax and its backward stay f32.
  */
+#include <inttypes.h>
 #include <math.h>
 #include <omp.h>
 #include <string.h>
@@ -58,6 +59,16 @@ size_t cpu_attention_workspace(const pt_op_call *c)
 	return (size_t)omp_get_max_threads() * 2 * (size_t)(rows * qkv->shape[1]) * sizeof(float);
 }
 
+/* team_size: the threads a kernel may start - its own budget, but never
+ * more than the workspace was planned for (a call planned on a thread with
+ * a smaller budget than the one that runs it must not write past ws). */
+static int team_size(const pt_op_call *c, int64_t strip)
+{
+	size_t fit = c->workspace / (2 * (size_t)strip * sizeof(float));
+	int n = omp_get_max_threads();
+	return fit < (size_t)n ? (int)fit : n;
+}
+
 /* One (batch, head): out rows and lse for q, k, v at stride C3. */
 static pt_err head_forward(const attn_dims *d, const float *q, float *o, float *lse, float *s)
 {
@@ -87,8 +98,14 @@ pt_err cpu_attention_forward(const pt_op_call *c, void *ws)
 	int64_t strip = (T < PT_ATTN_ROWS ? T : PT_ATTN_ROWS) * T;
 	const float *qkv = pt_tensor_f32(qt);
 	float *out = pt_tensor_f32(c->out[0]), *lse = pt_tensor_f32(c->out[1]);
-	int nthreads = omp_get_max_threads();
+	int nthreads = team_size(c, strip);
 	pt_err err = PT_OK;
+
+	if (nthreads < 1)
+		return pt_set_error(PT_ERR_STATE,
+		                    "attention: workspace of %zu bytes for %" PRId64 " x %" PRId64
+		                    " scores",
+		                    c->workspace, strip / T, T);
 
 #pragma omp parallel for schedule(static) num_threads(nthreads)
 	for (int64_t bh = 0; bh < B * d.NH; bh++) {
@@ -162,8 +179,14 @@ pt_err cpu_attention_backward(const pt_op_call *c, void *ws)
 	const float *lse = pt_tensor_f32(c->in[2]);
 	float *dqkv = pt_tensor_f32(c->out[0]);
 	bool accum = c->p.attention.accum_dx;
-	int nthreads = omp_get_max_threads();
+	int nthreads = team_size(c, strip);
 	pt_err err = PT_OK;
+
+	if (nthreads < 1)
+		return pt_set_error(PT_ERR_STATE,
+		                    "attention: workspace of %zu bytes for %" PRId64 " x %" PRId64
+		                    " scores",
+		                    c->workspace, strip / T, T);
 
 #pragma omp parallel for schedule(static) num_threads(nthreads)
 	for (int64_t bh = 0; bh < B * d.NH; bh++) {
