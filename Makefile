@@ -39,7 +39,8 @@ demo-local: build
 	OMP_WAIT_POLICY=PASSIVE $(BUILD)/tools/pt-train --example digits
 
 test: build
-	$(MESON) test -C $(BUILD) --print-errorlogs --num-processes 1
+	$(MESON) test -C $(BUILD) --print-errorlogs --num-processes 1 || \
+		{ bash tools/test-failures.sh $(BUILD); exit 1; }
 	$(MAKE) test-asan
 	$(MAKE) test-fuzz
 
@@ -48,7 +49,7 @@ test-asan: deps
 		-Db_sanitize=address,undefined -Db_lundef=false
 	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
 		$(MESON) test -C $(ASAN_BUILD) --suite unit --print-errorlogs --num-processes 1 \
-		--timeout-multiplier 4
+		--timeout-multiplier 4 || { bash tools/test-failures.sh $(ASAN_BUILD); exit 1; }
 
 # The fuzz build: clang, ASan + UBSan, only the library and tests/fuzz.
 fuzz-build: deps
@@ -57,9 +58,10 @@ fuzz-build: deps
 
 # Every seed and kept crash input once, then 10 s of fuzzing per target.
 test-fuzz: fuzz-build
-	$(MESON) test -C $(FUZZ_BUILD) --suite fuzz-regress --print-errorlogs --num-processes 1
+	$(MESON) test -C $(FUZZ_BUILD) --suite fuzz-regress --print-errorlogs --num-processes 1 || \
+		{ bash tools/test-failures.sh $(FUZZ_BUILD); exit 1; }
 	FUZZ_SECONDS=10 $(MESON) test -C $(FUZZ_BUILD) --suite fuzz --print-errorlogs \
-		--num-processes 1
+		--num-processes 1 || { bash tools/test-failures.sh $(FUZZ_BUILD); exit 1; }
 
 fuzz: fuzz-build
 	FUZZ_SECONDS=$(FUZZ_SECONDS) $(MESON) test -C $(FUZZ_BUILD) --suite fuzz \

@@ -56,11 +56,12 @@
 #include <inttypes.h>
 #include <math.h>
 #include <pthread.h>
-#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -725,13 +726,14 @@ static pt_err snapshot_write(snapshot *sn)
 static void *writer_main(void *arg)
 {
 	runner *r = arg;
-	/* The write runs on cores training leaves idle: at normal priority its
-	 * hashing and the kernel's copies into the page cache take a core from
-	 * a stage's OpenMP team, and the whole team waits at every barrier. A
-	 * checkpoint due while the last is still written waits for it (the
-	 * waiting stages leave the cores to it). Best effort. */
-	struct sched_param idle = {0};
-	(void)pthread_setschedparam(pthread_self(), SCHED_IDLE, &idle);
+	/* The write yields to training: at normal priority its hashing and the
+	 * kernel's copies into the page cache take a core from a stage's OpenMP
+	 * team, and the whole team waits at every barrier. Nice 10 (a tenth of
+	 * a normal thread's share), not SCHED_IDLE: an idle-class thread may
+	 * wait without bound on a busy machine, and the runner joins it at
+	 * teardown. A checkpoint due while the last is still written waits for
+	 * it. Best effort. */
+	(void)setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 10);
 	pthread_mutex_lock(&r->wmu);
 	for (;;) {
 		while (!r->writer_quit && (r->wjob == NULL || !r->wbusy))
