@@ -4,7 +4,8 @@
  * pt-bench: 8 blocks of width 256, context 128, batch 16) at p in {1, 2, 4}
  * stages and m in {4, 8} microbatches, every flushing schedule: the
  * planner's predicted step time (pt_job_plan_run) and the measured one
- * (pt_job_run in this process, the median step of STEPS after WARMUP).
+ * (pt_job_run in this process, the median step of STEPS - STEPS_W2 for W2 -
+ * after WARMUP).
  *   plan_error_max   the largest |predicted - measured| / measured
  *   plan_error_<model>_p<P>_m<M>_<schedule>  each one
  *   plan_auto_vs_best  measured step of the planner's pick over the best
@@ -25,8 +26,9 @@
 #define PT_SOURCE_ROOT "."
 #endif
 
-#define WARMUP 2
-#define STEPS  7
+#define WARMUP   2
+#define STEPS    25 /* measured steps of examples/gpt.json (about 10 ms each) */
+#define STEPS_W2 7  /* and of W2 (about a second each) */
 
 static void die(const char *what)
 {
@@ -38,12 +40,13 @@ typedef struct rec {
 	double dt[WARMUP + STEPS + 1];
 	int n;
 	int64_t batch;
+	int steps; /* to measure (after WARMUP) */
 } rec;
 
 static void on_metric(void *ctx, const pt_job_metric *m)
 {
 	rec *r = ctx;
-	if (r->n < WARMUP + STEPS && m->samples_per_s > 0)
+	if (r->n < WARMUP + r->steps && m->samples_per_s > 0)
 		r->dt[r->n++] = (double)r->batch / m->samples_per_s;
 }
 
@@ -88,24 +91,26 @@ static void w2(pt_job_spec *s)
 	s->batch_size = 16;
 }
 
-static double measure(const pt_job_spec *base, const pt_job_plan *pl)
+static double measure(const pt_job_spec *base, const pt_job_plan *pl, int steps)
 {
 	int p = pl->stages, m = pl->microbatches;
 	pt_pipe_schedule sc = pl->schedule;
 	pt_job_spec s = *base;
 	pt_job_run_options o = {.files_root = PT_SOURCE_ROOT};
-	rec r = {.batch = base->batch_size};
+	rec r = {.batch = base->batch_size, .steps = steps};
 	pt_job_hooks h = {.ctx = &r, .on_metric = on_metric};
 	int64_t last;
 	s.stages = p;
 	s.microbatches = m;
-	s.steps = WARMUP + STEPS;
+	s.steps = WARMUP + steps;
 	s.schedule = (char *)pt_pipe_schedule_name(sc);
 	s.virtual_stages = pl->virtual_stages > 1 ? pl->virtual_stages : 0;
 	if (pt_job_run(&s, &o, &h, &last) != PT_OK)
 		die("measured run");
-	qsort(r.dt + WARMUP, STEPS, sizeof(double), by_value);
-	return r.dt[WARMUP + STEPS / 2];
+	if (r.n < WARMUP + steps)
+		die("steps without a metric");
+	qsort(r.dt + WARMUP, (size_t)steps, sizeof(double), by_value);
+	return r.dt[WARMUP + steps / 2];
 }
 
 int main(int argc, char **argv)
@@ -138,7 +143,7 @@ int main(int argc, char **argv)
 					pt_job_plan *pl = &plans[q];
 					if (pl->stages != ps[i] || pl->microbatches != ms[j])
 						continue;
-					double got = measure(&s, pl);
+					double got = measure(&s, pl, k == 1 ? STEPS_W2 : STEPS);
 					double err = fabs(pl->step_seconds - got) / got;
 					printf("bench plan_error_%s_p%d_m%d_%s %.3f\n", names[k],
 					       ps[i], ms[j], pt_pipe_schedule_name(pl->schedule),

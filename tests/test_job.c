@@ -22,6 +22,7 @@
 #include "fileio.h"
 #include "sha256.h"
 #include "job.h"
+#include "job_internal.h"
 #include "npy.h"
 #include "pt_test.h"
 #include "runtime.h"
@@ -2115,6 +2116,35 @@ static void test_job_run_bf16(void)
 	example_stages = 0;
 }
 
+/* The planner's simulation on stages of equal, given costs, against
+ * timelines worked out by hand: a message that arrives while another
+ * stage computes starts its task on arrival (GPipe, p = 2, m = 2, F 1, B 1,
+ * W 1, hand-overs 0.1: 9.3 to the last W, plus 3 rounds of 3 control
+ * hops); two stages computing at once on cores that keep half their speed
+ * each take twice as long (F 1, B + W 1, no hops: 8 instead of 6). */
+static void test_job_plan_simulation(void)
+{
+	const double full[] = {0, 1, 1}, half[] = {0, 1, 0.5};
+	double step, bubble;
+
+	PT_CHECK_OK(pt_plan_simulate_uniform(PT_SCHED_GPIPE, 2, 2, 1, 1, 1, 0.1, 2, full, 2, &step,
+	                                     &bubble));
+	CU_ASSERT_DOUBLE_EQUAL(step, 10.2, 1e-9);
+	CU_ASSERT_DOUBLE_EQUAL(bubble, 1 - 12 / (2 * 9.3), 1e-9);
+	PT_CHECK_OK(pt_plan_simulate_uniform(PT_SCHED_GPIPE, 2, 2, 1, 0.5, 0.5, 0, 2, full, 2,
+	                                     &step, &bubble));
+	CU_ASSERT_DOUBLE_EQUAL(step, 6, 1e-9);
+	CU_ASSERT_DOUBLE_EQUAL(bubble, 1.0 / 3, 1e-9);
+	PT_CHECK_OK(pt_plan_simulate_uniform(PT_SCHED_GPIPE, 2, 2, 1, 0.5, 0.5, 0, 2, half, 2,
+	                                     &step, &bubble));
+	CU_ASSERT_DOUBLE_EQUAL(step, 8, 1e-9);
+	CU_ASSERT_DOUBLE_EQUAL(bubble, 0.25, 1e-9);
+	/* One core for two stages: time-shared, each at half speed. */
+	PT_CHECK_OK(pt_plan_simulate_uniform(PT_SCHED_GPIPE, 2, 2, 1, 0.5, 0.5, 0, 1, full, 1,
+	                                     &step, &bubble));
+	CU_ASSERT_DOUBLE_EQUAL(step, 8, 1e-9);
+}
+
 /* The planner (plan.c): every flushing schedule at each candidate, fastest
  * first (interleaved, v = 2, where 2p chunks fit the 5 layers: p = 1, 2),
  * partitions as pt_partition makes them, memory from the estimate;
@@ -2597,6 +2627,7 @@ static const pt_test_case run_tests[] = {
     {"test_job_run_schedules_are_bitwise", test_job_run_schedules_are_bitwise},
     {"test_job_run_interleaved_is_bitwise", test_job_run_interleaved_is_bitwise},
     {"test_job_run_bf16", test_job_run_bf16},
+    {"test_job_plan_simulation", test_job_plan_simulation},
     {"test_job_plan", test_job_plan},
     {"test_job_run_edges", test_job_run_edges},
     {"test_job_run_init_from", test_job_run_init_from},

@@ -46,4 +46,13 @@ pt_dtype pt_job_token_dtype(pt_data_format f);
 pt_err pt_job_load_tokens(const pt_job_spec *s, const char *field, const char *path,
                           const char *root, bool any_path, pt_tokens *tk);
 
+/* pt_plan_simulate_uniform runs the planner's simulation (plan.c) for p
+ * stages of equal costs: f, b, w seconds per microbatch, every hand-over
+ * `hop` seconds, no loss or update time, one thread per stage on `threads`
+ * cores whose speed with k threads at work is speed[k] (k = 1..n_speed; the
+ * last beyond). For tests: the step and bubble it predicts. */
+pt_err pt_plan_simulate_uniform(pt_pipe_schedule sc, int p, int m, double f, double b, double w,
+                                double hop, int threads, const double *speed, int n_speed,
+                                double *step, double *bubble);
+
 #endif

@@ -16,13 +16,15 @@
  * then every backward; 1F1B and ZB-H1 as the stages run them, pipeline.h);
  * a task starts when its input is there: stage 1's forwards as the
  * coordinator sends them (all at once for GPipe, then p in flight), a
- * forward's output or a gradient as soon as the task producing it ends
- * (in-process messages cost no time here), a loss gradient after the
- * coordinator's loss (GPipe: all losses after the last output). The CPU is
- * shared: while k tasks of t threads run on a budget of C cores, each
- * proceeds at min(1, C / (k t)) of its measured speed. The step ends with
- * the optimizer update on every stage. Predicted step time, bubble (1 -
- * busy / (p x step)), samples per second and each stage's memory
+ * forward's output or a gradient one hand-over (profile_hop) after the task
+ * producing it ends, a loss gradient after the coordinator's loss (GPipe:
+ * all losses after the last output). The simulation steps from event to
+ * event, completions and arrivals. The CPU is shared: while k tasks of t
+ * threads run on a budget of C cores (n = k t threads), each proceeds at
+ * min(1, C / n) s(min(n, C)) / s(t) of its measured speed, s(j) being one
+ * thread's speed while j compute at once (core_speed, measured). The step
+ * ends with the optimizer update on every stage. Predicted step time,
+ * bubble (1 - busy / (p x step)), samples per second and each stage's memory
  * (pt_job_memory_estimate for the schedule) make one plan.
  *
  * Devices: the same model holds for a GPU once its layers are measured
@@ -35,6 +37,8 @@
 #include "comm.h"
 #include "dispatch.h"
 #include "job.h"
+#include "job_internal.h"
+#include "log.h"
 #include "loss.h"
 #include "model.h"
 #include "optim.h"
@@ -346,6 +350,124 @@ out:
 	return out;
 }
 
+/* ------------------------------------------------------- the host's cores -- */
+
+/* How fast one thread computes while k threads compute at once, relative
+ * to one thread alone: cores that share execution units (SMT siblings, a
+ * VM's vCPUs on one physical core), caches or memory bandwidth give less
+ * than 1. Measured once per process with a small matrix product on k
+ * threads started together (the median of SPEED_TRIALS). */
+#define SPEED_MAX    64
+#define SPEED_TRIALS 3
+#define SPEED_N      64
+#define SPEED_REPS   60
+
+static pthread_mutex_t speed_mu = PTHREAD_MUTEX_INITIALIZER;
+static double speed_k[SPEED_MAX + 1];
+static int speed_known; /* speed_k[1..speed_known] are measured */
+
+typedef struct speed_run {
+	pthread_barrier_t *go;
+	double secs;
+	float sink;
+} speed_run;
+
+static void *speed_main(void *arg)
+{
+	speed_run *r = arg;
+	float *a = malloc(3 * SPEED_N * SPEED_N * sizeof(float)), *b, *c;
+	double t0;
+	if (a != NULL) {
+		b = a + SPEED_N * SPEED_N;
+		c = b + SPEED_N * SPEED_N;
+		for (int i = 0; i < SPEED_N * SPEED_N; i++) {
+			a[i] = (float)(i % 7) * 0.25f;
+			b[i] = (float)(i % 5) * 0.5f;
+			c[i] = 0.0f;
+		}
+	}
+	pthread_barrier_wait(r->go);
+	t0 = pt_now();
+	for (int rep = 0; a != NULL && rep < SPEED_REPS; rep++)
+		for (int i = 0; i < SPEED_N; i++)
+			for (int k = 0; k < SPEED_N; k++) {
+				float v = a[i * SPEED_N + k] * 1e-3f;
+				for (int j = 0; j < SPEED_N; j++)
+					c[i * SPEED_N + j] += v * b[k * SPEED_N + j];
+			}
+	r->secs = pt_now() - t0;
+	r->sink = a != NULL ? c[SPEED_N + 1] : 0.0f;
+	free(a);
+	return NULL;
+}
+
+/* kernel_seconds: the mean time of the kernel on k threads at once. */
+static double kernel_seconds(int k)
+{
+	pthread_t th[SPEED_MAX];
+	speed_run r[SPEED_MAX];
+	pthread_barrier_t go;
+	double sum = 0.0;
+	int started = 0;
+
+	if (pthread_barrier_init(&go, NULL, (unsigned)k) != 0)
+		return 0.0;
+	for (int i = 0; i < k; i++)
+		r[i] = (speed_run){.go = &go};
+	for (int i = 1; i < k; i++)
+		if (pthread_create(&th[i], NULL, speed_main, &r[i]) == 0)
+			started++;
+	if (started != k - 1) {
+		/* Fewer threads than the barrier waits for: give up on k. */
+		for (int i = 1; i <= started; i++)
+			pthread_cancel(th[i]);
+		for (int i = 1; i <= started; i++)
+			pthread_join(th[i], NULL);
+		pthread_barrier_destroy(&go);
+		return 0.0;
+	}
+	speed_main(&r[0]);
+	for (int i = 1; i < k; i++)
+		pthread_join(th[i], NULL);
+	pthread_barrier_destroy(&go);
+	for (int i = 0; i < k; i++)
+		sum += r[i].secs;
+	return sum / k;
+}
+
+/* core_speed returns speed_k[k] for k up to `cores` (measuring what is not
+ * known yet); 1 where a measurement failed. */
+static double core_speed(int k, int cores)
+{
+	double out;
+	if (cores > SPEED_MAX)
+		cores = SPEED_MAX;
+	if (k > cores)
+		k = cores;
+	if (k < 1)
+		return 1.0;
+	pthread_mutex_lock(&speed_mu);
+	if (speed_known < cores) {
+		double base[SPEED_TRIALS], t[SPEED_TRIALS];
+		for (int i = 0; i < SPEED_TRIALS; i++)
+			base[i] = kernel_seconds(1);
+		double one = median(base, SPEED_TRIALS);
+		speed_k[1] = 1.0;
+		for (int j = speed_known > 1 ? speed_known + 1 : 2; j <= cores; j++) {
+			for (int i = 0; i < SPEED_TRIALS; i++)
+				t[i] = kernel_seconds(j);
+			double tj = median(t, SPEED_TRIALS);
+			speed_k[j] = one > 0 && tj > 0 ? fmin(1.0, one / tj) : 1.0;
+			pt_debug("planner: %d threads at once compute at %.2f of one alone", j,
+			         speed_k[j]);
+		}
+		speed_known = cores;
+	}
+	out = speed_k[k];
+	pthread_mutex_unlock(&speed_mu);
+	return out;
+}
+
 /* ------------------------------------------------------------ simulation -- */
 
 enum { T_F, T_B, T_W, T_BW };
@@ -429,9 +551,11 @@ static double ready_at(const stage_sim *st, int nl, const double *inject, const 
  * hand-overs hop_f, hop_b are indexed by logical stage. */
 static pt_err simulate(pt_pipe_schedule sc, int p, int v, int m, const double *sf, const double *sb,
                        const double *sw, const double *so, const double *hop_f, const double *hop_b,
-                       double hop0, double loss_s, int threads, int tps, double *step,
-                       double *bubble)
+                       double hop0, double loss_s, int threads, int tps, const double *speed,
+                       int n_speed, double *step, double *bubble)
 {
+	/* speed[k], k = 1..n_speed: core_speed's figures (k beyond: the last). */
+#define SPEED(k) speed[(k) < 1 ? 1 : (k) > n_speed ? n_speed : (k)]
 	int nl = p * v, per_rank = 3 * m * v + 4;
 	rank_sim rk[PT_MAX_STAGES];
 	stage_sim st[PT_MAX_STAGES];
@@ -478,7 +602,7 @@ static pt_err simulate(pt_pipe_schedule sc, int p, int v, int m, const double *s
 	/* Event loop: start what can start, advance to the next completion. */
 	for (int guard = 0; guard < 100 * nl * m + 100; guard++) {
 		int active = 0;
-		double rate, dt = INFINITY;
+		double rate, lrate, dt = INFINITY;
 		bool all_done = true;
 		for (int r = 0; r < p; r++) {
 			rank_sim *x = &rk[r];
@@ -532,12 +656,30 @@ static pt_err simulate(pt_pipe_schedule sc, int p, int v, int m, const double *s
 			now = next;
 			continue;
 		}
-		rate = active > threads ? (double)threads / active : 1.0;
+		/* Time-shared beyond the cores; on them, each thread at the speed
+		 * the cores keep with this many computing (a task's profile has
+		 * its own threads' share of that already). */
+		rate = (active > threads ? (double)threads / active : 1.0) * SPEED(active);
+		lrate = rate / SPEED(1);
+		rate /= SPEED(tps);
 		for (int r = 0; r < p; r++)
 			if (rk[r].running && rk[r].left / rate < dt)
 				dt = rk[r].left / rate;
-		if (loss_running && loss_left / rate < dt)
-			dt = loss_left / rate;
+		if (loss_running && loss_left / lrate < dt)
+			dt = loss_left / lrate;
+		/* A message arriving meanwhile starts its task then (and changes
+		 * the sharing), not at the next completion. */
+		for (int r = 0; r < p; r++) {
+			double a;
+			if (rk[r].running || rk[r].pos >= rk[r].n)
+				continue;
+			a = ready_at(st, nl, inject, loss_end, rk[r].order[rk[r].pos], now);
+			if (a > now && a - now < dt)
+				dt = a - now;
+		}
+		if (!loss_running && loss_mb < m && sc != PT_SCHED_GPIPE &&
+		    st[nl - 1].f_done[loss_mb] > now && st[nl - 1].f_done[loss_mb] - now < dt)
+			dt = st[nl - 1].f_done[loss_mb] - now;
 		now += dt;
 		for (int r = 0; r < p; r++) {
 			rank_sim *x = &rk[r];
@@ -560,7 +702,7 @@ static pt_err simulate(pt_pipe_schedule sc, int p, int v, int m, const double *s
 			}
 		}
 		if (loss_running) {
-			loss_left -= dt * rate;
+			loss_left -= dt * lrate;
 			if (loss_left <= 1e-12) {
 				loss_running = false;
 				loss_end[loss_mb++] = now + hop_f[nl - 1];
@@ -576,7 +718,8 @@ static pt_err simulate(pt_pipe_schedule sc, int p, int v, int m, const double *s
 	}
 	/* The optimizer update on every stage at once. */
 	{
-		double rate = nl * tps > threads ? (double)threads / (nl * tps) : 1.0;
+		double rate = (nl * tps > threads ? (double)threads / (nl * tps) : 1.0) *
+		              SPEED(nl * tps) / SPEED(tps);
 		for (int s = 0; s < nl; s++)
 			opt = so[s] / rate > opt ? so[s] / rate : opt;
 	}
@@ -584,12 +727,33 @@ static pt_err simulate(pt_pipe_schedule sc, int p, int v, int m, const double *s
 	 * a command to every stage and its reply. */
 	*step = now + opt + 3.0 * (nl + 1) * hop0;
 	*bubble = now > 0 ? 1.0 - busy / (p * now) : 0.0;
+#undef SPEED
 out:
 	free(mem);
 	free(orders);
 	free(loss_end);
 	free(inject);
 	return rv;
+}
+
+pt_err pt_plan_simulate_uniform(pt_pipe_schedule sc, int p, int m, double f, double b, double w,
+                                double hop, int threads, const double *speed, int n_speed,
+                                double *step, double *bubble)
+{
+	double sf[PT_MAX_STAGES], sb[PT_MAX_STAGES], sw[PT_MAX_STAGES], so[PT_MAX_STAGES],
+	    hf[PT_MAX_STAGES], hb[PT_MAX_STAGES];
+	if (p < 1 || p > PT_MAX_STAGES || n_speed < 1)
+		return pt_set_error(PT_ERR_RANGE, "stages: %d", p);
+	for (int s = 0; s < p; s++) {
+		sf[s] = f;
+		sb[s] = b;
+		sw[s] = w;
+		so[s] = 0.0;
+		hf[s] = hop;
+		hb[s] = s > 0 ? hop : 0.0;
+	}
+	return simulate(sc, p, 1, m, sf, sb, sw, so, hf, hb, hop, 0.0, threads, 1, speed, n_speed,
+	                step, bubble);
 }
 
 /* --------------------------------------------------------------- planning -- */
@@ -638,6 +802,11 @@ pt_err pt_job_plan_run(const pt_job_spec *spec, const pt_job_plan_options *o, pt
 		ms[nm++] = spec->microbatches;
 	if ((v = calloc((size_t)(np * nm * 4), sizeof(*v))) == NULL)
 		return pt_set_error(PT_ERR_NOMEM, "plans");
+	/* How the cores keep their speed with several threads at work. */
+	double speed[SPEED_MAX + 1];
+	int n_speed = threads < SPEED_MAX ? threads : SPEED_MAX;
+	for (int k = 1; k <= n_speed; k++)
+		speed[k] = core_speed(k, threads);
 	/* Layers are measured at the job's precision. */
 	prev_prec = pt_get_precision();
 	pt_set_precision(pt_job_spec_precision(spec));
@@ -696,6 +865,14 @@ pt_err pt_job_plan_run(const pt_job_spec *spec, const pt_job_plan_options *o, pt
 				hop0 = profile_hop(1);
 				if ((rv = profile_loss(spec, in, B, 1, &loss_s)) != PT_OK)
 					goto fail;
+				for (int s = 0; s < nl; s++)
+					pt_debug("planner: p %d v %d m %d, stage %d of %d threads: "
+					         "F %.3f B "
+					         "%.3f W %.3f update %.3f, hops %.3f %.3f ms; loss "
+					         "%.3f ms",
+					         p, vs, m, s, tps, sf[s] * 1e3, sb[s] * 1e3,
+					         sw[s] * 1e3, so[s] * 1e3, hf[s] * 1e3, hb[s] * 1e3,
+					         loss_s * 1e3);
 				for (size_t k = 0; k < sizeof(scheds) / sizeof(scheds[0]); k++) {
 					pt_job_plan *pl = &v[n];
 					if ((scheds[k] == PT_SCHED_INTERLEAVED) != (vs > 1))
@@ -711,9 +888,9 @@ pt_err pt_job_plan_run(const pt_job_spec *spec, const pt_job_plan_options *o, pt
 					pl->microbatches = m;
 					memcpy(pl->first, first, sizeof(int) * (size_t)(nl + 1));
 					if ((rv = simulate(scheds[k], p, vs, m, sf, sb, sw, so, hf,
-					                   hb, hop0, loss_s, threads, tps,
-					                   &pl->step_seconds, &pl->bubble)) !=
-					    PT_OK)
+					                   hb, hop0, loss_s, threads, tps, speed,
+					                   n_speed, &pl->step_seconds,
+					                   &pl->bubble)) != PT_OK)
 						goto fail;
 					pl->samples_per_s =
 					    pl->step_seconds > 0
