@@ -45,10 +45,11 @@
 #include "ops.h"
 #include "rng.h"
 #include "runtime.h"
+#include "stream.h"
 
-#define PROFILE_RUNS 25   /* timed runs at most */
-#define PROFILE_MIN  5    /* at least */
-#define PROFILE_SECS 0.02 /* runs stop after this much timed work */
+#define PROFILE_RUNS 51  /* timed runs at most */
+#define PROFILE_MIN  5   /* at least */
+#define PROFILE_SECS 0.1 /* runs stop after this much timed work */
 #define CACHE_MAX    512
 
 typedef struct layer_cost {
@@ -273,26 +274,51 @@ out:
 	return rv;
 }
 
-/* A partner thread that echoes every forward back as a backward. */
+/* A send handed to a stream, as a stage hands each send to its rank's send
+ * stream (pipeline/stage.c): the stream's thread pushes it. */
+typedef struct hop_send {
+	pt_comm *c;
+	const pt_tensor *t;
+	int64_t step;
+	bool backward;
+} hop_send;
+
+static pt_err hop_send_run(void *arg)
+{
+	hop_send *h = arg;
+	return h->backward ? pt_comm_send_backward(h->c, 0, h->t, h->step, 0)
+	                   : pt_comm_send_forward(h->c, 1, h->t, h->step, 0);
+}
+
+/* A partner thread that echoes every forward back as a backward, through
+ * its own send stream. */
+typedef struct echo {
+	pt_comm *c;
+	pt_stream *tx;
+} echo;
+
 static void *echo_main(void *arg)
 {
-	pt_comm *c = arg;
+	echo *e = arg;
 	for (;;) {
 		pt_msg m = {0};
-		if (pt_comm_recv(c, 0, PT_CH_FORWARD, -1, &m) != PT_OK)
+		if (pt_comm_recv(e->c, 0, PT_CH_FORWARD, -1, &m) != PT_OK)
 			return NULL;
 		if (m.meta.step < 0) {
 			pt_msg_fini(&m);
 			return NULL;
 		}
-		pt_comm_send_backward(c, 0, &m.tensor, m.meta.step, m.meta.microbatch);
+		hop_send h = {e->c, &m.tensor, m.meta.step, true};
+		if (pt_stream_enqueue(e->tx, hop_send_run, NULL, &h) == PT_OK)
+			pt_stream_sync(e->tx, -1); /* h and m live until sent */
 		pt_msg_fini(&m);
 	}
 }
 
 /* profile_hop measures what handing a tensor of `floats` floats to another
- * thread costs (a copy, as stages send, and the wake-up): half the median
- * round trip over the in-process communicator. */
+ * thread costs as a stage hands it over: a copy, the send stream's thread
+ * woken to push it, the receiver woken. Half the median round trip over the
+ * in-process communicator, each way through a send stream. */
 static double profile_hop(int64_t floats)
 {
 	static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
@@ -302,6 +328,8 @@ static double profile_hop(int64_t floats)
 	pt_local_group *g = NULL;
 	pt_comm *c[2] = {NULL, NULL};
 	pt_tensor t = {0}, copy = {0};
+	pt_stream *tx[2] = {NULL, NULL};
+	echo e;
 	pthread_t th;
 	double ts[15], out = 0.0;
 
@@ -317,16 +345,23 @@ static double profile_hop(int64_t floats)
 	    pt_local_comm_create(&c[1], g, 1) != PT_OK ||
 	    pt_tensor_init(&t, PT_F32, 1, (int64_t[]){floats > 0 ? floats : 1}) != PT_OK ||
 	    pt_tensor_init(&copy, PT_F32, 1, (int64_t[]){floats > 0 ? floats : 1}) != PT_OK ||
-	    pthread_create(&th, NULL, echo_main, c[1]) != 0)
+	    pt_stream_create(&tx[0], "plan-tx0") != PT_OK ||
+	    pt_stream_create(&tx[1], "plan-tx1") != PT_OK)
+		goto out;
+	e = (echo){c[1], tx[1]};
+	if (pthread_create(&th, NULL, echo_main, &e) != 0)
 		goto out;
 	memset(pt_tensor_data(&t), 0, pt_tensor_nbytes(&t));
 	for (int r = -2; r < 15; r++) {
 		pt_msg m = {0};
 		double t0 = pt_now();
+		hop_send h = {c[0], &copy, r < 0 ? 0 : r, false};
 		pt_copy(&copy, &t);
-		if (pt_comm_send_forward(c[0], 1, &copy, r < 0 ? 0 : r, 0) != PT_OK ||
-		    pt_comm_recv(c[0], 1, PT_CH_BACKWARD, 10000, &m) != PT_OK)
+		if (pt_stream_enqueue(tx[0], hop_send_run, NULL, &h) != PT_OK ||
+		    pt_comm_recv(c[0], 1, PT_CH_BACKWARD, 10000, &m) != PT_OK) {
+			pt_stream_sync(tx[0], -1); /* h is on this stack */
 			break;
+		}
 		pt_msg_fini(&m);
 		if (r >= 0)
 			ts[r] = (pt_now() - t0) / 2;
@@ -342,6 +377,8 @@ static double profile_hop(int64_t floats)
 	}
 	pthread_mutex_unlock(&mu);
 out:
+	pt_stream_destroy(tx[0]);
+	pt_stream_destroy(tx[1]);
 	pt_tensor_fini(&t);
 	pt_tensor_fini(&copy);
 	pt_comm_destroy(c[0]);
@@ -698,7 +735,8 @@ static pt_err simulate(pt_pipe_schedule sc, int p, int v, int m, const double *s
 			} else if (t.kind != T_W) {
 				st[t.stage].b_done[t.mb] = now + hop_b[t.stage];
 				if (t.stage == 0 && t.mb + p < m && !all_in)
-					inject[t.mb + p] = now + hop0;
+					inject[t.mb + p] =
+					    now + 2 * hop0; /* DONE, then a forward */
 			}
 		}
 		if (loss_running) {
