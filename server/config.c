@@ -251,6 +251,9 @@ static const opt_desc options[] = {
      "memory.limit_in_bytes, else MemTotal)"},
     {"watch_interval_ms", OPT_INT, F(watch_interval_ms), "100", 0, 60000, NULL,
      "parked WatchMetrics requests are woken at most this often while metrics arrive"},
+    {"watch_replies", OPT_INT, F(watch_replies), "250", 0, 1000000, NULL,
+     "a job's parked WatchMetrics requests get at most this many replies a second in all: "
+     "with more watchers than that each waits longer than watch_interval_ms (0: no limit)"},
     {"metrics_sync_ms", OPT_INT, F(metrics_sync_ms), "1000", 0, 60000, NULL,
      "metric points are fsynced to the journal at least this often"},
     {"worker", OPT_BOOL, F(worker), "false", 0, 0, NULL,

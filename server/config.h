@@ -47,6 +47,8 @@ typedef struct pt_server_config {
 	int threads;           /* CPU threads per job (0: all cores / max_jobs) */
 	int max_jobs;          /* jobs running at once per device */
 	int watch_interval_ms; /* parked WatchMetrics are woken at most this often */
+	int watch_replies;     /* a job's parked WatchMetrics get at most this many replies a
+	                        * second in all (0: no budget) */
 	int metrics_sync_ms;   /* metrics are fsynced at least this often */
 	char *memory_limit;    /* admission limit of a job's memory ("": cgroup or MemTotal) */
 	bool worker;           /* --worker: host stages for other servers' jobs (worker.h) */

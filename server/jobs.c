@@ -83,6 +83,9 @@ typedef struct job {
 
 	atomic_int stop;        /* STOP_* */
 	pt_jobs_waiter waiters; /* list head */
+	int n_waiters;          /* parked on waiters */
+	double watch_tokens;    /* replies to watchers the budget allows now (watch_replies) */
+	double tokens_at;       /* monotonic seconds of the last refill */
 	double last_wake;       /* monotonic seconds */
 	atomic_bool wake_pending;
 
@@ -461,10 +464,39 @@ static void apply_state(job *jb, pt_api_job_state st, int64_t step, double t, co
 		jb->finished = t;
 }
 
-/* wake_all wakes every parked watcher of jb (manager lock held). */
+/* wake_interval: how long jb's parked watchers wait between wakes (lock
+ * held): watch_interval_ms, or longer when that many watchers at once would
+ * take more than watch_replies replies a second - a hundred dashboards cost
+ * a running job what a few do. */
+static double wake_interval(const pt_jobs *m, const job *jb)
+{
+	double base = m->cfg.watch_interval_ms * 1e-3;
+	double fair = m->cfg.watch_replies > 0 ? (double)jb->n_waiters / m->cfg.watch_replies : 0.0;
+	return fair > base ? fair : base;
+}
+
+/* refill adds the watch_replies budget's tokens since the last refill (at
+ * most a second's worth are kept; lock held). */
+static void refill(const pt_jobs *m, job *jb, double now)
+{
+	double cap = m->cfg.watch_replies;
+	jb->watch_tokens += (now - jb->tokens_at) * cap;
+	if (jb->watch_tokens > cap)
+		jb->watch_tokens = cap;
+	jb->tokens_at = now;
+}
+
+/* wake_all wakes every parked watcher of jb (manager lock held); each reply
+ * spends a token of the budget (the count may go below zero: the next wake
+ * is that much later, wake_interval). */
 static void wake_all(job *jb)
 {
 	pt_jobs_waiter *h = &jb->waiters;
+
+	if (jb->mgr->cfg.watch_replies > 0) {
+		refill(jb->mgr, jb, now_mono());
+		jb->watch_tokens -= jb->n_waiters;
+	}
 
 	while (h->next != h) {
 		pt_jobs_waiter *w = h->next;
@@ -474,6 +506,7 @@ static void wake_all(job *jb)
 		w->linked = false;
 		w->wake(w);
 	}
+	jb->n_waiters = 0;
 	jb->wake_pending = false;
 	jb->last_wake = now_mono();
 }
@@ -725,7 +758,7 @@ static void hook_metric(void *ctx, const pt_job_metric *m)
 	jb->step = p.step;
 	if (jb->state == PT_JOB_STARTING)
 		apply_state(jb, PT_JOB_RUNNING, p.step, now_unix(), NULL);
-	if (now_mono() - jb->last_wake >= mgr->cfg.watch_interval_ms * 1e-3)
+	if (now_mono() - jb->last_wake >= wake_interval(mgr, jb))
 		wake_all(jb);
 	else
 		jb->wake_pending = true;
@@ -741,8 +774,7 @@ static bool hook_should_stop(void *ctx)
 	/* Deliver coalesced wakes even when the next metric is slow to come. */
 	if (jb->wake_pending) {
 		pthread_mutex_lock(&mgr->mu);
-		if (jb->wake_pending &&
-		    now_mono() - jb->last_wake >= mgr->cfg.watch_interval_ms * 1e-3)
+		if (jb->wake_pending && now_mono() - jb->last_wake >= wake_interval(mgr, jb))
 			wake_all(jb);
 		pthread_mutex_unlock(&mgr->mu);
 	}
@@ -2247,12 +2279,28 @@ pt_err pt_jobs_reply_watch(pt_jobs *m, const pt_api_request *q, pt_jobs_waiter *
 	if (n > maxp)
 		n = maxp;
 	ended = pt_api_job_state_final(jb->state);
-	if (n == 0 && !ended && w != NULL && q->wait_ms > 0 && !m->stopping) {
+	/* A poll that finds new points spends a token of the job's budget;
+	 * with none left it waits for the next wake like one that found none
+	 * (a hundred clients polling again at once after every reply would
+	 * otherwise take a reply per step each). */
+	bool no_tokens = false;
+	if (n > 0 && !ended && w != NULL && q->wait_ms > 0 && !m->stopping &&
+	    m->cfg.watch_replies > 0) {
+		refill(m, jb, now_mono());
+		no_tokens = jb->watch_tokens < 1.0;
+		if (!no_tokens)
+			jb->watch_tokens -= 1.0;
+		else
+			jb->wake_pending = true;
+	}
+	if ((n == 0 || no_tokens) && !ended && w != NULL && q->wait_ms > 0 && !m->stopping) {
 		w->next = &jb->waiters;
 		w->prev = jb->waiters.prev;
 		w->prev->next = w;
 		jb->waiters.prev = w;
 		w->linked = true;
+		w->job = jb;
+		jb->n_waiters++;
 		*parked = true;
 		pthread_mutex_unlock(&m->mu);
 		return PT_OK;
@@ -2283,6 +2331,7 @@ void pt_jobs_unwatch(pt_jobs *m, pt_jobs_waiter *w)
 {
 	pthread_mutex_lock(&m->mu);
 	if (w->linked) {
+		((job *)w->job)->n_waiters--;
 		w->prev->next = w->next;
 		w->next->prev = w->prev;
 		w->next = w->prev = NULL;

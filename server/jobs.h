@@ -40,6 +40,7 @@ typedef struct pt_jobs_config {
 	int threads;                /* CPU threads per job (0: all cores / max_jobs) */
 	int max_jobs;               /* jobs running at once per device (<= 1: one) */
 	int watch_interval_ms;      /* wake parked watchers at most this often */
+	int watch_replies;          /* and a job's at most this many replies a second in all */
 	int metrics_sync_ms;        /* fsync metric records at least this often */
 	const char *worker_token;   /* token shown to `pipeserver --worker`s (NULL: none) */
 	const char *advertise_host; /* host workers dial for the coordinator (NULL: automatic) */
@@ -63,6 +64,7 @@ typedef struct pt_jobs_waiter {
 	struct pt_jobs_waiter *next, *prev;
 	void (*wake)(struct pt_jobs_waiter *w);
 	bool linked;
+	void *job; /* the job it is parked on, while linked (the manager's) */
 } pt_jobs_waiter;
 
 /* pt_jobs_create opens (creating) data_dir, recovers every journaled job

@@ -288,6 +288,7 @@ int main(int argc, char **argv)
 	jc.threads = cfg.threads;
 	jc.max_jobs = cfg.max_jobs;
 	jc.watch_interval_ms = cfg.watch_interval_ms;
+	jc.watch_replies = cfg.watch_replies;
 	jc.metrics_sync_ms = cfg.metrics_sync_ms;
 	jc.memory_limit = cfg.memory_limit;
 	/* Workers of a cluster share the server's token; --advertise-host names

@@ -21,6 +21,7 @@
 #include <inttypes.h>
 #include <limits.h>
 #include <math.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1187,6 +1188,105 @@ static void test_server_kill9_resume(void)
 	CU_ASSERT_EQUAL(tmp_files, 0);
 }
 
+/* A watcher thread: long polls job `id` until `until` (CLOCK_REALTIME
+ * seconds), counting replies with points. No CUnit calls off the main
+ * thread: failures are counted. */
+typedef struct watcher {
+	const server *s;
+	uint64_t id;
+	double until, first; /* first: when the first points came (0: none) */
+	int replies, failures;
+} watcher;
+
+static void *watcher_main(void *arg)
+{
+	watcher *w = arg;
+	client c;
+	int64_t cursor = -1;
+
+	memset(&c, 0, sizeof(c));
+	if (nng_req0_open(&c.sock) != 0 || pt_fb_builder_init(&c.b, 0) != PT_OK) {
+		w->failures++;
+		return NULL;
+	}
+	nng_socket_set_ms(c.sock, NNG_OPT_RECVTIMEO, 30000);
+	nng_socket_set_ms(c.sock, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE);
+	nng_socket_set_size(c.sock, NNG_OPT_RECVMAXSZ, 0);
+	if (nng_dial(c.sock, w->s->url, NULL, 0) != 0)
+		w->failures++;
+	while (w->failures == 0 && now_s() < w->until) {
+		pt_api_request q;
+		pt_api_response r;
+		const uint8_t *d;
+		size_t n;
+		pt_api_request_init(&q, PT_API_WATCH_METRICS);
+		q.id = c.next_id++;
+		q.job = w->id;
+		q.cursor = cursor;
+		q.wait_ms = 10000;
+		if (pt_api_build_request(&c.b, &q, &d, &n) != PT_OK ||
+		    raw_call(&c, d, n, &r) != 0 || r.code != PT_API_OK) {
+			w->failures++;
+			break;
+		}
+		if (r.n_points > 0) {
+			w->replies++;
+			if (w->first == 0)
+				w->first = now_s();
+		}
+		cursor = r.cursor;
+		if (r.ended)
+			break;
+	}
+	client_close(&c);
+	return NULL;
+}
+
+/* --watch-replies 10 with 20 watchers of a running job: each wake waits
+ * 20 / 10 = 2 s, not --watch-interval-ms (20), so over 4 s each watcher gets
+ * its first request's points and at most 3 wakes' (unbudgeted: about 200
+ * wakes, 4000 replies); every watcher still gets its points. */
+static void test_server_watch_budget(void)
+{
+	enum { N = 20 };
+	const char *extra[] = {"--watch-replies", "10", NULL};
+	char dir[512];
+	server s;
+	client c;
+	pt_job_spec spec;
+	pt_api_response r;
+	pthread_t th[N];
+	watcher w[N];
+	uint64_t id;
+	bool ended;
+	int total = 0;
+
+	make_dir("watch-budget", dir, sizeof(dir));
+	CU_ASSERT_TRUE_FATAL(server_start(&s, dir, extra));
+	client_open(&c, &s, 30000);
+	digits_spec(&spec, 1000000, 0, false);
+	spec.eval_every = 0;
+	CU_ASSERT_EQUAL_FATAL(submit(&c, &spec, &id, &r), PT_API_OK);
+	CU_ASSERT(watch_until(&c, id, 2, 60, &ended) >= 2);
+	double t0 = now_s();
+	for (int i = 0; i < N; i++) {
+		w[i] = (watcher){.s = &s, .id = id, .until = t0 + 4.0};
+		CU_ASSERT_EQUAL_FATAL(pthread_create(&th[i], NULL, watcher_main, &w[i]), 0);
+	}
+	for (int i = 0; i < N; i++) {
+		pthread_join(th[i], NULL);
+		CU_ASSERT_EQUAL(w[i].failures, 0);
+		CU_ASSERT(w[i].replies >= 1);
+		total += w[i].replies;
+	}
+	printf("\n    20 watchers, 4 s: %d replies with points", total);
+	CU_ASSERT(total <= 4 * N);
+	CU_ASSERT_EQUAL(simple(&c, PT_API_CANCEL_JOB, id, &r), PT_API_OK);
+	pt_job_spec_fini(&spec);
+	client_close(&c);
+	CU_ASSERT_EQUAL(server_stop(&s, SIGTERM), 0);
+}
+
 static void test_server_sigterm(void)
 {
 	char dir[512];
@@ -1594,6 +1694,7 @@ static const pt_test_case server_tests[] = {
     {"test_server_data_paths", test_server_data_paths},
     {"test_server_worker_allow", test_server_worker_allow},
     {"test_server_kill9_resume", test_server_kill9_resume},
+    {"test_server_watch_budget", test_server_watch_budget},
     {"test_server_sigterm", test_server_sigterm},
     {"test_server_journal_long_message", test_server_journal_long_message},
     {"test_server_died_twice", test_server_died_twice},
