@@ -52,21 +52,35 @@ static attn_dims dims_of(const pt_op_call *c, const pt_tensor *qkv)
 	return d;
 }
 
+/* strip_floats: one strip of scores, min(T, rows) x T (a thread holds two). */
+static int64_t strip_floats(int64_t T)
+{
+	return (T < PT_ATTN_ROWS ? T : PT_ATTN_ROWS) * T;
+}
+
 size_t cpu_attention_workspace(const pt_op_call *c)
 {
 	const pt_tensor *qkv = c->op == PT_OP_ATTENTION_FWD ? c->in[0] : c->in[1];
-	int64_t rows = qkv->shape[1] < PT_ATTN_ROWS ? qkv->shape[1] : PT_ATTN_ROWS;
-	return (size_t)omp_get_max_threads() * 2 * (size_t)(rows * qkv->shape[1]) * sizeof(float);
+	return (size_t)omp_get_max_threads() * 2 * (size_t)strip_floats(qkv->shape[1]) *
+	       sizeof(float);
 }
 
-/* team_size: the threads a kernel may start - its own budget, but never
- * more than the workspace was planned for (a call planned on a thread with
- * a smaller budget than the one that runs it must not write past ws). */
-static int team_size(const pt_op_call *c, int64_t strip)
+/* team sets *strip, the floats of one thread's scores, and *nthreads, the
+ * threads a kernel may start: its own budget, but never more than the
+ * workspace was planned for (a call planned on a thread with a smaller
+ * budget than the one that runs it must not write past ws). */
+static pt_err team(const pt_op_call *c, int64_t T, int64_t *strip, int *nthreads)
 {
-	size_t fit = c->workspace / (2 * (size_t)strip * sizeof(float));
+	*strip = strip_floats(T);
+	size_t fit = c->workspace / (2 * (size_t)*strip * sizeof(float));
 	int n = omp_get_max_threads();
-	return fit < (size_t)n ? (int)fit : n;
+	*nthreads = fit < (size_t)n ? (int)fit : n;
+	if (*nthreads < 1)
+		return pt_set_error(PT_ERR_STATE,
+		                    "attention: workspace of %zu bytes for %" PRId64 " x %" PRId64
+		                    " scores",
+		                    c->workspace, *strip / T, T);
+	return PT_OK;
 }
 
 /* One (batch, head): out rows and lse for q, k, v at stride C3. */
@@ -94,18 +108,13 @@ pt_err cpu_attention_forward(const pt_op_call *c, void *ws)
 {
 	const pt_tensor *qt = c->in[0];
 	attn_dims d = dims_of(c, qt);
-	int64_t B = qt->shape[0], T = d.T;
-	int64_t strip = (T < PT_ATTN_ROWS ? T : PT_ATTN_ROWS) * T;
+	int64_t B = qt->shape[0], T = d.T, strip;
 	const float *qkv = pt_tensor_f32(qt);
 	float *out = pt_tensor_f32(c->out[0]), *lse = pt_tensor_f32(c->out[1]);
-	int nthreads = team_size(c, strip);
+	int nthreads;
 	pt_err err = PT_OK;
 
-	if (nthreads < 1)
-		return pt_set_error(PT_ERR_STATE,
-		                    "attention: workspace of %zu bytes for %" PRId64 " x %" PRId64
-		                    " scores",
-		                    c->workspace, strip / T, T);
+	PT_TRY(team(c, T, &strip, &nthreads));
 
 #pragma omp parallel for schedule(static) num_threads(nthreads)
 	for (int64_t bh = 0; bh < B * d.NH; bh++) {
@@ -173,20 +182,15 @@ pt_err cpu_attention_backward(const pt_op_call *c, void *ws)
 {
 	const pt_tensor *qt = c->in[1];
 	attn_dims d = dims_of(c, qt);
-	int64_t B = qt->shape[0], T = d.T;
-	int64_t strip = (T < PT_ATTN_ROWS ? T : PT_ATTN_ROWS) * T;
+	int64_t B = qt->shape[0], T = d.T, strip;
 	const float *dout = pt_tensor_f32(c->in[0]), *qkv = pt_tensor_f32(qt);
 	const float *lse = pt_tensor_f32(c->in[2]);
 	float *dqkv = pt_tensor_f32(c->out[0]);
 	bool accum = c->p.attention.accum_dx;
-	int nthreads = team_size(c, strip);
+	int nthreads;
 	pt_err err = PT_OK;
 
-	if (nthreads < 1)
-		return pt_set_error(PT_ERR_STATE,
-		                    "attention: workspace of %zu bytes for %" PRId64 " x %" PRId64
-		                    " scores",
-		                    c->workspace, strip / T, T);
+	PT_TRY(team(c, T, &strip, &nthreads));
 
 #pragma omp parallel for schedule(static) num_threads(nthreads)
 	for (int64_t bh = 0; bh < B * d.NH; bh++) {
