@@ -1242,7 +1242,8 @@ static void *watcher_main(void *arg)
 	return NULL;
 }
 
-/* --watch-replies 10 with 20 watchers of a running job: each wake waits
+/* --watch-replies outside 0..1000000 is refused at start. With 10 and 20
+ * watchers of a running job: each wake waits
  * 20 / 10 = 2 s, not --watch-interval-ms (20), so over 4 s each watcher gets
  * its first request's points and at most 3 wakes' (unbudgeted: about 200
  * wakes, 4000 replies); every watcher still gets its points. */
@@ -1262,6 +1263,22 @@ static void test_server_watch_budget(void)
 	int total = 0;
 
 	make_dir("watch-budget", dir, sizeof(dir));
+	/* Out of range or not a number: exit 2 naming the option. */
+	for (int k = 0; k < 3; k++) {
+		static const char *const bad[] = {"-1", "1000001", "lots"};
+		char cmd[2 * PATH_MAX + 700], out[1024] = "";
+		FILE *f;
+		snprintf(cmd, sizeof(cmd), "'%s' --watch-replies %s --data-dir '%s' 2>&1",
+		         server_bin, bad[k], dir);
+		f = popen(cmd, "r");
+		CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+		size_t n = fread(out, 1, sizeof(out) - 1, f);
+		out[n] = '\0';
+		int st = pclose(f);
+		CU_ASSERT(WIFEXITED(st) && WEXITSTATUS(st) == 2);
+		CU_ASSERT_PTR_NOT_NULL(strstr(out, "watch_replies (from flags): "));
+		CU_ASSERT_PTR_NOT_NULL(strstr(out, "is not an integer in [0, 1000000]"));
+	}
 	CU_ASSERT_TRUE_FATAL(server_start(&s, dir, extra));
 	client_open(&c, &s, 30000);
 	digits_spec(&spec, 1000000, 0, false);
