@@ -10,6 +10,9 @@
  *   gpu_w2_vs_torch       over PyTorch eager on the same GPU, same model and
  *                         batch, FP32 with TF32 off (bench/torch_gpu_ref.py,
  *                         run by this program after ours, so the GPU is free)
+ *   gpu_w2_tf32_tokens_per_s, gpu_w2_bf16_tokens_per_s  the same job with
+ *                         precision tf32 and bf16; gpu_w2_bf16_vs_fp32
+ *   gpu_w2_bf16_vs_torch_bf16  over PyTorch with torch.autocast(bfloat16)
  * and `#` lines: PyTorch with TF32 and with fused attention (information),
  * our first and last loss, and a per-op profile of one step (each kernel
  * timed between two device synchronisations: where the time goes).
@@ -108,8 +111,9 @@ static void bench_matmul(void)
 
 enum { VOCAB = 50304, DIM = 768, BLOCKS = 12, HEADS = 12, CTX = 1024, BATCH = 8 };
 
-/* Trains the GPT-2-small shape on cuda:0; returns tokens/s. */
-static double bench_w2(void)
+/* Trains the GPT-2-small shape on cuda:0 with its products at precision
+ * prec (named tag in the `#` lines); returns tokens/s. */
+static double bench_w2(pt_precision prec, const char *tag)
 {
 	pt_layer_spec layers[BLOCKS + 3];
 	int nl = 0, warmup = 2, steps = 6;
@@ -129,12 +133,13 @@ static double bench_w2(void)
 	pt_kernel_timer *kt = calloc(1, sizeof(*kt));
 
 	double c0 = pt_now();
+	pt_set_precision(prec);
 	if (kt == NULL || pt_model_create(&m, layers, nl, 0, nl, &cfg) != PT_OK)
 		die("model on cuda:0");
 	if (pt_optimizer_create(&o, &oc, pt_model_params(m), pt_model_grads(m)) != PT_OK ||
 	    pt_trainer_create(&t, m, o, PT_LOSS_CROSS_ENTROPY, -1) != PT_OK)
 		die("optimizer");
-	printf("# gpu w2: model created in %.1f s\n", pt_now() - c0);
+	printf("# gpu w2 %s: model created in %.1f s\n", tag, pt_now() - c0);
 	pt_tensor_init(&x, PT_I64, 2, (int64_t[]){BATCH, CTX});
 	pt_tensor_init(&y, PT_I64, 2, (int64_t[]){BATCH, CTX});
 	for (int64_t i = 0; i < BATCH * CTX; i++) {
@@ -148,7 +153,8 @@ static double bench_w2(void)
 			t0 = pt_now();
 		}
 		if (pt_trainer_step(t, &x, &y, 1, (uint64_t)s, &r) != PT_OK) {
-			printf("# gpu w2 failed at step %d: %s\n", s + 1, pt_last_error());
+			printf("# gpu w2 %s failed at step %d: %s\n", tag, s + 1, pt_last_error());
+			pt_set_precision(PT_PREC_FP32);
 			return 0.0;
 		}
 		if (s == 0)
@@ -157,8 +163,8 @@ static double bench_w2(void)
 	if (pt_backend_sync(GPU) != PT_OK)
 		die("sync");
 	tps = (double)BATCH * CTX * steps / (pt_now() - t0);
-	printf("# gpu w2: loss %.4f at step 1, %.4f at step %d; %.1f ms a step\n", first, r.loss,
-	       warmup + steps, 1e3 * (double)BATCH * CTX / tps);
+	printf("# gpu w2 %s: loss %.4f at step 1, %.4f at step %d; %.1f ms a step\n", tag, first,
+	       r.loss, warmup + steps, 1e3 * (double)BATCH * CTX / tps);
 
 	kt->sync_device = true;
 	pt_dispatch_time_kernels(kt);
@@ -175,15 +181,17 @@ static double bench_w2(void)
 	pt_optimizer_destroy(o);
 	pt_model_destroy(m);
 	(void)pt_backend_trim(GPU);
+	pt_set_precision(PT_PREC_FP32);
 	return tps;
 }
 
-/* Runs the PyTorch reference; returns its FP32 tokens/s (0 when it failed),
- * echoing its lines as `#` lines. */
-static double run_torch(const char *script)
+/* Runs the PyTorch reference; returns its FP32 tokens/s (0 when it failed)
+ * and its bf16 autocast tokens/s in *bf16, echoing its lines as `#` lines. */
+static double run_torch(const char *script, double *bf16)
 {
 	char cmd[4200], line[512];
 	double fp32 = 0.0, v;
+	*bf16 = 0.0;
 	FILE *p;
 	snprintf(cmd, sizeof(cmd), "python3 '%s' 2>&1", script);
 	if ((p = popen(cmd, "r")) == NULL)
@@ -192,6 +200,8 @@ static double run_torch(const char *script)
 		printf("# %s", line);
 		if (sscanf(line, "torch gpu_w2_tokens_per_s_fp32 %lf", &v) == 1)
 			fp32 = v;
+		if (sscanf(line, "torch gpu_w2_tokens_per_s_bf16 %lf", &v) == 1)
+			*bf16 = v;
 	}
 	if (pclose(p) != 0)
 		printf("# the PyTorch reference failed\n");
@@ -224,13 +234,26 @@ int main(int argc, char **argv)
 			       prop.multiProcessorCount, (double)prop.totalGlobalMem / (1 << 30));
 	}
 	bench_matmul();
-	double ours = bench_w2();
+	double ours = bench_w2(PT_PREC_FP32, "fp32");
 	if (ours > 0.0)
 		printf("bench gpu_w2_tokens_per_s %.0f\n", ours);
 	fflush(stdout);
-	double torch = run_torch(script);
+	double tf32 = bench_w2(PT_PREC_TF32, "tf32");
+	if (tf32 > 0.0)
+		printf("bench gpu_w2_tf32_tokens_per_s %.0f\n", tf32);
+	fflush(stdout);
+	double bf16 = bench_w2(PT_PREC_BF16, "bf16");
+	if (bf16 > 0.0)
+		printf("bench gpu_w2_bf16_tokens_per_s %.0f\n", bf16);
+	if (bf16 > 0.0 && ours > 0.0)
+		printf("bench gpu_w2_bf16_vs_fp32 %.3f\n", bf16 / ours);
+	fflush(stdout);
+	double torch_bf16;
+	double torch = run_torch(script, &torch_bf16);
 	if (torch > 0.0 && ours > 0.0)
 		printf("bench gpu_w2_vs_torch %.3f\n", ours / torch);
+	if (torch_bf16 > 0.0 && bf16 > 0.0)
+		printf("bench gpu_w2_bf16_vs_torch_bf16 %.3f\n", bf16 / torch_bf16);
 #endif
 	return 0;
 }

@@ -6,6 +6,7 @@ batch 8, AdamW, eager. Prints `torch <name> <value>` lines:
   gpu_w2_tokens_per_s_fp32   FP32, TF32 off, attention written out (as ours)
   gpu_w2_tokens_per_s_tf32   TF32 matmuls, attention written out
   gpu_w2_tokens_per_s_sdpa   TF32 and fused attention (what users write)
+  gpu_w2_tokens_per_s_bf16   torch.autocast(bfloat16), attention written out
 """
 import math
 import sys
@@ -53,7 +54,7 @@ class GPT(nn.Module):
         return self.head(self.ln(self.blocks(x)))
 
 
-def run(tf32, fused, warmup=2, steps=6):
+def run(tf32, fused, bf16=False, warmup=2, steps=6):
     torch.backends.cuda.matmul.allow_tf32 = tf32
     torch.backends.cudnn.allow_tf32 = tf32
     torch.manual_seed(1)
@@ -66,7 +67,8 @@ def run(tf32, fused, warmup=2, steps=6):
             torch.cuda.synchronize()
             t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(model(x).view(-1, V), y.view(-1))
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
+            loss = F.cross_entropy(model(x).view(-1, V).float(), y.view(-1))
         loss.backward()
         opt.step()
     torch.cuda.synchronize()
@@ -76,7 +78,8 @@ def run(tf32, fused, warmup=2, steps=6):
     return tps, float(loss)
 
 
-for name, tf32, fused in (("fp32", False, False), ("tf32", True, False), ("sdpa", True, True)):
-    tps, loss = run(tf32, fused)
+for name, tf32, fused, bf16 in (("fp32", False, False, False), ("tf32", True, False, False),
+                                ("sdpa", True, True, False), ("bf16", False, False, True)):
+    tps, loss = run(tf32, fused, bf16)
     print(f"torch gpu_w2_tokens_per_s_{name} {tps:.0f}  (last loss {loss:.4f})")
     sys.stdout.flush()

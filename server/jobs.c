@@ -1102,7 +1102,10 @@ static void run_one(pt_jobs *m, job *jb)
 		snprintf(note, sizeof(note), "%s", pt_last_error());
 	if (pt_job_spec_precision(&jb->spec) == PT_PREC_BF16) {
 		size_t at = strlen(note);
-		snprintf(note + at, sizeof(note) - at, "; precision bf16 (%s)", pt_backend_bf16());
+		bool gpu = o.n_stage_gpus > 0 || strncmp(jb->device, "cuda:", 5) == 0;
+		snprintf(note + at, sizeof(note) - at, "; precision bf16 (%s)",
+		         gpu ? "CUDA: cuBLAS GEMMs of bf16 operands, f32 accumulation"
+		             : pt_backend_bf16());
 	} else if (pt_job_spec_precision(&jb->spec) == PT_PREC_TF32) {
 		size_t at = strlen(note);
 		snprintf(note + at, sizeof(note) - at,

@@ -694,26 +694,68 @@ static void test_cuda_every_op_matches_cpu(void)
 	}
 }
 
-/* precision tf32: the matrix-product ops on the GPU (cuBLAS, TF32 compute
- * type) against the CPU's emulation (operands rounded to TF32, nearest
- * even); the GPU converts its own way, so within 1e-2 (|a - b| / (1 + |a|))
- * rather than bitwise. */
-static void test_cuda_tf32_matches_cpu_emulation(void)
+/* The matrix-product ops (matmul, linear, attention forward and backward) at
+ * precision prec on the GPU against the CPU's emulation of it, within tol
+ * (|a - b| / (1 + |a|)). */
+static void products_match_cpu(pt_precision prec, double tol)
 {
 	int n = 0;
-	pt_set_precision(PT_PREC_TF32);
+	pt_set_precision(prec);
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
 		op_case cs = cases[i];
 		if (cs.op != PT_OP_MATMUL && cs.op != PT_OP_LINEAR_FWD &&
 		    cs.op != PT_OP_LINEAR_BWD && cs.op != PT_OP_ATTENTION_FWD &&
 		    cs.op != PT_OP_ATTENTION_BWD)
 			continue;
-		cs.tol = 1e-2;
+		cs.tol = tol;
 		run_case(&cs);
 		n++;
 	}
 	pt_set_precision(PT_PREC_FP32);
 	CU_ASSERT(n >= 5);
+}
+
+/* precision tf32: cuBLAS's TF32 compute type against operands rounded to
+ * TF32 (nearest even); the GPU converts its own way, so within 1e-2 rather
+ * than bitwise. */
+static void test_cuda_tf32_matches_cpu_emulation(void)
+{
+	products_match_cpu(PT_PREC_TF32, 1e-2);
+}
+
+/* precision bf16: both sides round the operands to bf16 the same way
+ * (nearest even) and their products are exact in f32, so only the order of
+ * the f32 sums differs - except where the GPU's and the CPU's softmax
+ * (attention) differ in the last f32 bit and round to neighbouring bf16
+ * values (2^-8 apart): 1e-2. */
+static void test_cuda_bf16_matches_cpu_emulation(void)
+{
+	products_match_cpu(PT_PREC_BF16, 1e-2);
+}
+
+/* bf16 products are really bf16: a product whose operands need more than
+ * bf16's 8 significant bits comes out of the GPU as the CPU's rounded
+ * operands give it (1 + 2^-10 rounds to 1), not as fp32 would. */
+static void test_cuda_bf16_rounds_operands(void)
+{
+	tspec s = F32(1, 1);
+	pt_tensor ha, da, hb, db, ho, dout;
+	float one_plus = 1.0f + 1.0f / 1024, got = 0;
+	make_pair(&s, &ha, &da);
+	make_pair(&s, &hb, &db);
+	make_pair(&s, &ho, &dout);
+	PT_CHECK_OK(pt_tensor_write(&da, &one_plus, sizeof(one_plus)));
+	PT_CHECK_OK(pt_tensor_write(&db, &one_plus, sizeof(one_plus)));
+	pt_set_precision(PT_PREC_BF16);
+	PT_CHECK_OK(pt_matmul(&dout, &da, &db, false, false, 1.0f, 0.0f));
+	pt_set_precision(PT_PREC_FP32);
+	PT_CHECK_OK(pt_tensor_read(&dout, &got, sizeof(got)));
+	CU_ASSERT_EQUAL(got, 1.0f);
+	PT_CHECK_OK(pt_matmul(&dout, &da, &db, false, false, 1.0f, 0.0f));
+	PT_CHECK_OK(pt_tensor_read(&dout, &got, sizeof(got)));
+	CU_ASSERT_EQUAL(got, one_plus * one_plus);
+	pt_tensor_fini(&ha), pt_tensor_fini(&da), pt_tensor_fini(&hb), pt_tensor_fini(&db);
+	pt_tensor_fini(&ho), pt_tensor_fini(&dout);
 }
 
 static void test_cuda_strided_copy_matches_cpu(void)
@@ -761,6 +803,8 @@ static void test_cuda_mixed_devices_refused(void)
 static const pt_test_case cuda_tests[] = {
     {"test_cuda_every_op_matches_cpu", test_cuda_every_op_matches_cpu},
     {"test_cuda_tf32_matches_cpu_emulation", test_cuda_tf32_matches_cpu_emulation},
+    {"test_cuda_bf16_matches_cpu_emulation", test_cuda_bf16_matches_cpu_emulation},
+    {"test_cuda_bf16_rounds_operands", test_cuda_bf16_rounds_operands},
     {"test_cuda_large_shapes_match_cpu", test_cuda_large_shapes_match_cpu},
     {"test_cuda_beyond_2g_elements", test_cuda_beyond_2g_elements},
     {"test_cuda_strided_copy_matches_cpu", test_cuda_strided_copy_matches_cpu},
@@ -1066,11 +1110,58 @@ static void test_cuda_job_on_placed_gpus(void)
 	pt_job_spec_fini(&s);
 }
 
+/* precision bf16 on the GPU: a 2-stage digits job, stages on cuda:0, against
+ * the same job on the CPU's bf16 emulation (the same operand rounding; the
+ * f32 sums differ in order, and a last-bit difference can round an operand
+ * to the neighbouring bf16 value: 1e-2 relative on each loss), and not equal
+ * to the GPU's fp32 losses (the rounding really happened). */
+static void test_cuda_job_bf16(void)
+{
+	const int gpus[2] = {0, 0};
+	double ref[DEV_STEPS] = {0}, got[DEV_STEPS] = {0}, fp32[DEV_STEPS] = {0};
+	pt_job_run_options o = {.files_root = PT_SOURCE_ROOT, .threads = 2};
+	pt_job_hooks h = {.ctx = ref, .on_metric = on_job_loss};
+	pt_job_spec s;
+	int64_t last = 0;
+	bool differs = false;
+
+	pt_test_digits_spec(&s);
+	s.steps = DEV_STEPS;
+	s.stages = 2;
+	free(s.boundaries);
+	s.boundaries = NULL;
+	s.eval_every = 0;
+	s.precision = strdup("bf16");
+	PT_CHECK_OK(pt_job_run(&s, &o, &h, &last));
+	o.stage_gpus = gpus;
+	o.n_stage_gpus = 2;
+	h.ctx = got;
+	PT_CHECK_OK(pt_job_run(&s, &o, &h, &last));
+	CU_ASSERT_EQUAL(last, DEV_STEPS);
+	for (int i = 0; i < DEV_STEPS; i++) {
+		double rel = fabs(got[i] - ref[i]) / fmax(fabs(ref[i]), 1e-12);
+		if (!(rel <= 1e-2)) {
+			printf("\n    bf16 step %d: cpu loss %.9g, gpu %.9g (rel %.3g)", i, ref[i],
+			       got[i], rel);
+			CU_FAIL("bf16 loss on the GPU far from the CPU's emulation");
+		}
+	}
+	free(s.precision);
+	s.precision = strdup("fp32");
+	h.ctx = fp32;
+	PT_CHECK_OK(pt_job_run(&s, &o, &h, &last));
+	for (int i = 1; i < DEV_STEPS; i++)
+		differs = differs || fp32[i] != got[i];
+	CU_ASSERT_TRUE(differs);
+	pt_job_spec_fini(&s);
+}
+
 static const pt_test_case pipeline_tests[] = {
     {"test_cuda_model_initial_weights_equal_cpu", test_cuda_model_initial_weights_equal_cpu},
     {"test_cuda_pipeline_digits_matches_cpu", test_cuda_pipeline_digits_matches_cpu},
     {"test_cuda_pipeline_digits_over_nccl", test_cuda_pipeline_digits_over_nccl},
     {"test_cuda_job_on_placed_gpus", test_cuda_job_on_placed_gpus},
+    {"test_cuda_job_bf16", test_cuda_job_bf16},
     {NULL, NULL},
 };
 

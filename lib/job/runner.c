@@ -455,11 +455,6 @@ static pt_err pipeline_up(runner *r)
 		    "schedule: interleaved on CUDA (cuda:%d) is not built yet (a "
 		    "rank's chunks would share a GPU, and NCCL takes one rank a GPU)",
 		    dev.index);
-	if (dev.kind == PT_DEV_CUDA && pt_job_spec_precision(s) == PT_PREC_BF16)
-		return pt_set_error(PT_ERR_UNSUPPORTED,
-		                    "precision: bf16 on CUDA (cuda:%d) is not built yet; fp32 runs "
-		                    "there",
-		                    dev.index);
 	if (dev.kind == PT_DEV_CUDA && s->n_workers > 0)
 		return pt_set_error(PT_ERR_UNSUPPORTED,
 		                    "device %s with placement.workers: not supported yet (the "

@@ -541,13 +541,6 @@ pt_err pt_job_spec_validate(const pt_job_spec *s, const char *files_root, bool a
 	    strcmp(s->precision, "bf16") != 0 && strcmp(s->precision, "tf32") != 0)
 		return pt_set_error(PT_ERR_INVALID, "precision: \"%.40s\" (fp32, bf16 or tf32)",
 		                    s->precision);
-	if (pt_job_spec_precision(s) == PT_PREC_BF16 && s->device != NULL &&
-	    strncmp(s->device, "cuda:", 5) == 0)
-		return pt_set_error(
-		    PT_ERR_UNSUPPORTED,
-		    "precision: bf16 on CUDA (device %s) is not built yet; fp32 runs "
-		    "there",
-		    s->device);
 	if (s->virtual_stages != 0 &&
 	    (s->schedule == NULL || strcmp(s->schedule, "interleaved") != 0))
 		return pt_set_error(PT_ERR_INVALID,

@@ -75,10 +75,17 @@ int ptc_sync(int dev);
 /* ptc_stream returns dev's compute stream (a cudaStream_t) or NULL. */
 void *ptc_stream(int dev);
 
-/* ptc_gemm: row-major C (M, N) = alpha op(A) op(B) + beta C through cuBLAS
- * sgemm in full FP32, or with TF32 inputs (f32 accumulation) while the
- * calling thread has ptc_set_tf32(true); leading dimensions in elements. */
-void ptc_set_tf32(bool on);
+/* The calling thread's math for the products it asks for from now on (a
+ * job's precision): full FP32, TF32 inputs, or bf16 inputs (each with f32
+ * accumulation and f32 results). */
+enum { PTC_MATH_FP32 = 0, PTC_MATH_TF32 = 1, PTC_MATH_BF16 = 2 };
+void ptc_set_math(int math);
+
+/* ptc_gemm: row-major C (M, N) = alpha op(A) op(B) + beta C through cuBLAS,
+ * in the calling thread's math (ptc_set_math): sgemm; TF32 compute type on
+ * the fp32 operands; or the operands rounded to bf16 (nearest even, as the
+ * CPU's emulation) into pool scratch and cublasGemmEx with CUDA_R_16BF
+ * inputs, CUBLAS_COMPUTE_32F. Leading dimensions in elements. */
 int ptc_gemm(int dev, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
              const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C,
              int64_t ldc);

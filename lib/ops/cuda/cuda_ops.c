@@ -38,6 +38,14 @@ static int64_t nrows(const pt_tensor *t)
 	return C ? NUM(t) / C : 0;
 }
 
+/* set_math gives the products of this call the call's precision. */
+static void set_math(const pt_op_call *c)
+{
+	ptc_set_math(c->prec == PT_PREC_TF32   ? PTC_MATH_TF32
+	             : c->prec == PT_PREC_BF16 ? PTC_MATH_BF16
+	                                       : PTC_MATH_FP32);
+}
+
 static pt_err cuda_fill(const pt_op_call *c, void *ws)
 {
 	pt_tensor *o = c->out[0];
@@ -93,7 +101,7 @@ static pt_err cuda_matmul(const pt_op_call *c, void *ws)
 	pt_tensor *o = c->out[0];
 	bool ta = c->p.matmul.trans_a, tb = c->p.matmul.trans_b;
 	int64_t K = ta ? a->shape[0] : a->shape[1];
-	ptc_set_tf32(c->prec == PT_PREC_TF32);
+	set_math(c);
 	return check(c, ptc_gemm(DEV, ta, tb, o->shape[0], o->shape[1], K, c->p.matmul.alpha, F(a),
 	                         a->strides[0], F(b), b->strides[0], c->p.matmul.beta, F(o),
 	                         o->strides[0]));
@@ -105,7 +113,7 @@ static pt_err cuda_linear_fwd(const pt_op_call *c, void *ws)
 	float *y = F(c->out[0]);
 	int64_t N = nrows(x), I = w->shape[1], O = w->shape[0];
 	float beta = 0.0f;
-	ptc_set_tf32(c->prec == PT_PREC_TF32);
+	set_math(c);
 	if (b != NULL) {
 		PT_TRY(check(c, ptc_bias_rows(DEV, y, F(b), N, O)));
 		beta = 1.0f;
@@ -117,7 +125,7 @@ static pt_err cuda_linear_bwd(const pt_op_call *c, void *ws)
 {
 	const pt_tensor *dy = c->in[0], *x = c->in[1], *w = c->in[2];
 	int64_t N = nrows(x), I = w->shape[1], O = w->shape[0];
-	ptc_set_tf32(c->prec == PT_PREC_TF32);
+	set_math(c);
 	if (c->out[0] != NULL)
 		PT_TRY(check(c, ptc_gemm(DEV, false, false, N, I, O, 1.0f, F(dy), O, F(w), I,
 		                         c->p.linear.accum_dx ? 1.0f : 0.0f, F(c->out[0]), I)));
@@ -220,7 +228,7 @@ static pt_err cuda_emb_bwd(const pt_op_call *c, void *ws)
 static pt_err cuda_attn_fwd(const pt_op_call *c, void *ws)
 {
 	const pt_tensor *q = c->in[0];
-	ptc_set_tf32(c->prec == PT_PREC_TF32);
+	set_math(c);
 	return check(c, ptc_attention_forward(DEV, F(c->out[0]), F(c->out[1]), F(q), q->shape[0],
 	                                      q->shape[1], q->shape[2] / 3, c->p.attention.n_head));
 }
@@ -228,7 +236,7 @@ static pt_err cuda_attn_fwd(const pt_op_call *c, void *ws)
 static pt_err cuda_attn_bwd(const pt_op_call *c, void *ws)
 {
 	const pt_tensor *q = c->in[1];
-	ptc_set_tf32(c->prec == PT_PREC_TF32);
+	set_math(c);
 	return check(c, ptc_attention_backward(DEV, F(c->out[0]), F(c->in[0]), F(q), F(c->in[2]),
 	                                       q->shape[0], q->shape[1], q->shape[2] / 3,
 	                                       c->p.attention.n_head, c->p.attention.accum_dx));

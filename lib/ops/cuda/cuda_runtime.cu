@@ -19,6 +19,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include <cuda_bf16.h>
+
 #include "cuda_common.cuh"
 
 #define PTC_MAX_DEVICES      64
@@ -93,8 +95,8 @@ static int init_device(int dev, ptc_device_state *d)
 		cudaStreamDestroy(d->stream);
 		return ptc_blas_fail("cublasCreate", bs);
 	}
-	/* FP32 unless a call asks for TF32 (ptc_set_tf32, per call): results are
-	 * compared with the CPU reference. */
+	/* FP32 unless a call asks for TF32 or bf16 (ptc_set_math, per call):
+	 * results are compared with the CPU reference. */
 	if ((bs = cublasSetMathMode(d->blas, CUBLAS_DEFAULT_MATH)) != CUBLAS_STATUS_SUCCESS ||
 	    (bs = cublasSetStream(d->blas, d->stream)) != CUBLAS_STATUS_SUCCESS) {
 		cublasDestroy(d->blas);
@@ -282,14 +284,77 @@ extern "C" int ptc_sync(int dev)
 	return 0;
 }
 
-/* The calling thread's TF32 choice for its products (a job's precision
- * tf32): a per-call compute type, so threads sharing a device's handle do
- * not change each other's math. */
-static thread_local bool use_tf32;
+/* The calling thread's math for its products (a job's precision): a
+ * per-call choice, so threads sharing a device's handle do not change each
+ * other's math. */
+static thread_local int gemm_math = PTC_MATH_FP32;
 
-extern "C" void ptc_set_tf32(bool on)
+extern "C" void ptc_set_math(int math)
 {
-	use_tf32 = on;
+	gemm_math = math;
+}
+
+/* to_bf16 rounds n floats to bf16, nearest even (the CPU emulation's rule). */
+__global__ static void to_bf16(__nv_bfloat16 *d, const float *s, int64_t n)
+{
+	PTC_FOR(i, n)
+	d[i] = __float2bfloat16_rn(s[i]);
+}
+
+/* operand_span counts the elements from the first to the last one a
+ * row-major operand of rows x cols (leading dimension ld) reads, batch of
+ * them stride apart: converting that span keeps ld and stride valid. */
+static int64_t operand_span(int64_t rows, int64_t cols, int64_t ld, int64_t stride, int64_t batch)
+{
+	return (batch - 1) * stride + (rows - 1) * ld + cols;
+}
+
+/* gemm_bf16 is ptc_gemm_batched's bf16 path: A and B rounded to bf16 into
+ * scratch from the device's pool (stream-ordered, so freed after the GEMM
+ * reads them), C stays f32, accumulation f32. */
+static int gemm_bf16(int dev, cublasHandle_t h, bool ta, bool tb, int M, int N, int K,
+                     float alpha, const float *A, int lda, int64_t strideA, const float *B,
+                     int ldb, int64_t strideB, float beta, float *C, int ldc, int64_t strideC,
+                     int batch)
+{
+	int64_t na = operand_span(ta ? K : M, ta ? M : K, lda, strideA, batch);
+	int64_t nb = operand_span(tb ? N : K, tb ? K : N, ldb, strideB, batch);
+	__nv_bfloat16 *a16 = NULL, *b16 = NULL;
+	cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+	cublasOperation_t opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+	cublasStatus_t st;
+	cudaError_t e;
+	PTC_STREAM(dev, s);
+
+	if ((e = cudaMallocAsync((void **)&a16, (size_t)na * sizeof(*a16), s)) != cudaSuccess)
+		return ptc_cuda_fail("bf16 operand scratch", e);
+	if ((e = cudaMallocAsync((void **)&b16, (size_t)nb * sizeof(*b16), s)) != cudaSuccess) {
+		cudaFreeAsync(a16, s);
+		return ptc_cuda_fail("bf16 operand scratch", e);
+	}
+	to_bf16<<<ptc_blocks(na, 256), 256, 0, s>>>(a16, A, na);
+	to_bf16<<<ptc_blocks(nb, 256), 256, 0, s>>>(b16, B, nb);
+	if ((e = cudaGetLastError()) != cudaSuccess) {
+		cudaFreeAsync(a16, s);
+		cudaFreeAsync(b16, s);
+		return ptc_cuda_fail("rounding operands to bf16", e);
+	}
+	if (batch == 1)
+		st = cublasGemmEx(h, opb, opa, N, M, K, &alpha, b16, CUDA_R_16BF, ldb, a16,
+		                  CUDA_R_16BF, lda, &beta, C, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F,
+		                  CUBLAS_GEMM_DEFAULT);
+	else
+		st = cublasGemmStridedBatchedEx(h, opb, opa, N, M, K, &alpha, b16, CUDA_R_16BF, ldb,
+		                                strideB, a16, CUDA_R_16BF, lda, strideA, &beta, C,
+		                                CUDA_R_32F, ldc, strideC, batch, CUBLAS_COMPUTE_32F,
+		                                CUBLAS_GEMM_DEFAULT);
+	/* Queued after the GEMM on the same stream: the blocks are reused only
+	 * once it has read them. */
+	cudaFreeAsync(a16, s);
+	cudaFreeAsync(b16, s);
+	if (st != CUBLAS_STATUS_SUCCESS)
+		return ptc_blas_fail("cublasGemmEx (bf16)", st);
+	return 0;
 }
 
 extern "C" int ptc_gemm_batched(int dev, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
@@ -299,6 +364,7 @@ extern "C" int ptc_gemm_batched(int dev, bool ta, bool tb, int64_t M, int64_t N,
 {
 	cublasHandle_t h = ptc_blas_of(dev);
 	cublasStatus_t st;
+	bool tf32 = gemm_math == PTC_MATH_TF32;
 	if (h == NULL)
 		return 1;
 	if (M == 0 || N == 0 || batch == 0)
@@ -306,14 +372,20 @@ extern "C" int ptc_gemm_batched(int dev, bool ta, bool tb, int64_t M, int64_t N,
 	if (M > INT32_MAX || N > INT32_MAX || K > INT32_MAX || lda > INT32_MAX || ldb > INT32_MAX ||
 	    ldc > INT32_MAX || batch > INT32_MAX)
 		return ptc_fail("cublasSgemm", "dimension beyond 32 bits");
+	if (strideA < 0 || strideB < 0)
+		return ptc_fail("cublasSgemm", "negative batch stride");
+	/* K == 0 multiplies nothing: C = beta C in any math. */
+	if (gemm_math == PTC_MATH_BF16 && K > 0)
+		return gemm_bf16(dev, h, ta, tb, (int)M, (int)N, (int)K, alpha, A, (int)lda, strideA,
+		                 B, (int)ldb, strideB, beta, C, (int)ldc, strideC, (int)batch);
 	/* Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T. */
 	cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
 	cublasOperation_t opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
-	if (use_tf32 && batch == 1)
+	if (tf32 && batch == 1)
 		st = cublasGemmEx(h, opb, opa, (int)N, (int)M, (int)K, &alpha, B, CUDA_R_32F,
 		                  (int)ldb, A, CUDA_R_32F, (int)lda, &beta, C, CUDA_R_32F, (int)ldc,
 		                  CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_GEMM_DEFAULT);
-	else if (use_tf32)
+	else if (tf32)
 		st = cublasGemmStridedBatchedEx(
 		    h, opb, opa, (int)N, (int)M, (int)K, &alpha, B, CUDA_R_32F, (int)ldb, strideB,
 		    A, CUDA_R_32F, (int)lda, strideA, &beta, C, CUDA_R_32F, (int)ldc, strideC,
