@@ -22,6 +22,15 @@
  *   bench nng_auth_cpu_cost <CPU seconds (all threads, user + system) per
  *     byte with authentication / without, - 1>: what the MAC adds to the
  *     process's work; unlike GB/s it hardly depends on other load.
+ * and at 4 MiB two floors of the library itself, best of 3 each, over the
+ * best of the plain socket measured just before and just after them (where
+ * the gap comes from):
+ *   bench nng_msg_floor_ratio_4mib  bare nng PUSH/PULL messages: the sender
+ *     allocates each message (nng_msg_alloc zeroes it) and fills nothing,
+ *     the receiver frees it; no copy, no frame, no MAC of ours
+ *   bench nng_stream_ratio_4mib  nng's byte-stream API (nng_stream over
+ *     tcp://, aio with iovs in the caller's buffers): length and bytes from
+ *     and into reused buffers, as the plain socket does
  */
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -33,6 +42,10 @@
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
+
+#include <nng/nng.h>
+#include <nng/protocol/pipeline0/pull.h>
+#include <nng/protocol/pipeline0/push.h>
 
 #include "comm.h"
 
@@ -174,6 +187,165 @@ static double plain_run(int tx, int rx, const void *data, void *buf, size_t byte
 	if (j.failed)
 		die("plain send");
 	return now_s() - t0;
+}
+
+/* ----------------------------------------------------- library floors -- */
+
+typedef struct floor_ctx {
+	nng_socket push, pull;                  /* bare messages */
+	nng_stream *stx, *srx;                  /* byte stream */
+	nng_stream_listener *sl;
+	nng_stream_dialer *sd;
+	void *send_buf, *recv_buf;
+	size_t bytes;
+} floor_ctx;
+
+static void nng_die(const char *what, int rv)
+{
+	fprintf(stderr, "comm_bench: %s: %s\n", what, nng_strerror(rv));
+	exit(1);
+}
+
+typedef struct bare_job {
+	floor_ctx *f;
+	int count;
+} bare_job;
+
+static void *bare_sender(void *p)
+{
+	bare_job *j = p;
+	for (int i = 0; i < j->count; i++) {
+		nng_msg *m;
+		int rv;
+		if ((rv = nng_msg_alloc(&m, j->f->bytes)) != 0 ||
+		    (rv = nng_sendmsg(j->f->push, m, 0)) != 0)
+			nng_die("bare send", rv);
+	}
+	return NULL;
+}
+
+static double run_bare(void *p, int count)
+{
+	floor_ctx *f = p;
+	bare_job j = {f, count};
+	pthread_t th;
+	double t0 = now_s();
+	pthread_create(&th, NULL, bare_sender, &j);
+	for (int i = 0; i < count; i++) {
+		nng_msg *m;
+		int rv;
+		if ((rv = nng_recvmsg(f->pull, &m, 0)) != 0)
+			nng_die("bare receive", rv);
+		nng_msg_free(m);
+	}
+	pthread_join(th, NULL);
+	return now_s() - t0;
+}
+
+/* stream_all moves n bytes at p over s (send or receive), aio by aio. */
+static void stream_all(nng_stream *s, nng_aio *a, void *p, size_t n, bool send)
+{
+	char *c = p;
+	while (n > 0) {
+		nng_iov iov = {c, n};
+		int rv;
+		nng_aio_set_iov(a, 1, &iov);
+		if (send)
+			nng_stream_send(s, a);
+		else
+			nng_stream_recv(s, a);
+		nng_aio_wait(a);
+		if ((rv = nng_aio_result(a)) != 0)
+			nng_die(send ? "stream send" : "stream receive", rv);
+		c += nng_aio_count(a);
+		n -= nng_aio_count(a);
+	}
+}
+
+static void *stream_sender(void *p)
+{
+	bare_job *j = p;
+	nng_aio *a;
+	if (nng_aio_alloc(&a, NULL, NULL) != 0)
+		nng_die("aio", NNG_ENOMEM);
+	for (int i = 0; i < j->count; i++) {
+		uint64_t len = j->f->bytes;
+		stream_all(j->f->stx, a, &len, sizeof(len), true);
+		stream_all(j->f->stx, a, j->f->send_buf, j->f->bytes, true);
+	}
+	nng_aio_free(a);
+	return NULL;
+}
+
+static double run_stream(void *p, int count)
+{
+	floor_ctx *f = p;
+	bare_job j = {f, count};
+	pthread_t th;
+	nng_aio *a;
+	double t0 = now_s();
+	if (nng_aio_alloc(&a, NULL, NULL) != 0)
+		nng_die("aio", NNG_ENOMEM);
+	pthread_create(&th, NULL, stream_sender, &j);
+	for (int i = 0; i < count; i++) {
+		uint64_t len;
+		stream_all(f->srx, a, &len, sizeof(len), false);
+		if (len != f->bytes)
+			nng_die("stream framing", NNG_EPROTO);
+		stream_all(f->srx, a, f->recv_buf, f->bytes, false);
+	}
+	pthread_join(th, NULL);
+	nng_aio_free(a);
+	return now_s() - t0;
+}
+
+/* floors_up connects the bare sockets and the stream pair on loopback. */
+static void floors_up(floor_ctx *f)
+{
+	nng_listener l;
+	nng_aio *acc, *dial;
+	char url[64];
+	nng_sockaddr sa;
+	int rv, port;
+
+	if ((rv = nng_pull0_open(&f->pull)) != 0 || (rv = nng_push0_open(&f->push)) != 0 ||
+	    (rv = nng_socket_set_size(f->pull, NNG_OPT_RECVMAXSZ, 0)) != 0 ||
+	    (rv = nng_listen(f->pull, "tcp://127.0.0.1:0", &l, 0)) != 0 ||
+	    (rv = nng_listener_get_addr(l, NNG_OPT_LOCADDR, &sa)) != 0)
+		nng_die("bare sockets", rv);
+	port = ntohs(sa.s_in.sa_port);
+	snprintf(url, sizeof(url), "tcp://127.0.0.1:%d", port);
+	if ((rv = nng_dial(f->push, url, NULL, 0)) != 0)
+		nng_die("bare dial", rv);
+	if ((rv = nng_stream_listener_alloc(&f->sl, "tcp://127.0.0.1:0")) != 0 ||
+	    (rv = nng_stream_listener_listen(f->sl)) != 0 ||
+	    (rv = nng_stream_listener_get_int(f->sl, NNG_OPT_TCP_BOUND_PORT, &port)) != 0)
+		nng_die("stream listener", rv);
+	snprintf(url, sizeof(url), "tcp://127.0.0.1:%d", port);
+	if ((rv = nng_stream_dialer_alloc(&f->sd, url)) != 0 ||
+	    (rv = nng_aio_alloc(&acc, NULL, NULL)) != 0 ||
+	    (rv = nng_aio_alloc(&dial, NULL, NULL)) != 0)
+		nng_die("stream dialer", rv);
+	nng_stream_listener_accept(f->sl, acc);
+	nng_stream_dialer_dial(f->sd, dial);
+	nng_aio_wait(acc);
+	nng_aio_wait(dial);
+	if ((rv = nng_aio_result(acc)) != 0 || (rv = nng_aio_result(dial)) != 0)
+		nng_die("stream connect", rv);
+	f->srx = nng_aio_get_output(acc, 0);
+	f->stx = nng_aio_get_output(dial, 0);
+	nng_aio_free(acc);
+	nng_aio_free(dial);
+}
+
+static void floors_down(floor_ctx *f)
+{
+	nng_stream_free(f->stx);
+	nng_stream_free(f->srx);
+	nng_stream_dialer_free(f->sd);
+	nng_stream_listener_free(f->sl);
+	nng_close(f->push);
+	nng_close(f->pull);
 }
 
 /* ----------------------------------------------------------------- main -- */
@@ -328,6 +500,21 @@ int main(void)
 		printf("bench nng_tcp_ratio_%s %.2f\n", names[k], nng / plain);
 		printf("bench nng_tcp_gbps_%s %.2f\n", names[k], nng);
 		printf("bench plain_tcp_gbps_%s %.2f\n", names[k], plain);
+		if (sizes[k] == (size_t)4 << 20) {
+			floor_ctx f = {.send_buf = pt_tensor_data(&t), .recv_buf = x.buf,
+			               .bytes = sizes[k]};
+			floors_up(&f);
+			/* The plain socket again on either side: this VM's loopback
+			 * speed drifts by a third between minutes. */
+			double p0 = best_gbps(run_plain, &x, sizes[k]);
+			double bare = best_gbps(run_bare, &f, sizes[k]);
+			double stream = best_gbps(run_stream, &f, sizes[k]);
+			double p1 = best_gbps(run_plain, &x, sizes[k]);
+			floors_down(&f);
+			p0 = p1 > p0 ? p1 : p0;
+			printf("bench nng_msg_floor_ratio_%s %.2f\n", names[k], bare / p0);
+			printf("bench nng_stream_ratio_%s %.2f\n", names[k], stream / p0);
+		}
 		if (off > 0) {
 			printf("bench nng_tcp_ratio_%s_noauth %.2f\n", names[k], off / plain);
 			printf("bench nng_tcp_gbps_%s_noauth %.2f\n", names[k], off);
