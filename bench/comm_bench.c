@@ -192,8 +192,8 @@ static double plain_run(int tx, int rx, const void *data, void *buf, size_t byte
 /* ----------------------------------------------------- library floors -- */
 
 typedef struct floor_ctx {
-	nng_socket push, pull;                  /* bare messages */
-	nng_stream *stx, *srx;                  /* byte stream */
+	nng_socket push, pull; /* bare messages */
+	nng_stream *stx, *srx; /* byte stream */
 	nng_stream_listener *sl;
 	nng_stream_dialer *sd;
 	void *send_buf, *recv_buf;
@@ -501,8 +501,8 @@ int main(void)
 		printf("bench nng_tcp_gbps_%s %.2f\n", names[k], nng);
 		printf("bench plain_tcp_gbps_%s %.2f\n", names[k], plain);
 		if (sizes[k] == (size_t)4 << 20) {
-			floor_ctx f = {.send_buf = pt_tensor_data(&t), .recv_buf = x.buf,
-			               .bytes = sizes[k]};
+			floor_ctx f = {
+			    .send_buf = pt_tensor_data(&t), .recv_buf = x.buf, .bytes = sizes[k]};
 			floors_up(&f);
 			/* The plain socket again on either side: this VM's loopback
 			 * speed drifts by a third between minutes. */

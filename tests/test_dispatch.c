@@ -576,9 +576,108 @@ static void check_linear_precision(pt_precision prec, double tol, const char *na
 	pt_tensor_fini(&dyr);
 }
 
+/* The emulation's products (bitwise the rounded operands' f32 products). */
 static void test_bf16_linear(void)
 {
+	pt_cpu_bf16_select(PT_BF16_EMULATED);
 	check_linear_precision(PT_PREC_BF16, 1e-2, "bf16");
+	pt_cpu_bf16_select(PT_BF16_AUTO);
+}
+
+/* A Linear layer forward and backward through the dispatcher with native
+ * bf16 products: within 1e-5 (relative, Frobenius) of the emulation's, the
+ * bias gradient (an f32 column sum) bitwise. Leaves NATIVE selected. */
+static void check_linear_native(void)
+{
+	pt_tensor x, w, b, dy;
+	lin nat, emu;
+
+	PT_CHECK_OK(pt_tensor_init(&x, PT_F32, 2, (int64_t[]){33, 70}));
+	PT_CHECK_OK(pt_tensor_init(&w, PT_F32, 2, (int64_t[]){45, 70}));
+	PT_CHECK_OK(pt_tensor_init(&b, PT_F32, 1, (int64_t[]){45}));
+	PT_CHECK_OK(pt_tensor_init(&dy, PT_F32, 2, (int64_t[]){33, 45}));
+	fill_uniform(&x, 1);
+	fill_uniform(&w, 2);
+	fill_uniform(&b, 3);
+	fill_uniform(&dy, 4);
+	pt_set_precision(PT_PREC_BF16);
+	pt_cpu_bf16_select(PT_BF16_NATIVE);
+	linear_run(&x, &w, &b, &dy, &nat);
+	pt_cpu_bf16_select(PT_BF16_EMULATED);
+	linear_run(&x, &w, &b, &dy, &emu);
+	pt_cpu_bf16_select(PT_BF16_NATIVE);
+	pt_set_precision(PT_PREC_FP32);
+	CU_ASSERT(rel_err(&nat.y, &emu.y) <= 1e-5);
+	CU_ASSERT(rel_err(&nat.dx, &emu.dx) <= 1e-5);
+	CU_ASSERT(rel_err(&nat.dw, &emu.dw) <= 1e-5);
+	CU_ASSERT(same_bits(&nat.db, &emu.db));
+	printf("\n    linear native vs emulated bf16: y %.2e, dx %.2e, dw %.2e",
+	       rel_err(&nat.y, &emu.y), rel_err(&nat.dx, &emu.dx), rel_err(&nat.dw, &emu.dw));
+	lin_fini(&nat);
+	lin_fini(&emu);
+	pt_tensor_fini(&x);
+	pt_tensor_fini(&w);
+	pt_tensor_fini(&b);
+	pt_tensor_fini(&dy);
+}
+
+/* Native bf16 (oneDNN's bf16 matmul; its reference kernel on a CPU without
+ * bf16 instructions) against the emulation: the same rounded operands, so
+ * only the order of the f32 sums differs - within 1e-5 relative (Frobenius)
+ * over every transposition, alpha and beta and leading dimensions wider than
+ * the rows; and the operands really are rounded ((1 + 2^-10)^2 comes out 1). */
+static void test_bf16_native_matches_emulation(void)
+{
+	enum { M = 37, N = 29, K = 70, LD = 80 };
+	float *a = malloc(sizeof(float) * LD * LD * 4), *b = a + LD * LD, *c1 = b + LD * LD,
+	      *c2 = c1 + LD * LD;
+	const char *impl = NULL;
+	uint32_t seed = 7;
+
+	CU_ASSERT_PTR_NOT_NULL_FATAL(a);
+	(void)pt_cpu_bf16_native(&impl);
+	if (strcmp(impl, "unavailable") == 0) {
+		printf("\n    skip: oneDNN has no bf16 matmul for this CPU (it needs AVX512_BF16 "
+		       "or AMX); bf16 runs emulated here");
+		free(a);
+		return;
+	}
+	for (int i = 0; i < LD * LD * 2; i++) {
+		seed = seed * 1664525u + 1013904223u;
+		a[i] = (float)(seed >> 8) / 16777216.0f * 2.0f - 1.0f;
+	}
+	pt_cpu_bf16_select(PT_BF16_NATIVE);
+	CU_ASSERT_TRUE(pt_cpu_bf16_native(&impl));
+	printf("\n    oneDNN's bf16 kernel here: %s", impl);
+	for (int k = 0; k < 8; k++) {
+		bool ta = k & 1, tb = k & 2, acc = k & 4;
+		float alpha = acc ? 0.5f : 1.0f, beta = acc ? 1.0f : 0.0f;
+		double num = 0, den = 0;
+		for (int i = 0; i < LD * LD; i++)
+			c1[i] = c2[i] = (float)(i % 5) - 2.0f;
+		PT_CHECK_OK(cpu_gemm_prec(PT_PREC_BF16, ta, tb, M, N, K, alpha, a, LD, b, LD, beta,
+		                          c1, LD));
+		PT_CHECK_OK(cpu_gemm_prec_emulated(PT_PREC_BF16, ta, tb, M, N, K, alpha, a, LD, b,
+		                                   LD, beta, c2, LD));
+		for (int r = 0; r < M; r++)
+			for (int j = 0; j < N; j++) {
+				double d = (double)c1[r * LD + j] - c2[r * LD + j];
+				num += d * d;
+				den += (double)c2[r * LD + j] * c2[r * LD + j];
+			}
+		/* Columns beyond N are not the product's: untouched. */
+		CU_ASSERT_EQUAL(c1[N], (float)(N % 5) - 2.0f);
+		CU_ASSERT(sqrt(num / den) <= 1e-5);
+	}
+	{
+		float x = 1.0f + 1.0f / 1024, y = 0;
+		PT_CHECK_OK(cpu_gemm_prec(PT_PREC_BF16, false, false, 1, 1, 1, 1.0f, &x, 1, &x, 1,
+		                          0.0f, &y, 1));
+		CU_ASSERT_EQUAL(y, 1.0f);
+	}
+	check_linear_native();
+	pt_cpu_bf16_select(PT_BF16_AUTO);
+	free(a);
 }
 
 /* tf32 keeps 10 mantissa bits to bf16's 7: errors about 8x smaller. */
@@ -869,9 +968,13 @@ static void test_bf16_attention(void)
 }
 
 static const pt_test_case bf16_tests[] = {
-    {"test_bf16_rounding", test_bf16_rounding},   {"test_bf16_linear", test_bf16_linear},
-    {"test_tf32_rounding", test_tf32_rounding},   {"test_tf32_linear", test_tf32_linear},
-    {"test_bf16_attention", test_bf16_attention}, {NULL, NULL},
+    {"test_bf16_rounding", test_bf16_rounding},
+    {"test_bf16_linear", test_bf16_linear},
+    {"test_bf16_native_matches_emulation", test_bf16_native_matches_emulation},
+    {"test_tf32_rounding", test_tf32_rounding},
+    {"test_tf32_linear", test_tf32_linear},
+    {"test_bf16_attention", test_bf16_attention},
+    {NULL, NULL},
 };
 
 static const pt_test_case eager_tests[] = {

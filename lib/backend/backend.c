@@ -4,6 +4,7 @@
  * returning PT_ERR_UNSUPPORTED.
  */
 #include "backend.h"
+#include "dispatch.h"
 
 #include <inttypes.h>
 #include <stdio.h>
@@ -357,15 +358,25 @@ static const char *dnnl_isa_name(dnnl_cpu_isa_t isa)
 const char *pt_backend_bf16(void)
 {
 	static const char *const flags[] = {"avx512_bf16", "amx_bf16"};
-	bool have[2];
+	static _Thread_local char out[200];
+	const char *impl = NULL;
+	bool have[2], native = pt_cpu_bf16_native(&impl);
 	char model[256];
 
 	cpu_info(model, sizeof(model), flags, have, 2);
-	return have[0] || have[1]
-	           ? "emulated: operands rounded to bf16, fp32 GEMMs (the CPU has native bf16; "
-	             "kernels for it are not built yet)"
-	           : "emulated: operands rounded to bf16, fp32 GEMMs (this CPU has no "
-	             "AVX512_BF16 or AMX-BF16)";
+	if (native)
+		snprintf(out, sizeof(out), "native: oneDNN bf16 matmul (%s), f32 accumulation",
+		         impl);
+	else if (have[0] || have[1])
+		snprintf(out, sizeof(out),
+		         "emulated: operands rounded to bf16, fp32 GEMMs (the CPU has native bf16; "
+		         "oneDNN's bf16 kernel here: %s)",
+		         impl);
+	else
+		snprintf(out, sizeof(out),
+		         "emulated: operands rounded to bf16, fp32 GEMMs (this CPU has no "
+		         "AVX512_BF16 or AMX-BF16)");
+	return out;
 }
 
 void pt_backend_describe(pt_device dev, char *buf, size_t cap)

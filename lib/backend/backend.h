@@ -43,9 +43,11 @@ pt_err pt_backend_check_device(pt_device dev);
  * no such device: PT_ERR_UNSUPPORTED. */
 pt_err pt_backend_device_memory(pt_device dev, uint64_t *total);
 
-/* pt_backend_bf16 says how bf16 matrix products run on this CPU: emulated
- * (bf16-rounded operands, fp32 GEMMs: bf16 numerics at fp32 speed), and
- * whether the CPU has native bf16 instructions the build does not use. */
+/* pt_backend_bf16 says how bf16 matrix products run on this CPU: native
+ * (oneDNN's bf16 matmul, naming its kernel) or emulated (bf16-rounded
+ * operands, fp32 GEMMs: bf16 numerics at fp32 speed) and why
+ * (pt_cpu_bf16_native). The text is the calling thread's, until its next
+ * call. */
 const char *pt_backend_bf16(void);
 
 /* pt_backend_describe writes what this machine runs and which kernels were

@@ -148,6 +148,19 @@ typedef enum pt_precision { PT_PREC_FP32, PT_PREC_BF16, PT_PREC_TF32 } pt_precis
 void pt_set_precision(pt_precision p);
 pt_precision pt_get_precision(void);
 
+/* How bf16 products run on the CPU (lib/ops/cpu/cpu_bf16.c): AUTO (the
+ * default) runs oneDNN's bf16 matmul where oneDNN has one for this CPU
+ * beyond its reference kernel (AVX512_BF16, AMX) and it agrees with the
+ * emulation on a small product, else the emulation (operands rounded to
+ * bf16, fp32 sgemm); PIPETRAIN_BF16_KERNELS=native|emulated in the
+ * environment overrides AUTO. pt_cpu_bf16_select sets it for the process
+ * (tests force either); pt_cpu_bf16_native says whether bf16 products run
+ * native now and points *impl (may be NULL) at oneDNN's name for its bf16
+ * kernel here ("unavailable" without one). */
+typedef enum pt_bf16_kernels { PT_BF16_AUTO, PT_BF16_NATIVE, PT_BF16_EMULATED } pt_bf16_kernels;
+void pt_cpu_bf16_select(pt_bf16_kernels k);
+bool pt_cpu_bf16_native(const char **impl);
+
 typedef struct pt_op_call {
 	pt_op op;
 	int n_in, n_out;

@@ -13,7 +13,9 @@
  * lse (B, NH, T), never the T x T probabilities; the backward recomputes a
  * strip's probabilities as exp(score - lse) in a per-thread buffer of
  * 2 x PT_ATTN_ROWS x T floats. bf16 and tf32 precision: the products round
- * their operands (cpu_gemm_prec); softmax and its backward stay f32.
+ * their operands (cpu_gemm_prec_emulated, also where bf16 products elsewhere
+ * run native: a strip's shape changes strip by strip); softmax and its
+ * backward stay f32.
  */
 #include <inttypes.h>
 #include <math.h>
@@ -89,8 +91,8 @@ static pt_err head_forward(const attn_dims *d, const float *q, float *o, float *
 	const float *k = q + d->C, *v = q + 2 * d->C;
 	for (int64_t r0 = 0; r0 < d->T; r0 += PT_ATTN_ROWS) {
 		int64_t n = d->T - r0 < PT_ATTN_ROWS ? d->T - r0 : PT_ATTN_ROWS, kn = r0 + n;
-		PT_TRY(cpu_gemm_prec(d->prec, false, true, n, kn, d->hs, d->scale, q + r0 * d->C3,
-		                     d->C3, k, d->C3, 0.0f, s, kn));
+		PT_TRY(cpu_gemm_prec_emulated(d->prec, false, true, n, kn, d->hs, d->scale,
+		                              q + r0 * d->C3, d->C3, k, d->C3, 0.0f, s, kn));
 		for (int64_t i = 0; i < n; i++) {
 			float *row = s + i * kn, mx, sum;
 			int64_t len = r0 + i + 1;
@@ -98,8 +100,8 @@ static pt_err head_forward(const attn_dims *d, const float *q, float *o, float *
 			lse[r0 + i] = mx + logf(sum);
 			memset(row + len, 0, sizeof(float) * (size_t)(kn - len));
 		}
-		PT_TRY(cpu_gemm_prec(d->prec, false, false, n, d->hs, kn, 1.0f, s, kn, v, d->C3,
-		                     0.0f, o + r0 * d->C, d->C));
+		PT_TRY(cpu_gemm_prec_emulated(d->prec, false, false, n, d->hs, kn, 1.0f, s, kn, v,
+		                              d->C3, 0.0f, o + r0 * d->C, d->C));
 	}
 	return PT_OK;
 }
@@ -147,10 +149,10 @@ static pt_err head_backward(const attn_dims *d, const float *q, const float *dou
 		int64_t n = d->T - r0 < PT_ATTN_ROWS ? d->T - r0 : PT_ATTN_ROWS, kn = r0 + n;
 		const float *qs = q + r0 * d->C3, *ds = dout + r0 * d->C;
 		/* p = exp(scale q k^T - lse) on the causal part; dp = dout v^T */
-		PT_TRY(cpu_gemm_prec(d->prec, false, true, n, kn, d->hs, d->scale, qs, d->C3, k,
-		                     d->C3, 0.0f, p, kn));
-		PT_TRY(cpu_gemm_prec(d->prec, false, true, n, kn, d->hs, 1.0f, ds, d->C, v, d->C3,
-		                     0.0f, dp, kn));
+		PT_TRY(cpu_gemm_prec_emulated(d->prec, false, true, n, kn, d->hs, d->scale, qs,
+		                              d->C3, k, d->C3, 0.0f, p, kn));
+		PT_TRY(cpu_gemm_prec_emulated(d->prec, false, true, n, kn, d->hs, 1.0f, ds, d->C, v,
+		                              d->C3, 0.0f, dp, kn));
 		for (int64_t i = 0; i < n; i++) {
 			float *pr = p + i * kn, *dr = dp + i * kn, l = lse[r0 + i], dot = 0.0f;
 			int64_t len = r0 + i + 1;
@@ -168,12 +170,12 @@ static pt_err head_backward(const attn_dims *d, const float *q, const float *dou
 			memset(dr + len, 0, sizeof(float) * (size_t)(kn - len));
 		}
 		/* dv += p^T dout ; dq = ds k ; dk += ds^T q */
-		PT_TRY(cpu_gemm_prec(d->prec, true, false, kn, d->hs, n, 1.0f, p, kn, ds, d->C,
-		                     1.0f, dv, d->C3));
-		PT_TRY(cpu_gemm_prec(d->prec, false, false, n, d->hs, kn, 1.0f, dp, kn, k, d->C3,
-		                     beta, dq + r0 * d->C3, d->C3));
-		PT_TRY(cpu_gemm_prec(d->prec, true, false, kn, d->hs, n, 1.0f, dp, kn, qs, d->C3,
-		                     1.0f, dk, d->C3));
+		PT_TRY(cpu_gemm_prec_emulated(d->prec, true, false, kn, d->hs, n, 1.0f, p, kn, ds,
+		                              d->C, 1.0f, dv, d->C3));
+		PT_TRY(cpu_gemm_prec_emulated(d->prec, false, false, n, d->hs, kn, 1.0f, dp, kn, k,
+		                              d->C3, beta, dq + r0 * d->C3, d->C3));
+		PT_TRY(cpu_gemm_prec_emulated(d->prec, true, false, kn, d->hs, n, 1.0f, dp, kn, qs,
+		                              d->C3, 1.0f, dk, d->C3));
 	}
 	return PT_OK;
 }

@@ -50,15 +50,29 @@ pt_err cpu_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, 
 
 /* cpu_gemm_prec is cpu_gemm at precision prec: PT_PREC_BF16 (PT_PREC_TF32)
  * rounds A and B to bf16 (tf32; nearest even) and multiplies with f32
- * accumulation into f32 C, as a bf16 GEMM (a TF32 tensor-core GEMM) does. The rounded operands are
- * packed in a per-thread buffer; the product is oneDNN's sgemm of them (bf16 numerics at fp32
- * speed: pt_backend_bf16 says so). At either precision, an operand read down
- * rows 512k floats apart (K >= 256, outside a parallel region) is first
- * copied to rows 16 floats longer in that buffer: same bits, no cache-set
- * conflicts. */
+ * accumulation into f32 C, as a bf16 GEMM (a TF32 tensor-core GEMM) does.
+ * bf16 outside a parallel region runs native where pt_cpu_bf16_native says
+ * so (cpu_gemm_bf16_native); otherwise it is emulated
+ * (cpu_gemm_prec_emulated). */
 pt_err cpu_gemm_prec(pt_precision prec, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
                      float alpha, const float *A, int64_t lda, const float *B, int64_t ldb,
                      float beta, float *C, int64_t ldc);
+
+/* cpu_gemm_prec_emulated: the rounded operands are packed in a per-thread
+ * buffer and the product is oneDNN's sgemm of them (bf16 numerics at fp32
+ * speed). At any precision, an operand read down rows 512k floats apart
+ * (K >= 256, outside a parallel region) is first copied to rows 16 floats
+ * longer in that buffer: same bits, no cache-set conflicts. */
+pt_err cpu_gemm_prec_emulated(pt_precision prec, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
+                              float alpha, const float *A, int64_t lda, const float *B, int64_t ldb,
+                              float beta, float *C, int64_t ldc);
+
+/* cpu_gemm_bf16_native: oneDNN's matmul primitive on A and B rounded to
+ * bf16 (packed in a per-thread buffer), f32 accumulation, f32 C
+ * (cpu_bf16.c). */
+pt_err cpu_gemm_bf16_native(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
+                            const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
+                            float *C, int64_t ldc);
 
 /* cpu_gemm_operand_floats is the size of the buffer cpu_gemm_prec takes for
  * these operands (0: none). */

@@ -121,6 +121,16 @@ pt_err cpu_gemm_prec(pt_precision prec, bool ta, bool tb, int64_t M, int64_t N, 
                      float alpha, const float *A, int64_t lda, const float *B, int64_t ldb,
                      float beta, float *C, int64_t ldc)
 {
+	if (prec == PT_PREC_BF16 && M > 0 && N > 0 && K > 0 && !omp_in_parallel() &&
+	    pt_cpu_bf16_native(NULL))
+		return cpu_gemm_bf16_native(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+	return cpu_gemm_prec_emulated(prec, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+pt_err cpu_gemm_prec_emulated(pt_precision prec, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
+                              float alpha, const float *A, int64_t lda, const float *B, int64_t ldb,
+                              float beta, float *C, int64_t ldc)
+{
 	int64_t ra = ta ? K : M, ca = ta ? M : K, rb = tb ? N : K, cb = tb ? K : N;
 	bool rounded = prec != PT_PREC_FP32;
 	bool copy_a = rounded || (ta && conflicting(lda, K));

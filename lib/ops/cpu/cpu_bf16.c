@@ -1,0 +1,356 @@
+/* cpu_bf16.c - native bf16 matrix products: oneDNN's matmul primitive on
+ * bf16 operands with f32 accumulation and an f32 destination (AVX512_BF16's
+ * vdpbf16ps, AMX tiles), where this CPU and oneDNN have such a kernel.
+ *
+ * Choice (pt_cpu_bf16_select): AUTO picks native once per process when
+ * oneDNN's effective ISA is avx512_core_bf16 or avx512_core_amx, the
+ * primitive it creates for a 64 x 64 x 64 product is not its reference
+ * implementation, and two such products (transposed either way, alpha,
+ * beta, rows wider than the product) agree with the emulation (operands
+ * rounded to bf16, fp32 sgemm) within 1e-5 relative; otherwise the
+ * emulation. oneDNN 2.6 has no bf16 matmul at all below avx512_core.
+ * PIPETRAIN_BF16_KERNELS=native|emulated in the environment overrides AUTO. NATIVE and EMULATED
+ * force it (tests).
+ *
+ * Native and emulated products agree up to the order of the f32 sums (and
+ * the native kernels flush denormals); neither is bitwise the other.
+ * Calls inside a parallel region, and the attention kernel's per-strip
+ * products (shapes that vary strip by strip), stay emulated.
+ *
+ * Each thread keeps its own oneDNN stream and a small cache of primitives
+ * keyed by shape, transposition, ldc, alpha and beta (alpha as output scale,
+ * beta as a sum post-op); the operands are rounded into a per-thread buffer
+ * of packed bf16 rows. All of it is freed when the thread ends.
+ */
+#include <math.h>
+#include <omp.h>
+#include <oneapi/dnnl/dnnl.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu_kernels.h"
+
+#define CACHE_SLOTS 32
+
+typedef struct prim {
+	bool used;
+	int64_t M, N, K, ldc;
+	bool ta, tb;
+	uint32_t alpha, beta; /* bit patterns */
+	dnnl_primitive_t p;
+	dnnl_memory_t a, b, c;
+} prim;
+
+typedef struct tstate {
+	dnnl_stream_t stream;
+	prim cache[CACHE_SLOTS];
+	int next; /* the slot the next miss replaces */
+	uint16_t *buf;
+	size_t cap;
+} tstate;
+
+static dnnl_engine_t engine;
+static pthread_once_t engine_once = PTHREAD_ONCE_INIT;
+static pthread_key_t state_key;
+static _Thread_local tstate *state;
+
+static atomic_int selected = PT_BF16_AUTO;
+static pthread_once_t auto_once = PTHREAD_ONCE_INIT;
+static bool auto_native;
+static char impl_name[64] = "unavailable"; /* oneDNN's bf16 kernel, set once */
+
+static void prim_drop(prim *e)
+{
+	if (!e->used)
+		return;
+	dnnl_primitive_destroy(e->p);
+	dnnl_memory_destroy(e->a);
+	dnnl_memory_destroy(e->b);
+	dnnl_memory_destroy(e->c);
+	memset(e, 0, sizeof(*e));
+}
+
+static void state_free(void *p)
+{
+	tstate *s = p;
+	for (int i = 0; i < CACHE_SLOTS; i++)
+		prim_drop(&s->cache[i]);
+	if (s->stream)
+		dnnl_stream_destroy(s->stream);
+	free(s->buf);
+	free(s);
+}
+
+static void engine_init(void)
+{
+	if (dnnl_engine_create(&engine, dnnl_cpu, 0) != dnnl_success)
+		engine = NULL;
+	pthread_key_create(&state_key, state_free);
+}
+
+static tstate *thread_state(void)
+{
+	pthread_once(&engine_once, engine_init);
+	if (state != NULL || engine == NULL)
+		return state;
+	tstate *s = calloc(1, sizeof(*s));
+	if (s == NULL)
+		return NULL;
+	if (dnnl_stream_create(&s->stream, engine, dnnl_stream_default_flags) != dnnl_success) {
+		free(s);
+		return NULL;
+	}
+	pthread_setspecific(state_key, s);
+	state = s;
+	return s;
+}
+
+static uint32_t bits(float f)
+{
+	uint32_t u;
+	memcpy(&u, &f, sizeof(u));
+	return u;
+}
+
+/* to_bf16 rounds rows x cols of src (leading dimension ld) to packed bf16
+ * rows: nearest, ties to even; a NaN stays a quiet NaN (the emulation's rule). */
+static void to_bf16(uint16_t *dst, const float *src, int64_t rows, int64_t cols, int64_t ld)
+{
+#pragma omp parallel for schedule(static) if (rows * cols >= PT_CPU_PAR_MIN && !omp_in_parallel())
+	for (int64_t r = 0; r < rows; r++) {
+		const uint32_t *s = (const uint32_t *)(src + r * ld);
+		uint16_t *d = dst + r * cols;
+#pragma omp simd
+		for (int64_t j = 0; j < cols; j++) {
+			uint32_t u = s[j];
+			uint32_t nan = (u & 0x7f800000u) == 0x7f800000u && (u & 0x007fffffu) != 0;
+			uint32_t rnd = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+			d[j] = (uint16_t)(nan ? (u | 0x00400000u) >> 16 : rnd);
+		}
+	}
+}
+
+/* make_prim creates the matmul primitive of e's key (packed bf16 operands)
+ * and its memory objects; impl (may be NULL) gets oneDNN's name for it. */
+static pt_err make_prim(prim *e, float alpha, float beta, char *impl, size_t impl_cap)
+{
+	const char *name = NULL;
+	dnnl_memory_desc_t a_md, b_md, c_md;
+	dnnl_matmul_desc_t md;
+	dnnl_primitive_attr_t attr = NULL;
+	dnnl_post_ops_t po = NULL;
+	dnnl_primitive_desc_t pd = NULL;
+	dnnl_dims_t ad = {e->M, e->K}, bd = {e->K, e->N}, cd = {e->M, e->N};
+	/* op(A) is M x K: A stored M x K (ld K), or K x M (ld M) and read down. */
+	dnnl_dims_t as = {e->ta ? 1 : e->K, e->ta ? e->M : 1};
+	dnnl_dims_t bs = {e->tb ? 1 : e->N, e->tb ? e->K : 1};
+	dnnl_dims_t cs = {e->ldc, 1};
+	dnnl_status_t st;
+
+	st = dnnl_memory_desc_init_by_strides(&a_md, 2, ad, dnnl_bf16, as);
+	if (st == dnnl_success)
+		st = dnnl_memory_desc_init_by_strides(&b_md, 2, bd, dnnl_bf16, bs);
+	if (st == dnnl_success)
+		st = dnnl_memory_desc_init_by_strides(&c_md, 2, cd, dnnl_f32, cs);
+	if (st == dnnl_success)
+		st = dnnl_matmul_desc_init(&md, &a_md, &b_md, NULL, &c_md);
+	if (st == dnnl_success)
+		st = dnnl_primitive_attr_create(&attr);
+	if (st == dnnl_success && alpha != 1.0f)
+		st = dnnl_primitive_attr_set_output_scales(attr, 1, 0, &alpha);
+	if (st == dnnl_success && beta != 0.0f) {
+		st = dnnl_post_ops_create(&po);
+		if (st == dnnl_success)
+			st = dnnl_post_ops_append_sum(po, beta);
+		if (st == dnnl_success)
+			st = dnnl_primitive_attr_set_post_ops(attr, po);
+	}
+	if (st == dnnl_success)
+		st = dnnl_primitive_desc_create(&pd, &md, attr, engine, NULL);
+	if (st == dnnl_success && impl != NULL &&
+	    dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, (void *)&name) ==
+	        dnnl_success &&
+	    name != NULL)
+		snprintf(impl, impl_cap, "%s", name); /* name lives as long as pd */
+	if (st == dnnl_success)
+		st = dnnl_primitive_create(&e->p, pd);
+	if (st == dnnl_success)
+		st = dnnl_memory_create(&e->a, &a_md, engine, DNNL_MEMORY_NONE);
+	if (st == dnnl_success)
+		st = dnnl_memory_create(&e->b, &b_md, engine, DNNL_MEMORY_NONE);
+	if (st == dnnl_success)
+		st = dnnl_memory_create(&e->c, &c_md, engine, DNNL_MEMORY_NONE);
+	if (pd)
+		dnnl_primitive_desc_destroy(pd);
+	if (po)
+		dnnl_post_ops_destroy(po);
+	if (attr)
+		dnnl_primitive_attr_destroy(attr);
+	if (st != dnnl_success) {
+		if (e->p)
+			dnnl_primitive_destroy(e->p);
+		if (e->a)
+			dnnl_memory_destroy(e->a);
+		if (e->b)
+			dnnl_memory_destroy(e->b);
+		memset(e, 0, sizeof(*e));
+		return pt_set_error(PT_ERR_BACKEND,
+		                    "oneDNN bf16 matmul (%ld x %ld x %ld): status %d", (long)cd[0],
+		                    (long)cd[1], (long)ad[1], (int)st);
+	}
+	e->used = true;
+	return PT_OK;
+}
+
+/* find returns the thread's primitive for this product, made on a miss. */
+static pt_err find(tstate *s, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
+                   float beta, int64_t ldc, prim **out, char *impl, size_t impl_cap)
+{
+	for (int i = 0; i < CACHE_SLOTS; i++) {
+		prim *e = &s->cache[i];
+		if (e->used && e->M == M && e->N == N && e->K == K && e->ta == ta && e->tb == tb &&
+		    e->ldc == ldc && e->alpha == bits(alpha) && e->beta == bits(beta)) {
+			*out = e;
+			return PT_OK;
+		}
+	}
+	prim *e = &s->cache[s->next];
+	s->next = (s->next + 1) % CACHE_SLOTS;
+	prim_drop(e);
+	*e = (prim){.M = M,
+	            .N = N,
+	            .K = K,
+	            .ldc = ldc,
+	            .ta = ta,
+	            .tb = tb,
+	            .alpha = bits(alpha),
+	            .beta = bits(beta)};
+	PT_TRY(make_prim(e, alpha, beta, impl, impl_cap));
+	*out = e;
+	return PT_OK;
+}
+
+/* native_gemm: C = alpha op(A) op(B) + beta C with A and B rounded to bf16. */
+static pt_err native_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
+                          const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
+                          float *C, int64_t ldc, char *impl, size_t impl_cap)
+{
+	int64_t ra = ta ? K : M, ca = ta ? M : K, rb = tb ? N : K, cb = tb ? K : N;
+	size_t need = (size_t)(ra * ca + rb * cb);
+	tstate *s = thread_state();
+	prim *e;
+
+	if (s == NULL)
+		return pt_set_error(PT_ERR_BACKEND, "oneDNN CPU engine or stream unavailable");
+	if (need > s->cap) {
+		uint16_t *p = realloc(s->buf, need * sizeof(uint16_t));
+		if (p == NULL)
+			return pt_set_error(PT_ERR_NOMEM, "bf16 operands (%ld x %ld x %ld)",
+			                    (long)M, (long)N, (long)K);
+		s->buf = p;
+		s->cap = need;
+	}
+	PT_TRY(find(s, ta, tb, M, N, K, alpha, beta, ldc, &e, impl, impl_cap));
+	to_bf16(s->buf, A, ra, ca, lda);
+	to_bf16(s->buf + ra * ca, B, rb, cb, ldb);
+	dnnl_exec_arg_t args[3] = {
+	    {DNNL_ARG_SRC, e->a}, {DNNL_ARG_WEIGHTS, e->b}, {DNNL_ARG_DST, e->c}};
+	dnnl_status_t st = dnnl_memory_set_data_handle(e->a, s->buf);
+	if (st == dnnl_success)
+		st = dnnl_memory_set_data_handle(e->b, s->buf + ra * ca);
+	if (st == dnnl_success)
+		st = dnnl_memory_set_data_handle(e->c, C);
+	if (st == dnnl_success)
+		st = dnnl_primitive_execute(e->p, s->stream, 3, args);
+	if (st == dnnl_success)
+		st = dnnl_stream_wait(s->stream);
+	if (st != dnnl_success)
+		return pt_set_error(PT_ERR_BACKEND,
+		                    "oneDNN bf16 matmul (%ld x %ld x %ld): status %d", (long)M,
+		                    (long)N, (long)K, (int)st);
+	return PT_OK;
+}
+
+/* self_check: two 64 x 64 x 64 products native against the emulation, one
+ * (A B^T + C) as a Linear forward takes it, one (0.5 A^T B into C) with
+ * rows 72 floats apart; impl gets oneDNN's name for the kernel. */
+static bool self_check(char *impl, size_t impl_cap)
+{
+	enum { S = 64, LD = 72 };
+	float *a = malloc(sizeof(float) * LD * S * 4), *b = a + LD * S, *c1 = b + LD * S,
+	      *c2 = c1 + LD * S;
+	uint32_t seed = 12345;
+	bool ok = a != NULL;
+
+	for (int i = 0; ok && i < LD * S * 2; i++) {
+		seed = seed * 1664525u + 1013904223u;
+		a[i] = (float)(seed >> 8) / 16777216.0f * 2.0f - 1.0f;
+	}
+	for (int k = 0; ok && k < 2; k++) {
+		bool t = k == 1;
+		float alpha = t ? 0.5f : 1.0f, beta = t ? 0.0f : 1.0f;
+		int64_t ld = t ? LD : S;
+		double num = 0, den = 0;
+		for (int i = 0; i < LD * S; i++)
+			c1[i] = c2[i] = (float)(i % 7) - 3.0f;
+		ok = native_gemm(t, !t, S, S, S, alpha, a, ld, b, ld, beta, c1, ld, impl,
+		                 impl_cap) == PT_OK &&
+		     cpu_gemm_prec_emulated(PT_PREC_BF16, t, !t, S, S, S, alpha, a, ld, b, ld, beta,
+		                            c2, ld) == PT_OK;
+		for (int i = 0; ok && i < LD * S; i++) {
+			num += ((double)c1[i] - c2[i]) * ((double)c1[i] - c2[i]);
+			den += (double)c2[i] * c2[i];
+		}
+		ok = ok && isfinite(num) && sqrt(num / den) <= 1e-5;
+	}
+	free(a);
+	pt_clear_error();
+	return ok;
+}
+
+/* decide_auto names oneDNN's kernel for bf16 products here (a small
+ * product made with it must agree with the emulation) and decides AUTO. */
+static void decide_auto(void)
+{
+	const char *env = getenv("PIPETRAIN_BF16_KERNELS");
+	dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
+	bool bf16_isa = isa == dnnl_cpu_isa_avx512_core_bf16 || isa == dnnl_cpu_isa_avx512_core_amx;
+	char impl[64] = "";
+
+	pthread_once(&engine_once, engine_init);
+	if (engine == NULL || !self_check(impl, sizeof(impl)) || impl[0] == '\0') {
+		snprintf(impl_name, sizeof(impl_name), "unavailable");
+		return;
+	}
+	snprintf(impl_name, sizeof(impl_name), "%s", impl);
+	if (env != NULL && strcmp(env, "native") == 0)
+		auto_native = true;
+	else if (env != NULL && strcmp(env, "emulated") == 0)
+		auto_native = false;
+	else /* oneDNN's reference kernel is far slower than the emulation's sgemm */
+		auto_native = bf16_isa && strncmp(impl, "ref", 3) != 0;
+}
+
+void pt_cpu_bf16_select(pt_bf16_kernels k)
+{
+	atomic_store(&selected, (int)k);
+}
+
+bool pt_cpu_bf16_native(const char **impl)
+{
+	int k = atomic_load(&selected);
+	pthread_once(&auto_once, decide_auto);
+	if (impl != NULL)
+		*impl = impl_name;
+	return k == PT_BF16_AUTO ? auto_native : k == PT_BF16_NATIVE;
+}
+
+pt_err cpu_gemm_bf16_native(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
+                            const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
+                            float *C, int64_t ldc)
+{
+	return native_gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, NULL, 0);
+}
