@@ -9,14 +9,25 @@
 
 #include "cpu_kernels.h"
 
+/* Products below this many flops run on the calling thread alone: waking
+ * a team (passive waits) costs more than it saves (examples/gpt.json's
+ * 128 x 64 x 256 products ran twice as fast on one thread as on two). */
+#define GEMM_SERIAL_FLOPS ((double)(1 << 24))
+
 pt_err cpu_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
                 int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc)
 {
 	dnnl_status_t st;
+	int team = 0;
 	if (M == 0 || N == 0)
 		return PT_OK;
+	if (2.0 * (double)M * (double)N * (double)K < GEMM_SERIAL_FLOPS && !omp_in_parallel() &&
+	    (team = omp_get_max_threads()) > 1)
+		omp_set_num_threads(1);
 	st = dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, alpha, A, lda, B, ldb, beta, C,
 	                ldc);
+	if (team > 1)
+		omp_set_num_threads(team);
 	if (st != dnnl_success)
 		return pt_set_error(PT_ERR_BACKEND, "dnnl_sgemm(%ld x %ld x %ld) failed: status %d",
 		                    (long)M, (long)N, (long)K, (int)st);
