@@ -5,7 +5,8 @@
  * stages and m in {4, 8} microbatches, every flushing schedule: the
  * planner's predicted step time (pt_job_plan_run) and the measured one
  * (pt_job_run in this process, the median step of STEPS - STEPS_W2 for W2 -
- * after WARMUP).
+ * after WARMUP), each the median of ROUNDS rounds; a round profiles afresh
+ * (pt_job_plan_forget) and then measures the group's schedules.
  *   plan_error_max   the largest |predicted - measured| / measured
  *   plan_error_<model>_p<P>_m<M>_<schedule>  each one
  *   plan_auto_vs_best  measured step of the planner's pick over the best
@@ -27,8 +28,9 @@
 #endif
 
 #define WARMUP   2
-#define STEPS    25 /* measured steps of examples/gpt.json (about 10 ms each) */
-#define STEPS_W2 7  /* and of W2 (about a second each) */
+#define ROUNDS   3  /* profile, then measure every schedule of a (p, m) group */
+#define STEPS    25 /* measured steps a round of examples/gpt.json (10-40 ms each) */
+#define STEPS_W2 5  /* and of W2 (about a second each) */
 
 static void die(const char *what)
 {
@@ -113,6 +115,12 @@ static double measure(const pt_job_spec *base, const pt_job_plan *pl, int steps)
 	return r.dt[WARMUP + steps / 2];
 }
 
+static double median_of(double *v, int n)
+{
+	qsort(v, (size_t)n, sizeof(double), by_value);
+	return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
 int main(int argc, char **argv)
 {
 	static const int ps[] = {1, 2, 4}, ms[] = {4, 8};
@@ -124,46 +132,72 @@ int main(int argc, char **argv)
 		pt_job_spec s;
 		if (argc > 1 && strcmp(argv[1], names[k]) != 0)
 			continue;
-		pt_job_plan *plans;
-		int n;
 		load(&s);
 		if (k == 1)
 			w2(&s);
-		pt_job_plan_options o = {.files_root = PT_SOURCE_ROOT,
-		                         .stages = ps,
-		                         .n_stages = 3,
-		                         .microbatches = ms,
-		                         .n_microbatches = 2};
-		if (pt_job_plan_run(&s, &o, &plans, &n) != PT_OK)
-			die("plan");
 		for (int i = 0; i < 3; i++)
 			for (int j = 0; j < 2; j++) {
+				/* Per schedule: predicted and measured step of each round. */
+				double pred[PT_SCHED_INTERLEAVED + 1][ROUNDS],
+				    meas[PT_SCHED_INTERLEAVED + 1][ROUNDS],
+				    bubble[PT_SCHED_INTERLEAVED + 1];
+				int seen[PT_SCHED_INTERLEAVED + 1] = {0};
 				double best = INFINITY, pick = 0, pick_pred = INFINITY;
-				for (int q = 0; q < n; q++) {
-					pt_job_plan *pl = &plans[q];
-					if (pl->stages != ps[i] || pl->microbatches != ms[j])
+				/* Each round profiles afresh right before it measures the
+				 * group's schedules (pt_job_plan_forget): this VM's speed
+				 * drifts by a fifth between minutes, which a profile taken
+				 * minutes earlier would carry into every prediction; the
+				 * medians over rounds drop a round a burst of load spoiled. */
+				for (int r = 0; r < ROUNDS; r++) {
+					pt_job_plan_options o = {.files_root = PT_SOURCE_ROOT,
+					                         .stages = &ps[i],
+					                         .n_stages = 1,
+					                         .microbatches = &ms[j],
+					                         .n_microbatches = 1};
+					pt_job_plan *plans;
+					int n;
+					pt_job_plan_forget();
+					if (pt_job_plan_run(&s, &o, &plans, &n) != PT_OK)
+						die("plan");
+					for (int q = 0; q < n; q++) {
+						pt_job_plan *pl = &plans[q];
+						int sc = (int)pl->schedule;
+						if (sc < 0 || sc > PT_SCHED_INTERLEAVED ||
+						    seen[sc] != r)
+							continue;
+						pred[sc][r] = pl->step_seconds;
+						meas[sc][r] =
+						    measure(&s, pl, k == 1 ? STEPS_W2 : STEPS);
+						bubble[sc] = pl->bubble;
+						seen[sc]++;
+					}
+					free(plans);
+				}
+				for (int sc = 0; sc <= PT_SCHED_INTERLEAVED; sc++) {
+					if (seen[sc] != ROUNDS)
 						continue;
-					double got = measure(&s, pl, k == 1 ? STEPS_W2 : STEPS);
-					double err = fabs(pl->step_seconds - got) / got;
+					double pr = median_of(pred[sc], ROUNDS);
+					double got = median_of(meas[sc], ROUNDS);
+					double err = fabs(pr - got) / got;
 					printf("bench plan_error_%s_p%d_m%d_%s %.3f\n", names[k],
-					       ps[i], ms[j], pt_pipe_schedule_name(pl->schedule),
-					       err);
+					       ps[i], ms[j],
+					       pt_pipe_schedule_name((pt_pipe_schedule)sc), err);
 					printf(
-					    "#   predicted %.4f s, measured %.4f s, bubble %.3f\n",
-					    pl->step_seconds, got, pl->bubble);
+					    "#   predicted %.4f s, measured %.4f s (medians of %d "
+					    "rounds), bubble %.3f\n",
+					    pr, got, ROUNDS, bubble[sc]);
 					worst = err > worst ? err : worst;
 					/* Auto picks among the schedules that keep p stages. */
-					if (pl->virtual_stages > 1)
+					if (sc == PT_SCHED_INTERLEAVED)
 						continue;
 					best = got < best ? got : best;
-					if (pl->step_seconds < pick_pred) {
-						pick_pred = pl->step_seconds;
+					if (pr < pick_pred) {
+						pick_pred = pr;
 						pick = got;
 					}
 				}
 				worst_auto = pick / best > worst_auto ? pick / best : worst_auto;
 			}
-		free(plans);
 		pt_job_spec_fini(&s);
 	}
 	printf("bench plan_error_max %.3f\n", worst);

@@ -363,6 +363,11 @@ typedef struct pt_job_plan_options {
 pt_err pt_job_plan_run(const pt_job_spec *spec, const pt_job_plan_options *o, pt_job_plan **out,
                        int *n);
 
+/* pt_job_plan_forget drops every cached layer profile and the measured core
+ * speeds: the next plan measures afresh (on a machine whose speed drifts,
+ * as plan_bench does right before each measured group). */
+void pt_job_plan_forget(void);
+
 /* ------------------------------------------------------ memory (memory.c) */
 
 /* The shapes of a job's data that its memory depends on. */

@@ -505,6 +505,16 @@ static double core_speed(int k, int cores)
 	return out;
 }
 
+void pt_job_plan_forget(void)
+{
+	pthread_mutex_lock(&cache_mu);
+	n_cache = 0;
+	pthread_mutex_unlock(&cache_mu);
+	pthread_mutex_lock(&speed_mu);
+	speed_known = 0;
+	pthread_mutex_unlock(&speed_mu);
+}
+
 /* ------------------------------------------------------------ simulation -- */
 
 enum { T_F, T_B, T_W, T_BW };
