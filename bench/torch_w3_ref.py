@@ -3,7 +3,10 @@
 12 blocks, 12 heads, context 256, batch 8, AdamW; learned positions, pre-LN
 blocks, tanh GELU, untied head with bias, as pipetrain's model) on the CPU,
 eager, all cores. Prints `torch <name> <value>` lines: w3_step_s (median of
-the steps after the first), w3_tokens_per_s and w3_rss_gb (peak RSS)."""
+the steps after the first), w3_tokens_per_s and w3_rss_gb (peak RSS); then,
+where the CPU computes bf16 natively (AVX512_BF16, AMX), the same model under
+torch.autocast bfloat16 (f32 master weights): w3_bf16_step_s and
+w3_bf16_tokens_per_s."""
 import math
 import os
 import resource
@@ -50,20 +53,34 @@ class GPT(nn.Module):
         return self.head(self.ln(self.blocks(x)))
 
 
-model = GPT()
-opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
-i = torch.arange(B * T)
-x, y = ((i * 31) % 256).view(B, T), ((i * 17) % 256).view(B, T)
-times = []
-for s in range(STEPS):
-    t0 = time.perf_counter()
-    opt.zero_grad(set_to_none=True)
-    loss = F.cross_entropy(model(x).view(-1, V), y.view(-1))
-    loss.backward()
-    opt.step()
-    times.append(time.perf_counter() - t0)
-step = statistics.median(times[1:])
+def train(model, steps, bf16):
+    """Times `steps` steps; returns the median of those after the first."""
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
+    i = torch.arange(B * T)
+    x, y = ((i * 31) % 256).view(B, T), ((i * 17) % 256).view(B, T)
+    times = []
+    for s in range(steps):
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            logits = model(x)
+        loss = F.cross_entropy(logits.float().view(-1, V), y.view(-1))
+        loss.backward()
+        opt.step()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times[1:])
+
+
+step = train(GPT(), STEPS, False)
 print(f"torch w3_step_s {step:.3f}")
 print(f"torch w3_tokens_per_s {B * T / step:.1f}")
 print(f"torch w3_rss_gb {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1048576:.2f}")
+sys.stdout.flush()
+flags = open("/proc/cpuinfo").read().split()
+if "avx512_bf16" in flags or "amx_bf16" in flags:
+    step = train(GPT(), STEPS, True)
+    print(f"torch w3_bf16_step_s {step:.3f}")
+    print(f"torch w3_bf16_tokens_per_s {B * T / step:.1f}")
+else:
+    print("# torch w3_bf16 skipped: no AVX512_BF16 or AMX-BF16 on this CPU")
 sys.stdout.flush()

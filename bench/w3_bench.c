@@ -20,18 +20,24 @@
  *                                stage's state buffer (1.9 GB here)
  *   bench w3_rss_gb              this process's peak RSS (the job and its
  *                                final checkpoint)
+ *   bench w3_bf16_step_s         the same model with precision "bf16" (4 steps,
+ *                                no checkpoint): the median of steps 2-4
  * and, when `python3 bench/torch_w3_ref.py` runs (PyTorch, same model and
- * batch, eager, same cores), w3_vs_torch and w3_rss_vs_torch.
+ * batch, eager, same cores), w3_vs_torch and w3_rss_vs_torch, and where the
+ * CPU has bf16 instructions w3_bf16_vs_torch_bf16 (PyTorch under
+ * torch.autocast bfloat16).
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
 
+#include "backend.h"
 #include "job.h"
 #include "runtime.h"
 
-#define STEPS 10
+#define STEPS      10
+#define STEPS_BF16 4
 
 static double t_end[STEPS + 1];
 
@@ -48,26 +54,15 @@ static void on_metric(void *ctx, const pt_job_metric *m)
 		t_end[m->step] = pt_now();
 }
 
-int main(int argc, char **argv)
+/* spec_text writes W3's job: `steps` steps at `precision`, with
+ * checkpoints every 4 steps when `ckpt`. */
+static void spec_text(char *text, size_t cap, int steps, const char *precision, bool ckpt)
 {
-	const char *script = argc > 1 ? argv[1] : PT_SOURCE_ROOT "/bench/torch_w3_ref.py";
-	char dir[] = "/tmp/pt-w3-bench.XXXXXX", text[4096], cmd[4200], line[256];
 	char blocks[12 * 64] = "";
-	pt_job_spec s;
-	pt_job_run_options o = {0};
-	pt_job_hooks h = {.on_metric = on_metric};
-	struct rusage ru;
-	double t0, step, ours_tps, ours_rss, v, torch_tps = 0, torch_rss = 0;
-	int64_t last = 0;
-	FILE *p;
-
-	pt_runtime_ensure_passive_wait(argv);
-	if (mkdtemp(dir) == NULL)
-		return 1;
 	for (int i = 0; i < 12; i++)
 		strcat(blocks, "{ \"kind\": \"TransformerBlock\", \"dim\": 768, \"n_head\": 12 },");
 	snprintf(
-	    text, sizeof(text),
+	    text, cap,
 	    "{ \"name\": \"w3\", \"model\": ["
 	    "{ \"kind\": \"Embedding\", \"vocab\": 50304, \"dim\": 768, \"max_seq\": 256 }, %s"
 	    "{ \"kind\": \"LayerNorm\", \"dim\": 768 },"
@@ -76,20 +71,51 @@ int main(int argc, char **argv)
 	    " \"seq_len\": 256, \"vocab\": 50304, \"held_out\": 0 },"
 	    "\"loss\": \"CrossEntropy\", \"optimizer\": { \"kind\": \"AdamW\", \"lr\": 0.0003 },"
 	    "\"batch_size\": 8, \"microbatches\": 1, \"steps\": %d, \"mode\": \"Sync\","
-	    "\"checkpoint\": { \"every_steps\": 4, \"keep\": 1 }, \"seed\": 1 }",
-	    blocks, STEPS);
+	    "\"precision\": \"%s\", %s \"seed\": 1 }",
+	    blocks, steps, precision,
+	    ckpt ? "\"checkpoint\": { \"every_steps\": 4, \"keep\": 1 }," : "");
+}
+
+/* run_job runs W3 from text with checkpoints in dir (NULL: none); the
+ * metric hook stamps t_end. */
+static int run_job(const char *text, const char *dir, int steps, double *t0)
+{
+	pt_job_spec s;
+	pt_job_run_options o = {0};
+	pt_job_hooks h = {.on_metric = on_metric};
+	int64_t last = 0;
+
 	if (pt_job_spec_parse_json(text, strlen(text), &s) != PT_OK) {
 		fprintf(stderr, "w3_bench: %s\n", pt_last_error());
-		return 1;
+		return -1;
 	}
 	o.checkpoint_dir = dir;
 	o.files_root = PT_SOURCE_ROOT;
-	t0 = pt_now();
-	if (pt_job_run(&s, &o, &h, &last) != PT_OK || last != STEPS) {
+	*t0 = pt_now();
+	if (pt_job_run(&s, &o, &h, &last) != PT_OK || last != steps) {
 		fprintf(stderr, "w3_bench: %s\n", pt_last_error());
-		return 1;
+		pt_job_spec_fini(&s);
+		return -1;
 	}
 	pt_job_spec_fini(&s);
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	const char *script = argc > 1 ? argv[1] : PT_SOURCE_ROOT "/bench/torch_w3_ref.py";
+	char dir[] = "/tmp/pt-w3-bench.XXXXXX", text[4096], cmd[4200], line[256];
+	struct rusage ru;
+	double t0, step, ours_tps, ours_rss, v, torch_tps = 0, torch_rss = 0, bf16_step;
+	double torch_bf16_tps = 0;
+	FILE *p;
+
+	pt_runtime_ensure_passive_wait(argv);
+	if (mkdtemp(dir) == NULL)
+		return 1;
+	spec_text(text, sizeof(text), STEPS, "fp32", true);
+	if (run_job(text, dir, STEPS, &t0) != 0)
+		return 1;
 	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
 	if (system(cmd) != 0)
 		return 1;
@@ -114,6 +140,20 @@ int main(int argc, char **argv)
 	printf("bench w3_rss_gb %.2f\n", ours_rss);
 	fflush(stdout);
 
+	/* bf16: steps 2-4 (step 1 also creates the bf16 kernels' primitives). */
+	spec_text(text, sizeof(text), STEPS_BF16, "bf16", false);
+	if (run_job(text, NULL, STEPS_BF16, &t0) != 0)
+		return 1;
+	{
+		double d[3] = {t_end[2] - t_end[1], t_end[3] - t_end[2], t_end[4] - t_end[3]};
+		qsort(d, 3, sizeof(double), cmp_double);
+		bf16_step = d[1];
+	}
+	printf("bench w3_bf16_step_s %.3f\n", bf16_step);
+	printf("bench w3_bf16_tokens_per_s %.1f\n", 8.0 * 256 / bf16_step);
+	printf("# w3 bf16: %s\n", pt_backend_bf16());
+	fflush(stdout);
+
 	snprintf(cmd, sizeof(cmd), "/usr/bin/python3 '%s' 2>&1", script);
 	if ((p = popen(cmd, "r")) == NULL)
 		return 0;
@@ -123,6 +163,8 @@ int main(int argc, char **argv)
 			torch_tps = v;
 		if (sscanf(line, "torch w3_rss_gb %lf", &v) == 1)
 			torch_rss = v;
+		if (sscanf(line, "torch w3_bf16_tokens_per_s %lf", &v) == 1)
+			torch_bf16_tps = v;
 	}
 	pclose(p);
 	if (torch_tps > 0 && torch_rss > 0) {
@@ -132,5 +174,8 @@ int main(int argc, char **argv)
 		printf(
 		    "# PyTorch reference did not run: w3_vs_torch and w3_rss_vs_torch skipped\n");
 	}
+	if (torch_bf16_tps > 0)
+		printf("bench w3_bf16_vs_torch_bf16 %.3f\n",
+		       8.0 * 256 / bf16_step / torch_bf16_tps);
 	return 0;
 }

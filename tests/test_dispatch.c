@@ -621,6 +621,57 @@ static void check_linear_native(void)
 	pt_tensor_fini(&dy);
 }
 
+/* The native Linear's other forms against the emulation (1e-5): no bias,
+ * dx accumulated onto what it held, and the split backward (dx alone, then
+ * dw alone, as zb-h1's B and W tasks run it). */
+static void linear_forms(pt_bf16_kernels k, const pt_tensor *x, const pt_tensor *w,
+                         const pt_tensor *dy, lin *o)
+{
+	pt_set_precision(PT_PREC_BF16);
+	pt_cpu_bf16_select(k);
+	PT_CHECK_OK(pt_tensor_init(&o->y, PT_F32, 2, (int64_t[]){x->shape[0], w->shape[0]}));
+	PT_CHECK_OK(pt_tensor_init(&o->dx, PT_F32, 2, x->shape));
+	PT_CHECK_OK(pt_tensor_init(&o->dw, PT_F32, 2, w->shape));
+	PT_CHECK_OK(pt_tensor_init(&o->db, PT_F32, 2, x->shape));
+	fill_uniform(&o->dx, 9);
+	PT_CHECK_OK(pt_linear_forward(&o->y, x, w, NULL));
+	PT_CHECK_OK(pt_linear_backward(&o->dx, NULL, NULL, dy, x, w, true));
+	PT_CHECK_OK(pt_linear_backward(NULL, &o->dw, NULL, dy, x, w, false));
+	/* db here holds the dx of a backward with both outputs, accumulated */
+	fill_uniform(&o->db, 9);
+	PT_CHECK_OK(pt_linear_backward(&o->db, &o->dw, NULL, dy, x, w, true));
+	pt_set_precision(PT_PREC_FP32);
+}
+
+static void check_linear_native_forms(void)
+{
+	pt_tensor x, w, dy;
+	lin nat, emu;
+
+	PT_CHECK_OK(pt_tensor_init(&x, PT_F32, 2, (int64_t[]){40, 24}));
+	PT_CHECK_OK(pt_tensor_init(&w, PT_F32, 2, (int64_t[]){56, 24}));
+	PT_CHECK_OK(pt_tensor_init(&dy, PT_F32, 2, (int64_t[]){40, 56}));
+	fill_uniform(&x, 5);
+	fill_uniform(&w, 6);
+	fill_uniform(&dy, 7);
+	linear_forms(PT_BF16_NATIVE, &x, &w, &dy, &nat);
+	linear_forms(PT_BF16_EMULATED, &x, &w, &dy, &emu);
+	pt_cpu_bf16_select(PT_BF16_NATIVE);
+	CU_ASSERT(rel_err(&nat.y, &emu.y) <= 1e-5);
+	CU_ASSERT(rel_err(&nat.dx, &emu.dx) <= 1e-5);
+	CU_ASSERT(rel_err(&nat.dw, &emu.dw) <= 1e-5);
+	CU_ASSERT(rel_err(&nat.db, &emu.db) <= 1e-5);
+	/* and each is what it should be: dx accumulated (not the bare product) */
+	CU_ASSERT(rel_err(&nat.dx, &nat.db) <= 1e-5);
+	printf("\n    linear forms native vs emulated: y %.2e, dx+= %.2e, dw (twice) %.2e",
+	       rel_err(&nat.y, &emu.y), rel_err(&nat.dx, &emu.dx), rel_err(&nat.dw, &emu.dw));
+	lin_fini(&nat);
+	lin_fini(&emu);
+	pt_tensor_fini(&x);
+	pt_tensor_fini(&w);
+	pt_tensor_fini(&dy);
+}
+
 /* Native bf16 (oneDNN's bf16 matmul; its reference kernel on a CPU without
  * bf16 instructions) against the emulation: the same rounded operands, so
  * only the order of the f32 sums differs - within 1e-5 relative (Frobenius)
@@ -676,6 +727,7 @@ static void test_bf16_native_matches_emulation(void)
 		CU_ASSERT_EQUAL(y, 1.0f);
 	}
 	check_linear_native();
+	check_linear_native_forms();
 	pt_cpu_bf16_select(PT_BF16_AUTO);
 	free(a);
 }

@@ -12,10 +12,14 @@
  * with no running rescale. The forward saves each row's log-sum-exp
  * lse (B, NH, T), never the T x T probabilities; the backward recomputes a
  * strip's probabilities as exp(score - lse) in a per-thread buffer of
- * 2 x PT_ATTN_ROWS x T floats. bf16 and tf32 precision: the products round
- * their operands (cpu_gemm_prec_emulated, also where bf16 products elsewhere
- * run native: a strip's shape changes strip by strip); softmax and its
- * backward stay f32.
+ * 2 x PT_ATTN_ROWS x T floats. bf16 and tf32 precision: each (batch, head)
+ * rounds its q, k, v (and in the backward its output gradient) once into the
+ * thread's workspace, and each strip rounds its probabilities (and score
+ * gradients) in place before they enter a product, so the products are plain
+ * sgemm calls on rounded operands: the emulation's numerics (what a bf16 GEMM
+ * with f32 accumulation computes) at fp32 speed. Shapes change strip by
+ * strip, so the native bf16 kernels (cpu_bf16.c) are not used here; softmax
+ * and its backward stay f32.
  */
 #include <inttypes.h>
 #include <math.h>
@@ -25,15 +29,7 @@
 #include "cpu_kernels.h"
 #include "cpu_math.h"
 
-#include <stdlib.h>
-static int attn_rows(void)
-{
-	static int r;
-	if (!r)
-		r = getenv("AR") ? atoi(getenv("AR")) : 32;
-	return r;
-}
-#define PT_ATTN_ROWS attn_rows()
+#define PT_ATTN_ROWS 32
 
 typedef struct {
 	int64_t T, C, C3, hs, NH;
@@ -60,48 +56,90 @@ static int64_t strip_floats(int64_t T)
 	return (T < PT_ATTN_ROWS ? T : PT_ATTN_ROWS) * T;
 }
 
+/* thread_floats: one thread's workspace: two strips, and at a rounding
+ * precision the head's rounded q, k, v and output gradient (T x hs each). */
+static int64_t thread_floats(const attn_dims *d)
+{
+	return 2 * strip_floats(d->T) + (d->prec != PT_PREC_FP32 ? 4 * d->T * d->hs : 0);
+}
+
 size_t cpu_attention_workspace(const pt_op_call *c)
 {
 	const pt_tensor *qkv = c->op == PT_OP_ATTENTION_FWD ? c->in[0] : c->in[1];
-	return (size_t)omp_get_max_threads() * 2 * (size_t)strip_floats(qkv->shape[1]) *
-	       sizeof(float);
+	attn_dims d = dims_of(c, qkv);
+	return (size_t)omp_get_max_threads() * (size_t)thread_floats(&d) * sizeof(float);
 }
 
-/* team sets *strip, the floats of one thread's scores, and *nthreads, the
+/* team sets *per, the floats of one thread's workspace, and *nthreads, the
  * threads a kernel may start: its own budget, but never more than the
  * workspace was planned for (a call planned on a thread with a smaller
  * budget than the one that runs it must not write past ws). */
-static pt_err team(const pt_op_call *c, int64_t T, int64_t *strip, int *nthreads)
+static pt_err team(const pt_op_call *c, const attn_dims *d, int64_t *per, int *nthreads)
 {
-	*strip = strip_floats(T);
-	size_t fit = c->workspace / (2 * (size_t)*strip * sizeof(float));
+	*per = thread_floats(d);
+	size_t fit = c->workspace / ((size_t)*per * sizeof(float));
 	int n = omp_get_max_threads();
 	*nthreads = fit < (size_t)n ? (int)fit : n;
 	if (*nthreads < 1)
 		return pt_set_error(PT_ERR_STATE,
 		                    "attention: workspace of %zu bytes for %" PRId64 " x %" PRId64
 		                    " scores",
-		                    c->workspace, *strip / T, T);
+		                    c->workspace, strip_floats(d->T) / d->T, d->T);
 	return PT_OK;
 }
 
-/* One (batch, head): out rows and lse for q, k, v at stride C3. */
-static pt_err head_forward(const attn_dims *d, const float *q, float *o, float *lse, float *s)
+/* head_operands points *q, *k, *v (and *ld) at the head's operands as the
+ * products take them: the tensor's columns (stride C3), or at a rounding
+ * precision their rounded copies in buf (stride hs). */
+static void head_operands(const attn_dims *d, const float *q, float *buf, const float **qo,
+                          const float **ko, const float **vo, int64_t *ld)
 {
-	const float *k = q + d->C, *v = q + 2 * d->C;
+	if (d->prec == PT_PREC_FP32) {
+		*qo = q;
+		*ko = q + d->C;
+		*vo = q + 2 * d->C;
+		*ld = d->C3;
+		return;
+	}
+	for (int i = 0; i < 3; i++)
+		for (int64_t t = 0; t < d->T; t++)
+			cpu_round_row(d->prec, buf + (i * d->T + t) * d->hs,
+			              q + i * d->C + t * d->C3, d->hs);
+	*qo = buf;
+	*ko = buf + d->T * d->hs;
+	*vo = buf + 2 * d->T * d->hs;
+	*ld = d->hs;
+}
+
+/* round_row rounds a strip's row in place at a rounding precision. */
+static void round_row(const attn_dims *d, float *row, int64_t n)
+{
+	if (d->prec != PT_PREC_FP32)
+		cpu_round_row(d->prec, row, row, n);
+}
+
+/* One (batch, head): out rows and lse for q, k, v at stride C3; ws holds
+ * two strips and the rounded operands. */
+static pt_err head_forward(const attn_dims *d, const float *qkv, float *o, float *lse, float *ws)
+{
+	const float *q, *k, *v;
+	float *s = ws;
+	int64_t ld;
+	head_operands(d, qkv, ws + 2 * strip_floats(d->T), &q, &k, &v, &ld);
 	for (int64_t r0 = 0; r0 < d->T; r0 += PT_ATTN_ROWS) {
 		int64_t n = d->T - r0 < PT_ATTN_ROWS ? d->T - r0 : PT_ATTN_ROWS, kn = r0 + n;
-		PT_TRY(cpu_gemm_prec_emulated(d->prec, false, true, n, kn, d->hs, d->scale,
-		                              q + r0 * d->C3, d->C3, k, d->C3, 0.0f, s, kn));
+		PT_TRY(cpu_gemm(false, true, n, kn, d->hs, d->scale, q + r0 * ld, ld, k, ld, 0.0f,
+		                s, kn));
 		for (int64_t i = 0; i < n; i++) {
 			float *row = s + i * kn, mx, sum;
 			int64_t len = r0 + i + 1;
 			pt_softmax_row(row, row, len, &mx, &sum);
 			lse[r0 + i] = mx + logf(sum);
 			memset(row + len, 0, sizeof(float) * (size_t)(kn - len));
+			round_row(d, row, len);
 		}
-		PT_TRY(cpu_gemm_prec_emulated(d->prec, false, false, n, d->hs, kn, 1.0f, s, kn, v,
-		                              d->C3, 0.0f, o + r0 * d->C, d->C));
+		PT_TRY(cpu_gemm(false, false, n, d->hs, kn, 1.0f, s, kn, v, ld, 0.0f, o + r0 * d->C,
+		                d->C));
 	}
 	return PT_OK;
 }
@@ -110,18 +148,18 @@ pt_err cpu_attention_forward(const pt_op_call *c, void *ws)
 {
 	const pt_tensor *qt = c->in[0];
 	attn_dims d = dims_of(c, qt);
-	int64_t B = qt->shape[0], T = d.T, strip;
+	int64_t B = qt->shape[0], T = d.T, per;
 	const float *qkv = pt_tensor_f32(qt);
 	float *out = pt_tensor_f32(c->out[0]), *lse = pt_tensor_f32(c->out[1]);
 	int nthreads;
 	pt_err err = PT_OK;
 
-	PT_TRY(team(c, T, &strip, &nthreads));
+	PT_TRY(team(c, &d, &per, &nthreads));
 
 #pragma omp parallel for schedule(static) num_threads(nthreads)
 	for (int64_t bh = 0; bh < B * d.NH; bh++) {
 		int64_t b = bh / d.NH, h = bh % d.NH;
-		float *s = (float *)ws + (size_t)omp_get_thread_num() * 2 * (size_t)strip;
+		float *s = (float *)ws + (size_t)omp_get_thread_num() * (size_t)per;
 		pt_err e = head_forward(&d, qkv + b * T * d.C3 + h * d.hs,
 		                        out + b * T * d.C + h * d.hs, lse + bh * T, s);
 		if (e != PT_OK) {
@@ -132,14 +170,26 @@ pt_err cpu_attention_forward(const pt_op_call *c, void *ws)
 	return err;
 }
 
-/* One (batch, head): dq, dk, dv (stride C3) from dout (stride C) and lse.
- * dk and dv gather over strips, so they start from zero unless accumulating. */
-static pt_err head_backward(const attn_dims *d, const float *q, const float *dout, const float *lse,
-                            float *dq, bool accum, float *p, float *dp)
+/* One (batch, head): dq, dk, dv (stride C3) from dout (stride C) and lse;
+ * ws holds two strips and the rounded operands. dk and dv gather over
+ * strips, so they start from zero unless accumulating. */
+static pt_err head_backward(const attn_dims *d, const float *qkv, const float *dout_c,
+                            const float *lse, float *dq, bool accum, float *ws)
 {
-	const float *k = q + d->C, *v = q + 2 * d->C;
-	float *dk = dq + d->C, *dv = dq + 2 * d->C;
+	const float *q, *k, *v, *dout = dout_c;
+	float *dk = dq + d->C, *dv = dq + 2 * d->C, *p = ws, *dp = ws + strip_floats(d->T);
+	float *rounded = ws + 2 * strip_floats(d->T);
 	float beta = accum ? 1.0f : 0.0f;
+	int64_t ld, ldo = d->C;
+
+	head_operands(d, qkv, rounded, &q, &k, &v, &ld);
+	if (d->prec != PT_PREC_FP32) {
+		float *r = rounded + 3 * d->T * d->hs;
+		for (int64_t t = 0; t < d->T; t++)
+			cpu_round_row(d->prec, r + t * d->hs, dout_c + t * d->C, d->hs);
+		dout = r;
+		ldo = d->hs;
+	}
 	if (!accum)
 		for (int64_t t = 0; t < d->T; t++) {
 			memset(dk + t * d->C3, 0, sizeof(float) * (size_t)d->hs);
@@ -147,12 +197,10 @@ static pt_err head_backward(const attn_dims *d, const float *q, const float *dou
 		}
 	for (int64_t r0 = 0; r0 < d->T; r0 += PT_ATTN_ROWS) {
 		int64_t n = d->T - r0 < PT_ATTN_ROWS ? d->T - r0 : PT_ATTN_ROWS, kn = r0 + n;
-		const float *qs = q + r0 * d->C3, *ds = dout + r0 * d->C;
+		const float *qs = q + r0 * ld, *ds = dout + r0 * ldo;
 		/* p = exp(scale q k^T - lse) on the causal part; dp = dout v^T */
-		PT_TRY(cpu_gemm_prec_emulated(d->prec, false, true, n, kn, d->hs, d->scale, qs,
-		                              d->C3, k, d->C3, 0.0f, p, kn));
-		PT_TRY(cpu_gemm_prec_emulated(d->prec, false, true, n, kn, d->hs, 1.0f, ds, d->C, v,
-		                              d->C3, 0.0f, dp, kn));
+		PT_TRY(cpu_gemm(false, true, n, kn, d->hs, d->scale, qs, ld, k, ld, 0.0f, p, kn));
+		PT_TRY(cpu_gemm(false, true, n, kn, d->hs, 1.0f, ds, ldo, v, ld, 0.0f, dp, kn));
 		for (int64_t i = 0; i < n; i++) {
 			float *pr = p + i * kn, *dr = dp + i * kn, l = lse[r0 + i], dot = 0.0f;
 			int64_t len = r0 + i + 1;
@@ -168,14 +216,14 @@ static pt_err head_backward(const attn_dims *d, const float *q, const float *dou
 			for (int64_t j = 0; j < len; j++)
 				dr[j] = d->scale * pr[j] * (dr[j] - dot);
 			memset(dr + len, 0, sizeof(float) * (size_t)(kn - len));
+			round_row(d, pr, len);
+			round_row(d, dr, len);
 		}
 		/* dv += p^T dout ; dq = ds k ; dk += ds^T q */
-		PT_TRY(cpu_gemm_prec_emulated(d->prec, true, false, kn, d->hs, n, 1.0f, p, kn, ds,
-		                              d->C, 1.0f, dv, d->C3));
-		PT_TRY(cpu_gemm_prec_emulated(d->prec, false, false, n, d->hs, kn, 1.0f, dp, kn, k,
-		                              d->C3, beta, dq + r0 * d->C3, d->C3));
-		PT_TRY(cpu_gemm_prec_emulated(d->prec, true, false, kn, d->hs, n, 1.0f, dp, kn, qs,
-		                              d->C3, 1.0f, dk, d->C3));
+		PT_TRY(cpu_gemm(true, false, kn, d->hs, n, 1.0f, p, kn, ds, ldo, 1.0f, dv, d->C3));
+		PT_TRY(cpu_gemm(false, false, n, d->hs, kn, 1.0f, dp, kn, k, ld, beta,
+		                dq + r0 * d->C3, d->C3));
+		PT_TRY(cpu_gemm(true, false, kn, d->hs, n, 1.0f, dp, kn, qs, ld, 1.0f, dk, d->C3));
 	}
 	return PT_OK;
 }
@@ -184,7 +232,7 @@ pt_err cpu_attention_backward(const pt_op_call *c, void *ws)
 {
 	const pt_tensor *qt = c->in[1];
 	attn_dims d = dims_of(c, qt);
-	int64_t B = qt->shape[0], T = d.T, strip;
+	int64_t B = qt->shape[0], T = d.T, per;
 	const float *dout = pt_tensor_f32(c->in[0]), *qkv = pt_tensor_f32(qt);
 	const float *lse = pt_tensor_f32(c->in[2]);
 	float *dqkv = pt_tensor_f32(c->out[0]);
@@ -192,15 +240,15 @@ pt_err cpu_attention_backward(const pt_op_call *c, void *ws)
 	int nthreads;
 	pt_err err = PT_OK;
 
-	PT_TRY(team(c, T, &strip, &nthreads));
+	PT_TRY(team(c, &d, &per, &nthreads));
 
 #pragma omp parallel for schedule(static) num_threads(nthreads)
 	for (int64_t bh = 0; bh < B * d.NH; bh++) {
 		int64_t b = bh / d.NH, h = bh % d.NH;
-		float *p = (float *)ws + (size_t)omp_get_thread_num() * 2 * (size_t)strip;
-		pt_err e = head_backward(&d, qkv + b * T * d.C3 + h * d.hs,
-		                         dout + b * T * d.C + h * d.hs, lse + bh * T,
-		                         dqkv + b * T * d.C3 + h * d.hs, accum, p, p + strip);
+		float *w = (float *)ws + (size_t)omp_get_thread_num() * (size_t)per;
+		pt_err e =
+		    head_backward(&d, qkv + b * T * d.C3 + h * d.hs, dout + b * T * d.C + h * d.hs,
+		                  lse + bh * T, dqkv + b * T * d.C3 + h * d.hs, accum, w);
 		if (e != PT_OK) {
 #pragma omp critical
 			err = e;

@@ -18,9 +18,13 @@
  * products (shapes that vary strip by strip), stay emulated.
  *
  * Each thread keeps its own oneDNN stream and a small cache of primitives
- * keyed by shape, transposition, ldc, alpha and beta (alpha as output scale,
- * beta as a sum post-op); the operands are rounded into a per-thread buffer
- * of packed bf16 rows. All of it is freed when the thread ends.
+ * keyed by shape, transposition, ldc, alpha, beta and bias (alpha as output
+ * scale, beta as a sum post-op, a bias row as the primitive's f32 bias); the
+ * operands are rounded into a per-thread buffer of packed bf16 rows. All of
+ * it is freed when the thread ends. The Linear layer's entry points round
+ * each operand once per call: the output gradient feeds both backward
+ * products, and the forward adds its bias in the primitive (no seeded rows,
+ * no sum post-op).
  */
 #include <math.h>
 #include <omp.h>
@@ -38,10 +42,10 @@
 typedef struct prim {
 	bool used;
 	int64_t M, N, K, ldc;
-	bool ta, tb;
+	bool ta, tb, bias;
 	uint32_t alpha, beta; /* bit patterns */
 	dnnl_primitive_t p;
-	dnnl_memory_t a, b, c;
+	dnnl_memory_t a, b, c, bm; /* bm: the bias row, when bias */
 } prim;
 
 typedef struct tstate {
@@ -70,6 +74,8 @@ static void prim_drop(prim *e)
 	dnnl_memory_destroy(e->a);
 	dnnl_memory_destroy(e->b);
 	dnnl_memory_destroy(e->c);
+	if (e->bm)
+		dnnl_memory_destroy(e->bm);
 	memset(e, 0, sizeof(*e));
 }
 
@@ -138,7 +144,7 @@ static void to_bf16(uint16_t *dst, const float *src, int64_t rows, int64_t cols,
 static pt_err make_prim(prim *e, float alpha, float beta, char *impl, size_t impl_cap)
 {
 	const char *name = NULL;
-	dnnl_memory_desc_t a_md, b_md, c_md;
+	dnnl_memory_desc_t a_md, b_md, c_md, bias_md;
 	dnnl_matmul_desc_t md;
 	dnnl_primitive_attr_t attr = NULL;
 	dnnl_post_ops_t po = NULL;
@@ -147,7 +153,7 @@ static pt_err make_prim(prim *e, float alpha, float beta, char *impl, size_t imp
 	/* op(A) is M x K: A stored M x K (ld K), or K x M (ld M) and read down. */
 	dnnl_dims_t as = {e->ta ? 1 : e->K, e->ta ? e->M : 1};
 	dnnl_dims_t bs = {e->tb ? 1 : e->N, e->tb ? e->K : 1};
-	dnnl_dims_t cs = {e->ldc, 1};
+	dnnl_dims_t cs = {e->ldc, 1}, biasd = {1, e->N}, biass = {e->N, 1};
 	dnnl_status_t st;
 
 	st = dnnl_memory_desc_init_by_strides(&a_md, 2, ad, dnnl_bf16, as);
@@ -155,8 +161,10 @@ static pt_err make_prim(prim *e, float alpha, float beta, char *impl, size_t imp
 		st = dnnl_memory_desc_init_by_strides(&b_md, 2, bd, dnnl_bf16, bs);
 	if (st == dnnl_success)
 		st = dnnl_memory_desc_init_by_strides(&c_md, 2, cd, dnnl_f32, cs);
+	if (st == dnnl_success && e->bias)
+		st = dnnl_memory_desc_init_by_strides(&bias_md, 2, biasd, dnnl_f32, biass);
 	if (st == dnnl_success)
-		st = dnnl_matmul_desc_init(&md, &a_md, &b_md, NULL, &c_md);
+		st = dnnl_matmul_desc_init(&md, &a_md, &b_md, e->bias ? &bias_md : NULL, &c_md);
 	if (st == dnnl_success)
 		st = dnnl_primitive_attr_create(&attr);
 	if (st == dnnl_success && alpha != 1.0f)
@@ -183,6 +191,8 @@ static pt_err make_prim(prim *e, float alpha, float beta, char *impl, size_t imp
 		st = dnnl_memory_create(&e->b, &b_md, engine, DNNL_MEMORY_NONE);
 	if (st == dnnl_success)
 		st = dnnl_memory_create(&e->c, &c_md, engine, DNNL_MEMORY_NONE);
+	if (st == dnnl_success && e->bias)
+		st = dnnl_memory_create(&e->bm, &bias_md, engine, DNNL_MEMORY_NONE);
 	if (pd)
 		dnnl_primitive_desc_destroy(pd);
 	if (po)
@@ -196,6 +206,8 @@ static pt_err make_prim(prim *e, float alpha, float beta, char *impl, size_t imp
 			dnnl_memory_destroy(e->a);
 		if (e->b)
 			dnnl_memory_destroy(e->b);
+		if (e->c)
+			dnnl_memory_destroy(e->c);
 		memset(e, 0, sizeof(*e));
 		return pt_set_error(PT_ERR_BACKEND,
 		                    "oneDNN bf16 matmul (%ld x %ld x %ld): status %d", (long)cd[0],
@@ -207,12 +219,13 @@ static pt_err make_prim(prim *e, float alpha, float beta, char *impl, size_t imp
 
 /* find returns the thread's primitive for this product, made on a miss. */
 static pt_err find(tstate *s, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
-                   float beta, int64_t ldc, prim **out, char *impl, size_t impl_cap)
+                   float beta, bool bias, int64_t ldc, prim **out, char *impl, size_t impl_cap)
 {
 	for (int i = 0; i < CACHE_SLOTS; i++) {
 		prim *e = &s->cache[i];
 		if (e->used && e->M == M && e->N == N && e->K == K && e->ta == ta && e->tb == tb &&
-		    e->ldc == ldc && e->alpha == bits(alpha) && e->beta == bits(beta)) {
+		    e->ldc == ldc && e->alpha == bits(alpha) && e->beta == bits(beta) &&
+		    e->bias == bias) {
 			*out = e;
 			return PT_OK;
 		}
@@ -226,10 +239,59 @@ static pt_err find(tstate *s, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
 	            .ldc = ldc,
 	            .ta = ta,
 	            .tb = tb,
+	            .bias = bias,
 	            .alpha = bits(alpha),
 	            .beta = bits(beta)};
 	PT_TRY(make_prim(e, alpha, beta, impl, impl_cap));
 	*out = e;
+	return PT_OK;
+}
+
+/* operands returns the thread's state with room for n packed bf16 values
+ * in s->buf. */
+static pt_err operands(size_t n, tstate **out)
+{
+	tstate *s = thread_state();
+	if (s == NULL)
+		return pt_set_error(PT_ERR_BACKEND, "oneDNN CPU engine or stream unavailable");
+	if (n > s->cap) {
+		uint16_t *p = realloc(s->buf, n * sizeof(uint16_t));
+		if (p == NULL)
+			return pt_set_error(PT_ERR_NOMEM, "bf16 operands (%zu values)", n);
+		s->buf = p;
+		s->cap = n;
+	}
+	*out = s;
+	return PT_OK;
+}
+
+/* packed_gemm: C = alpha op(A) op(B) (+ bias row) + beta C on packed bf16
+ * operands (A is M x K, or K x M when ta; B is K x N, or N x K when tb). */
+static pt_err packed_gemm(tstate *s, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
+                          const uint16_t *A, const uint16_t *B, const float *bias, float beta,
+                          float *C, int64_t ldc, char *impl, size_t impl_cap)
+{
+	prim *e;
+	PT_TRY(find(s, ta, tb, M, N, K, alpha, beta, bias != NULL, ldc, &e, impl, impl_cap));
+	dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, e->a},
+	                           {DNNL_ARG_WEIGHTS, e->b},
+	                           {DNNL_ARG_DST, e->c},
+	                           {DNNL_ARG_BIAS, e->bm}};
+	dnnl_status_t st = dnnl_memory_set_data_handle(e->a, (void *)A);
+	if (st == dnnl_success)
+		st = dnnl_memory_set_data_handle(e->b, (void *)B);
+	if (st == dnnl_success)
+		st = dnnl_memory_set_data_handle(e->c, C);
+	if (st == dnnl_success && bias != NULL)
+		st = dnnl_memory_set_data_handle(e->bm, (void *)bias);
+	if (st == dnnl_success)
+		st = dnnl_primitive_execute(e->p, s->stream, bias != NULL ? 4 : 3, args);
+	if (st == dnnl_success)
+		st = dnnl_stream_wait(s->stream);
+	if (st != dnnl_success)
+		return pt_set_error(PT_ERR_BACKEND,
+		                    "oneDNN bf16 matmul (%ld x %ld x %ld): status %d", (long)M,
+		                    (long)N, (long)K, (int)st);
 	return PT_OK;
 }
 
@@ -239,39 +301,13 @@ static pt_err native_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, flo
                           float *C, int64_t ldc, char *impl, size_t impl_cap)
 {
 	int64_t ra = ta ? K : M, ca = ta ? M : K, rb = tb ? N : K, cb = tb ? K : N;
-	size_t need = (size_t)(ra * ca + rb * cb);
-	tstate *s = thread_state();
-	prim *e;
+	tstate *s = NULL;
 
-	if (s == NULL)
-		return pt_set_error(PT_ERR_BACKEND, "oneDNN CPU engine or stream unavailable");
-	if (need > s->cap) {
-		uint16_t *p = realloc(s->buf, need * sizeof(uint16_t));
-		if (p == NULL)
-			return pt_set_error(PT_ERR_NOMEM, "bf16 operands (%ld x %ld x %ld)",
-			                    (long)M, (long)N, (long)K);
-		s->buf = p;
-		s->cap = need;
-	}
-	PT_TRY(find(s, ta, tb, M, N, K, alpha, beta, ldc, &e, impl, impl_cap));
+	PT_TRY(operands((size_t)(ra * ca + rb * cb), &s));
 	to_bf16(s->buf, A, ra, ca, lda);
 	to_bf16(s->buf + ra * ca, B, rb, cb, ldb);
-	dnnl_exec_arg_t args[3] = {
-	    {DNNL_ARG_SRC, e->a}, {DNNL_ARG_WEIGHTS, e->b}, {DNNL_ARG_DST, e->c}};
-	dnnl_status_t st = dnnl_memory_set_data_handle(e->a, s->buf);
-	if (st == dnnl_success)
-		st = dnnl_memory_set_data_handle(e->b, s->buf + ra * ca);
-	if (st == dnnl_success)
-		st = dnnl_memory_set_data_handle(e->c, C);
-	if (st == dnnl_success)
-		st = dnnl_primitive_execute(e->p, s->stream, 3, args);
-	if (st == dnnl_success)
-		st = dnnl_stream_wait(s->stream);
-	if (st != dnnl_success)
-		return pt_set_error(PT_ERR_BACKEND,
-		                    "oneDNN bf16 matmul (%ld x %ld x %ld): status %d", (long)M,
-		                    (long)N, (long)K, (int)st);
-	return PT_OK;
+	return packed_gemm(s, ta, tb, M, N, K, alpha, s->buf, s->buf + ra * ca, NULL, beta, C, ldc,
+	                   impl, impl_cap);
 }
 
 /* self_check: two 64 x 64 x 64 products native against the emulation, one
@@ -353,4 +389,37 @@ pt_err cpu_gemm_bf16_native(bool ta, bool tb, int64_t M, int64_t N, int64_t K, f
                             float *C, int64_t ldc)
 {
 	return native_gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, NULL, 0);
+}
+
+pt_err cpu_bf16_linear_forward(int64_t N, int64_t I, int64_t O, const float *x, const float *w,
+                               const float *bias, float *y)
+{
+	tstate *s = NULL;
+	PT_TRY(operands((size_t)(N * I + O * I), &s));
+	to_bf16(s->buf, x, N, I, I);
+	to_bf16(s->buf + N * I, w, O, I, I);
+	return packed_gemm(s, false, true, N, O, I, 1.0f, s->buf, s->buf + N * I, bias, 0.0f, y, O,
+	                   NULL, 0);
+}
+
+pt_err cpu_bf16_linear_backward(int64_t N, int64_t I, int64_t O, const float *dy, const float *x,
+                                const float *w, float *dx, bool accum_dx, float *dw)
+{
+	tstate *s = NULL;
+	uint16_t *g, *o;
+	PT_TRY(operands((size_t)(N * O + (N > O ? N : O) * I), &s));
+	g = s->buf;
+	o = s->buf + N * O;
+	to_bf16(g, dy, N, O, O);
+	if (dx != NULL) { /* dx (+)= dy w */
+		to_bf16(o, w, O, I, I);
+		PT_TRY(packed_gemm(s, false, false, N, I, O, 1.0f, g, o, NULL,
+		                   accum_dx ? 1.0f : 0.0f, dx, I, NULL, 0));
+	}
+	if (dw != NULL) { /* dw += dy^T x */
+		to_bf16(o, x, N, I, I);
+		PT_TRY(
+		    packed_gemm(s, true, false, O, I, N, 1.0f, g, o, NULL, 1.0f, dw, I, NULL, 0));
+	}
+	return PT_OK;
 }

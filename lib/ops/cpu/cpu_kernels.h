@@ -74,6 +74,16 @@ pt_err cpu_gemm_bf16_native(bool ta, bool tb, int64_t M, int64_t N, int64_t K, f
                             const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
                             float *C, int64_t ldc);
 
+/* cpu_bf16_linear_forward: y (N x O) = x (N x I) w^T (w: O x I) + bias
+ * (NULL: none), native bf16 products (x and w rounded once), f32 bias. */
+pt_err cpu_bf16_linear_forward(int64_t N, int64_t I, int64_t O, const float *x, const float *w,
+                               const float *bias, float *y);
+
+/* cpu_bf16_linear_backward: dx (+)= dy w and dw += dy^T x (either output may
+ * be NULL), native bf16 products with dy rounded once for both. */
+pt_err cpu_bf16_linear_backward(int64_t N, int64_t I, int64_t O, const float *dy, const float *x,
+                                const float *w, float *dx, bool accum_dx, float *dw);
+
 /* cpu_gemm_operand_floats is the size of the buffer cpu_gemm_prec takes for
  * these operands (0: none). */
 size_t cpu_gemm_operand_floats(bool rounded, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
@@ -86,6 +96,26 @@ void cpu_round_tf32(float *dst, const float *src, int64_t rows, int64_t cols, in
 /* cpu_round_bf16 writes rows x cols of src (leading dimension ld) to dst
  * (packed), each rounded to the nearest bf16 (ties to even; NaN stays NaN). */
 void cpu_round_bf16(float *dst, const float *src, int64_t rows, int64_t cols, int64_t ld);
+
+/* cpu_round_row rounds n floats of s into d (d may be s) as precision
+ * prec (bf16 or tf32) rounds a product's operands: nearest, ties to even;
+ * a NaN stays a quiet NaN. No OpenMP: for rows inside a parallel region. */
+static inline void cpu_round_row(pt_precision prec, float *d, const float *s, int64_t n)
+{
+	/* bf16 keeps the top 16 bits of the pattern, tf32 the top 19. */
+	uint32_t half = prec == PT_PREC_BF16 ? 0x7fffu : 0xfffu;
+	uint32_t keep = prec == PT_PREC_BF16 ? 0xffff0000u : 0xffffe000u;
+	int shift = prec == PT_PREC_BF16 ? 16 : 13;
+	const uint32_t *su = (const uint32_t *)s;
+	uint32_t *du = (uint32_t *)d;
+#pragma omp simd
+	for (int64_t j = 0; j < n; j++) {
+		uint32_t u = su[j];
+		uint32_t nan = (u & 0x7f800000u) == 0x7f800000u && (u & 0x007fffffu) != 0;
+		uint32_t rnd = (u + half + ((u >> shift) & 1u)) & keep;
+		du[j] = nan ? (u | 0x00400000u) & keep : rnd;
+	}
+}
 
 /* Element-wise work below this many elements runs on one thread: waking a
  * sleeping OpenMP thread costs ~40-80 us here, more than the work saved. */

@@ -40,25 +40,12 @@ pt_err cpu_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, 
 static void copy_rows(float *dst, int64_t dld, const float *src, int64_t sld, int64_t rows,
                       int64_t cols, pt_precision prec)
 {
-	/* bf16 keeps the top 16 bits of the pattern, tf32 the top 19. */
-	uint32_t half = prec == PT_PREC_BF16 ? 0x7fffu : 0xfffu;
-	uint32_t keep = prec == PT_PREC_BF16 ? 0xffff0000u : 0xffffe000u;
-	int shift = prec == PT_PREC_BF16 ? 16 : 13;
 #pragma omp parallel for schedule(static) if (rows * cols >= PT_CPU_PAR_MIN && !omp_in_parallel())
 	for (int64_t r = 0; r < rows; r++) {
-		const uint32_t *s = (const uint32_t *)(src + r * sld);
-		uint32_t *d = (uint32_t *)(dst + r * dld);
-		if (prec == PT_PREC_FP32) {
-			memcpy(d, s, sizeof(float) * (size_t)cols);
-			continue;
-		}
-#pragma omp simd
-		for (int64_t j = 0; j < cols; j++) {
-			uint32_t u = s[j];
-			uint32_t nan = (u & 0x7f800000u) == 0x7f800000u && (u & 0x007fffffu) != 0;
-			uint32_t rnd = (u + half + ((u >> shift) & 1u)) & keep;
-			d[j] = nan ? (u | 0x00400000u) & keep : rnd;
-		}
+		if (prec != PT_PREC_FP32)
+			cpu_round_row(prec, dst + r * dld, src + r * sld, cols);
+		else if (dst != src)
+			memcpy(dst + r * dld, src + r * sld, sizeof(float) * (size_t)cols);
 	}
 }
 
@@ -180,6 +167,12 @@ pt_err cpu_matmul(const pt_op_call *c, void *ws)
 	                     pt_tensor_f32(o), o->strides[0]);
 }
 
+/* native_bf16: this call's products run on the native bf16 kernels. */
+static bool native_bf16(const pt_op_call *c)
+{
+	return c->prec == PT_PREC_BF16 && !omp_in_parallel() && pt_cpu_bf16_native(NULL);
+}
+
 static int64_t rows_of(const pt_tensor *t)
 {
 	return pt_tensor_numel(t) / t->shape[t->ndim - 1];
@@ -192,6 +185,9 @@ pt_err cpu_linear_forward(const pt_op_call *c, void *ws)
 	int64_t N = rows_of(x), I = w->shape[1], O = w->shape[0];
 	float beta = 0.0f;
 
+	if (native_bf16(c) && N > 0 && I > 0 && O > 0)
+		return cpu_bf16_linear_forward(N, I, O, pt_tensor_f32(x), pt_tensor_f32(w),
+		                               b != NULL ? pt_tensor_f32(b) : NULL, y);
 	if (b != NULL) {
 		/* Seed each output row with the bias, then accumulate the product. */
 		const float *bias = pt_tensor_f32(b);
@@ -209,13 +205,21 @@ pt_err cpu_linear_backward(const pt_op_call *c, void *ws)
 	int64_t N = rows_of(x), I = w->shape[1], O = w->shape[0];
 	const float *g = pt_tensor_f32(dy);
 
-	if (c->out[0] != NULL)
-		PT_TRY(cpu_gemm_prec(c->prec, false, false, N, I, O, 1.0f, g, O, pt_tensor_f32(w),
-		                     I, c->p.linear.accum_dx ? 1.0f : 0.0f,
-		                     pt_tensor_f32(c->out[0]), I));
-	if (c->out[1] != NULL) /* NULL: the input gradient only (split backward) */
-		PT_TRY(cpu_gemm_prec(c->prec, true, false, O, I, N, 1.0f, g, O, pt_tensor_f32(x), I,
-		                     1.0f, pt_tensor_f32(c->out[1]), I));
+	if (native_bf16(c) && N > 0 && I > 0 && O > 0) {
+		PT_TRY(cpu_bf16_linear_backward(
+		    N, I, O, g, pt_tensor_f32(x), pt_tensor_f32(w),
+		    c->out[0] != NULL ? pt_tensor_f32(c->out[0]) : NULL, c->p.linear.accum_dx,
+		    c->out[1] != NULL ? pt_tensor_f32(c->out[1]) : NULL));
+	} else {
+		if (c->out[0] != NULL)
+			PT_TRY(cpu_gemm_prec(
+			    c->prec, false, false, N, I, O, 1.0f, g, O, pt_tensor_f32(w), I,
+			    c->p.linear.accum_dx ? 1.0f : 0.0f, pt_tensor_f32(c->out[0]), I));
+		if (c->out[1] != NULL) /* NULL: the input gradient only (split backward) */
+			PT_TRY(cpu_gemm_prec(c->prec, true, false, O, I, N, 1.0f, g, O,
+			                     pt_tensor_f32(x), I, 1.0f, pt_tensor_f32(c->out[1]),
+			                     I));
+	}
 	if (c->out[2] != NULL) {
 		/* Column sums, rows in order: deterministic for any thread count. */
 		float *db = pt_tensor_f32(c->out[2]);
