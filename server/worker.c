@@ -551,13 +551,23 @@ static void handle(pt_worker *w, nng_msg *req)
 	nng_msg_free(req);
 }
 
+/* rep_main answers requests. Its receive times out every POLL_MS, so it
+ * sees `stopping` and returns before the socket is closed: nng (1.5 to 1.7)
+ * can deadlock in nng_close when another thread is blocked receiving on the
+ * socket (nanomsg/nng#1813; a worker resumed after SIGSTOP once hung in
+ * shutdown this way). Finished stages are reaped even when no request comes. */
 static void *rep_main(void *arg)
 {
 	pt_worker *w = arg;
 
 	while (!atomic_load(&w->stopping)) {
 		nng_msg *req;
-		if (nng_recvmsg(w->sock, &req, 0) != 0)
+		int rv = nng_recvmsg(w->sock, &req, 0);
+		if (rv == NNG_ETIMEDOUT) {
+			reap(w);
+			continue;
+		}
+		if (rv != 0)
 			break; /* closed */
 		reap(w);
 		handle(w, req);
@@ -660,6 +670,7 @@ pt_err pt_worker_start(pt_worker **out, const pt_worker_config *cfg, FILE *annou
 	}
 	w->sock_open = true;
 	nng_socket_set_ms(w->sock, NNG_OPT_SENDTIMEO, 5000);
+	nng_socket_set_ms(w->sock, NNG_OPT_RECVTIMEO, POLL_MS); /* rep_main */
 	nng_socket_set_size(w->sock, NNG_OPT_RECVMAXSZ, MAX_REQUEST);
 	for (int i = 0; i < cfg->n_urls && i < MAX_LISTENERS; i++) {
 		const char *url = cfg->urls[i];
@@ -703,10 +714,12 @@ void pt_worker_destroy(pt_worker *w)
 	if (w == NULL)
 		return;
 	atomic_store(&w->stopping, true);
-	if (w->sock_open)
-		nng_close(w->sock); /* wakes the REP thread's receive (it has no timeout) */
+	/* The REP thread returns within its receive timeout; only then is the
+	 * socket closed, with no receive blocked on it (see rep_main). */
 	if (w->thread_started)
 		pthread_join(w->thread, NULL);
+	if (w->sock_open)
+		nng_close(w->sock);
 	if (w->watchdog_started)
 		pthread_join(w->watchdog, NULL);
 	pthread_mutex_lock(&w->mu);

@@ -63,8 +63,16 @@ int wf_proc_stop(wf_proc *p)
 	for (int i = 0; i < 6000 && (r = waitpid(p->pid, &st, WNOHANG)) == 0; i++)
 		usleep(10 * 1000);
 	if (r == 0) {
+		char cmd[160];
 		fprintf(stderr, "pid %d did not stop within 60 s of SIGTERM: killed\n",
 		        (int)p->pid);
+		/* Where it was stuck, for the log (where gdb is installed). */
+		snprintf(cmd, sizeof(cmd),
+		         "command -v gdb >/dev/null && gdb -p %d -batch -ex 'thread apply all bt' "
+		         "2>/dev/null | grep -E '^(#|Thread)' >&2",
+		         (int)p->pid);
+		if (system(cmd) != 0)
+			fprintf(stderr, "(no stacks: gdb missing or failed)\n");
 		kill(p->pid, SIGKILL);
 		r = waitpid(p->pid, &st, 0);
 	}
