@@ -21,6 +21,7 @@
 #include <time.h>
 
 #include "fb.h"
+#include "job.h"
 
 #define N_BUCKETS 14
 
@@ -604,7 +605,7 @@ pt_err pt_metrics_points_json(pt_metrics *m, uint64_t job, int64_t after, int ma
 	pt_api_stage_stats st;
 	const uint8_t *data;
 	size_t size;
-	int shown = 0;
+	int shown = 0, v = 1;
 	pt_err rv;
 
 	pthread_mutex_lock(&m->mu);
@@ -613,7 +614,19 @@ pt_err pt_metrics_points_json(pt_metrics *m, uint64_t job, int64_t after, int ma
 	    (rv = pt_api_parse_response(data, size, &r)) != PT_OK ||
 	    (rv = pt_api_response_job(&r, 0, &j)) != PT_OK)
 		goto out;
-	pt_metrics_buf_printf(b, "{\"job\":%" PRIu64 ",\"stage_busy_seconds\":[", job);
+	/* Chunks per rank: an interleaved job's timeline has p * v stages,
+	 * stage s on rank s mod p (the dashboard draws a row per rank). */
+	if (j.spec_table != NULL) {
+		pt_job_spec sp;
+		memset(&sp, 0, sizeof(sp));
+		if (pt_job_spec_read(j.spec_table, &sp) == PT_OK) {
+			v = pt_job_spec_virtual_stages(&sp);
+			pt_job_spec_fini(&sp);
+		}
+		pt_clear_error(); /* a spec that does not read leaves v at 1 */
+	}
+	pt_metrics_buf_printf(
+	    b, "{\"job\":%" PRIu64 ",\"virtual_stages\":%d,\"stage_busy_seconds\":[", job, v);
 	for (size_t k = 0; k < j.n_stages; k++) {
 		if ((rv = pt_api_job_stage(&j, k, &st)) != PT_OK)
 			goto out;

@@ -604,7 +604,7 @@ static void test_http_dashboard(void)
 	CU_ASSERT_EQUAL(st, 200);
 	CU_ASSERT_PTR_NOT_NULL_FATAL(body);
 	CU_ASSERT_PTR_NOT_NULL(strstr(body, "\"points\":[{\"step\":1,"));
-	CU_ASSERT_PTR_NOT_NULL(strstr(body, "\"stage_busy_seconds\":[0"));
+	CU_ASSERT_PTR_NOT_NULL(strstr(body, "\"virtual_stages\":1,\"stage_busy_seconds\":[0"));
 	/* The last step's timeline: every F and B of every stage, no W (GPipe). */
 	CU_ASSERT_EQUAL(count_after(body, "\"timeline\":[", "]],", ",\"F\","), 16);
 	CU_ASSERT_EQUAL(count_after(body, "\"timeline\":[", "]],", ",\"B\","), 16);
@@ -644,16 +644,92 @@ static void test_http_dashboard(void)
 		 * throughput chart its smoothed one. */
 		body = chromium_dom(url, NULL);
 		int bars = count_after(body, "id=\"gantt\"", "</svg>", "class=\"task ");
-		int fb = count_after(body, "id=\"gantt\"", "</svg>", "class=\"task task-F\"");
+		int fb = count_after(body, "id=\"gantt\"", "</svg>", "class=\"task task-F ");
 		printf("  chromium: Gantt chart %d bars (%d F)\n", bars, fb);
 		CU_ASSERT_EQUAL(bars, DIGITS_STEP_TASKS);
 		CU_ASSERT_EQUAL(fb, DIGITS_STEP_TASKS / 2);
 		CU_ASSERT_PTR_NOT_NULL(body && strstr(body, "data-tasks=\"32\""));
+		CU_ASSERT_PTR_NOT_NULL(body && strstr(body, "data-rows=\"4\""));
 		CU_ASSERT_PTR_NOT_NULL(body && strstr(body, "class=\"line-eval_loss\""));
 		CU_ASSERT_EQUAL(count_after(body, "id=\"rate\"", "</svg>", "<polyline"), 2);
 		free(body);
 	}
 	snprintf(png, sizeof(png), "%s/test_http_dashboard.png", build_tests);
+	unlink(png);
+	free(chromium_dom(url, png));
+	CU_ASSERT(stat(png, &sb) == 0 && sb.st_size > 1000);
+	printf("  screenshot: %s\n", png);
+}
+
+/* After test_http_probes (the suite's first job is cancelled there, so this
+ * one runs at once). An interleaved job (2 ranks of 2 chunks, 4
+ * microbatches): its metrics
+ * say virtual_stages 2 and its timeline has 4 stages; the dashboard draws
+ * a row per rank, 32 bars, half of them chunk 1's. */
+static void test_http_dashboard_interleaved(void)
+{
+	pt_api_request q;
+	pt_api_response r;
+	pt_job_spec spec;
+	pt_api_job_state st = PT_JOB_QUEUED;
+	nng_msg *m = NULL;
+	char path[128], url[160], *body = NULL, png[PATH_MAX + 64];
+	struct stat sb;
+	uint64_t id;
+	void *buf;
+	size_t len;
+	double t0;
+
+	PT_CHECK_OK(pt_job_spec_load_file(pt_test_path("examples/digits.json"), &buf, &len));
+	memset(&spec, 0, sizeof(spec));
+	PT_CHECK_OK(pt_job_spec_decode(buf, len, &spec));
+	free(buf);
+	spec.steps = 20;
+	spec.eval_every = 0;
+	spec.checkpoint_every = 0;
+	spec.stages = 2;
+	spec.schedule = strdup("interleaved");
+	spec.virtual_stages = 2;
+	pt_api_request_init(&q, PT_API_SUBMIT_JOB);
+	q.spec = &spec;
+	CU_ASSERT_EQUAL_FATAL(api_call(&q, &r, &m), 0);
+	CU_ASSERT_EQUAL_FATAL(r.code, PT_API_OK);
+	id = r.job;
+	nng_msg_free(m);
+	pt_job_spec_fini(&spec);
+	for (t0 = now_s(); now_s() - t0 < 60; usleep(50000))
+		if (job_step(id, &st) >= 0 && pt_api_job_state_final(st))
+			break;
+	if (st != PT_JOB_SUCCEEDED)
+		printf("\n  interleaved job: %s", pt_api_job_state_name(st));
+	CU_ASSERT_EQUAL_FATAL(st, PT_JOB_SUCCEEDED);
+
+	snprintf(path, sizeof(path), "/api/jobs/%llu/metrics?after=-1", (unsigned long long)id);
+	CU_ASSERT_EQUAL(http_get(path, &body), 200);
+	CU_ASSERT_PTR_NOT_NULL_FATAL(body);
+	CU_ASSERT_PTR_NOT_NULL(strstr(body, "\"virtual_stages\":2,"));
+	CU_ASSERT_EQUAL(count_after(body, "\"timeline\":[", "]],", ",\"F\","), 16);
+	CU_ASSERT_EQUAL(count_after(body, "\"timeline\":[", "]],", ",\"B\","), 16);
+	CU_ASSERT(count_after(body, "\"timeline\":[", "]],", "[3,\"F\",") == 4);
+	free(body);
+
+	if (!have("chromium")) {
+		printf("\n  chromium not installed: browser test skipped\n");
+		return;
+	}
+	snprintf(url, sizeof(url), "http://127.0.0.1:%d/#job=%llu", srv.http_port,
+	         (unsigned long long)id);
+	body = chromium_dom(url, NULL);
+	CU_ASSERT_PTR_NOT_NULL_FATAL(body);
+	printf("\n  chromium: interleaved Gantt %d bars, %d of chunk 1\n",
+	       count_after(body, "id=\"gantt\"", "</svg>", "class=\"task "),
+	       count_after(body, "id=\"gantt\"", "</svg>", " chunk-1\""));
+	CU_ASSERT_PTR_NOT_NULL(strstr(body, "data-rows=\"2\""));
+	CU_ASSERT_EQUAL(count_after(body, "id=\"gantt\"", "</svg>", "class=\"task "), 32);
+	CU_ASSERT_EQUAL(count_after(body, "id=\"gantt\"", "</svg>", " chunk-1\""), 16);
+	CU_ASSERT_EQUAL(count_after(body, "id=\"gantt\"", "</svg>", ">rank 1<"), 1);
+	free(body);
+	snprintf(png, sizeof(png), "%s/test_http_dashboard_interleaved.png", build_tests);
 	unlink(png);
 	free(chromium_dom(url, png));
 	CU_ASSERT(stat(png, &sb) == 0 && sb.st_size > 1000);
@@ -889,6 +965,7 @@ static const pt_test_case http_tests[] = {
     {"test_http_dashboard", test_http_dashboard},
     {"test_http_hostile", test_http_hostile},
     {"test_http_probes", test_http_probes},
+    {"test_http_dashboard_interleaved", test_http_dashboard_interleaved},
     {"test_http_json_logs", test_http_json_logs},
     {"test_http_token", test_http_token},
     {NULL, NULL},
