@@ -578,15 +578,28 @@ static int count_after(const char *text, const char *from, const char *to, const
 	return n;
 }
 
+/* screenshot saves the page at url as build/tests/<name> (asserting a
+ * picture came out). */
+static void screenshot(const char *url, const char *name)
+{
+	char png[PATH_MAX + 64];
+	struct stat sb;
+
+	snprintf(png, sizeof(png), "%s/%s", build_tests, name);
+	unlink(png);
+	free(chromium_dom(url, png));
+	CU_ASSERT(stat(png, &sb) == 0 && sb.st_size > 1000);
+	printf("  screenshot: %s\n", png);
+}
+
 /* The digits example's step: 4 stages, 4 microbatches, each an F and a B. */
 #define DIGITS_STEP_TASKS 32
 
 static void test_http_dashboard(void)
 {
-	char *body = NULL, path[128], url[128], png[PATH_MAX + 64];
+	char *body = NULL, path[128], url[128];
 	int64_t cursor;
 	int st, a, b;
-	struct stat sb;
 
 	st = http_get("/", &body);
 	CU_ASSERT_EQUAL(st, 200);
@@ -654,11 +667,7 @@ static void test_http_dashboard(void)
 		CU_ASSERT_EQUAL(count_after(body, "id=\"rate\"", "</svg>", "<polyline"), 2);
 		free(body);
 	}
-	snprintf(png, sizeof(png), "%s/test_http_dashboard.png", build_tests);
-	unlink(png);
-	free(chromium_dom(url, png));
-	CU_ASSERT(stat(png, &sb) == 0 && sb.st_size > 1000);
-	printf("  screenshot: %s\n", png);
+	screenshot(url, "test_http_dashboard.png");
 }
 
 /* After test_http_probes (the suite's first job is cancelled there, so this
@@ -673,17 +682,11 @@ static void test_http_dashboard_interleaved(void)
 	pt_job_spec spec;
 	pt_api_job_state st = PT_JOB_QUEUED;
 	nng_msg *m = NULL;
-	char path[128], url[160], *body = NULL, png[PATH_MAX + 64];
-	struct stat sb;
+	char path[128], url[160], *body = NULL;
 	uint64_t id;
-	void *buf;
-	size_t len;
 	double t0;
 
-	PT_CHECK_OK(pt_job_spec_load_file(pt_test_path("examples/digits.json"), &buf, &len));
-	memset(&spec, 0, sizeof(spec));
-	PT_CHECK_OK(pt_job_spec_decode(buf, len, &spec));
-	free(buf);
+	pt_test_digits_spec(&spec);
 	spec.steps = 20;
 	spec.eval_every = 0;
 	spec.checkpoint_every = 0;
@@ -729,11 +732,7 @@ static void test_http_dashboard_interleaved(void)
 	CU_ASSERT_EQUAL(count_after(body, "id=\"gantt\"", "</svg>", " chunk-1\""), 16);
 	CU_ASSERT_EQUAL(count_after(body, "id=\"gantt\"", "</svg>", ">rank 1<"), 1);
 	free(body);
-	snprintf(png, sizeof(png), "%s/test_http_dashboard_interleaved.png", build_tests);
-	unlink(png);
-	free(chromium_dom(url, png));
-	CU_ASSERT(stat(png, &sb) == 0 && sb.st_size > 1000);
-	printf("  screenshot: %s\n", png);
+	screenshot(url, "test_http_dashboard_interleaved.png");
 }
 
 static void test_http_hostile(void)
