@@ -17,7 +17,9 @@
 #include <string.h>
 #include <pthread.h>
 #include <sys/resource.h>
+#include <stdbool.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "api_server.h"
@@ -162,6 +164,58 @@ static pt_err local_devices(const char *v, pt_server_devices *d)
 	return PT_OK;
 }
 
+/* A worker's shutdown is bounded: nng 1.5's nng_close can block for good
+ * on the sockets of a stage whose peers vanished while this process was
+ * stopped (seen after SIGSTOP, SIGCONT, SIGTERM: the stage's close thread
+ * and pt_worker_destroy both waiting inside nng_close). A worker keeps
+ * nothing durable, so after WORKER_STOP_S it says so and exits. */
+#define WORKER_STOP_S 5
+
+typedef struct stopper {
+	pt_worker *w;
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	bool done;
+} stopper;
+
+static void *stop_main(void *arg)
+{
+	stopper *s = arg;
+	pt_worker_destroy(s->w);
+	pthread_mutex_lock(&s->mu);
+	s->done = true;
+	pthread_cond_signal(&s->cv);
+	pthread_mutex_unlock(&s->mu);
+	return NULL;
+}
+
+/* worker_stop destroys w on a thread of its own and tells whether that
+ * finished within WORKER_STOP_S (the stopper is static: a thread still
+ * blocked when the process exits points at nothing freed). */
+static bool worker_stop(pt_worker *w)
+{
+	static stopper s = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+	struct timespec ts;
+	pthread_t t;
+	bool done;
+
+	s.w = w;
+	if (pthread_create(&t, NULL, stop_main, &s) != 0) {
+		pt_worker_destroy(w);
+		return true;
+	}
+	clock_gettime(CLOCK_REALTIME, &ts);
+	ts.tv_sec += WORKER_STOP_S;
+	pthread_mutex_lock(&s.mu);
+	while (!s.done && pthread_cond_timedwait(&s.cv, &s.mu, &ts) != ETIMEDOUT)
+		;
+	done = s.done;
+	pthread_mutex_unlock(&s.mu);
+	if (done)
+		pthread_join(t, NULL);
+	return done;
+}
+
 int main(int argc, char **argv)
 {
 	pt_server_config cfg;
@@ -268,7 +322,14 @@ int main(int argc, char **argv)
 		while (sigwait(&set, &sig) != 0)
 			;
 		pt_info("signal %d (%s): worker shutting down", sig, strsignal(sig));
-		pt_worker_destroy(w);
+		if (!worker_stop(w)) {
+			pt_warn("worker: shutdown still blocked in nng_close after %d s (the "
+			        "sockets of a stage whose peers vanished); exiting without it",
+			        WORKER_STOP_S);
+			fflush(stdout);
+			fflush(stderr);
+			_exit(0);
+		}
 		status = 0;
 		goto out;
 	}
