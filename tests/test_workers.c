@@ -18,6 +18,7 @@
  * session waits for it. Every process exits 0 on SIGTERM.
  */
 #include "api/api.h"
+#include "fileio.h"
 #include "handshake.h"
 #include "job.h"
 #include "pt_test.h"
@@ -26,6 +27,7 @@
 
 #include <limits.h>
 #include <math.h>
+#include <pthread.h>
 #include <nng/protocol/pipeline0/push.h>
 #include <signal.h>
 #include <stdio.h>
@@ -632,6 +634,56 @@ static void test_workers_killed_worker_fails_job(void)
 static void test_workers_hung_worker_fails_job(void)
 {
 	lost_worker_fails(SIGSTOP);
+}
+
+/* A worker's shutdown is bounded (pipeserver --worker, 5 s): asked to stop
+ * while its stage thread sits in a 30 s task (the task-delay hook, where
+ * pt_worker_destroy must wait to join it), it says so and exits 0 within
+ * the bound, not after the task. The job then fails on the lost worker. */
+typedef struct bg_job {
+	pt_job_spec spec;
+	pt_err rv;
+} bg_job;
+
+static void *bg_job_main(void *arg)
+{
+	bg_job *b = arg;
+	pt_job_run_options o = {.files_root = PT_SOURCE_ROOT, .threads = 2};
+	int64_t last = 0;
+	b->rv = pt_job_run(&b->spec, &o, NULL, &last);
+	return NULL;
+}
+
+static void test_workers_shutdown_bounded(void)
+{
+	const char *slow[] = {"--worker",        "--listen", "tcp://127.0.0.1:0",
+	                      "--task-delay-ms", "30000",    NULL};
+	wf_proc w0, w1;
+	bg_job b;
+	pthread_t t;
+	double t0, dt;
+	char *log = NULL;
+	size_t len;
+
+	CU_ASSERT_FATAL(worker_start(&w0, NULL));
+	CU_ASSERT_FATAL(proc_start(&w1, slow));
+	digits_spec(&b.spec, &w0, &w1);
+	b.spec.worker_timeout_ms = HB_TIMEOUT_MS;
+	CU_ASSERT_EQUAL_FATAL(pthread_create(&t, NULL, bg_job_main, &b), 0);
+	sleep(3); /* joined; stage 1 is in its first 30 s forward */
+	t0 = wf_mono();
+	CU_ASSERT_EQUAL(wf_proc_stop(&w1), 0);
+	dt = wf_mono() - t0;
+	printf("\n    worker stopped %.2f s after SIGTERM", dt);
+	CU_ASSERT(dt >= 4.0 && dt <= 8.0);
+	PT_CHECK_OK(pt_file_read(log_path(), 16 << 20, (void **)&log, &len));
+	CU_ASSERT_PTR_NOT_NULL(log && strstr(log, "exiting without it"));
+	free(log);
+	pthread_join(t, NULL);
+	CU_ASSERT_EQUAL(b.rv, PT_ERR_TIMEOUT);
+	pt_clear_error();
+	pt_job_spec_fini(&b.spec);
+	CU_ASSERT_EQUAL(wf_proc_stop(&w0), 0);
 }
 
 /* With max_restarts 1 and a spare, a worker killed after step 12 costs a
@@ -1577,6 +1629,7 @@ static const pt_test_case worker_tests[] = {
     {"test_workers_server_job", test_workers_server_job},
     {"test_workers_killed_worker_fails_job", test_workers_killed_worker_fails_job},
     {"test_workers_hung_worker_fails_job", test_workers_hung_worker_fails_job},
+    {"test_workers_shutdown_bounded", test_workers_shutdown_bounded},
     {"test_workers_restart_on_spare", test_workers_restart_on_spare},
     {"test_workers_silent_coordinator_abandoned", test_workers_silent_coordinator_abandoned},
     {"test_workers_join_waits_for_dead_session", test_workers_join_waits_for_dead_session},
