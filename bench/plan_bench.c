@@ -5,8 +5,9 @@
  * stages and m in {4, 8} microbatches, every flushing schedule: the
  * planner's predicted step time (pt_job_plan_run) and the measured one
  * (pt_job_run in this process, the median step of STEPS - STEPS_W2 for W2 -
- * after WARMUP), each the median of ROUNDS rounds; a round profiles afresh
- * (pt_job_plan_forget) and then measures the group's schedules.
+ * after WARMUP), each the median of ROUNDS rounds (W2: ROUNDS_W2); a round
+ * profiles afresh (pt_job_plan_forget) and then measures the group's
+ * schedules.
  *   plan_error_max   the largest |predicted - measured| / measured
  *   plan_error_<model>_p<P>_m<M>_<schedule>  each one
  *   plan_auto_vs_best  measured step of the planner's pick over the best
@@ -27,10 +28,11 @@
 #define PT_SOURCE_ROOT "."
 #endif
 
-#define WARMUP   2
-#define ROUNDS   3  /* profile, then measure every schedule of a (p, m) group */
-#define STEPS    25 /* measured steps a round of examples/gpt.json (10-40 ms each) */
-#define STEPS_W2 5  /* and of W2 (about a second each) */
+#define WARMUP    2
+#define ROUNDS    7  /* profile, then measure every schedule of a (p, m) group */
+#define ROUNDS_W2 3  /* W2's (a round takes about 6 s a group) */
+#define STEPS     25 /* measured steps a round of examples/gpt.json (10-40 ms each) */
+#define STEPS_W2  5  /* and of W2 (about a second each) */
 
 static void die(const char *what)
 {
@@ -142,13 +144,14 @@ int main(int argc, char **argv)
 				    meas[PT_SCHED_INTERLEAVED + 1][ROUNDS],
 				    bubble[PT_SCHED_INTERLEAVED + 1];
 				int seen[PT_SCHED_INTERLEAVED + 1] = {0};
+				int rounds = k == 1 ? ROUNDS_W2 : ROUNDS;
 				double best = INFINITY, pick = 0, pick_pred = INFINITY;
 				/* Each round profiles afresh right before it measures the
 				 * group's schedules (pt_job_plan_forget): this VM's speed
 				 * drifts by a fifth between minutes, which a profile taken
 				 * minutes earlier would carry into every prediction; the
 				 * medians over rounds drop a round a burst of load spoiled. */
-				for (int r = 0; r < ROUNDS; r++) {
+				for (int r = 0; r < rounds; r++) {
 					pt_job_plan_options o = {.files_root = PT_SOURCE_ROOT,
 					                         .stages = &ps[i],
 					                         .n_stages = 1,
@@ -174,18 +177,19 @@ int main(int argc, char **argv)
 					free(plans);
 				}
 				for (int sc = 0; sc <= PT_SCHED_INTERLEAVED; sc++) {
-					if (seen[sc] != ROUNDS)
+					if (seen[sc] != rounds)
 						continue;
-					double pr = median_of(pred[sc], ROUNDS);
-					double got = median_of(meas[sc], ROUNDS);
+					double pr = median_of(pred[sc], rounds);
+					double got = median_of(meas[sc], rounds);
 					double err = fabs(pr - got) / got;
 					printf("bench plan_error_%s_p%d_m%d_%s %.3f\n", names[k],
 					       ps[i], ms[j],
 					       pt_pipe_schedule_name((pt_pipe_schedule)sc), err);
-					printf(
-					    "#   predicted %.4f s, measured %.4f s (medians of %d "
-					    "rounds), bubble %.3f\n",
-					    pr, got, ROUNDS, bubble[sc]);
+					printf("#   predicted %.4f s, measured %.4f s (%+.1f %%; "
+					       "medians "
+					       "of %d rounds), bubble %.3f\n",
+					       pr, got, 100.0 * (pr - got) / got, rounds,
+					       bubble[sc]);
 					worst = err > worst ? err : worst;
 					/* Auto picks among the schedules that keep p stages. */
 					if (sc == PT_SCHED_INTERLEAVED)

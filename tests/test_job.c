@@ -2119,15 +2119,20 @@ static void test_job_run_bf16(void)
 /* The planner's simulation on stages of equal, given costs, against
  * timelines worked out by hand: a message that arrives while another
  * stage computes starts its task on arrival (GPipe, p = 2, m = 2, F 1, B 1,
- * W 1, hand-overs 0.1: 9.3 to the last W, plus 3 rounds of 3 control
- * hops); two stages computing at once on cores that keep half their speed
- * each take twice as long (F 1, B + W 1, no hops: 8 instead of 6). */
+ * W 1, hand-overs 0.1 on 8 cores: 9.3 to the last W, plus 3 rounds of 3
+ * control hops); two stages computing at once on cores that keep half their
+ * speed each take twice as long (F 1, B + W 1, no hops: 8 instead of 6); a
+ * hand-over shares the cores as a thread of its own (one stage, m = 2, one
+ * core: F0 0-1; F1 and mb 0's output hop share the core, the hop done at 1.2
+ * and F1 at 2.1; the last output and both loss gradients, three hops at a
+ * third of the core each, arrive at 2.4; B+W 2.4-4.4 and 4.4-6.4; plus 3
+ * rounds of 2 hops: 7.0; the stage busy 6.1 of 6.4). */
 static void test_job_plan_simulation(void)
 {
 	const double full[] = {0, 1, 1}, half[] = {0, 1, 0.5};
 	double step, bubble;
 
-	PT_CHECK_OK(pt_plan_simulate_uniform(PT_SCHED_GPIPE, 2, 2, 1, 1, 1, 0.1, 2, full, 2, &step,
+	PT_CHECK_OK(pt_plan_simulate_uniform(PT_SCHED_GPIPE, 2, 2, 1, 1, 1, 0.1, 8, full, 2, &step,
 	                                     &bubble));
 	CU_ASSERT_DOUBLE_EQUAL(step, 10.2, 1e-9);
 	CU_ASSERT_DOUBLE_EQUAL(bubble, 1 - 12 / (2 * 9.3), 1e-9);
@@ -2143,6 +2148,11 @@ static void test_job_plan_simulation(void)
 	PT_CHECK_OK(pt_plan_simulate_uniform(PT_SCHED_GPIPE, 2, 2, 1, 0.5, 0.5, 0, 1, full, 1,
 	                                     &step, &bubble));
 	CU_ASSERT_DOUBLE_EQUAL(step, 8, 1e-9);
+	/* Hand-overs take their share of one core. */
+	PT_CHECK_OK(pt_plan_simulate_uniform(PT_SCHED_GPIPE, 1, 2, 1, 1, 1, 0.1, 1, full, 1, &step,
+	                                     &bubble));
+	CU_ASSERT_DOUBLE_EQUAL(step, 7.0, 1e-9);
+	CU_ASSERT_DOUBLE_EQUAL(bubble, 1 - 6.1 / 6.4, 1e-9);
 }
 
 /* The planner (plan.c): every flushing schedule at each candidate, fastest

@@ -6,7 +6,8 @@
  * runner's rule: the job's threads over p, at least 1) and the calling
  * thread's precision (pt_set_precision: a bf16 job's): a one-layer model
  * built as a stage builds it, one warm-up and the median of PROFILE_RUNS
- * timed runs. The coordinator's loss and the optimizer update are measured
+ * timed runs, each of F, B and W after the threads' caches were written
+ * over (evict). The coordinator's loss and the optimizer update are measured
  * the same way. Measurements are cached per (layer spec, input shape,
  * microbatch, threads, precision) for the life of the process. A stage's F, B and W are
  * the sums over its layers (pt_partition's split, the runner's), a whole
@@ -22,7 +23,8 @@
  * event, completions and arrivals. The CPU is shared: while k tasks of t
  * threads run on a budget of C cores (n = k t threads), each proceeds at
  * min(1, C / n) s(min(n, C)) / s(t) of its measured speed, s(j) being one
- * thread's speed while j compute at once (core_speed, measured). The step
+ * thread's speed while j compute at once (core_speed, measured); a
+ * hand-over in flight is one more thread (hop_sim). The step
  * ends with the optimizer update on every stage. Predicted step time,
  * bubble (1 - busy / (p x step)), samples per second and each stage's memory
  * (pt_job_memory_estimate for the schedule) make one plan.
@@ -30,6 +32,7 @@
  * Devices: the same model holds for a GPU once its layers are measured
  * there; this file measures on the CPU only, so a plan is for CPU stages. */
 #include <math.h>
+#include <omp.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -51,6 +54,7 @@
 #define PROFILE_MIN  5   /* at least */
 #define PROFILE_SECS 0.1 /* runs stop after this much timed work */
 #define CACHE_MAX    512
+#define EVICT_FLOATS ((size_t)1 << 20) /* 4 MiB a thread, past an L2 */
 
 typedef struct layer_cost {
 	double f, b, w, opt;           /* seconds */
@@ -131,6 +135,23 @@ static pt_err random_input(pt_tensor *x, pt_act_shape in, int64_t B, int64_t voc
 	return PT_OK;
 }
 
+/* evict writes over each of t threads' share of buf (EVICT_FLOATS each):
+ * what the layer left in their caches goes. In a stage, other layers and
+ * microbatches run between a layer's F, B and W; timed back to back on hot
+ * caches, examples/gpt.json's small layers came out about 10 % faster than
+ * they run in a stage. */
+static void evict(float *buf, int t)
+{
+	if (buf == NULL)
+		return;
+#pragma omp parallel num_threads(t)
+	{
+		float *b = buf + (size_t)omp_get_thread_num() * EVICT_FLOATS;
+		for (size_t i = 0; i < EVICT_FLOATS; i++)
+			b[i] += 1.0f;
+	}
+}
+
 /* profile_layer measures layer i of s (F, B, W and its optimizer update)
  * at microbatch B on t threads. */
 static pt_err profile_layer(const pt_job_spec *s, pt_act_shape model_in, int i, int64_t B, int t,
@@ -159,14 +180,19 @@ static pt_err profile_layer(const pt_job_spec *s, pt_act_shape model_in, int i, 
 	        PT_OK)
 		goto out;
 	pt_set_num_threads(t);
+	float *ev = calloc(EVICT_FLOATS * (size_t)t, sizeof(float)); /* NULL: warm runs */
 	for (int r = -1; r < PROFILE_RUNS && rv == PT_OK; r++) {
-		double t0 = pt_now(), t1, t2, t3;
+		double t0, t1, t1b, t2, t2b, t3;
 		if (r >= PROFILE_MIN && spent >= PROFILE_SECS)
 			break;
+		evict(ev, t);
+		t0 = pt_now();
 		if ((rv = pt_model_forward(m, 0, &x, &y, true, 1, 0)) != PT_OK ||
 		    (rv = pt_dispatcher_flush(pt_dispatcher_current())) != PT_OK)
 			break;
 		t1 = pt_now();
+		evict(ev, t);
+		t1b = pt_now();
 		if (dy.storage == NULL) {
 			if ((rv = pt_tensor_init(&dy, PT_F32, y->ndim, y->shape)) != PT_OK)
 				break;
@@ -178,6 +204,8 @@ static pt_err profile_layer(const pt_job_spec *s, pt_act_shape model_in, int i, 
 		    (rv = pt_dispatcher_flush(pt_dispatcher_current())) != PT_OK)
 			break;
 		t2 = pt_now();
+		evict(ev, t);
+		t2b = pt_now();
 		if ((rv = pt_model_backward_weight(m, 0)) != PT_OK ||
 		    (rv = pt_dispatcher_flush(pt_dispatcher_current())) != PT_OK)
 			break;
@@ -192,13 +220,14 @@ static pt_err profile_layer(const pt_job_spec *s, pt_act_shape model_in, int i, 
 		}
 		if (r >= 0) {
 			tf[r] = t1 - t0;
-			tb[r] = t2 - t1;
-			tw[r] = t3 - t2;
+			tb[r] = t2 - t1b;
+			tw[r] = t3 - t2b;
 			to[r] = pt_now() - t3;
 			spent += pt_now() - t0;
 			runs = r + 1;
 		}
 	}
+	free(ev);
 	if (rv == PT_OK) {
 		pt_act_shape os = pt_model_output_shape(m);
 		*out = (layer_cost){median(tf, runs),
@@ -392,12 +421,17 @@ out:
 /* How fast one thread computes while k threads compute at once, relative
  * to one thread alone: cores that share execution units (SMT siblings, a
  * VM's vCPUs on one physical core), caches or memory bandwidth give less
- * than 1. Measured once per process with a small matrix product on k
- * threads started together (the median of SPEED_TRIALS). */
+ * than 1. Measured once per process: k threads started together run a small
+ * matrix product over and over; after SPEED_WARM seconds (the scheduler
+ * spreads new threads over the cores only after a few ticks: a 1 ms kernel
+ * timed from the start read 0.49 to 1.00 on a 2-vCPU VM) each counts its
+ * products for SPEED_WINDOW seconds. The rate is the mean over the threads,
+ * the median of SPEED_TRIALS. */
 #define SPEED_MAX    64
 #define SPEED_TRIALS 3
 #define SPEED_N      64
-#define SPEED_REPS   60
+#define SPEED_WARM   0.010
+#define SPEED_WINDOW 0.030
 
 static pthread_mutex_t speed_mu = PTHREAD_MUTEX_INITIALIZER;
 static double speed_k[SPEED_MAX + 1];
@@ -405,15 +439,26 @@ static int speed_known; /* speed_k[1..speed_known] are measured */
 
 typedef struct speed_run {
 	pthread_barrier_t *go;
-	double secs;
+	double rate; /* products a second in the window */
 	float sink;
 } speed_run;
+
+static void speed_product(const float *a, const float *b, float *c)
+{
+	for (int i = 0; i < SPEED_N; i++)
+		for (int k = 0; k < SPEED_N; k++) {
+			float v = a[i * SPEED_N + k] * 1e-3f;
+			for (int j = 0; j < SPEED_N; j++)
+				c[i * SPEED_N + j] += v * b[k * SPEED_N + j];
+		}
+}
 
 static void *speed_main(void *arg)
 {
 	speed_run *r = arg;
-	float *a = malloc(3 * SPEED_N * SPEED_N * sizeof(float)), *b, *c;
-	double t0;
+	float *a = malloc(3 * SPEED_N * SPEED_N * sizeof(float)), *b = NULL, *c = NULL;
+	double t0, from = 0.0, now;
+	long n = 0;
 	if (a != NULL) {
 		b = a + SPEED_N * SPEED_N;
 		c = b + SPEED_N * SPEED_N;
@@ -424,22 +469,23 @@ static void *speed_main(void *arg)
 		}
 	}
 	pthread_barrier_wait(r->go);
-	t0 = pt_now();
-	for (int rep = 0; a != NULL && rep < SPEED_REPS; rep++)
-		for (int i = 0; i < SPEED_N; i++)
-			for (int k = 0; k < SPEED_N; k++) {
-				float v = a[i * SPEED_N + k] * 1e-3f;
-				for (int j = 0; j < SPEED_N; j++)
-					c[i * SPEED_N + j] += v * b[k * SPEED_N + j];
-			}
-	r->secs = pt_now() - t0;
+	t0 = now = pt_now();
+	while (a != NULL && now - t0 < SPEED_WARM + SPEED_WINDOW) {
+		speed_product(a, b, c);
+		now = pt_now();
+		if (from > 0.0)
+			n++;
+		else if (now - t0 >= SPEED_WARM)
+			from = now; /* count from here */
+	}
+	r->rate = from > 0.0 && now > from ? (double)n / (now - from) : 0.0;
 	r->sink = a != NULL ? c[SPEED_N + 1] : 0.0f;
 	free(a);
 	return NULL;
 }
 
-/* kernel_seconds: the mean time of the kernel on k threads at once. */
-static double kernel_seconds(int k)
+/* kernel_rate: one thread's mean rate while k threads run the kernel. */
+static double kernel_rate(int k)
 {
 	pthread_t th[SPEED_MAX];
 	speed_run r[SPEED_MAX];
@@ -468,7 +514,7 @@ static double kernel_seconds(int k)
 		pthread_join(th[i], NULL);
 	pthread_barrier_destroy(&go);
 	for (int i = 0; i < k; i++)
-		sum += r[i].secs;
+		sum += r[i].rate;
 	return sum / k;
 }
 
@@ -487,14 +533,14 @@ static double core_speed(int k, int cores)
 	if (speed_known < cores) {
 		double base[SPEED_TRIALS], t[SPEED_TRIALS];
 		for (int i = 0; i < SPEED_TRIALS; i++)
-			base[i] = kernel_seconds(1);
+			base[i] = kernel_rate(1);
 		double one = median(base, SPEED_TRIALS);
 		speed_k[1] = 1.0;
 		for (int j = speed_known > 1 ? speed_known + 1 : 2; j <= cores; j++) {
 			for (int i = 0; i < SPEED_TRIALS; i++)
-				t[i] = kernel_seconds(j);
-			double tj = median(t, SPEED_TRIALS);
-			speed_k[j] = one > 0 && tj > 0 ? fmin(1.0, one / tj) : 1.0;
+				t[i] = kernel_rate(j);
+			double rj = median(t, SPEED_TRIALS);
+			speed_k[j] = one > 0 && rj > 0 ? fmin(1.0, rj / one) : 1.0;
 			pt_debug("planner: %d threads at once compute at %.2f of one alone", j,
 			         speed_k[j]);
 		}
@@ -539,6 +585,23 @@ typedef struct stage_sim {
 	double *f_done; /* per microbatch: when its forward's output is available */
 	double *b_done; /* per microbatch: when its input gradient is available */
 } stage_sim;
+
+/* A hand-over in flight. It is work for a core too: the copy and the
+ * threads it wakes (its CPU time was 75 to 95 % of its latency on a 2-vCPU
+ * VM), so it shares the cores with the tasks as a thread of its own; its
+ * measured latency is its work at full speed. */
+typedef struct hop_sim {
+	double left; /* seconds of work left at full speed */
+	double *at;  /* where its arrival time goes */
+} hop_sim;
+
+static void hop_start(hop_sim *h, int *n, int cap, double work, double *at, double now)
+{
+	if (work <= 0.0 || *n >= cap)
+		*at = now + (work > 0.0 ? work : 0.0);
+	else
+		h[(*n)++] = (hop_sim){work, at};
+}
 
 /* order_of writes rank r's (1-based) task order for the schedule: stage
  * r - 1's, or with v > 1 the interleaved order over its chunks. */
@@ -607,6 +670,10 @@ static pt_err simulate(pt_pipe_schedule sc, int p, int v, int m, const double *s
 	rank_sim rk[PT_MAX_STAGES];
 	stage_sim st[PT_MAX_STAGES];
 	double *mem = calloc((size_t)(nl * 2) * (size_t)m, sizeof(double));
+	/* Hand-overs in flight: at most one per microbatch and stage each way,
+	 * a loss gradient and an injection per microbatch. */
+	int hop_cap = 2 * nl * m + 2 * m + 4, n_hops = 0;
+	hop_sim *hops = calloc((size_t)hop_cap, sizeof(hop_sim));
 	task *orders = calloc((size_t)p * (size_t)per_rank, sizeof(task));
 	double *loss_end = calloc((size_t)m, sizeof(double)),
 	       *inject = calloc((size_t)m, sizeof(double));
@@ -620,7 +687,7 @@ static pt_err simulate(pt_pipe_schedule sc, int p, int v, int m, const double *s
 	bool all_in = sc == PT_SCHED_GPIPE || sc == PT_SCHED_INTERLEAVED;
 	pt_err rv = PT_OK;
 
-	if (mem == NULL || orders == NULL || loss_end == NULL || inject == NULL) {
+	if (mem == NULL || orders == NULL || loss_end == NULL || inject == NULL || hops == NULL) {
 		rv = pt_set_error(PT_ERR_NOMEM, "planner");
 		goto out;
 	}
@@ -681,7 +748,7 @@ static pt_err simulate(pt_pipe_schedule sc, int p, int v, int m, const double *s
 			break;
 		for (int r = 0; r < p; r++)
 			active += rk[r].running ? tps : 0;
-		active += loss_running ? 1 : 0;
+		active += (loss_running ? 1 : 0) + n_hops;
 		if (active == 0) {
 			/* Nothing runs: on to the next message's arrival. */
 			double next = INFINITY;
@@ -714,6 +781,9 @@ static pt_err simulate(pt_pipe_schedule sc, int p, int v, int m, const double *s
 				dt = rk[r].left / rate;
 		if (loss_running && loss_left / lrate < dt)
 			dt = loss_left / lrate;
+		for (int h = 0; h < n_hops; h++)
+			if (hops[h].left / lrate < dt)
+				dt = hops[h].left / lrate;
 		/* A message arriving meanwhile starts its task then (and changes
 		 * the sharing), not at the next completion. */
 		for (int r = 0; r < p; r++) {
@@ -728,6 +798,16 @@ static pt_err simulate(pt_pipe_schedule sc, int p, int v, int m, const double *s
 		    st[nl - 1].f_done[loss_mb] > now && st[nl - 1].f_done[loss_mb] - now < dt)
 			dt = st[nl - 1].f_done[loss_mb] - now;
 		now += dt;
+		/* Hand-overs first: those the completions below start begin now. */
+		for (int h = 0; h < n_hops;) {
+			hops[h].left -= dt * lrate;
+			if (hops[h].left > 1e-12) {
+				h++;
+				continue;
+			}
+			*hops[h].at = now;
+			hops[h] = hops[--n_hops];
+		}
 		for (int r = 0; r < p; r++) {
 			rank_sim *x = &rk[r];
 			if (!x->running)
@@ -739,21 +819,25 @@ static pt_err simulate(pt_pipe_schedule sc, int p, int v, int m, const double *s
 			task t = x->order[x->pos++];
 			x->running = false;
 			if (t.kind == T_F) {
-				st[t.stage].f_done[t.mb] = now + hop_f[t.stage];
+				hop_start(hops, &n_hops, hop_cap, hop_f[t.stage],
+				          &st[t.stage].f_done[t.mb], now);
 				if (t.stage == nl - 1)
 					out_n++;
 			} else if (t.kind != T_W) {
-				st[t.stage].b_done[t.mb] = now + hop_b[t.stage];
+				hop_start(hops, &n_hops, hop_cap, hop_b[t.stage],
+				          &st[t.stage].b_done[t.mb], now);
 				if (t.stage == 0 && t.mb + p < m && !all_in)
-					inject[t.mb + p] =
-					    now + 2 * hop0; /* DONE, then a forward */
+					hop_start(hops, &n_hops, hop_cap, 2 * hop0,
+					          &inject[t.mb + p],
+					          now); /* DONE, then a forward */
 			}
 		}
 		if (loss_running) {
 			loss_left -= dt * lrate;
 			if (loss_left <= 1e-12) {
 				loss_running = false;
-				loss_end[loss_mb++] = now + hop_f[nl - 1];
+				hop_start(hops, &n_hops, hop_cap, hop_f[nl - 1],
+				          &loss_end[loss_mb++], now);
 			}
 		}
 	}
@@ -781,6 +865,7 @@ out:
 	free(orders);
 	free(loss_end);
 	free(inject);
+	free(hops);
 	return rv;
 }
 
