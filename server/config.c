@@ -276,6 +276,9 @@ static const opt_desc options[] = {
      "for tests and benchmarks only: every forward and backward of the stage a --worker "
      "serves, or of the stages jobs run in this process, sleeps this long first (work that "
      "does not need the CPU; an interleaved chunk 1/v of it)"},
+    {"close_delay_ms", OPT_INT, F(close_delay_ms), "0", 0, 600000, NULL,
+     "for tests only: a --worker closes an ended stage's sockets this long after the stage "
+     "ends, as a close stuck in nng would (past 8 pending it refuses new stages)"},
     {"help", OPT_BOOL, F(help), "false", 0, 0, NULL, "print this table and exit"},
 };
 #undef F

@@ -56,6 +56,7 @@ typedef struct pt_server_config {
 	char *pool;            /* worker pool: "URL,..." or "@FILE" ("": none) */
 	char *devices;         /* "cpu", "cuda:0,cuda:1", "all" or "none" (pt_server_devices) */
 	bool strict_priority;  /* a job waiting for pool workers holds up those behind it */
+	int close_delay_ms;    /* --worker, tests: an ended stage's sockets close this late */
 	int task_delay_ms;     /* --worker, tests and benchmarks: stage tasks sleep first */
 	bool help;
 } pt_server_config;

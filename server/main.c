@@ -313,7 +313,8 @@ int main(int argc, char **argv)
 		                       .tls_cert = cfg.tls_cert,
 		                       .tls_key = cfg.tls_key,
 		                       .tls_ca = cfg.tls_ca,
-		                       .peer_ca = cfg.worker_tls_ca};
+		                       .peer_ca = cfg.worker_tls_ca,
+		                       .close_delay_ms = cfg.close_delay_ms};
 		pt_worker *w = NULL;
 		if (pt_worker_start(&w, &wc, stdout) != PT_OK) {
 			fprintf(stderr, "pipeserver: %s\n", pt_last_error());

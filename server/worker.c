@@ -64,6 +64,13 @@
 #define DEFAULT_CONFIGURE_MS 60000
 #define PT_WORKER_SEATS      8 /* stages of one job at once: virtual_stages at most */
 #define MAX_LISTENERS        16
+/* Communicators of ended sessions whose close has not returned. A close
+ * that hangs in nng keeps its sockets and its thread; with this many
+ * pending the worker takes no new stage (each would add to the pile) and
+ * says why. One job's end releases up to PT_WORKER_SEATS at once. */
+#define MAX_CLOSING PT_WORKER_SEATS
+
+static atomic_int closing; /* close threads running, in this process */
 
 typedef enum wstate { W_IDLE, W_JOINED, W_RUNNING, W_DONE } wstate;
 
@@ -134,10 +141,22 @@ static uint64_t new_session(void)
 	return v ? v : 1;
 }
 
-/* release drops the session's communicator (REP thread; no stage thread). */
+typedef struct close_job {
+	pt_comm *comm;
+	int delay_ms; /* pt_worker_config.close_delay_ms */
+} close_job;
+
+/* close_main drops an ended session's communicator on its own thread. */
 static void *close_main(void *arg)
 {
-	pt_comm_destroy(arg);
+	close_job *j = arg;
+	if (j->delay_ms > 0) {
+		struct timespec d = {j->delay_ms / 1000, (long)(j->delay_ms % 1000) * 1000000L};
+		nanosleep(&d, NULL);
+	}
+	pt_comm_destroy(j->comm);
+	free(j);
+	atomic_fetch_sub(&closing, 1);
 	return NULL;
 }
 
@@ -149,11 +168,19 @@ static void *close_main(void *arg)
 static void release(seat *st)
 {
 	pthread_t t;
+	close_job *j;
 	if (st->comm != NULL) {
-		if (pthread_create(&t, NULL, close_main, st->comm) == 0)
-			pthread_detach(t);
-		else
+		atomic_fetch_add(&closing, 1);
+		if ((j = malloc(sizeof(*j))) != NULL) {
+			*j = (close_job){st->comm, st->w->cfg.close_delay_ms};
+			if (pthread_create(&t, NULL, close_main, j) == 0)
+				pthread_detach(t);
+			else
+				close_main(j);
+		} else {
 			pt_comm_destroy(st->comm);
+			atomic_fetch_sub(&closing, 1);
+		}
 	}
 	st->comm = NULL;
 	st->session = 0;
@@ -304,6 +331,19 @@ static void data_host(pt_worker *w, nng_msg *req, char *out, size_t n)
 		snprintf(out, n, "[%s]", ip);
 }
 
+/* closes_drain waits up to ms for fewer than MAX_CLOSING closes to be
+ * pending (a job's end releases its seats just before the next job joins). */
+static bool closes_drain(int ms)
+{
+	struct timespec nap = {0, 10 * 1000000L};
+	for (int i = 0; atomic_load(&closing) >= MAX_CLOSING; i += 10) {
+		if (i >= ms)
+			return false;
+		nanosleep(&nap, NULL);
+	}
+	return true;
+}
+
 static void on_join(pt_worker *w, nng_msg *req, const pt_worker_request *q, pt_worker_reply *r,
                     char *msg, size_t n)
 {
@@ -347,6 +387,15 @@ static void on_join(pt_worker *w, nng_msg *req, const pt_worker_request *q, pt_w
 	for (int i = 0; i < PT_WORKER_SEATS; i++)
 		if (w->seats[i].state == W_RUNNING && w->seats[i].abandoned)
 			wait_done(w, &w->seats[i], BUSY_WAIT_MS);
+	if (!closes_drain(BUSY_WAIT_MS)) {
+		int k = atomic_load(&closing);
+		snprintf(msg, n,
+		         "%d communicators of ended stages are still closing (at most %d; "
+		         "stuck in nng_close): this worker takes no new stage; restart it",
+		         k, MAX_CLOSING);
+		pt_warn("worker: StageJoin refused: %s", msg);
+		return;
+	}
 	if (q->world < 2 || q->world > PT_MAX_STAGES + 1 || q->rank < 1 || q->rank >= q->world) {
 		snprintf(msg, n, "rank %d of world %d: need 2 <= world <= %d and 1 <= rank < world",
 		         (int)q->rank, (int)q->world, PT_MAX_STAGES + 1);
@@ -477,7 +526,8 @@ static void on_ping(pt_worker *w, const pt_worker_request *q, pt_worker_reply *r
 		st->last_ping = pt_now();
 	pthread_mutex_unlock(&w->mu);
 	r->message = msg;
-	r->busy = busy_seats(w) > 0;
+	/* A worker that refuses new stages is not lent as free (pool.c). */
+	r->busy = busy_seats(w) > 0 || atomic_load(&closing) >= MAX_CLOSING;
 	r->devices = w->devices;
 	if (q->session == 0) {
 		/* "idle", or each seat: "serving stage rank 1 of world 3". */
@@ -499,7 +549,12 @@ static void on_ping(pt_worker *w, const pt_worker_request *q, pt_worker_reply *r
 				    x->world);
 		}
 		if (o == 0)
-			snprintf(msg, n, "idle");
+			o = (size_t)snprintf(msg, n, "idle");
+		if (atomic_load(&closing) >= MAX_CLOSING && o < n)
+			snprintf(msg + o, n - o,
+			         "; refusing new stages: %d communicators of ended stages "
+			         "still closing",
+			         atomic_load(&closing));
 		return;
 	}
 	if (!live) {

@@ -40,6 +40,9 @@ typedef struct pt_worker_config {
 	 * its stage data on tls+tcp:// too (same certificate) and needs all
 	 * but tls_ca. */
 	const char *tls_cert, *tls_key, *tls_ca, *peer_ca;
+	/* Tests only: an ended session's communicator waits this long before
+	 * it closes, as a close stuck in nng would (0: none). */
+	int close_delay_ms;
 } pt_worker_config;
 
 typedef struct pt_worker pt_worker;

@@ -686,6 +686,58 @@ static void test_workers_shutdown_bounded(void)
 	CU_ASSERT_EQUAL(wf_proc_stop(&w0), 0);
 }
 
+/* A worker whose ended stages' communicators do not close (as when
+ * nng_close hangs: --close-delay-ms stands in for that) holds at most 8 of
+ * them: then it refuses new stages, says why in the refusal and in its
+ * state, reports itself busy, and still stops at once. */
+static void test_workers_stuck_closes_bounded(void)
+{
+	const char *args[] = {"--worker",         "--listen", "tcp://127.0.0.1:0",
+	                      "--close-delay-ms", "60000",    NULL};
+	static const uint8_t key[PT_COMM_KEY_BYTES] = {3};
+	pt_worker_request join = {.kind = PT_WORKER_JOIN,
+	                          .protocol = PT_WORKER_PROTOCOL,
+	                          .rank = 1,
+	                          .world = 2,
+	                          .key = key};
+	pt_worker_request cancel = {.kind = PT_WORKER_PEERS};
+	pt_worker_request ping = {.kind = PT_WORKER_PING};
+	pt_worker_reply r;
+	wf_proc w;
+	wf_hs c;
+	char state[300];
+	double t0;
+
+	CU_ASSERT_FATAL(proc_start(&w, args));
+	wf_hs_open(&c, w.url);
+	/* Eight sessions joined and cancelled: each leaves its communicator
+	 * closing, and each join before the eighth cancel is taken. */
+	for (int i = 0; i < 8; i++) {
+		wf_hs_call(&c, &join, &r);
+		CU_ASSERT_TRUE_FATAL(r.ok);
+		cancel.session = r.session;
+		wf_hs_call(&c, &cancel, &r);
+		CU_ASSERT_TRUE(r.ok);
+	}
+	t0 = wf_mono();
+	wf_hs_call(&c, &join, &r);
+	wf_expect_refusal(&r, "8 communicators of ended stages are still closing (at most 8; stuck "
+	                      "in nng_close): this worker takes no new stage; restart it");
+	CU_ASSERT(wf_mono() - t0 >= 0.2); /* it waited for them a while */
+	wf_hs_call(&c, &ping, &r);
+	CU_ASSERT_TRUE(r.ok);
+	CU_ASSERT_TRUE(r.busy);
+	CU_ASSERT_FALSE(wf_worker_idle(w.url, state, sizeof(state)));
+	CU_ASSERT_STRING_EQUAL(state,
+	                       "idle; refusing new stages: 8 communicators of ended stages still "
+	                       "closing");
+	wf_hs_close(&c);
+	t0 = wf_mono();
+	CU_ASSERT_EQUAL(wf_proc_stop(&w), 0);
+	printf("\n    worker stopped %.2f s after SIGTERM", wf_mono() - t0);
+	CU_ASSERT(wf_mono() - t0 < 3.0);
+}
+
 /* With max_restarts 1 and a spare, a worker killed after step 12 costs a
  * restart from the step-10 checkpoint on the spare; every loss equals the
  * undisturbed local run's, bitwise, and the last checkpoint is step STEPS. */
@@ -1630,6 +1682,7 @@ static const pt_test_case worker_tests[] = {
     {"test_workers_killed_worker_fails_job", test_workers_killed_worker_fails_job},
     {"test_workers_hung_worker_fails_job", test_workers_hung_worker_fails_job},
     {"test_workers_shutdown_bounded", test_workers_shutdown_bounded},
+    {"test_workers_stuck_closes_bounded", test_workers_stuck_closes_bounded},
     {"test_workers_restart_on_spare", test_workers_restart_on_spare},
     {"test_workers_silent_coordinator_abandoned", test_workers_silent_coordinator_abandoned},
     {"test_workers_join_waits_for_dead_session", test_workers_join_waits_for_dead_session},
