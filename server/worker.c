@@ -54,6 +54,7 @@
 #include "runtime.h"
 
 #define POLL_MS              50   /* how often the watchdog looks */
+#define REAP_MS              1000 /* finished stages are freed this often without requests */
 #define JOIN_TTL_S           30.0 /* a joined session without StagePeers expires */
 #define BUSY_WAIT_MS         200  /* a join waits this long for an ending stage */
 #define END_WAIT_MS          2000 /* an ended session waits this long for its stage */
@@ -96,6 +97,7 @@ struct pt_worker {
 	char devices[256]; /* what it computes on, for StagePing replies */
 	nng_socket sock;
 	bool sock_open;
+	nng_aio *rx;   /* rep_main's receive */
 	bool tls_data; /* stage data on tls+tcp:// (a control URL is) */
 	pthread_t thread, watchdog;
 	bool thread_started, watchdog_started;
@@ -606,26 +608,31 @@ static void handle(pt_worker *w, nng_msg *req)
 	nng_msg_free(req);
 }
 
-/* rep_main answers requests. Its receive times out every POLL_MS, so it
- * sees `stopping` and returns before the socket is closed: nng (1.5 to 1.7)
- * can deadlock in nng_close when another thread is blocked receiving on the
- * socket (nanomsg/nng#1813; a worker resumed after SIGSTOP once hung in
- * shutdown this way). Finished stages are reaped even when no request comes. */
+/* rep_main answers requests. It receives through w->rx, which
+ * pt_worker_destroy stops (nng_aio_stop) and joins this thread before the
+ * socket is closed: nng (1.5 to 1.7) can deadlock in nng_close when another
+ * thread is blocked receiving on the socket (nanomsg/nng#1813; a worker
+ * resumed after SIGSTOP once hung in shutdown this way). The receive times
+ * out every REAP_MS, so finished stages are reaped when no request comes.
+ * (A 50 ms timeout cost an idle worker 2 % of a core: nng 1.5's expire
+ * thread spins up to a millisecond for each timeout.) */
 static void *rep_main(void *arg)
 {
 	pt_worker *w = arg;
 
 	while (!atomic_load(&w->stopping)) {
-		nng_msg *req;
-		int rv = nng_recvmsg(w->sock, &req, 0);
+		int rv;
+		nng_recv_aio(w->sock, w->rx);
+		nng_aio_wait(w->rx);
+		rv = nng_aio_result(w->rx);
 		if (rv == NNG_ETIMEDOUT) {
 			reap(w);
 			continue;
 		}
 		if (rv != 0)
-			break; /* closed */
+			break; /* stopped or closed */
 		reap(w);
-		handle(w, req);
+		handle(w, nng_aio_get_msg(w->rx));
 	}
 	return NULL;
 }
@@ -724,8 +731,12 @@ pt_err pt_worker_start(pt_worker **out, const pt_worker_config *cfg, FILE *annou
 		goto fail;
 	}
 	w->sock_open = true;
+	if ((rv = nng_aio_alloc(&w->rx, NULL, NULL)) != 0) {
+		e = pt_set_error(PT_ERR_NOMEM, "worker receive: %s", nng_strerror(rv));
+		goto fail;
+	}
+	nng_aio_set_timeout(w->rx, REAP_MS);
 	nng_socket_set_ms(w->sock, NNG_OPT_SENDTIMEO, 5000);
-	nng_socket_set_ms(w->sock, NNG_OPT_RECVTIMEO, POLL_MS); /* rep_main */
 	nng_socket_set_size(w->sock, NNG_OPT_RECVMAXSZ, MAX_REQUEST);
 	for (int i = 0; i < cfg->n_urls && i < MAX_LISTENERS; i++) {
 		const char *url = cfg->urls[i];
@@ -769,8 +780,10 @@ void pt_worker_destroy(pt_worker *w)
 	if (w == NULL)
 		return;
 	atomic_store(&w->stopping, true);
-	/* The REP thread returns within its receive timeout; only then is the
-	 * socket closed, with no receive blocked on it (see rep_main). */
+	/* The REP thread's receive is stopped and the thread joined; only then
+	 * is the socket closed, with no receive blocked on it (see rep_main). */
+	if (w->rx != NULL)
+		nng_aio_stop(w->rx);
 	if (w->thread_started)
 		pthread_join(w->thread, NULL);
 	if (w->sock_open)
@@ -789,6 +802,8 @@ void pt_worker_destroy(pt_worker *w)
 		pt_comm_destroy(w->seats[i].comm);
 	}
 	pt_stage_turn_share_destroy(w->share);
+	if (w->rx != NULL)
+		nng_aio_free(w->rx);
 	pt_fb_builder_fini(&w->b);
 	pthread_cond_destroy(&w->cv);
 	pthread_mutex_destroy(&w->mu);

@@ -686,6 +686,43 @@ static void test_workers_shutdown_bounded(void)
 	CU_ASSERT_EQUAL(wf_proc_stop(&w0), 0);
 }
 
+/* cpu_ticks: user + system clock ticks pid has used. */
+static long cpu_ticks(pid_t pid)
+{
+	char path[64], buf[1024], *p;
+	long ut = 0, st = 0;
+	FILE *f;
+	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+	if ((f = fopen(path, "r")) == NULL)
+		return -1;
+	p = fgets(buf, sizeof(buf), f);
+	fclose(f);
+	/* After "(comm)": state is field 3, utime 14, stime 15. */
+	if (p == NULL || (p = strrchr(buf, ')')) == NULL ||
+	    sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %ld %ld", &ut, &st) != 2)
+		return -1;
+	return ut + st;
+}
+
+/* An idle worker is quiet: at most 1 % of a core over 4 s (its receive
+ * timed out every 50 ms before, and each nng timeout spins up to a
+ * millisecond in nng 1.5's expire thread: 2 % of a core). */
+static void test_workers_idle_is_quiet(void)
+{
+	wf_proc w;
+	long t0, t1, hz = sysconf(_SC_CLK_TCK);
+
+	CU_ASSERT_FATAL(worker_start(&w, NULL));
+	sleep(1);
+	t0 = cpu_ticks(w.pid);
+	sleep(4);
+	t1 = cpu_ticks(w.pid);
+	printf("\n    idle worker: %.2f %% of a core", 100.0 * (double)(t1 - t0) / (4.0 * hz));
+	CU_ASSERT(t0 >= 0 && t1 >= t0);
+	CU_ASSERT(t1 - t0 <= 4 * hz / 100);
+	CU_ASSERT_EQUAL(wf_proc_stop(&w), 0);
+}
+
 /* A worker whose ended stages' communicators do not close (as when
  * nng_close hangs: --close-delay-ms stands in for that) holds at most 8 of
  * them: then it refuses new stages, says why in the refusal and in its
@@ -1683,6 +1720,7 @@ static const pt_test_case worker_tests[] = {
     {"test_workers_hung_worker_fails_job", test_workers_hung_worker_fails_job},
     {"test_workers_shutdown_bounded", test_workers_shutdown_bounded},
     {"test_workers_stuck_closes_bounded", test_workers_stuck_closes_bounded},
+    {"test_workers_idle_is_quiet", test_workers_idle_is_quiet},
     {"test_workers_restart_on_spare", test_workers_restart_on_spare},
     {"test_workers_silent_coordinator_abandoned", test_workers_silent_coordinator_abandoned},
     {"test_workers_join_waits_for_dead_session", test_workers_join_waits_for_dead_session},
