@@ -36,6 +36,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "comm.h"
 #include "dispatch.h"
@@ -54,7 +55,6 @@
 #define PROFILE_MIN  5   /* at least */
 #define PROFILE_SECS 0.1 /* runs stop after this much timed work */
 #define CACHE_MAX    512
-#define EVICT_FLOATS ((size_t)1 << 20) /* 4 MiB a thread, past an L2 */
 
 typedef struct layer_cost {
 	double f, b, w, opt;           /* seconds */
@@ -135,19 +135,29 @@ static pt_err random_input(pt_tensor *x, pt_act_shape in, int64_t B, int64_t voc
 	return PT_OK;
 }
 
-/* evict writes over each of t threads' share of buf (EVICT_FLOATS each):
- * what the layer left in their caches goes. In a stage, other layers and
+/* evict_floats: how much each thread writes to evict its core's cache:
+ * twice the L2 (sysconf; 2 MiB when unknown), 1 to 16 MiB. */
+static size_t evict_floats(void)
+{
+	long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
+	size_t b = l2 > 0 ? 2 * (size_t)l2 : (size_t)2 << 20;
+	b = b < ((size_t)1 << 20) ? (size_t)1 << 20 : b > ((size_t)16 << 20) ? (size_t)16 << 20 : b;
+	return b / sizeof(float);
+}
+
+/* evict writes over each of t threads' share of buf (n floats each): what
+ * the layer left in their caches goes. In a stage, other layers and
  * microbatches run between a layer's F, B and W; timed back to back on hot
  * caches, examples/gpt.json's small layers came out about 10 % faster than
  * they run in a stage. */
-static void evict(float *buf, int t)
+static void evict(float *buf, size_t n, int t)
 {
 	if (buf == NULL)
 		return;
 #pragma omp parallel num_threads(t)
 	{
-		float *b = buf + (size_t)omp_get_thread_num() * EVICT_FLOATS;
-		for (size_t i = 0; i < EVICT_FLOATS; i++)
+		float *b = buf + (size_t)omp_get_thread_num() * n;
+		for (size_t i = 0; i < n; i++)
 			b[i] += 1.0f;
 	}
 }
@@ -180,18 +190,19 @@ static pt_err profile_layer(const pt_job_spec *s, pt_act_shape model_in, int i, 
 	        PT_OK)
 		goto out;
 	pt_set_num_threads(t);
-	float *ev = calloc(EVICT_FLOATS * (size_t)t, sizeof(float)); /* NULL: warm runs */
+	size_t ne = evict_floats();
+	float *ev = calloc(ne * (size_t)t, sizeof(float)); /* NULL: warm runs */
 	for (int r = -1; r < PROFILE_RUNS && rv == PT_OK; r++) {
 		double t0, t1, t1b, t2, t2b, t3;
 		if (r >= PROFILE_MIN && spent >= PROFILE_SECS)
 			break;
-		evict(ev, t);
+		evict(ev, ne, t);
 		t0 = pt_now();
 		if ((rv = pt_model_forward(m, 0, &x, &y, true, 1, 0)) != PT_OK ||
 		    (rv = pt_dispatcher_flush(pt_dispatcher_current())) != PT_OK)
 			break;
 		t1 = pt_now();
-		evict(ev, t);
+		evict(ev, ne, t);
 		t1b = pt_now();
 		if (dy.storage == NULL) {
 			if ((rv = pt_tensor_init(&dy, PT_F32, y->ndim, y->shape)) != PT_OK)
@@ -204,7 +215,7 @@ static pt_err profile_layer(const pt_job_spec *s, pt_act_shape model_in, int i, 
 		    (rv = pt_dispatcher_flush(pt_dispatcher_current())) != PT_OK)
 			break;
 		t2 = pt_now();
-		evict(ev, t);
+		evict(ev, ne, t);
 		t2b = pt_now();
 		if ((rv = pt_model_backward_weight(m, 0)) != PT_OK ||
 		    (rv = pt_dispatcher_flush(pt_dispatcher_current())) != PT_OK)
