@@ -606,10 +606,13 @@ typedef struct hop_sim {
 	double *at;  /* where its arrival time goes */
 } hop_sim;
 
-static void hop_start(hop_sim *h, int *n, int cap, double work, double *at, double now)
+/* hop_start sends a hand-over of `work` seconds now; it arrives at once
+ * when work is 0. The array holds every hand-over of a step (simulate's
+ * hop_cap), so it never fills. */
+static void hop_start(hop_sim *h, int *n, double work, double *at, double now)
 {
-	if (work <= 0.0 || *n >= cap)
-		*at = now + (work > 0.0 ? work : 0.0);
+	if (work <= 0.0)
+		*at = now;
 	else
 		h[(*n)++] = (hop_sim){work, at};
 }
@@ -681,8 +684,9 @@ static pt_err simulate(pt_pipe_schedule sc, int p, int v, int m, const double *s
 	rank_sim rk[PT_MAX_STAGES];
 	stage_sim st[PT_MAX_STAGES];
 	double *mem = calloc((size_t)(nl * 2) * (size_t)m, sizeof(double));
-	/* Hand-overs in flight: at most one per microbatch and stage each way,
-	 * a loss gradient and an injection per microbatch. */
+	/* Hand-overs: one per microbatch and stage each way, a loss gradient
+	 * and an injection per microbatch, in a step (all of them, not only
+	 * those in flight at once). */
 	int hop_cap = 2 * nl * m + 2 * m + 4, n_hops = 0;
 	hop_sim *hops = calloc((size_t)hop_cap, sizeof(hop_sim));
 	task *orders = calloc((size_t)p * (size_t)per_rank, sizeof(task));
@@ -761,25 +765,11 @@ static pt_err simulate(pt_pipe_schedule sc, int p, int v, int m, const double *s
 			active += rk[r].running ? tps : 0;
 		active += (loss_running ? 1 : 0) + n_hops;
 		if (active == 0) {
-			/* Nothing runs: on to the next message's arrival. */
-			double next = INFINITY;
-			for (int r = 0; r < p; r++) {
-				double a;
-				if (rk[r].pos >= rk[r].n)
-					continue;
-				a = ready_at(st, nl, inject, loss_end, rk[r].order[rk[r].pos], now);
-				next = a < next ? a : next;
-			}
-			if (loss_mb < m && sc != PT_SCHED_GPIPE &&
-			    st[nl - 1].f_done[loss_mb] < next)
-				next = st[nl - 1].f_done[loss_mb];
-			if (!(next > now && isfinite(next))) {
-				rv = pt_set_error(PT_ERR_STATE, "planner: the %s order stalls",
-				                  pt_pipe_schedule_name(sc));
-				goto out;
-			}
-			now = next;
-			continue;
+			/* Nothing runs and no message is on its way: every message
+			 * arrives through a hand-over in flight, so the order stalls. */
+			rv = pt_set_error(PT_ERR_STATE, "planner: the %s order stalls",
+			                  pt_pipe_schedule_name(sc));
+			goto out;
 		}
 		/* Time-shared beyond the cores; on them, each thread at the speed
 		 * the cores keep with this many computing (a task's profile has
@@ -795,20 +785,7 @@ static pt_err simulate(pt_pipe_schedule sc, int p, int v, int m, const double *s
 		for (int h = 0; h < n_hops; h++)
 			if (hops[h].left / lrate < dt)
 				dt = hops[h].left / lrate;
-		/* A message arriving meanwhile starts its task then (and changes
-		 * the sharing), not at the next completion. */
-		for (int r = 0; r < p; r++) {
-			double a;
-			if (rk[r].running || rk[r].pos >= rk[r].n)
-				continue;
-			a = ready_at(st, nl, inject, loss_end, rk[r].order[rk[r].pos], now);
-			if (a > now && a - now < dt)
-				dt = a - now;
-		}
-		if (!loss_running && loss_mb < m && sc != PT_SCHED_GPIPE &&
-		    st[nl - 1].f_done[loss_mb] > now && st[nl - 1].f_done[loss_mb] - now < dt)
-			dt = st[nl - 1].f_done[loss_mb] - now;
-		now += dt;
+		now += dt; /* to the next completion: a task's, the loss's or a hand-over's */
 		/* Hand-overs first: those the completions below start begin now. */
 		for (int h = 0; h < n_hops;) {
 			hops[h].left -= dt * lrate;
@@ -830,16 +807,15 @@ static pt_err simulate(pt_pipe_schedule sc, int p, int v, int m, const double *s
 			task t = x->order[x->pos++];
 			x->running = false;
 			if (t.kind == T_F) {
-				hop_start(hops, &n_hops, hop_cap, hop_f[t.stage],
-				          &st[t.stage].f_done[t.mb], now);
+				hop_start(hops, &n_hops, hop_f[t.stage], &st[t.stage].f_done[t.mb],
+				          now);
 				if (t.stage == nl - 1)
 					out_n++;
 			} else if (t.kind != T_W) {
-				hop_start(hops, &n_hops, hop_cap, hop_b[t.stage],
-				          &st[t.stage].b_done[t.mb], now);
+				hop_start(hops, &n_hops, hop_b[t.stage], &st[t.stage].b_done[t.mb],
+				          now);
 				if (t.stage == 0 && t.mb + p < m && !all_in)
-					hop_start(hops, &n_hops, hop_cap, 2 * hop0,
-					          &inject[t.mb + p],
+					hop_start(hops, &n_hops, 2 * hop0, &inject[t.mb + p],
 					          now); /* DONE, then a forward */
 			}
 		}
@@ -847,8 +823,7 @@ static pt_err simulate(pt_pipe_schedule sc, int p, int v, int m, const double *s
 			loss_left -= dt * lrate;
 			if (loss_left <= 1e-12) {
 				loss_running = false;
-				hop_start(hops, &n_hops, hop_cap, hop_f[nl - 1],
-				          &loss_end[loss_mb++], now);
+				hop_start(hops, &n_hops, hop_f[nl - 1], &loss_end[loss_mb++], now);
 			}
 		}
 	}
