@@ -745,6 +745,20 @@ static void test_workers_stuck_closes_bounded(void)
 	char state[300];
 	double t0;
 
+	/* The hook's value is checked like any option: exit 2 naming it. */
+	for (int k = 0; k < 3; k++) {
+		static const char *const bad[] = {"-1", "600001", "forever"};
+		char cmd[PATH_MAX + 200], out[1024] = "";
+		FILE *f;
+		snprintf(cmd, sizeof(cmd), "'%s' --worker --close-delay-ms %s 2>&1", server_bin,
+		         bad[k]);
+		CU_ASSERT_PTR_NOT_NULL_FATAL(f = popen(cmd, "r"));
+		out[fread(out, 1, sizeof(out) - 1, f)] = '\0';
+		int st = pclose(f);
+		CU_ASSERT(WIFEXITED(st) && WEXITSTATUS(st) == 2);
+		CU_ASSERT_PTR_NOT_NULL(strstr(out, "close_delay_ms (from flags): '"));
+		CU_ASSERT_PTR_NOT_NULL(strstr(out, "is not an integer in [0, 600000]"));
+	}
 	CU_ASSERT_FATAL(proc_start(&w, args));
 	wf_hs_open(&c, w.url);
 	/* Eight sessions joined and cancelled: each leaves its communicator
