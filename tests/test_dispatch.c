@@ -765,7 +765,8 @@ static void test_tf32_rounding(void)
 /* An operand read down rows 1024 floats apart is copied to padded rows
  * before the product (cpu_gemm_prec): the result is oneDNN's product of the
  * original layout, bit for bit, for dW = dy^T x of a 256 -> 1024 Linear
- * (dy's rows padded) and of a 1024 -> 256 one (x's), and dx = dy W (W's). */
+ * (dy's rows padded) and of a 1024 -> 256 one (x's), dx = dy W (W's), and
+ * y = b + x W^T of a 1024 -> 256 one (W's, read transposed). */
 static void test_dispatch_gemm_padding_is_bitwise(void)
 {
 	enum { N = 300, W = 1024, S = 256 };
@@ -783,6 +784,8 @@ static void test_dispatch_gemm_padding_is_bitwise(void)
 	CU_ASSERT_EQUAL(cpu_gemm_operand_floats(false, false, false, N, W, S, S, W), S * (W + 16));
 	CU_ASSERT_EQUAL(cpu_gemm_operand_floats(false, true, false, W, S, 255, W, S), 0);
 	CU_ASSERT_EQUAL(cpu_gemm_operand_floats(false, false, true, N, W, S, S, S), 0);
+	CU_ASSERT_EQUAL(cpu_gemm_operand_floats(false, false, true, N, S, W, W, W), S * (W + 16));
+	CU_ASSERT_EQUAL(cpu_gemm_operand_floats(false, false, true, N, S, 255, W, W), 0);
 	/* dW (W x S) = dy^T (dy: N x W) x (N x S) */
 	PT_CHECK_OK(cpu_gemm(true, false, W, S, N, 1.0f, dy, W, x, S, 0.0f, ref, S));
 	PT_CHECK_OK(
@@ -800,6 +803,13 @@ static void test_dispatch_gemm_padding_is_bitwise(void)
 	PT_CHECK_OK(
 	    cpu_gemm_prec(PT_PREC_FP32, false, false, N, W, S, 1.0f, dy, S, x, W, 1.0f, got, W));
 	CU_ASSERT(memcmp(ref, got, sizeof(float) * N * W) == 0);
+	/* y (N x S) = 0.25 + x (N x W) W^T (W: S x W), as a Linear forward */
+	for (int i = 0; i < N * S; i++)
+		ref[i] = got[i] = 0.25f;
+	PT_CHECK_OK(cpu_gemm(false, true, N, S, W, 1.0f, x, W, dy, W, 1.0f, ref, S));
+	PT_CHECK_OK(
+	    cpu_gemm_prec(PT_PREC_FP32, false, true, N, S, W, 1.0f, x, W, dy, W, 1.0f, got, S));
+	CU_ASSERT(memcmp(ref, got, sizeof(float) * N * S) == 0);
 	pt_tensor_fini(&t);
 	free(dy);
 	free(x);
