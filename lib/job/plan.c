@@ -23,7 +23,8 @@
  * event, completions and arrivals. The CPU is shared: while k tasks of t
  * threads run on a budget of C cores (n = k t threads), each proceeds at
  * min(1, C / n) s(min(n, C)) / s(t) of its measured speed, s(j) being one
- * thread's speed while j compute at once (core_speed, measured); a
+ * thread's speed while j compute at once (work_speed: measured with the
+ * candidate's costliest layer; core_speed's kernel for a slow one); a
  * hand-over in flight is one more thread (hop_sim). The step
  * ends with the optimizer update on every stage. Predicted step time,
  * bubble (1 - busy / (p x step)), samples per second and each stage's memory
@@ -34,6 +35,7 @@
 #include <math.h>
 #include <omp.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -448,8 +450,70 @@ static pthread_mutex_t speed_mu = PTHREAD_MUTEX_INITIALIZER;
 static double speed_k[SPEED_MAX + 1];
 static int speed_known; /* speed_k[1..speed_known] are measured */
 
+/* A start gate: threads wait until the starter opens it or calls it off
+ * (a thread that could not be created would keep a barrier shut for ever,
+ * and a thread waiting at a barrier cannot be cancelled). */
+typedef struct gate {
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	int state; /* 0 shut, 1 open, -1 called off */
+} gate;
+
+static void gate_init(gate *g)
+{
+	pthread_mutex_init(&g->mu, NULL);
+	pthread_cond_init(&g->cv, NULL);
+	g->state = 0;
+}
+
+static void gate_fini(gate *g)
+{
+	pthread_cond_destroy(&g->cv);
+	pthread_mutex_destroy(&g->mu);
+}
+
+/* gate_wait returns true once the gate opens, false when called off. */
+static bool gate_wait(gate *g)
+{
+	pthread_mutex_lock(&g->mu);
+	while (g->state == 0)
+		pthread_cond_wait(&g->cv, &g->mu);
+	bool open = g->state > 0;
+	pthread_mutex_unlock(&g->mu);
+	return open;
+}
+
+static void gate_set(gate *g, int state)
+{
+	pthread_mutex_lock(&g->mu);
+	g->state = state;
+	pthread_cond_broadcast(&g->cv);
+	pthread_mutex_unlock(&g->mu);
+}
+
+/* run_together runs fn(arg + i * size) on k threads at once (i = 0 on the
+ * caller's), started through one gate; false when a thread could not be
+ * created (nothing ran). */
+static bool run_together(void *(*fn)(void *), void *arg, size_t size, int k, gate *g)
+{
+	pthread_t th[SPEED_MAX];
+	int started = 0;
+
+	for (int i = 1; i < k; i++)
+		if (pthread_create(&th[i], NULL, fn, (char *)arg + (size_t)i * size) == 0)
+			started++;
+		else
+			break;
+	gate_set(g, started == k - 1 ? 1 : -1);
+	if (started == k - 1)
+		fn(arg);
+	for (int i = 1; i <= started; i++)
+		pthread_join(th[i], NULL);
+	return started == k - 1;
+}
+
 typedef struct speed_run {
-	pthread_barrier_t *go;
+	gate *go;
 	double rate; /* products a second in the window */
 	float sink;
 } speed_run;
@@ -479,7 +543,10 @@ static void *speed_main(void *arg)
 			c[i] = 0.0f;
 		}
 	}
-	pthread_barrier_wait(r->go);
+	if (!gate_wait(r->go)) {
+		free(a);
+		return NULL;
+	}
 	t0 = now = pt_now();
 	while (a != NULL && now - t0 < SPEED_WARM + SPEED_WINDOW) {
 		speed_product(a, b, c);
@@ -498,35 +565,19 @@ static void *speed_main(void *arg)
 /* kernel_rate: one thread's mean rate while k threads run the kernel. */
 static double kernel_rate(int k)
 {
-	pthread_t th[SPEED_MAX];
 	speed_run r[SPEED_MAX];
-	pthread_barrier_t go;
+	gate go;
 	double sum = 0.0;
-	int started = 0;
+	bool ok;
 
-	if (pthread_barrier_init(&go, NULL, (unsigned)k) != 0)
-		return 0.0;
+	gate_init(&go);
 	for (int i = 0; i < k; i++)
 		r[i] = (speed_run){.go = &go};
-	for (int i = 1; i < k; i++)
-		if (pthread_create(&th[i], NULL, speed_main, &r[i]) == 0)
-			started++;
-	if (started != k - 1) {
-		/* Fewer threads than the barrier waits for: give up on k. */
-		for (int i = 1; i <= started; i++)
-			pthread_cancel(th[i]);
-		for (int i = 1; i <= started; i++)
-			pthread_join(th[i], NULL);
-		pthread_barrier_destroy(&go);
-		return 0.0;
-	}
-	speed_main(&r[0]);
-	for (int i = 1; i < k; i++)
-		pthread_join(th[i], NULL);
-	pthread_barrier_destroy(&go);
-	for (int i = 0; i < k; i++)
+	ok = run_together(speed_main, r, sizeof(r[0]), k, &go);
+	gate_fini(&go);
+	for (int i = 0; ok && i < k; i++)
 		sum += r[i].rate;
-	return sum / k;
+	return ok ? sum / k : 0.0;
 }
 
 /* core_speed returns speed_k[k] for k up to `cores` (measuring what is not
@@ -562,6 +613,191 @@ static double core_speed(int k, int cores)
 	return out;
 }
 
+/* How fast the job's own work runs while k copies of it run at once: its
+ * costliest layer (at the candidate's microbatch, the job's precision), one
+ * one-layer model per thread as stages have, forward, backward and weight
+ * gradient over and over. The kernel above reads the cores' arithmetic
+ * alone; a transformer block's mix of products, reductions and element-wise
+ * passes lost less to a second busy vCPU (examples/gpt.json at p = 2 ran as
+ * if s(2) were 1.00 while the kernel read 0.83: the plans came out 14 to 27 %
+ * high). Each thread counts the iterations that start after LS_WARM and end
+ * within LS_WINDOW (at least LS_ITERS iterations' worth) and keeps working
+ * until every thread is through, so none is timed alone at the end; its
+ * rate is iterations over the time from the first counted start to the
+ * last counted end. The median of SPEED_TRIALS over one thread's. Layers
+ * slower than LS_MAX_ITER a go (at one thread) use the kernel instead. */
+#define LS_WARM     0.010
+#define LS_WINDOW   0.030
+#define LS_ITERS    4
+#define LS_MAX_ITER 0.025
+#define LS_CACHE    32
+
+typedef struct lspeed_run {
+	const pt_job_spec *spec;
+	pt_act_shape in;
+	int layer;
+	int64_t B;
+	pt_precision prec;
+	double warm, window;
+	gate *go;
+	atomic_int *through; /* threads past their window */
+	int k;
+	double rate; /* iterations a second; 0: failed */
+} lspeed_run;
+
+typedef struct lspeed_entry {
+	pt_layer_spec spec;
+	pt_act_shape in;
+	int64_t B;
+	int precision, n;
+	double s[SPEED_MAX + 1];
+} lspeed_entry;
+
+static lspeed_entry lspeed_cache[LS_CACHE];
+static int n_lspeed;
+
+static void *lspeed_main(void *arg)
+{
+	lspeed_run *r = arg;
+	pt_model_config mc = {
+	    .batch = r->B, .input = r->in, .n_slots = 1, .seed = 1, .split_backward = true};
+	pt_model *m = NULL;
+	pt_tensor x = {0}, dy = {0};
+	const pt_tensor *y = NULL, *dx;
+	double t0, first = 0.0, last = 0.0;
+	long n = 0;
+	bool ok, counted = false;
+
+	pt_set_precision(r->prec);
+	pt_set_num_threads(1);
+	ok = pt_model_create(&m, r->spec->layers, r->spec->n_layers, r->layer, r->layer + 1, &mc) ==
+	         PT_OK &&
+	     random_input(&x, pt_model_input_shape(m), r->B,
+	                  r->spec->layers[0].vocab > 0 ? r->spec->layers[0].vocab : 2) == PT_OK;
+	if (ok) { /* one untimed go for the output's shape and warm code paths */
+		ok = pt_model_forward(m, 0, &x, &y, true, 1, 0) == PT_OK &&
+		     pt_dispatcher_flush(pt_dispatcher_current()) == PT_OK &&
+		     pt_tensor_init(&dy, PT_F32, y->ndim, y->shape) == PT_OK;
+		if (ok)
+			memset(pt_tensor_data(&dy), 0, pt_tensor_nbytes(&dy));
+	}
+	if (!gate_wait(r->go))
+		ok = false;
+	t0 = pt_now();
+	while (ok) {
+		double a = pt_now(), b;
+		ok = pt_model_forward(m, 0, &x, &y, true, 1, 0) == PT_OK &&
+		     pt_model_backward_input(m, 0, &dy, &dx) == PT_OK &&
+		     pt_model_backward_weight(m, 0) == PT_OK &&
+		     pt_dispatcher_flush(pt_dispatcher_current()) == PT_OK;
+		b = pt_now();
+		if (a - t0 >= r->warm && b - t0 <= r->warm + r->window) {
+			if (n++ == 0)
+				first = a;
+			last = b;
+		}
+		if (b - t0 > r->warm + r->window) {
+			if (!counted) {
+				counted = true;
+				atomic_fetch_add(r->through, 1);
+			}
+			if (atomic_load(r->through) >= r->k)
+				break;
+		}
+	}
+	if (!counted)
+		atomic_fetch_add(r->through, 1); /* failed: let the others stop */
+	r->rate = ok && n > 0 && last > first ? (double)n / (last - first) : 0.0;
+	pt_tensor_fini(&x);
+	pt_tensor_fini(&dy);
+	pt_model_destroy(m);
+	pt_clear_error();
+	return NULL;
+}
+
+/* layer_rate: one thread's mean rate while k threads run layer l; 0 when
+ * a thread failed. */
+static double layer_rate(const pt_job_spec *s, pt_act_shape in, int l, int64_t B, double iter,
+                         int k)
+{
+	lspeed_run r[SPEED_MAX];
+	gate go;
+	atomic_int through = 0;
+	double sum = 0.0;
+	bool ok;
+
+	gate_init(&go);
+	for (int i = 0; i < k; i++)
+		r[i] = (lspeed_run){.spec = s,
+		                    .in = in,
+		                    .layer = l,
+		                    .B = B,
+		                    .prec = pt_get_precision(),
+		                    .warm = fmax(LS_WARM, iter),
+		                    .window = fmax(LS_WINDOW, LS_ITERS * iter),
+		                    .go = &go,
+		                    .through = &through,
+		                    .k = k};
+	ok = run_together(lspeed_main, r, sizeof(r[0]), k, &go);
+	gate_fini(&go);
+	for (int i = 0; ok && i < k; i++) {
+		if (r[i].rate <= 0.0)
+			return 0.0;
+		sum += r[i].rate;
+	}
+	return ok ? sum / k : 0.0;
+}
+
+/* work_speed fills speed[1..n] for layer l of s at microbatch B (iter:
+ * its forward and backward's seconds at one thread), measured once per
+ * (layer, input, B, precision); from the kernel (core_speed) where the
+ * layer is too slow to time or a measurement fails. */
+static void work_speed(const pt_job_spec *s, pt_act_shape in, int l, int64_t B, double iter, int n,
+                       int threads, double *speed)
+{
+	lspeed_entry e = {
+	    .spec = s->layers[l], .in = in, .B = B, .precision = (int)pt_get_precision()};
+	bool hit = false;
+
+	pthread_mutex_lock(&speed_mu);
+	for (int i = 0; i < n_lspeed && !hit; i++) {
+		lspeed_entry *c = &lspeed_cache[i];
+		if (c->B == B && c->precision == e.precision && c->n >= n &&
+		    same_shape(c->in, in) && memcmp(&c->spec, &e.spec, sizeof(e.spec)) == 0) {
+			memcpy(speed + 1, c->s + 1, sizeof(double) * (size_t)n);
+			hit = true;
+		}
+	}
+	pthread_mutex_unlock(&speed_mu);
+	if (hit)
+		return;
+	speed[1] = e.s[1] = 1.0;
+	if (iter > LS_MAX_ITER) {
+		for (int k = 2; k <= n; k++)
+			speed[k] = core_speed(k, threads);
+		return;
+	}
+	double one, t[SPEED_TRIALS];
+	for (int i = 0; i < SPEED_TRIALS; i++)
+		t[i] = layer_rate(s, in, l, B, iter, 1);
+	one = median(t, SPEED_TRIALS);
+	for (int k = 2; k <= n; k++) {
+		for (int i = 0; i < SPEED_TRIALS; i++)
+			t[i] = one > 0.0 ? layer_rate(s, in, l, B, iter, k) : 0.0;
+		double rk = median(t, SPEED_TRIALS);
+		speed[k] = one > 0.0 && rk > 0.0 ? fmin(1.0, rk / one) : core_speed(k, threads);
+		pt_debug("planner: %d copies of layer %d (microbatch %lld) at once run at %.2f of "
+		         "one alone",
+		         k, l, (long long)B, speed[k]);
+	}
+	memcpy(e.s + 1, speed + 1, sizeof(double) * (size_t)n);
+	e.n = n;
+	pthread_mutex_lock(&speed_mu);
+	if (n_lspeed < LS_CACHE)
+		lspeed_cache[n_lspeed++] = e;
+	pthread_mutex_unlock(&speed_mu);
+}
+
 void pt_job_plan_forget(void)
 {
 	pthread_mutex_lock(&cache_mu);
@@ -569,6 +805,7 @@ void pt_job_plan_forget(void)
 	pthread_mutex_unlock(&cache_mu);
 	pthread_mutex_lock(&speed_mu);
 	speed_known = 0;
+	n_lspeed = 0;
 	pthread_mutex_unlock(&speed_mu);
 }
 
@@ -921,11 +1158,10 @@ pt_err pt_job_plan_run(const pt_job_spec *spec, const pt_job_plan_options *o, pt
 		ms[nm++] = spec->microbatches;
 	if ((v = calloc((size_t)(np * nm * 4), sizeof(*v))) == NULL)
 		return pt_set_error(PT_ERR_NOMEM, "plans");
-	/* How the cores keep their speed with several threads at work. */
+	/* How the cores keep their speed with several threads at work: per
+	 * candidate, from its costliest layer (work_speed). */
 	double speed[SPEED_MAX + 1];
 	int n_speed = threads < SPEED_MAX ? threads : SPEED_MAX;
-	for (int k = 1; k <= n_speed; k++)
-		speed[k] = core_speed(k, threads);
 	/* Layers are measured at the job's precision. */
 	prev_prec = pt_get_precision();
 	pt_set_precision(pt_job_spec_precision(spec));
@@ -956,6 +1192,8 @@ pt_err pt_job_plan_run(const pt_job_spec *spec, const pt_job_plan_options *o, pt
 				       hf[PT_MAX_STAGES] = {0}, hb[PT_MAX_STAGES] = {0}, loss_s = 0,
 				       hop0;
 				int64_t B = spec->batch_size / m;
+				int heavy = -1;
+				double heavy_s = 0.0;
 				if (vs > 1 && (nl > PT_MAX_STAGES || nl > spec->n_layers ||
 				               (p > 1 && m % p != 0)))
 					continue;
@@ -971,6 +1209,10 @@ pt_err pt_job_plan_run(const pt_job_spec *spec, const pt_job_plan_options *o, pt
 						if ((rv = profile_layer(spec, in, l, B, tps, &c)) !=
 						    PT_OK)
 							goto fail;
+						if (heavy < 0 || c.f + c.b + c.w > heavy_s) {
+							heavy = l;
+							heavy_s = c.f + c.b + c.w;
+						}
 						sf[s] += c.f;
 						sb[s] += c.b;
 						sw[s] += c.w;
@@ -982,6 +1224,9 @@ pt_err pt_job_plan_run(const pt_job_spec *spec, const pt_job_plan_options *o, pt
 							hf[s] = profile_hop(c.out_floats);
 					}
 				hop0 = profile_hop(1);
+				/* A layer's time on tps threads, as at one. */
+				work_speed(spec, in, heavy, B, heavy_s * tps, n_speed, threads,
+				           speed);
 				if ((rv = profile_loss(spec, in, B, 1, &loss_s)) != PT_OK)
 					goto fail;
 				for (int s = 0; s < nl; s++)
