@@ -4,6 +4,7 @@
 #include <inttypes.h>
 #include <math.h>
 #include <omp.h>
+#include <oneapi/dnnl/dnnl.h>
 #include <stdlib.h>
 #include <string.h>
 #include <pthread.h>
@@ -762,14 +763,14 @@ static void test_tf32_rounding(void)
 	}
 }
 
-/* An operand read down rows 1024 floats apart is copied to padded rows
- * before the product (cpu_gemm_prec): the result is oneDNN's product of the
- * original layout, bit for bit, for dW = dy^T x of a 256 -> 1024 Linear
- * (dy's rows padded) and of a 1024 -> 256 one (x's), dx = dy W (W's), and
- * y = b + x W^T of a 1024 -> 256 one (W's, read transposed). */
+/* Below GEMM_SERIAL_FLOPS (dnnl_sgemm), an operand read down rows 1024 floats
+ * apart is copied to padded rows before the product (cpu_gemm_prec): the
+ * result is dnnl_sgemm's product of the original layout, bit for bit, for
+ * dW = dy^T x of a 16 -> 1024 Linear (dy's rows padded) and of a 1024 -> 16
+ * one (x's), and dx = dy W of a 1024 -> 256 one (W's) at 16 rows. */
 static void test_dispatch_gemm_padding_is_bitwise(void)
 {
-	enum { N = 300, W = 1024, S = 256 };
+	enum { N = 300, W = 1024, S = 256, R = 16 };
 	float *dy = malloc(sizeof(float) * N * W), *x = malloc(sizeof(float) * N * W);
 	float *ref = malloc(sizeof(float) * W * W), *got = malloc(sizeof(float) * W * W);
 	pt_tensor t;
@@ -784,37 +785,117 @@ static void test_dispatch_gemm_padding_is_bitwise(void)
 	CU_ASSERT_EQUAL(cpu_gemm_operand_floats(false, false, false, N, W, S, S, W), S * (W + 16));
 	CU_ASSERT_EQUAL(cpu_gemm_operand_floats(false, true, false, W, S, 255, W, S), 0);
 	CU_ASSERT_EQUAL(cpu_gemm_operand_floats(false, false, true, N, W, S, S, S), 0);
-	CU_ASSERT_EQUAL(cpu_gemm_operand_floats(false, false, true, N, S, W, W, W), S * (W + 16));
-	CU_ASSERT_EQUAL(cpu_gemm_operand_floats(false, false, true, N, S, 255, W, W), 0);
-	/* dW (W x S) = dy^T (dy: N x W) x (N x S) */
-	PT_CHECK_OK(cpu_gemm(true, false, W, S, N, 1.0f, dy, W, x, S, 0.0f, ref, S));
+	CU_ASSERT_EQUAL(cpu_gemm_operand_floats(false, false, true, N, S, W, W, W), 0);
+	/* dW (W x R) = dy^T (dy: N x W) x (N x R) */
+	CU_ASSERT_EQUAL(dnnl_sgemm('T', 'N', W, R, N, 1.0f, dy, W, x, R, 0.0f, ref, R),
+	                dnnl_success);
 	PT_CHECK_OK(
-	    cpu_gemm_prec(PT_PREC_FP32, true, false, W, S, N, 1.0f, dy, W, x, S, 0.0f, got, S));
-	CU_ASSERT(memcmp(ref, got, sizeof(float) * W * S) == 0);
-	/* dW (S x W) = dy^T (dy: N x S) x (N x W) */
-	PT_CHECK_OK(cpu_gemm(true, false, S, W, N, 1.0f, dy, S, x, W, 0.0f, ref, W));
+	    cpu_gemm_prec(PT_PREC_FP32, true, false, W, R, N, 1.0f, dy, W, x, R, 0.0f, got, R));
+	CU_ASSERT(memcmp(ref, got, sizeof(float) * W * R) == 0);
+	/* dW (R x W) = dy^T (dy: N x R) x (N x W) */
+	CU_ASSERT_EQUAL(dnnl_sgemm('T', 'N', R, W, N, 1.0f, dy, R, x, W, 0.0f, ref, W),
+	                dnnl_success);
 	PT_CHECK_OK(
-	    cpu_gemm_prec(PT_PREC_FP32, true, false, S, W, N, 1.0f, dy, S, x, W, 0.0f, got, W));
-	CU_ASSERT(memcmp(ref, got, sizeof(float) * S * W) == 0);
-	/* dx (N x W) = dy (N x S) W (S x W), accumulated */
-	for (int i = 0; i < N * W; i++)
+	    cpu_gemm_prec(PT_PREC_FP32, true, false, R, W, N, 1.0f, dy, R, x, W, 0.0f, got, W));
+	CU_ASSERT(memcmp(ref, got, sizeof(float) * R * W) == 0);
+	/* dx (R x W) = dy (R x S) W (S x W), accumulated */
+	for (int i = 0; i < R * W; i++)
 		ref[i] = got[i] = 0.25f;
-	PT_CHECK_OK(cpu_gemm(false, false, N, W, S, 1.0f, dy, S, x, W, 1.0f, ref, W));
+	CU_ASSERT_EQUAL(dnnl_sgemm('N', 'N', R, W, S, 1.0f, dy, S, x, W, 1.0f, ref, W),
+	                dnnl_success);
 	PT_CHECK_OK(
-	    cpu_gemm_prec(PT_PREC_FP32, false, false, N, W, S, 1.0f, dy, S, x, W, 1.0f, got, W));
-	CU_ASSERT(memcmp(ref, got, sizeof(float) * N * W) == 0);
-	/* y (N x S) = 0.25 + x (N x W) W^T (W: S x W), as a Linear forward */
-	for (int i = 0; i < N * S; i++)
-		ref[i] = got[i] = 0.25f;
-	PT_CHECK_OK(cpu_gemm(false, true, N, S, W, 1.0f, x, W, dy, W, 1.0f, ref, S));
-	PT_CHECK_OK(
-	    cpu_gemm_prec(PT_PREC_FP32, false, true, N, S, W, 1.0f, x, W, dy, W, 1.0f, got, S));
-	CU_ASSERT(memcmp(ref, got, sizeof(float) * N * S) == 0);
+	    cpu_gemm_prec(PT_PREC_FP32, false, false, R, W, S, 1.0f, dy, S, x, W, 1.0f, got, W));
+	CU_ASSERT(memcmp(ref, got, sizeof(float) * R * W) == 0);
 	pt_tensor_fini(&t);
 	free(dy);
 	free(x);
 	free(ref);
 	free(got);
+}
+
+/* From GEMM_SERIAL_FLOPS at the top level, products run on oneDNN's f32
+ * matmul primitive: W2's Linear shapes at 512 rows (y = x W^T + b with the
+ * primitive's bias, dx = dy W accumulated, dW += dy^T x) give the same bits
+ * on 1, 2 and 4 threads and agree with a double reference within 1e-6
+ * (relative, Frobenius; float sums of 1024 terms). */
+static void test_dispatch_gemm_prim_threads_bitwise(void)
+{
+	enum { N = 512, I = 1024, O = 256 };
+	pt_tensor t;
+	float *x = malloc(sizeof(float) * N * I), *w = malloc(sizeof(float) * O * I);
+	float *dy = malloc(sizeof(float) * N * O), *b = malloc(sizeof(float) * O);
+	float *out[3][3];
+	double *ref[3];
+	size_t n_out[3] = {(size_t)N * O, (size_t)N * I, (size_t)O * I};
+	int threads = omp_get_max_threads();
+
+	PT_CHECK_OK(pt_tensor_init(&t, PT_F32, 1, (int64_t[]){N * I}));
+	fill_uniform(&t, 5);
+	memcpy(x, pt_tensor_f32(&t), sizeof(float) * N * I);
+	fill_uniform(&t, 6);
+	memcpy(w, pt_tensor_f32(&t), sizeof(float) * O * I);
+	fill_uniform(&t, 7);
+	memcpy(dy, pt_tensor_f32(&t), sizeof(float) * N * O);
+	memcpy(b, pt_tensor_f32(&t) + N * O, sizeof(float) * O);
+	for (int k = 0; k < 3; k++) {
+		ref[k] = calloc(n_out[k], sizeof(double));
+		for (int tc = 0; tc < 3; tc++)
+			out[k][tc] = malloc(sizeof(float) * n_out[k]);
+	}
+	for (int64_t r = 0; r < N; r++)
+		for (int64_t o = 0; o < O; o++) {
+			double acc = b[o];
+			for (int64_t i = 0; i < I; i++)
+				acc += (double)x[r * I + i] * w[o * I + i];
+			ref[0][r * O + o] = acc;
+		}
+	for (int64_t r = 0; r < N; r++)
+		for (int64_t i = 0; i < I; i++) {
+			double acc = 0.5;
+			for (int64_t o = 0; o < O; o++)
+				acc += (double)dy[r * O + o] * w[o * I + i];
+			ref[1][r * I + i] = acc;
+		}
+	for (int64_t o = 0; o < O; o++)
+		for (int64_t i = 0; i < I; i++) {
+			double acc = 0.5;
+			for (int64_t r = 0; r < N; r++)
+				acc += (double)dy[r * O + o] * x[r * I + i];
+			ref[2][o * I + i] = acc;
+		}
+	for (int tc = 0; tc < 3; tc++) {
+		omp_set_num_threads(tc == 0 ? 1 : tc == 1 ? 2 : 4);
+		for (size_t i = 0; i < n_out[1]; i++)
+			out[1][tc][i] = 0.5f;
+		for (size_t i = 0; i < n_out[2]; i++)
+			out[2][tc][i] = 0.5f;
+		PT_CHECK_OK(cpu_gemm_f32_prim(false, true, N, O, I, 1.0f, x, I, w, I, b, 0.0f,
+		                              out[0][tc], O));
+		PT_CHECK_OK(cpu_gemm_prec(PT_PREC_FP32, false, false, N, I, O, 1.0f, dy, O, w, I,
+		                          1.0f, out[1][tc], I));
+		PT_CHECK_OK(cpu_gemm_prec(PT_PREC_FP32, true, false, O, I, N, 1.0f, dy, O, x, I,
+		                          1.0f, out[2][tc], I));
+	}
+	omp_set_num_threads(threads);
+	for (int k = 0; k < 3; k++) {
+		double num = 0, den = 0;
+		for (size_t i = 0; i < n_out[k]; i++) {
+			num += (out[k][0][i] - ref[k][i]) * (out[k][0][i] - ref[k][i]);
+			den += ref[k][i] * ref[k][i];
+		}
+		printf("\n    product %d: relative error %.1e", k, sqrt(num / den));
+		CU_ASSERT(sqrt(num / den) < 1e-6);
+		CU_ASSERT(memcmp(out[k][0], out[k][1], sizeof(float) * n_out[k]) == 0);
+		CU_ASSERT(memcmp(out[k][0], out[k][2], sizeof(float) * n_out[k]) == 0);
+		for (int tc = 0; tc < 3; tc++)
+			free(out[k][tc]);
+		free(ref[k]);
+	}
+	pt_tensor_fini(&t);
+	free(x);
+	free(w);
+	free(dy);
+	free(b);
 }
 
 /* attn_ref: causal attention and its input gradient in double, from the
@@ -1047,6 +1128,7 @@ static const pt_test_case eager_tests[] = {
     {"test_dispatch_attention_replayed_on_more_threads",
      test_dispatch_attention_replayed_on_more_threads},
     {"test_dispatch_gemm_padding_is_bitwise", test_dispatch_gemm_padding_is_bitwise},
+    {"test_dispatch_gemm_prim_threads_bitwise", test_dispatch_gemm_prim_threads_bitwise},
     {NULL, NULL},
 };
 

@@ -41,7 +41,8 @@
 
 typedef struct prim {
 	bool used;
-	int64_t M, N, K, ldc;
+	dnnl_data_type_t dt; /* of A and B: bf16 (packed) or f32 */
+	int64_t M, N, K, lda, ldb, ldc;
 	bool ta, tb, bias;
 	uint32_t alpha, beta; /* bit patterns */
 	dnnl_primitive_t p;
@@ -150,15 +151,15 @@ static pt_err make_prim(prim *e, float alpha, float beta, char *impl, size_t imp
 	dnnl_post_ops_t po = NULL;
 	dnnl_primitive_desc_t pd = NULL;
 	dnnl_dims_t ad = {e->M, e->K}, bd = {e->K, e->N}, cd = {e->M, e->N};
-	/* op(A) is M x K: A stored M x K (ld K), or K x M (ld M) and read down. */
-	dnnl_dims_t as = {e->ta ? 1 : e->K, e->ta ? e->M : 1};
-	dnnl_dims_t bs = {e->tb ? 1 : e->N, e->tb ? e->K : 1};
+	/* op(A) is M x K: A stored M x K (rows lda apart), or K x M and read down. */
+	dnnl_dims_t as = {e->ta ? 1 : e->lda, e->ta ? e->lda : 1};
+	dnnl_dims_t bs = {e->tb ? 1 : e->ldb, e->tb ? e->ldb : 1};
 	dnnl_dims_t cs = {e->ldc, 1}, biasd = {1, e->N}, biass = {e->N, 1};
 	dnnl_status_t st;
 
-	st = dnnl_memory_desc_init_by_strides(&a_md, 2, ad, dnnl_bf16, as);
+	st = dnnl_memory_desc_init_by_strides(&a_md, 2, ad, e->dt, as);
 	if (st == dnnl_success)
-		st = dnnl_memory_desc_init_by_strides(&b_md, 2, bd, dnnl_bf16, bs);
+		st = dnnl_memory_desc_init_by_strides(&b_md, 2, bd, e->dt, bs);
 	if (st == dnnl_success)
 		st = dnnl_memory_desc_init_by_strides(&c_md, 2, cd, dnnl_f32, cs);
 	if (st == dnnl_success && e->bias)
@@ -209,23 +210,24 @@ static pt_err make_prim(prim *e, float alpha, float beta, char *impl, size_t imp
 		if (e->c)
 			dnnl_memory_destroy(e->c);
 		memset(e, 0, sizeof(*e));
-		return pt_set_error(PT_ERR_BACKEND,
-		                    "oneDNN bf16 matmul (%ld x %ld x %ld): status %d", (long)cd[0],
-		                    (long)cd[1], (long)ad[1], (int)st);
+		return pt_set_error(PT_ERR_BACKEND, "oneDNN %s matmul (%ld x %ld x %ld): status %d",
+		                    e->dt == dnnl_f32 ? "f32" : "bf16", (long)cd[0], (long)cd[1],
+		                    (long)ad[1], (int)st);
 	}
 	e->used = true;
 	return PT_OK;
 }
 
 /* find returns the thread's primitive for this product, made on a miss. */
-static pt_err find(tstate *s, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
-                   float beta, bool bias, int64_t ldc, prim **out, char *impl, size_t impl_cap)
+static pt_err find(tstate *s, dnnl_data_type_t dt, bool ta, bool tb, int64_t M, int64_t N,
+                   int64_t K, int64_t lda, int64_t ldb, float alpha, float beta, bool bias,
+                   int64_t ldc, prim **out, char *impl, size_t impl_cap)
 {
 	for (int i = 0; i < CACHE_SLOTS; i++) {
 		prim *e = &s->cache[i];
-		if (e->used && e->M == M && e->N == N && e->K == K && e->ta == ta && e->tb == tb &&
-		    e->ldc == ldc && e->alpha == bits(alpha) && e->beta == bits(beta) &&
-		    e->bias == bias) {
+		if (e->used && e->dt == dt && e->M == M && e->N == N && e->K == K &&
+		    e->lda == lda && e->ldb == ldb && e->ta == ta && e->tb == tb && e->ldc == ldc &&
+		    e->alpha == bits(alpha) && e->beta == bits(beta) && e->bias == bias) {
 			*out = e;
 			return PT_OK;
 		}
@@ -233,9 +235,12 @@ static pt_err find(tstate *s, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
 	prim *e = &s->cache[s->next];
 	s->next = (s->next + 1) % CACHE_SLOTS;
 	prim_drop(e);
-	*e = (prim){.M = M,
+	*e = (prim){.dt = dt,
+	            .M = M,
 	            .N = N,
 	            .K = K,
+	            .lda = lda,
+	            .ldb = ldb,
 	            .ldc = ldc,
 	            .ta = ta,
 	            .tb = tb,
@@ -265,14 +270,17 @@ static pt_err operands(size_t n, tstate **out)
 	return PT_OK;
 }
 
-/* packed_gemm: C = alpha op(A) op(B) (+ bias row) + beta C on packed bf16
- * operands (A is M x K, or K x M when ta; B is K x N, or N x K when tb). */
-static pt_err packed_gemm(tstate *s, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
-                          const uint16_t *A, const uint16_t *B, const float *bias, float beta,
-                          float *C, int64_t ldc, char *impl, size_t impl_cap)
+/* prim_gemm: C = alpha op(A) op(B) (+ bias row) + beta C, A and B of type
+ * dt (A is M x K, or K x M when ta, rows lda apart; B is K x N, or N x K when
+ * tb, rows ldb apart). */
+static pt_err prim_gemm(tstate *s, dnnl_data_type_t dt, bool ta, bool tb, int64_t M, int64_t N,
+                        int64_t K, float alpha, const void *A, int64_t lda, const void *B,
+                        int64_t ldb, const float *bias, float beta, float *C, int64_t ldc,
+                        char *impl, size_t impl_cap)
 {
 	prim *e;
-	PT_TRY(find(s, ta, tb, M, N, K, alpha, beta, bias != NULL, ldc, &e, impl, impl_cap));
+	PT_TRY(find(s, dt, ta, tb, M, N, K, lda, ldb, alpha, beta, bias != NULL, ldc, &e, impl,
+	            impl_cap));
 	dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, e->a},
 	                           {DNNL_ARG_WEIGHTS, e->b},
 	                           {DNNL_ARG_DST, e->c},
@@ -289,10 +297,19 @@ static pt_err packed_gemm(tstate *s, bool ta, bool tb, int64_t M, int64_t N, int
 	if (st == dnnl_success)
 		st = dnnl_stream_wait(s->stream);
 	if (st != dnnl_success)
-		return pt_set_error(PT_ERR_BACKEND,
-		                    "oneDNN bf16 matmul (%ld x %ld x %ld): status %d", (long)M,
-		                    (long)N, (long)K, (int)st);
+		return pt_set_error(PT_ERR_BACKEND, "oneDNN %s matmul (%ld x %ld x %ld): status %d",
+		                    dt == dnnl_f32 ? "f32" : "bf16", (long)M, (long)N, (long)K,
+		                    (int)st);
 	return PT_OK;
+}
+
+/* packed_gemm is prim_gemm on packed bf16 operands. */
+static pt_err packed_gemm(tstate *s, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
+                          const uint16_t *A, const uint16_t *B, const float *bias, float beta,
+                          float *C, int64_t ldc, char *impl, size_t impl_cap)
+{
+	return prim_gemm(s, dnnl_bf16, ta, tb, M, N, K, alpha, A, ta ? M : K, B, tb ? K : N, bias,
+	                 beta, C, ldc, impl, impl_cap);
 }
 
 /* native_gemm: C = alpha op(A) op(B) + beta C with A and B rounded to bf16. */
@@ -382,6 +399,17 @@ bool pt_cpu_bf16_native(const char **impl)
 	if (impl != NULL)
 		*impl = impl_name;
 	return k == PT_BF16_AUTO ? auto_native : k == PT_BF16_NATIVE;
+}
+
+pt_err cpu_gemm_f32_prim(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
+                         const float *A, int64_t lda, const float *B, int64_t ldb,
+                         const float *bias, float beta, float *C, int64_t ldc)
+{
+	tstate *s = thread_state();
+	if (s == NULL)
+		return pt_set_error(PT_ERR_BACKEND, "oneDNN CPU engine or stream unavailable");
+	return prim_gemm(s, dnnl_f32, ta, tb, M, N, K, alpha, A, lda, B, ldb, bias, beta, C, ldc,
+	                 NULL, 0);
 }
 
 pt_err cpu_gemm_bf16_native(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,

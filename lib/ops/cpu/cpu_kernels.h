@@ -74,6 +74,13 @@ pt_err cpu_gemm_bf16_native(bool ta, bool tb, int64_t M, int64_t N, int64_t K, f
                             const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
                             float *C, int64_t ldc);
 
+/* cpu_gemm_f32_prim: C = alpha op(A) op(B) (+ bias row, when bias) + beta C
+ * through oneDNN's f32 matmul primitive (brgemm; cached per thread and
+ * shape, like the bf16 ones). Same bits for any thread count. */
+pt_err cpu_gemm_f32_prim(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
+                         const float *A, int64_t lda, const float *B, int64_t ldb,
+                         const float *bias, float beta, float *C, int64_t ldc);
+
 /* cpu_bf16_linear_forward: y (N x O) = x (N x I) w^T (w: O x I) + bias
  * (NULL: none), native bf16 products (x and w rounded once), f32 bias. */
 pt_err cpu_bf16_linear_forward(int64_t N, int64_t I, int64_t O, const float *x, const float *w,

@@ -14,6 +14,20 @@
  * 128 x 64 x 256 products ran twice as fast on one thread as on two). */
 #define GEMM_SERIAL_FLOPS ((double)(1 << 24))
 
+/* use_prim: this product runs on oneDNN's f32 matmul primitive (brgemm)
+ * rather than dnnl_sgemm - at the top level (the attention kernel's
+ * per-strip products, inside a parallel region, vary in shape strip by
+ * strip), from GEMM_SERIAL_FLOPS. On 2 Zen 5 cores it ran W2's Linear
+ * products at 490-510 GFLOP/s where dnnl_sgemm gave 340-490 (and its
+ * result does not depend on the leading dimensions' cache sets, nor on the
+ * thread count). A shape-only choice: the same product always takes the
+ * same kernel. */
+static bool use_prim(int64_t M, int64_t N, int64_t K)
+{
+	return K > 0 && 2.0 * (double)M * (double)N * (double)K >= GEMM_SERIAL_FLOPS &&
+	       !omp_in_parallel();
+}
+
 pt_err cpu_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
                 int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc)
 {
@@ -21,6 +35,9 @@ pt_err cpu_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, 
 	int team = 0;
 	if (M == 0 || N == 0)
 		return PT_OK;
+	if (use_prim(M, N, K))
+		return cpu_gemm_f32_prim(ta, tb, M, N, K, alpha, A, lda, B, ldb, NULL, beta, C,
+		                         ldc);
 	if (2.0 * (double)M * (double)N * (double)K < GEMM_SERIAL_FLOPS && !omp_in_parallel() &&
 	    (team = omp_get_max_threads()) > 1)
 		omp_set_num_threads(1);
@@ -84,16 +101,15 @@ static float *scratch_floats(size_t n)
 	return scratch;
 }
 
-/* An operand whose panel rows lie a multiple of 512 floats (2 KiB) apart
- * maps them to a few cache sets; oneDNN's sgemm then runs at half speed
- * (dW = dy^T x of a 1024-wide layer: 70 against 140 GFLOP/s on 2 Zen 4
- * cores) or at three quarters (y = x w^T with w 256 x 1024: 340 against 424
- * on 2 Zen 5 cores). Such an operand - A transposed, B not transposed, or B
- * transposed (a weight, small) - is copied with its rows 16 floats longer
- * first: the product is the same bits, and the copy costs less than the
- * conflicts. A plain A (activations, large) stays: padding it gained 4 %
- * and cost more to copy. Only at the top level (the attention kernel's
- * per-head products run inside a parallel region on small strips). */
+/* An operand read down its rows (k) with a stride that is a multiple of 512
+ * floats (2 KiB) maps a panel's rows to a few cache sets; oneDNN's sgemm then
+ * runs at half speed (dW = dy^T x of a 1024-wide layer: 70 against 140
+ * GFLOP/s on 2 Zen 4 cores). Such an operand is copied with its rows 16
+ * floats longer first: the product is the same bits, and the copy costs less
+ * than the conflicts. Only for dnnl_sgemm's products (use_prim: the matmul
+ * primitive does not need it), at the top level. A transposed B (a weight
+ * read across) is left alone: padding it changed the bits of a 16-row
+ * product. */
 #define PT_GEMM_PAD 16
 
 static bool conflicting(int64_t ld, int64_t K)
@@ -113,7 +129,7 @@ size_t cpu_gemm_operand_floats(bool rounded, bool ta, bool tb, int64_t M, int64_
 	size_t n = 0;
 	if (rounded || (ta && conflicting(lda, K)))
 		n += (size_t)(ra * padded_ld(ca));
-	if (rounded || conflicting(ldb, K))
+	if (rounded || (!tb && conflicting(ldb, K)))
 		n += (size_t)(rb * padded_ld(cb));
 	return n;
 }
@@ -135,11 +151,11 @@ pt_err cpu_gemm_prec_emulated(pt_precision prec, bool ta, bool tb, int64_t M, in
 	int64_t ra = ta ? K : M, ca = ta ? M : K, rb = tb ? N : K, cb = tb ? K : N;
 	bool rounded = prec != PT_PREC_FP32;
 	bool copy_a = rounded || (ta && conflicting(lda, K));
-	bool copy_b = rounded || conflicting(ldb, K);
+	bool copy_b = rounded || (!tb && conflicting(ldb, K));
 	size_t n = cpu_gemm_operand_floats(rounded, ta, tb, M, N, K, lda, ldb);
 	float *a;
 
-	if (n == 0 || M == 0 || N == 0)
+	if (n == 0 || M == 0 || N == 0 || (!rounded && use_prim(M, N, K)))
 		return cpu_gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 	if ((a = scratch_floats(n)) == NULL)
 		return pt_set_error(PT_ERR_NOMEM, "gemm operands (%ld x %ld x %ld)", (long)M,
@@ -191,6 +207,10 @@ pt_err cpu_linear_forward(const pt_op_call *c, void *ws)
 	if (native_bf16(c) && N > 0 && I > 0 && O > 0)
 		return cpu_bf16_linear_forward(N, I, O, pt_tensor_f32(x), pt_tensor_f32(w),
 		                               b != NULL ? pt_tensor_f32(b) : NULL, y);
+	if (c->prec == PT_PREC_FP32 && N > 0 && O > 0 && use_prim(N, O, I))
+		return cpu_gemm_f32_prim(false, true, N, O, I, 1.0f, pt_tensor_f32(x), I,
+		                         pt_tensor_f32(w), I, b != NULL ? pt_tensor_f32(b) : NULL,
+		                         0.0f, y, O);
 	if (b != NULL) {
 		/* Seed each output row with the bias, then accumulate the product
 		 * (rows in parallel: a W2 step writes 150 MB of seeds). */
