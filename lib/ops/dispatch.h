@@ -161,6 +161,11 @@ typedef enum pt_bf16_kernels { PT_BF16_AUTO, PT_BF16_NATIVE, PT_BF16_EMULATED } 
 void pt_cpu_bf16_select(pt_bf16_kernels k);
 bool pt_cpu_bf16_native(const char **impl);
 
+/* pt_cpu_f32_gemm_impl names oneDNN's kernel for f32 products from 16 M
+ * flops (its matmul primitive for a 256 x 256 x 256 product, asked once;
+ * "unavailable" when it cannot make one, and sgemm then runs them). */
+const char *pt_cpu_f32_gemm_impl(void);
+
 typedef struct pt_op_call {
 	pt_op op;
 	int n_in, n_out;

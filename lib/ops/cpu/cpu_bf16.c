@@ -1,6 +1,8 @@
-/* cpu_bf16.c - native bf16 matrix products: oneDNN's matmul primitive on
- * bf16 operands with f32 accumulation and an f32 destination (AVX512_BF16's
- * vdpbf16ps, AMX tiles), where this CPU and oneDNN have such a kernel.
+/* cpu_bf16.c - oneDNN's matmul primitive, cached per thread and shape: for
+ * native bf16 matrix products (bf16 operands, f32 accumulation and
+ * destination: AVX512_BF16's vdpbf16ps, AMX tiles, where this CPU and oneDNN
+ * have such a kernel) and for large f32 ones (cpu_gemm_f32_prim: brgemm,
+ * faster than dnnl_sgemm on every Linear shape of W2).
  *
  * Choice (pt_cpu_bf16_select): AUTO picks native once per process when
  * oneDNN's effective ISA is avx512_core_bf16 or avx512_core_amx, the
@@ -399,6 +401,27 @@ bool pt_cpu_bf16_native(const char **impl)
 	if (impl != NULL)
 		*impl = impl_name;
 	return k == PT_BF16_AUTO ? auto_native : k == PT_BF16_NATIVE;
+}
+
+static char f32_impl[64] = "unavailable";
+static pthread_once_t f32_once = PTHREAD_ONCE_INIT;
+
+static void f32_probe(void)
+{
+	prim e = {.dt = dnnl_f32, .M = 256, .N = 256, .K = 256, .lda = 256, .ldb = 256, .ldc = 256};
+	char impl[64] = "";
+	pthread_once(&engine_once, engine_init);
+	if (engine != NULL && make_prim(&e, 1.0f, 0.0f, impl, sizeof(impl)) == PT_OK &&
+	    impl[0] != '\0')
+		snprintf(f32_impl, sizeof(f32_impl), "%s", impl);
+	prim_drop(&e);
+	pt_clear_error();
+}
+
+const char *pt_cpu_f32_gemm_impl(void)
+{
+	pthread_once(&f32_once, f32_probe);
+	return f32_impl;
 }
 
 pt_err cpu_gemm_f32_prim(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,

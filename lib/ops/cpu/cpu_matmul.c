@@ -35,9 +35,12 @@ pt_err cpu_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, 
 	int team = 0;
 	if (M == 0 || N == 0)
 		return PT_OK;
-	if (use_prim(M, N, K))
-		return cpu_gemm_f32_prim(ta, tb, M, N, K, alpha, A, lda, B, ldb, NULL, beta, C,
-		                         ldc);
+	if (use_prim(M, N, K)) {
+		if (cpu_gemm_f32_prim(ta, tb, M, N, K, alpha, A, lda, B, ldb, NULL, beta, C, ldc) ==
+		    PT_OK)
+			return PT_OK;
+		pt_clear_error(); /* no primitive for it: sgemm below */
+	}
 	if (2.0 * (double)M * (double)N * (double)K < GEMM_SERIAL_FLOPS && !omp_in_parallel() &&
 	    (team = omp_get_max_threads()) > 1)
 		omp_set_num_threads(1);
@@ -207,10 +210,13 @@ pt_err cpu_linear_forward(const pt_op_call *c, void *ws)
 	if (native_bf16(c) && N > 0 && I > 0 && O > 0)
 		return cpu_bf16_linear_forward(N, I, O, pt_tensor_f32(x), pt_tensor_f32(w),
 		                               b != NULL ? pt_tensor_f32(b) : NULL, y);
-	if (c->prec == PT_PREC_FP32 && N > 0 && O > 0 && use_prim(N, O, I))
-		return cpu_gemm_f32_prim(false, true, N, O, I, 1.0f, pt_tensor_f32(x), I,
-		                         pt_tensor_f32(w), I, b != NULL ? pt_tensor_f32(b) : NULL,
-		                         0.0f, y, O);
+	if (c->prec == PT_PREC_FP32 && N > 0 && O > 0 && use_prim(N, O, I)) {
+		if (cpu_gemm_f32_prim(false, true, N, O, I, 1.0f, pt_tensor_f32(x), I,
+		                      pt_tensor_f32(w), I, b != NULL ? pt_tensor_f32(b) : NULL,
+		                      0.0f, y, O) == PT_OK)
+			return PT_OK;
+		pt_clear_error(); /* no primitive for it: seeded sgemm below */
+	}
 	if (b != NULL) {
 		/* Seed each output row with the bias, then accumulate the product
 		 * (rows in parallel: a W2 step writes 150 MB of seeds). */
