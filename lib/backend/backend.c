@@ -391,7 +391,7 @@ void pt_backend_describe(pt_device dev, char *buf, size_t cap)
 	o = (size_t)snprintf(
 	    buf, cap,
 	    "cpu: %s, %d cores (avx2 %s, avx512f %s, avx512_bf16 %s, amx_bf16 %s); "
-	    "matmul: oneDNN %d.%d.%d, %s (f32 from 16 M flops: %s, below: sgemm); "
+	    "matmul: oneDNN %d.%d.%d, %s (f32 from 16 M flops, widths to 1024: %s; else sgemm); "
 	    "element-wise: built for x86-64-v3 (AVX2); sha256: %s; bf16: %s",
 	    model, pt_num_cores(), have[0] ? "yes" : "no", have[1] ? "yes" : "no",
 	    have[2] ? "yes" : "no", have[3] ? "yes" : "no", v ? v->major : 0, v ? v->minor : 0,

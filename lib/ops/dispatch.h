@@ -162,7 +162,8 @@ void pt_cpu_bf16_select(pt_bf16_kernels k);
 bool pt_cpu_bf16_native(const char **impl);
 
 /* pt_cpu_f32_gemm_impl names oneDNN's kernel for f32 products from 16 M
- * flops (its matmul primitive for a 256 x 256 x 256 product, asked once;
+ * flops with widths to 1024 (cpu_matmul.c's use_prim; its matmul primitive
+ * for a 256 x 256 x 256 product, asked once;
  * "unavailable" when it cannot make one, and sgemm then runs them). */
 const char *pt_cpu_f32_gemm_impl(void);
 

@@ -17,15 +17,21 @@
 /* use_prim: this product runs on oneDNN's f32 matmul primitive (brgemm)
  * rather than dnnl_sgemm - at the top level (the attention kernel's
  * per-strip products, inside a parallel region, vary in shape strip by
- * strip), from GEMM_SERIAL_FLOPS. On 2 Zen 5 cores it ran W2's Linear
- * products at 490-510 GFLOP/s where dnnl_sgemm gave 340-490 (and its
- * result does not depend on the leading dimensions' cache sets, nor on the
- * thread count). A shape-only choice: the same product always takes the
- * same kernel. */
-static bool use_prim(int64_t M, int64_t N, int64_t K)
+ * strip), from GEMM_SERIAL_FLOPS, where the two dimensions other than the
+ * rows of a batch (N and K, or M and N for a weight gradient, ta) are at
+ * most PRIM_MAX_DIM. Measured on 2 Zen 5 cores: every W2 Linear product
+ * (widths 256 to 1024) ran at 490-510 GFLOP/s on the primitive against
+ * 340-490 on sgemm; W3's wider ones (768 to 50304) ran at 290-465 on the
+ * primitive against 457-495 on sgemm. A shape-only choice: the same
+ * product always takes the same kernel, and either gives the same bits on
+ * any thread count. */
+#define PRIM_MAX_DIM 1024
+
+static bool use_prim(bool ta, int64_t M, int64_t N, int64_t K)
 {
-	return K > 0 && 2.0 * (double)M * (double)N * (double)K >= GEMM_SERIAL_FLOPS &&
-	       !omp_in_parallel();
+	int64_t d1 = ta ? M : N, d2 = ta ? N : K;
+	return K > 0 && d1 <= PRIM_MAX_DIM && d2 <= PRIM_MAX_DIM &&
+	       2.0 * (double)M * (double)N * (double)K >= GEMM_SERIAL_FLOPS && !omp_in_parallel();
 }
 
 pt_err cpu_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
@@ -35,7 +41,7 @@ pt_err cpu_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, 
 	int team = 0;
 	if (M == 0 || N == 0)
 		return PT_OK;
-	if (use_prim(M, N, K)) {
+	if (use_prim(ta, M, N, K)) {
 		if (cpu_gemm_f32_prim(ta, tb, M, N, K, alpha, A, lda, B, ldb, NULL, beta, C, ldc) ==
 		    PT_OK)
 			return PT_OK;
@@ -158,7 +164,7 @@ pt_err cpu_gemm_prec_emulated(pt_precision prec, bool ta, bool tb, int64_t M, in
 	size_t n = cpu_gemm_operand_floats(rounded, ta, tb, M, N, K, lda, ldb);
 	float *a;
 
-	if (n == 0 || M == 0 || N == 0 || (!rounded && use_prim(M, N, K)))
+	if (n == 0 || M == 0 || N == 0 || (!rounded && use_prim(ta, M, N, K)))
 		return cpu_gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 	if ((a = scratch_floats(n)) == NULL)
 		return pt_set_error(PT_ERR_NOMEM, "gemm operands (%ld x %ld x %ld)", (long)M,
@@ -210,7 +216,7 @@ pt_err cpu_linear_forward(const pt_op_call *c, void *ws)
 	if (native_bf16(c) && N > 0 && I > 0 && O > 0)
 		return cpu_bf16_linear_forward(N, I, O, pt_tensor_f32(x), pt_tensor_f32(w),
 		                               b != NULL ? pt_tensor_f32(b) : NULL, y);
-	if (c->prec == PT_PREC_FP32 && N > 0 && O > 0 && use_prim(N, O, I)) {
+	if (c->prec == PT_PREC_FP32 && N > 0 && O > 0 && use_prim(false, N, O, I)) {
 		if (cpu_gemm_f32_prim(false, true, N, O, I, 1.0f, pt_tensor_f32(x), I,
 		                      pt_tensor_f32(w), I, b != NULL ? pt_tensor_f32(b) : NULL,
 		                      0.0f, y, O) == PT_OK)
