@@ -813,6 +813,21 @@ static void test_dispatch_gemm_padding_is_bitwise(void)
 	free(got);
 }
 
+/* ref_gemm: out (rows x cols) = init (+ bias[c]) + sum over k of
+ * a[r ar + k ak] b[k bk + c bc], in double. */
+static void ref_gemm(double *out, int64_t rows, int64_t cols, int64_t K, const float *a, int64_t ar,
+                     int64_t ak, const float *b, int64_t bk, int64_t bc, const float *bias,
+                     double init)
+{
+	for (int64_t r = 0; r < rows; r++)
+		for (int64_t c = 0; c < cols; c++) {
+			double acc = init + (bias ? bias[c] : 0.0);
+			for (int64_t k = 0; k < K; k++)
+				acc += (double)a[r * ar + k * ak] * b[k * bk + c * bc];
+			out[r * cols + c] = acc;
+		}
+}
+
 /* From GEMM_SERIAL_FLOPS at the top level, products run on oneDNN's f32
  * matmul primitive: W2's Linear shapes at 512 rows (y = x W^T + b with the
  * primitive's bias, dx = dy W accumulated, dW += dy^T x) give the same bits
@@ -842,27 +857,9 @@ static void test_dispatch_gemm_prim_threads_bitwise(void)
 		for (int tc = 0; tc < 3; tc++)
 			out[k][tc] = malloc(sizeof(float) * n_out[k]);
 	}
-	for (int64_t r = 0; r < N; r++)
-		for (int64_t o = 0; o < O; o++) {
-			double acc = b[o];
-			for (int64_t i = 0; i < I; i++)
-				acc += (double)x[r * I + i] * w[o * I + i];
-			ref[0][r * O + o] = acc;
-		}
-	for (int64_t r = 0; r < N; r++)
-		for (int64_t i = 0; i < I; i++) {
-			double acc = 0.5;
-			for (int64_t o = 0; o < O; o++)
-				acc += (double)dy[r * O + o] * w[o * I + i];
-			ref[1][r * I + i] = acc;
-		}
-	for (int64_t o = 0; o < O; o++)
-		for (int64_t i = 0; i < I; i++) {
-			double acc = 0.5;
-			for (int64_t r = 0; r < N; r++)
-				acc += (double)dy[r * O + o] * x[r * I + i];
-			ref[2][o * I + i] = acc;
-		}
+	ref_gemm(ref[0], N, O, I, x, I, 1, w, 1, I, b, 0.0);     /* x w^T + b */
+	ref_gemm(ref[1], N, I, O, dy, O, 1, w, I, 1, NULL, 0.5); /* 0.5 + dy w */
+	ref_gemm(ref[2], O, I, N, dy, 1, O, x, I, 1, NULL, 0.5); /* 0.5 + dy^T x */
 	for (int tc = 0; tc < 3; tc++) {
 		omp_set_num_threads(tc == 0 ? 1 : tc == 1 ? 2 : 4);
 		for (size_t i = 0; i < n_out[1]; i++)
