@@ -51,6 +51,12 @@ pt_err pt_job_load_tokens(const pt_job_spec *s, const char *field, const char *p
  * `hop` seconds, no loss or update time, one thread per stage on `threads`
  * cores whose speed with k threads at work is speed[k] (k = 1..n_speed; the
  * last beyond). For tests: the step and bubble it predicts. */
+/* pt_job_model_bytes sizes a model of layers [first, last) at microbatch B
+ * as pt_model_create makes it with one activation slot and no optimizer:
+ * parameters, gradients, the slot, the work arena, its input and output
+ * (memory.c's accounting). */
+double pt_job_model_bytes(const pt_job_spec *s, pt_act_shape input, int first, int last, double B);
+
 pt_err pt_plan_simulate_uniform(pt_pipe_schedule sc, int p, int m, double f, double b, double w,
                                 double hop, int threads, const double *speed, int n_speed,
                                 double *step, double *bubble);

@@ -131,6 +131,13 @@ static void model_bytes(const pt_job_spec *s, pt_act_shape input, int first, int
 	*out = act_floats(cur, B);
 }
 
+double pt_job_model_bytes(const pt_job_spec *s, pt_act_shape input, int first, int last, double B)
+{
+	double fp, fslot, fwork, fin, fout;
+	model_bytes(s, input, first, last, B, &fp, &fslot, &fwork, &fin, &fout);
+	return 2 * fp * 4 + fslot + fwork + (fin + fout) * 4;
+}
+
 static double data_bytes(const pt_job_spec *s, const pt_job_data_shape *d)
 {
 	double N = (double)d->rows, batch = (double)s->batch_size, b = 0;

@@ -625,11 +625,15 @@ static double core_speed(int k, int cores)
  * until every thread is through, so none is timed alone at the end; its
  * rate is iterations over the time from the first counted start to the
  * last counted end. The median of SPEED_TRIALS over one thread's. Layers
- * slower than LS_MAX_ITER a go (at one thread) use the kernel instead. */
+ * slower than LS_MAX_ITER a go (at one thread), or whose copies for every
+ * core would take more than LS_MAX_MEM (a wide layer on a many-core host:
+ * the planner runs inside the server, outside any job's admitted memory),
+ * use the kernel instead. */
 #define LS_WARM     0.010
 #define LS_WINDOW   0.030
 #define LS_ITERS    4
 #define LS_MAX_ITER 0.025
+#define LS_MAX_MEM  ((double)(512 << 20)) /* the copies at most, in all */
 #define LS_CACHE    32
 
 typedef struct lspeed_run {
@@ -771,8 +775,9 @@ static void work_speed(const pt_job_spec *s, pt_act_shape in, int l, int64_t B, 
 	pthread_mutex_unlock(&speed_mu);
 	if (hit)
 		return;
+	double copy = pt_job_model_bytes(s, in, l, l + 1, (double)B);
 	speed[1] = e.s[1] = 1.0;
-	if (iter > LS_MAX_ITER) {
+	if (iter > LS_MAX_ITER || n * copy > LS_MAX_MEM) {
 		for (int k = 2; k <= n; k++)
 			speed[k] = core_speed(k, threads);
 		return;
@@ -786,9 +791,9 @@ static void work_speed(const pt_job_spec *s, pt_act_shape in, int l, int64_t B, 
 			t[i] = one > 0.0 ? layer_rate(s, in, l, B, iter, k) : 0.0;
 		double rk = median(t, SPEED_TRIALS);
 		speed[k] = one > 0.0 && rk > 0.0 ? fmin(1.0, rk / one) : core_speed(k, threads);
-		pt_debug("planner: %d copies of layer %d (microbatch %lld) at once run at %.2f of "
-		         "one alone",
-		         k, l, (long long)B, speed[k]);
+		pt_debug("planner: %d copies of layer %d (microbatch %lld, %.1f MB each) at once "
+		         "run at %.2f of one alone",
+		         k, l, (long long)B, copy / 1e6, speed[k]);
 	}
 	memcpy(e.s + 1, speed + 1, sizeof(double) * (size_t)n);
 	e.n = n;
