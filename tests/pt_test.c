@@ -2,6 +2,7 @@
 #include "pt_test.h"
 
 #include "job.h"
+#include "safetensors.h"
 
 #include <limits.h>
 #include <nng/nng.h>
@@ -118,4 +119,92 @@ void pt_test_digits_spec(struct pt_job_spec *spec)
 	memset(spec, 0, sizeof(*spec));
 	PT_CHECK_OK(pt_job_spec_decode(buf, len, spec));
 	free(buf);
+}
+
+bool pt_test_same_tensors(const char *a, const char *b)
+{
+	pt_safetensors *x, *y;
+	bool same = true;
+	PT_CHECK_OK(pt_safetensors_open(&x, a));
+	PT_CHECK_OK(pt_safetensors_open(&y, b));
+	same = pt_safetensors_count(x) == pt_safetensors_count(y);
+	for (size_t i = 0; same && i < pt_safetensors_count(x); i++) {
+		pt_tensor tx, ty;
+		const char *name = pt_safetensors_name(x, i);
+		PT_CHECK_OK(pt_safetensors_get(x, name, &tx));
+		if (pt_safetensors_get(y, name, &ty) != PT_OK) {
+			same = false;
+		} else {
+			same = pt_tensor_nbytes(&tx) == pt_tensor_nbytes(&ty) &&
+			       memcmp(pt_tensor_data(&tx), pt_tensor_data(&ty),
+			              pt_tensor_nbytes(&tx)) == 0;
+			pt_tensor_fini(&ty);
+		}
+		pt_tensor_fini(&tx);
+	}
+	pt_safetensors_destroy(x);
+	pt_safetensors_destroy(y);
+	return same;
+}
+
+/* same_state_split compares two .state files of runs with different stage
+ * counts: each stage's state is its parameter arena then c optimizer copies
+ * of its size (c from the weights file a_w), and the stages' arenas
+ * concatenated are the full model's, so the concatenations of every
+ * stage's k-th part must be equal, bitwise, for k = 0..c. */
+bool pt_test_same_state_split(const char *a_w, const char *a, const char *b)
+{
+	pt_safetensors *w, *f[2];
+	int64_t nparams = 0;
+	float *cat[2] = {NULL, NULL};
+	int64_t total[2] = {0, 0}, copies;
+	bool same = true;
+
+	PT_CHECK_OK(pt_safetensors_open(&w, a_w));
+	for (size_t i = 0; i < pt_safetensors_count(w); i++) {
+		pt_tensor t;
+		PT_CHECK_OK(pt_safetensors_get(w, pt_safetensors_name(w, i), &t));
+		nparams += pt_tensor_numel(&t);
+		pt_tensor_fini(&t);
+	}
+	pt_safetensors_destroy(w);
+	PT_CHECK_OK(pt_safetensors_open(&f[0], a));
+	PT_CHECK_OK(pt_safetensors_open(&f[1], b));
+	for (int k = 0; k < 2; k++) {
+		int64_t at[8] = {0};
+		size_t n = pt_safetensors_count(f[k]);
+		/* First the total, then each stage's parts to their places. */
+		for (size_t i = 0; i < n; i++) {
+			pt_tensor t;
+			PT_CHECK_OK(pt_safetensors_get(f[k], pt_safetensors_name(f[k], i), &t));
+			total[k] += pt_tensor_numel(&t);
+			pt_tensor_fini(&t);
+		}
+		/* The stages' arenas pad their tensors (the weights file does not). */
+		copies = total[k] / nparams;
+		CU_ASSERT_FATAL(copies >= 1 && copies <= 8 && total[k] % copies == 0);
+		cat[k] = malloc(sizeof(float) * (size_t)total[k]);
+		for (int64_t c = 0; c < copies; c++)
+			at[c] = c * (total[k] / copies);
+		for (size_t i = 0; i < n; i++) {
+			char name[32];
+			pt_tensor t;
+			snprintf(name, sizeof(name), "stage%zu.state", i);
+			PT_CHECK_OK(pt_safetensors_get(f[k], name, &t));
+			int64_t part = pt_tensor_numel(&t) / copies;
+			for (int64_t c = 0; c < copies; c++) {
+				memcpy(cat[k] + at[c], (const float *)pt_tensor_data(&t) + c * part,
+				       sizeof(float) * (size_t)part);
+				at[c] += part;
+			}
+			pt_tensor_fini(&t);
+		}
+	}
+	same =
+	    total[0] == total[1] && memcmp(cat[0], cat[1], sizeof(float) * (size_t)total[0]) == 0;
+	free(cat[0]);
+	free(cat[1]);
+	pt_safetensors_destroy(f[0]);
+	pt_safetensors_destroy(f[1]);
+	return same;
 }

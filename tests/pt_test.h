@@ -82,6 +82,16 @@ struct pt_job_spec;
  * success; release it with pt_job_spec_fini). */
 void pt_test_digits_spec(struct pt_job_spec *spec);
 
+/* pt_test_same_tensors: the two safetensors files hold the same tensors
+ * (names, sizes), bit for bit (asserting both open). */
+bool pt_test_same_tensors(const char *a, const char *b);
+
+/* pt_test_same_state_split: two .state files (b's run may have other stage
+ * counts or chunks) hold the same parameters and optimizer copies, bit for
+ * bit, once each stage's parts are concatenated in stage order (a_w: the
+ * weights file of a's run, for the parameter count). */
+bool pt_test_same_state_split(const char *a_w, const char *a, const char *b);
+
 /* pt_test_path joins PT_SOURCE_ROOT and rel into one of 8 rotating static
  * buffers (not thread-safe). */
 const char *pt_test_path(const char *rel);

@@ -1770,95 +1770,6 @@ static void test_job_run_digits_trains_and_checkpoints(void)
 	}
 }
 
-/* Bitwise equality of two safetensors files' tensors. */
-static bool same_tensors(const char *a, const char *b)
-{
-	pt_safetensors *x, *y;
-	bool same = true;
-	PT_CHECK_OK(pt_safetensors_open(&x, a));
-	PT_CHECK_OK(pt_safetensors_open(&y, b));
-	same = pt_safetensors_count(x) == pt_safetensors_count(y);
-	for (size_t i = 0; same && i < pt_safetensors_count(x); i++) {
-		pt_tensor tx, ty;
-		const char *name = pt_safetensors_name(x, i);
-		PT_CHECK_OK(pt_safetensors_get(x, name, &tx));
-		if (pt_safetensors_get(y, name, &ty) != PT_OK) {
-			same = false;
-		} else {
-			same = pt_tensor_nbytes(&tx) == pt_tensor_nbytes(&ty) &&
-			       memcmp(pt_tensor_data(&tx), pt_tensor_data(&ty),
-			              pt_tensor_nbytes(&tx)) == 0;
-			pt_tensor_fini(&ty);
-		}
-		pt_tensor_fini(&tx);
-	}
-	pt_safetensors_destroy(x);
-	pt_safetensors_destroy(y);
-	return same;
-}
-
-/* same_state_split compares two .state files of runs with different stage
- * counts: each stage's state is its parameter arena then c optimizer copies
- * of its size (c from the weights file a_w), and the stages' arenas
- * concatenated are the full model's, so the concatenations of every
- * stage's k-th part must be equal, bitwise, for k = 0..c. */
-static bool same_state_split(const char *a_w, const char *a, const char *b)
-{
-	pt_safetensors *w, *f[2];
-	int64_t nparams = 0;
-	float *cat[2] = {NULL, NULL};
-	int64_t total[2] = {0, 0}, copies;
-	bool same = true;
-
-	PT_CHECK_OK(pt_safetensors_open(&w, a_w));
-	for (size_t i = 0; i < pt_safetensors_count(w); i++) {
-		pt_tensor t;
-		PT_CHECK_OK(pt_safetensors_get(w, pt_safetensors_name(w, i), &t));
-		nparams += pt_tensor_numel(&t);
-		pt_tensor_fini(&t);
-	}
-	pt_safetensors_destroy(w);
-	PT_CHECK_OK(pt_safetensors_open(&f[0], a));
-	PT_CHECK_OK(pt_safetensors_open(&f[1], b));
-	for (int k = 0; k < 2; k++) {
-		int64_t at[8] = {0};
-		size_t n = pt_safetensors_count(f[k]);
-		/* First the total, then each stage's parts to their places. */
-		for (size_t i = 0; i < n; i++) {
-			pt_tensor t;
-			PT_CHECK_OK(pt_safetensors_get(f[k], pt_safetensors_name(f[k], i), &t));
-			total[k] += pt_tensor_numel(&t);
-			pt_tensor_fini(&t);
-		}
-		/* The stages' arenas pad their tensors (the weights file does not). */
-		copies = total[k] / nparams;
-		CU_ASSERT_FATAL(copies >= 1 && copies <= 8 && total[k] % copies == 0);
-		cat[k] = malloc(sizeof(float) * (size_t)total[k]);
-		for (int64_t c = 0; c < copies; c++)
-			at[c] = c * (total[k] / copies);
-		for (size_t i = 0; i < n; i++) {
-			char name[32];
-			pt_tensor t;
-			snprintf(name, sizeof(name), "stage%zu.state", i);
-			PT_CHECK_OK(pt_safetensors_get(f[k], name, &t));
-			int64_t part = pt_tensor_numel(&t) / copies;
-			for (int64_t c = 0; c < copies; c++) {
-				memcpy(cat[k] + at[c], (const float *)pt_tensor_data(&t) + c * part,
-				       sizeof(float) * (size_t)part);
-				at[c] += part;
-			}
-			pt_tensor_fini(&t);
-		}
-	}
-	same =
-	    total[0] == total[1] && memcmp(cat[0], cat[1], sizeof(float) * (size_t)total[0]) == 0;
-	free(cat[0]);
-	free(cat[1]);
-	pt_safetensors_destroy(f[0]);
-	pt_safetensors_destroy(f[1]);
-	return same;
-}
-
 /* Train k steps, stop (a checkpoint at k), resume in a new runner, train on
  * to n: losses, norms, evaluation and final weights equal the straight run's. */
 static void test_job_run_cancel_then_resume_is_bitwise(void)
@@ -1899,10 +1810,10 @@ static void test_job_run_cancel_then_resume_is_bitwise(void)
 	}
 	for (int i = 0; i < K; i++)
 		CU_ASSERT_EQUAL(memcmp(&straight.m[i].loss, &part.m[i].loss, sizeof(double)), 0);
-	CU_ASSERT(same_tensors(tmp_path("straight/step-30.safetensors"),
-	                       tmp_path("resumed/step-30.safetensors")));
-	CU_ASSERT(same_tensors(tmp_path("straight/step-30.safetensors.state"),
-	                       tmp_path("resumed/step-30.safetensors.state")));
+	CU_ASSERT(pt_test_same_tensors(tmp_path("straight/step-30.safetensors"),
+	                               tmp_path("resumed/step-30.safetensors")));
+	CU_ASSERT(pt_test_same_tensors(tmp_path("straight/step-30.safetensors.state"),
+	                               tmp_path("resumed/step-30.safetensors.state")));
 	/* Resuming at the end trains nothing and writes nothing new. */
 	memset(&rest, 0, sizeof(rest));
 	PT_CHECK_OK(run_example("digits", N, 10, 5, 10, tmp_path("resumed"),
@@ -1950,10 +1861,10 @@ static void test_job_run_use_graphs_is_bitwise(void)
 		if (!isnan(a->eval_loss))
 			CU_ASSERT_EQUAL(memcmp(&a->eval_loss, &b->eval_loss, sizeof(double)), 0);
 	}
-	CU_ASSERT(same_tensors(tmp_path("eager/step-12.safetensors"),
-	                       tmp_path("graphs/step-12.safetensors")));
-	CU_ASSERT(same_tensors(tmp_path("eager/step-12.safetensors.state"),
-	                       tmp_path("graphs/step-12.safetensors.state")));
+	CU_ASSERT(pt_test_same_tensors(tmp_path("eager/step-12.safetensors"),
+	                               tmp_path("graphs/step-12.safetensors")));
+	CU_ASSERT(pt_test_same_tensors(tmp_path("eager/step-12.safetensors.state"),
+	                               tmp_path("graphs/step-12.safetensors.state")));
 }
 
 /* Every flushing schedule sums the gradients in microbatch order: for 1, 2
@@ -1996,10 +1907,10 @@ static void test_job_run_schedules_are_bitwise(void)
 					              sizeof(double)) == 0;
 				snprintf(fa, sizeof(fa), "%s/step-%d.safetensors", a, N);
 				snprintf(fb, sizeof(fb), "%s/step-%d.safetensors", b, N);
-				same = same && same_tensors(tmp_path(fa), tmp_path(fb));
+				same = same && pt_test_same_tensors(tmp_path(fa), tmp_path(fb));
 				strcat(fa, ".state");
 				strcat(fb, ".state");
-				same = same && same_tensors(tmp_path(fa), tmp_path(fb));
+				same = same && pt_test_same_tensors(tmp_path(fa), tmp_path(fb));
 				if (!same) {
 					printf("\n    %s, %d stages: %s differs from gpipe",
 					       examples[e], stages[k], schedules[c]);
@@ -2054,11 +1965,12 @@ static void test_job_run_interleaved_is_bitwise(void)
 				           sizeof(double)) == 0;
 			snprintf(fa, sizeof(fa), "%s/step-%d.safetensors", a, N);
 			snprintf(fb, sizeof(fb), "%s/step-%d.safetensors", b, N);
-			same = same && same_tensors(tmp_path(fa), tmp_path(fb));
+			same = same && pt_test_same_tensors(tmp_path(fa), tmp_path(fb));
 			/* p * v stage states against p: compared part by part. */
 			snprintf(fc, sizeof(fc), "%s.state", fa);
 			strcat(fb, ".state");
-			same = same && same_state_split(tmp_path(fa), tmp_path(fc), tmp_path(fb));
+			same = same &&
+			       pt_test_same_state_split(tmp_path(fa), tmp_path(fc), tmp_path(fb));
 			if (!same) {
 				printf("\n    %s, %d stages: interleaved differs from gpipe",
 				       examples[e], stages[k]);
@@ -2327,7 +2239,7 @@ static void test_job_run_init_from(void)
 	o.checkpoint_dir = tmp_path("init_b");
 	PT_CHECK_OK(pt_job_run(&s, &o, &hooks, &last)); /* stopped before step 1 */
 	CU_ASSERT_EQUAL(last, 0);
-	CU_ASSERT(same_tensors(from, tmp_path("init_b/step-0.safetensors")));
+	CU_ASSERT(pt_test_same_tensors(from, tmp_path("init_b/step-0.safetensors")));
 	PT_CHECK_OK(pt_safetensors_open(&st, tmp_path("init_b/step-0.safetensors.state")));
 	CU_ASSERT_STRING_EQUAL(pt_safetensors_meta(st, "optimizer_steps"), "0,0,0,0");
 	for (int i = 0; i < s.stages; i++) {
@@ -2351,7 +2263,7 @@ static void test_job_run_init_from(void)
 	s.init_from = NULL;
 	o.checkpoint_dir = tmp_path("init_c");
 	PT_CHECK_OK(pt_job_run(&s, &o, &hooks, &last));
-	CU_ASSERT(!same_tensors(from, tmp_path("init_c/step-0.safetensors")));
+	CU_ASSERT(!pt_test_same_tensors(from, tmp_path("init_c/step-0.safetensors")));
 
 	/* A transposed weight is refused at validation, naming it. */
 	PT_CHECK_OK(pt_tensor_init(&w, PT_F32, 2, (int64_t[]){64, 256}));

@@ -167,17 +167,19 @@ static void test_workers_job_matches_local(void)
 	CU_ASSERT_EQUAL(wf_proc_stop(&w1), 0);
 }
 
-/* example_run trains examples/<name>.json for STEPS steps with 2 stages and
- * the given schedule, in this process (w == NULL) or on workers w[0..1],
- * recording the losses and gradient norms. */
+/* example_run trains examples/<name>.json for STEPS steps with the given
+ * stages and schedule, in this process (w == NULL) or on workers w[0..],
+ * recording the losses and gradient norms; the final checkpoint (weights
+ * and .state) goes to ckdir. */
 static void example_run(const char *name, const char *schedule, int stages, const wf_proc *w,
-                        losses *loss, double *norms)
+                        const char *ckdir, losses *loss, double *norms)
 {
 	char path[64];
 	void *buf;
 	size_t len;
 	pt_job_spec spec;
-	pt_job_run_options o = {.files_root = PT_SOURCE_ROOT, .threads = 2};
+	pt_job_run_options o = {
+	    .files_root = PT_SOURCE_ROOT, .threads = 2, .checkpoint_dir = ckdir};
 	pt_job_hooks h = {.ctx = loss, .on_metric = on_metric};
 	int64_t last = 0;
 
@@ -189,6 +191,7 @@ static void example_run(const char *name, const char *schedule, int stages, cons
 	spec.steps = STEPS;
 	spec.stages = stages;
 	spec.eval_every = 0;
+	spec.checkpoint_every = 0; /* the final one only */
 	free(spec.boundaries);
 	spec.boundaries = NULL;
 	spec.schedule = strdup(schedule);
@@ -210,9 +213,10 @@ static void example_run(const char *name, const char *schedule, int stages, cons
 
 /* Over nng, stages in worker processes: ZB-H1 (split backward), 1F1B and
  * interleaved (v = 2: each worker serves its rank's two chunks, a seat
- * each, one task at a time) give the in-process GPipe run's losses and last
- * gradient norm, bitwise, for the MLP and the GPT examples at 1, 2 and 4
- * stages (interleaved where 2p chunks fit their 5 layers: 1 and 2). */
+ * each, one task at a time) give the in-process GPipe run's losses, last
+ * gradient norm, final weights and optimizer state, bitwise, for the MLP
+ * and the GPT examples at 1, 2 and 4 stages (interleaved where 2p chunks
+ * fit their 5 layers: 1 and 2). */
 static void test_workers_schedules_match_gpipe(void)
 {
 	const char *names[] = {"digits", "gpt"}, *schedules[] = {"zb-h1", "1f1b", "interleaved"};
@@ -225,16 +229,27 @@ static void test_workers_schedules_match_gpipe(void)
 		CU_ASSERT_FATAL(worker_start(&w[i], NULL));
 	for (int e = 0; e < 2; e++)
 		for (int k = 0; k < 3; k++) {
-			example_run(names[e], "gpipe", stages[k], NULL, &ref, &nref);
+			char a[512], b[512], fa[600], fb[600], sa[700], sb[700];
+			snprintf(a, sizeof(a), "%s/sched-%s-%d-gpipe", tmpdir, names[e], stages[k]);
+			example_run(names[e], "gpipe", stages[k], NULL, a, &ref, &nref);
 			for (int c = 0; c < 3; c++) {
 				char what[64];
 				if (c == 2 && stages[k] * 2 > 5)
 					continue;
 				snprintf(what, sizeof(what), "%s %s, %d stages on workers",
 				         names[e], schedules[c], stages[k]);
-				example_run(names[e], schedules[c], stages[k], w, &got, &ngot);
+				snprintf(b, sizeof(b), "%s/sched-%s-%d-%s", tmpdir, names[e],
+				         stages[k], schedules[c]);
+				example_run(names[e], schedules[c], stages[k], w, b, &got, &ngot);
 				wf_expect_same_losses(ref.v, got.v, STEPS, what);
 				CU_ASSERT_EQUAL(memcmp(&nref, &ngot, sizeof(double)), 0);
+				snprintf(fa, sizeof(fa), "%s/step-%d.safetensors", a, STEPS);
+				snprintf(fb, sizeof(fb), "%s/step-%d.safetensors", b, STEPS);
+				CU_ASSERT(pt_test_same_tensors(fa, fb));
+				snprintf(sa, sizeof(sa), "%s.state", fa);
+				snprintf(sb, sizeof(sb), "%s.state", fb);
+				/* interleaved: 2p chunks' states against GPipe's p */
+				CU_ASSERT(pt_test_same_state_split(fa, sa, sb));
 			}
 		}
 	for (int i = 0; i < 4; i++)
