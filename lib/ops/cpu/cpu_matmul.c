@@ -126,6 +126,17 @@ static bool conflicting(int64_t ld, int64_t K)
 	return K >= 256 && ld % 512 == 0 && !omp_in_parallel();
 }
 
+/* copies says which operands cpu_gemm_prec copies first: rounded ones
+ * always, fp32 ones read with conflicting rows where dnnl_sgemm takes the
+ * product (the matmul primitive needs no padding). */
+static void copies(bool rounded, bool ta, bool tb, int64_t M, int64_t N, int64_t K, int64_t lda,
+                   int64_t ldb, bool *copy_a, bool *copy_b)
+{
+	bool sgemm = !use_prim(ta, M, N, K);
+	*copy_a = rounded || (sgemm && ta && conflicting(lda, K));
+	*copy_b = rounded || (sgemm && !tb && conflicting(ldb, K));
+}
+
 static int64_t padded_ld(int64_t cols)
 {
 	return cols > 0 && cols % 512 == 0 ? cols + PT_GEMM_PAD : (cols > 0 ? cols : 1);
@@ -136,9 +147,11 @@ size_t cpu_gemm_operand_floats(bool rounded, bool ta, bool tb, int64_t M, int64_
 {
 	int64_t ra = ta ? K : M, ca = ta ? M : K, rb = tb ? N : K, cb = tb ? K : N;
 	size_t n = 0;
-	if (rounded || (ta && conflicting(lda, K)))
+	bool copy_a, copy_b;
+	copies(rounded, ta, tb, M, N, K, lda, ldb, &copy_a, &copy_b);
+	if (copy_a)
 		n += (size_t)(ra * padded_ld(ca));
-	if (rounded || (!tb && conflicting(ldb, K)))
+	if (copy_b)
 		n += (size_t)(rb * padded_ld(cb));
 	return n;
 }
@@ -158,13 +171,12 @@ pt_err cpu_gemm_prec_emulated(pt_precision prec, bool ta, bool tb, int64_t M, in
                               float beta, float *C, int64_t ldc)
 {
 	int64_t ra = ta ? K : M, ca = ta ? M : K, rb = tb ? N : K, cb = tb ? K : N;
-	bool rounded = prec != PT_PREC_FP32;
-	bool copy_a = rounded || (ta && conflicting(lda, K));
-	bool copy_b = rounded || (!tb && conflicting(ldb, K));
+	bool rounded = prec != PT_PREC_FP32, copy_a, copy_b;
 	size_t n = cpu_gemm_operand_floats(rounded, ta, tb, M, N, K, lda, ldb);
 	float *a;
 
-	if (n == 0 || M == 0 || N == 0 || (!rounded && use_prim(ta, M, N, K)))
+	copies(rounded, ta, tb, M, N, K, lda, ldb, &copy_a, &copy_b);
+	if (n == 0 || M == 0 || N == 0)
 		return cpu_gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 	if ((a = scratch_floats(n)) == NULL)
 		return pt_set_error(PT_ERR_NOMEM, "gemm operands (%ld x %ld x %ld)", (long)M,
@@ -225,7 +237,7 @@ pt_err cpu_linear_forward(const pt_op_call *c, void *ws)
 	}
 	if (b != NULL) {
 		/* Seed each output row with the bias, then accumulate the product
-		 * (rows in parallel: a W2 step writes 150 MB of seeds). */
+		 * (sgemm's products; rows in parallel for large ones). */
 		const float *bias = pt_tensor_f32(b);
 #pragma omp parallel for schedule(static) if (N * O >= PT_CPU_PAR_MIN && !omp_in_parallel())
 		for (int64_t r = 0; r < N; r++)
