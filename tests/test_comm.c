@@ -62,6 +62,7 @@ typedef struct impl {
 	bool compress;
 	bool huge; /* run the 256 MiB case */
 	bool gpu;  /* NCCL: rank r on cuda:(r % devices); else every rank PT_CPU */
+	bool msgs; /* nng tcp: no bulk lane (every frame an nng message) */
 } impl;
 
 /* test_comm runs the NCCL communicator with CPU ranks (every message on its
@@ -70,19 +71,20 @@ typedef struct impl {
  * suite with ranks on CUDA devices and exits 77 without one. */
 #ifndef PT_TEST_NCCL_GPU
 static const impl impls[] = {
-    {"local", IMPL_LOCAL, NULL, false, true, false},
-    {"nng_tcp", IMPL_NNG, "tcp", false, true, false},
-    {"nng_ipc", IMPL_NNG, "ipc", false, false, false},
-    {"nng_inproc", IMPL_NNG, "inproc", false, false, false},
-    {"nng_lz4", IMPL_NNG, "tcp", true, false, false},
-    {"nng_tls", IMPL_NNG, "tls", false, false, false},
-    {"nccl_cpu", IMPL_NCCL, NULL, false, false, false},
-    {"nccl_cpu_tcp", IMPL_NCCL, "tcp", false, false, false},
+    {"local", IMPL_LOCAL, NULL, false, true, false, false},
+    {"nng_tcp", IMPL_NNG, "tcp", false, true, false, false},
+    {"nng_tcp_msg", IMPL_NNG, "tcp", false, true, false, true},
+    {"nng_ipc", IMPL_NNG, "ipc", false, false, false, false},
+    {"nng_inproc", IMPL_NNG, "inproc", false, false, false, false},
+    {"nng_lz4", IMPL_NNG, "tcp", true, false, false, false},
+    {"nng_tls", IMPL_NNG, "tls", false, false, false, false},
+    {"nccl_cpu", IMPL_NCCL, NULL, false, false, false, false},
+    {"nccl_cpu_tcp", IMPL_NCCL, "tcp", false, false, false, false},
 };
 #else
 static const impl impls[] = {
-    {"nccl_gpu_local", IMPL_NCCL, NULL, false, true, true},
-    {"nccl_gpu_tcp", IMPL_NCCL, "tcp", false, false, true},
+    {"nccl_gpu_local", IMPL_NCCL, NULL, false, true, true, false},
+    {"nccl_gpu_tcp", IMPL_NCCL, "tcp", false, false, true, false},
 };
 #endif
 static int n_gpus; /* CUDA devices here (0 in builds without CUDA) */
@@ -122,6 +124,7 @@ static void nng_options(pt_nng_options *o, const group *g, int rank, char *url, 
 	o->timeout_ms = TIMEOUT_MS;
 	o->send_timeout_ms = TIMEOUT_MS;
 	o->compress = cur->compress;
+	o->no_bulk = cur->msgs;
 	o->key = g->key;
 	if (strcmp(cur->scheme, "tcp") == 0) {
 		snprintf(url, url_len, "tcp://127.0.0.1:0");
@@ -1275,6 +1278,14 @@ static nng_msg *fake_build(const fake_frame *f)
 	return msg;
 }
 
+/* pull_url writes c's URL without its bulk port: what a raw nng socket dials. */
+static const char *pull_url(const pt_comm *c, char *out, size_t n)
+{
+	snprintf(out, n, "%s", pt_nng_comm_url(c));
+	out[strcspn(out, "#")] = '\0';
+	return out;
+}
+
 /* fake_send sends frame f, sealed as told, from a raw PUSH socket. */
 static void fake_send(nng_socket s, const fake_frame *f, sealing how, const uint8_t *key)
 {
@@ -1307,6 +1318,7 @@ static void test_comm_corrupt(void)
 {
 	group g;
 	nng_socket s;
+	char url[160];
 	uint8_t junk[300];
 	pt_tensor t;
 	pt_msg r;
@@ -1317,7 +1329,7 @@ static void test_comm_corrupt(void)
 	}
 	group_make(&g, 2);
 	CU_ASSERT_EQUAL_FATAL(nng_push0_open(&s), 0);
-	CU_ASSERT_EQUAL_FATAL(nng_dial(s, pt_nng_comm_url(g.c[0]), NULL, 0), 0);
+	CU_ASSERT_EQUAL_FATAL(nng_dial(s, pull_url(g.c[0], url, sizeof(url)), NULL, 0), 0);
 
 	fill_random(junk, sizeof(junk), 9);
 	send_raw(s, junk, sizeof(junk), SEAL_KEY, g.key);
@@ -1414,6 +1426,7 @@ static void test_comm_forged(void)
 {
 	group g;
 	nng_socket s;
+	char url[160];
 	uint8_t other[PT_COMM_KEY_BYTES], junk[300];
 	pt_tensor t;
 	pt_msg r;
@@ -1432,7 +1445,7 @@ static void test_comm_forged(void)
 	pt_msg_fini(&r);
 	e0 = pt_comm_get_stats(g.c[0]).errors;
 	CU_ASSERT_EQUAL_FATAL(nng_push0_open(&s), 0);
-	CU_ASSERT_EQUAL_FATAL(nng_dial(s, pt_nng_comm_url(g.c[0]), NULL, 0), 0);
+	CU_ASSERT_EQUAL_FATAL(nng_dial(s, pull_url(g.c[0], url, sizeof(url)), NULL, 0), 0);
 
 	memcpy(other, g.key, sizeof(other));
 	other[0] ^= 1;
@@ -1536,7 +1549,8 @@ static void test_comm_no_auth(void)
 			pt_msg_fini(&r);
 			CU_ASSERT_EQUAL(pt_comm_get_stats(c[0]).errors, 0);
 		} else {
-			CU_ASSERT_EQUAL(errors_reach(c[0], 1), 1);
+			/* Its bulk hello is refused, then its frame as a message. */
+			CU_ASSERT_EQUAL(errors_reach(c[0], 2), 2);
 			PT_CHECK_ERR(pt_comm_recv(c[0], PT_ANY_RANK, PT_CH_ANY, 0, &r),
 			             PT_ERR_TIMEOUT);
 		}
@@ -1544,6 +1558,359 @@ static void test_comm_no_auth(void)
 			pt_comm_destroy(c[rk]);
 	}
 	pt_tensor_fini(&t);
+}
+
+/* ------------------------------------------------------------ bulk lane -- */
+
+static bool bulk_suite(void)
+{
+	return cur->kind == IMPL_NNG && strcmp(cur->scheme, "tcp") == 0 && !cur->compress &&
+	       !cur->msgs;
+}
+
+/* A raw client of a rank's bulk port (a stranger, or the test posing as a
+ * member of the session). */
+typedef struct sclient {
+	nng_stream_dialer *d;
+	nng_stream *s;
+	nng_aio *a;
+} sclient;
+
+static int bulk_port_of(const pt_comm *c)
+{
+	const char *u = strstr(pt_nng_comm_url(c), "#bulk=");
+	return u ? atoi(u + 6) : 0;
+}
+
+static void sc_open(sclient *k, const pt_comm *c)
+{
+	char url[64];
+
+	memset(k, 0, sizeof(*k));
+	snprintf(url, sizeof(url), "tcp://127.0.0.1:%d", bulk_port_of(c));
+	CU_ASSERT_EQUAL_FATAL(nng_stream_dialer_alloc(&k->d, url), 0);
+	CU_ASSERT_EQUAL_FATAL(nng_aio_alloc(&k->a, NULL, NULL), 0);
+	nng_aio_set_timeout(k->a, 5000);
+	nng_stream_dialer_dial(k->d, k->a);
+	nng_aio_wait(k->a);
+	CU_ASSERT_EQUAL_FATAL(nng_aio_result(k->a), 0);
+	k->s = nng_aio_get_output(k->a, 0);
+}
+
+/* sc_io moves n bytes (each step within ms); 0 or an nng error. */
+static int sc_io(sclient *k, void *p, size_t n, bool send, int ms)
+{
+	uint8_t *b = p;
+
+	nng_aio_set_timeout(k->a, ms);
+	while (n > 0) {
+		nng_iov v = {b, n};
+		int rv;
+		nng_aio_set_iov(k->a, 1, &v);
+		if (send)
+			nng_stream_send(k->s, k->a);
+		else
+			nng_stream_recv(k->s, k->a);
+		nng_aio_wait(k->a);
+		if ((rv = nng_aio_result(k->a)) != 0)
+			return rv;
+		b += nng_aio_count(k->a);
+		n -= nng_aio_count(k->a);
+	}
+	return 0;
+}
+
+static void sc_close(sclient *k)
+{
+	nng_stream_free(k->s);
+	nng_stream_dialer_free(k->d);
+	nng_aio_free(k->a);
+}
+
+/* hello_of writes a bulk hello (60 bytes) from src to dst echoing the
+ * challenge ch (16 bytes), tagged under key for rank tag_dst (key NULL: a
+ * zero tag). */
+static void hello_of(uint8_t h[60], int src, int dst, const uint8_t *ch, const uint8_t *key,
+                     int tag_dst)
+{
+	static atomic_uint_fast64_t counter;
+	uint64_t n = atomic_fetch_add(&counter, 1) + 1000;
+
+	memset(h, 0, 60);
+	memcpy(h, "PTBH", 4);
+	for (int i = 0; i < 4; i++) {
+		h[4 + i] = (uint8_t)((uint32_t)src >> (8 * i));
+		h[8 + i] = (uint8_t)((uint32_t)dst >> (8 * i));
+	}
+	memcpy(h + 12, ch, 16);
+	memcpy(h + 28, "PTMC", 4);
+	memcpy(h + 32, "hell", 4);
+	memcpy(h + 36, &n, 8);
+	if (key != NULL)
+		mac_of(h, 60, key, tag_dst, h + 44);
+}
+
+/* sc_hello reads the challenge and answers with a hello made as told;
+ * returns whether the rank acknowledged it ("PTBA"). */
+static bool sc_hello(sclient *k, int src, int dst, bool wrong_challenge, const uint8_t *key,
+                     int tag_dst)
+{
+	uint8_t ch[20], h[60], ack[4];
+
+	CU_ASSERT_EQUAL_FATAL(sc_io(k, ch, sizeof(ch), false, 5000), 0);
+	CU_ASSERT(memcmp(ch, "PTBC", 4) == 0);
+	if (wrong_challenge)
+		ch[4] ^= 1; /* a hello recorded from another connection */
+	hello_of(h, src, dst, ch + 4, key, tag_dst);
+	if (sc_io(k, h, sizeof(h), true, 5000) != 0)
+		return false;
+	return sc_io(k, ack, sizeof(ack), false, 5000) == 0 && memcmp(ack, "PTBA", 4) == 0;
+}
+
+/* Issue 13 (the wire): a tcp rank publishes a bulk port, and a peer's frames
+ * take it (pt_nng_comm_lane 2) once it has sent; tensors of sizes around the
+ * NH chunk arrive exact and in sequence (barriers on the lanes: the contract
+ * suite's test_comm_barrier), and the receive pool hands no buffer out twice: six tensors of
+ * the same size held at once are all intact. */
+static void test_comm_bulk_lane(void)
+{
+	const int64_t sizes[] = {0, 1, 255, 256, 257, 1024 * 256, 262145, 300000};
+	group g;
+	pt_tensor t[6];
+	pt_msg r[6];
+
+	if (!bulk_suite()) {
+		printf("(nng tcp with the bulk lane only) ");
+		return;
+	}
+	group_make(&g, 3);
+	CU_ASSERT(bulk_port_of(g.c[0]) > 0);
+	CU_ASSERT_EQUAL(pt_nng_comm_lane(g.c[1], 0), 0);
+	CU_ASSERT_EQUAL(pt_nng_comm_lane(g.c[1], 1), -1);
+	for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+		pt_tensor a;
+		pt_msg m;
+		make_tensor(&a, PT_F32, 1, &sizes[i], 100 + i);
+		PT_CHECK_OK(pt_comm_send_forward(g.c[1], 0, &a, (int64_t)i, 0));
+		PT_CHECK_OK(pt_comm_recv_forward(g.c[0], 1, -1, &m));
+		CU_ASSERT(same_bytes(&m.tensor, &a));
+		CU_ASSERT_EQUAL(m.meta.seq, i);
+		CU_ASSERT_EQUAL(m.meta.step, (int64_t)i);
+		pt_msg_fini(&m);
+		pt_tensor_fini(&a);
+	}
+	CU_ASSERT_EQUAL(pt_nng_comm_lane(g.c[1], 0), 2);
+	/* Held at once: the pool must not lend a held buffer again. */
+	for (int i = 0; i < 6; i++) {
+		int64_t n = 70000;
+		make_tensor(&t[i], PT_U8, 1, &n, 200 + i);
+		PT_CHECK_OK(pt_comm_send_forward(g.c[2], 0, &t[i], i, 0));
+	}
+	for (int i = 0; i < 6; i++)
+		PT_CHECK_OK(pt_comm_recv_forward(g.c[0], 2, -1, &r[i]));
+	for (int i = 0; i < 6; i++)
+		CU_ASSERT(same_bytes(&r[i].tensor, &t[i]));
+	for (int i = 0; i < 3; i++)
+		pt_msg_fini(&r[i]);
+	for (int i = 0; i < 3; i++)
+		PT_CHECK_OK(pt_comm_send_forward(g.c[2], 0, &t[i], i, 0));
+	for (int i = 0; i < 3; i++)
+		PT_CHECK_OK(pt_comm_recv_forward(g.c[0], 2, -1, &r[i]));
+	for (int i = 0; i < 6; i++) {
+		CU_ASSERT(same_bytes(&r[i].tensor, &t[i]));
+		pt_msg_fini(&r[i]);
+		pt_tensor_fini(&t[i]);
+	}
+	CU_ASSERT_EQUAL(pt_nng_comm_lane(g.c[2], 0), 2);
+	CU_ASSERT_EQUAL(pt_comm_get_stats(g.c[0]).errors, 0);
+	group_free(&g);
+}
+
+/* Strangers at the bulk port: a hello without a tag, with a zero tag, under
+ * another key, one recorded from another connection (wrong challenge), one
+ * for another rank, one claiming to come from the receiver itself, and
+ * silence. Each connection is closed and the hellos counted in errors,
+ * exactly; then rank 1's lane opens and carries its tensors. */
+static void test_comm_bulk_strangers(void)
+{
+	uint8_t other[PT_COMM_KEY_BYTES], junk[60], ch[20];
+	group g;
+	sclient k;
+	pt_tensor t;
+	pt_msg m;
+	uint64_t e0;
+
+	if (!bulk_suite()) {
+		printf("(nng tcp with the bulk lane only) ");
+		return;
+	}
+	group_make(&g, 3);
+	e0 = pt_comm_get_stats(g.c[0]).errors;
+	memcpy(other, g.key, sizeof(other));
+	other[3] ^= 0x10;
+	sc_open(&k, g.c[0]);
+	CU_ASSERT_EQUAL(sc_io(&k, ch, sizeof(ch), false, 5000), 0);
+	fill_random(junk, sizeof(junk), 3);
+	CU_ASSERT_EQUAL(sc_io(&k, junk, sizeof(junk), true, 5000), 0);
+	CU_ASSERT_NOT_EQUAL(sc_io(&k, ch, 4, false, 5000), 0); /* closed */
+	sc_close(&k);
+	struct {
+		int src, dst;
+		bool wrong;
+		const uint8_t *key;
+		int tag_dst;
+	} cases[] = {
+	    {1, 0, false, NULL, 0},  /* zero tag */
+	    {1, 0, false, other, 0}, /* another session's key */
+	    {1, 0, true, g.key, 0},  /* a recorded hello */
+	    {1, 2, false, g.key, 2}, /* for rank 2 */
+	    {1, 0, false, g.key, 2}, /* tagged for rank 2 */
+	    {0, 0, false, g.key, 0}, /* from the receiver itself */
+	    {7, 0, false, g.key, 0}, /* from no rank */
+	};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		sc_open(&k, g.c[0]);
+		CU_ASSERT_FALSE(sc_hello(&k, cases[i].src, cases[i].dst, cases[i].wrong,
+		                         cases[i].key, cases[i].tag_dst));
+		sc_close(&k);
+	}
+	CU_ASSERT_EQUAL(errors_reach(g.c[0], e0 + 8) - e0, 8);
+	make_f32(&t, 300000, 2.0f);
+	PT_CHECK_OK(pt_comm_send_forward(g.c[1], 0, &t, 0, 0));
+	PT_CHECK_OK(pt_comm_recv_forward(g.c[0], 1, -1, &m));
+	CU_ASSERT(same_bytes(&m.tensor, &t));
+	CU_ASSERT_EQUAL(pt_nng_comm_lane(g.c[1], 0), 2);
+	pt_msg_fini(&m);
+	pt_tensor_fini(&t);
+	group_free(&g);
+}
+
+/* Slots: world - 1 + 8 silent connections fill a rank's bulk slots; the next
+ * one is closed at once, and rank 1, refused a lane, sends as messages (lane
+ * 1) and loses nothing. The silent ones are closed after the hello time
+ * (5 s), and the port admits connections again. */
+static void test_comm_bulk_slots(void)
+{
+	enum { SLOTS = 1 + 8 };
+	sclient silent[SLOTS], k;
+	uint8_t ch[20];
+	group g;
+	pt_tensor t;
+	pt_msg m;
+	long long t0;
+
+	if (!bulk_suite()) {
+		printf("(nng tcp with the bulk lane only) ");
+		return;
+	}
+	group_make(&g, 2);
+	for (int i = 0; i < SLOTS; i++) {
+		sc_open(&silent[i], g.c[0]);
+		CU_ASSERT_EQUAL(sc_io(&silent[i], ch, sizeof(ch), false, 5000), 0); /* admitted */
+	}
+	t0 = now_ms();
+	sc_open(&k, g.c[0]);
+	CU_ASSERT_NOT_EQUAL(sc_io(&k, ch, sizeof(ch), false, 5000), 0);
+	CU_ASSERT(now_ms() - t0 < 2000);
+	sc_close(&k);
+	make_f32(&t, 300000, 5.0f);
+	PT_CHECK_OK(pt_comm_send_forward(g.c[1], 0, &t, 0, 0));
+	PT_CHECK_OK(pt_comm_recv_forward(g.c[0], 1, -1, &m));
+	CU_ASSERT(same_bytes(&m.tensor, &t));
+	CU_ASSERT_EQUAL(pt_nng_comm_lane(g.c[1], 0), 1);
+	pt_msg_fini(&m);
+	for (int i = 0; i < SLOTS; i++) {
+		CU_ASSERT_NOT_EQUAL(sc_io(&silent[i], ch, 4, false, 8000), 0);
+		sc_close(&silent[i]);
+	}
+	CU_ASSERT(now_ms() - t0 < 8000);
+	sc_open(&k, g.c[0]);
+	CU_ASSERT_EQUAL(sc_io(&k, ch, sizeof(ch), false, 5000), 0);
+	sc_close(&k);
+	pt_tensor_fini(&t);
+	group_free(&g);
+}
+
+/* record_of builds a bulk record of frame f (prefix, header padded to 1 KiB,
+ * payload of f->payload bytes, trailer tagged under key for rank 0). */
+static uint8_t *record_of(const fake_frame *f, const uint8_t *key, size_t *len)
+{
+	fake_frame h = *f;
+	nng_msg *msg;
+	uint8_t *rec, *body;
+	size_t hsize, n;
+	uint64_t poff = 1024;
+	static atomic_uint_fast64_t counter;
+	uint64_t c = atomic_fetch_add(&counter, 1);
+
+	h.payload = 0;
+	msg = fake_build(&h); /* the header alone, padded to 64 */
+	hsize = nng_msg_len(msg);
+	CU_ASSERT_FATAL(hsize <= 1024);
+	n = 16 + 1024 + f->payload + TRAILER;
+	rec = calloc(1, n);
+	CU_ASSERT_PTR_NOT_NULL_FATAL(rec);
+	body = rec + 16;
+	memcpy(body, nng_msg_body(msg), hsize);
+	nng_msg_free(msg);
+	memcpy((uint8_t *)pt_fb_field(pt_fb_root(body), F_POFF), &poff, 8);
+	memcpy((uint8_t *)pt_fb_field(pt_fb_root(body), F_PSIZE), &f->payload, 8);
+	fill_random(body + 1024, f->payload, 77);
+	memcpy(rec, "PTBR", 4);
+	rec[4] = 0;
+	rec[5] = 4; /* 1024, little-endian */
+	memcpy(rec + 8, &f->payload, 8);
+	memcpy(body + 1024 + f->payload, "PTMC", 4);
+	memcpy(body + 1024 + f->payload + 4, "recd", 4);
+	memcpy(body + 1024 + f->payload + 8, &c, 8);
+	mac_of(body, n - 16, key, 0, body + n - 16 - 16);
+	*len = n;
+	return rec;
+}
+
+/* A member of the session (the test, with the key, posing as rank 1 before
+ * rank 1 sends) on rank 0's bulk port: a record made from the format's
+ * description arrives exact, a second hello for rank 1 is refused, and a
+ * record whose payload was changed after tagging is dropped and counted, its
+ * lane closed, and rank 1 then lost to rank 0. */
+static void test_comm_bulk_tamper(void)
+{
+	fake_frame f = {.source = 1, .dtype = PT_U8, .dim = 5000, .raw = 5000, .payload = 5000};
+	group g;
+	sclient k, k2;
+	uint8_t *rec, got[4];
+	size_t len;
+	pt_msg m;
+	uint64_t e0;
+
+	if (!bulk_suite()) {
+		printf("(nng tcp with the bulk lane only) ");
+		return;
+	}
+	group_make(&g, 2);
+	e0 = pt_comm_get_stats(g.c[0]).errors;
+	sc_open(&k, g.c[0]);
+	CU_ASSERT_FATAL(sc_hello(&k, 1, 0, false, g.key, 0));
+	sc_open(&k2, g.c[0]);
+	CU_ASSERT_FALSE(sc_hello(&k2, 1, 0, false, g.key, 0)); /* one lane per rank */
+	sc_close(&k2);
+	rec = record_of(&f, g.key, &len);
+	CU_ASSERT_EQUAL(sc_io(&k, rec, len, true, 5000), 0);
+	PT_CHECK_OK(pt_comm_recv_forward(g.c[0], 1, -1, &m));
+	CU_ASSERT_EQUAL(pt_tensor_nbytes(&m.tensor), 5000);
+	CU_ASSERT(memcmp(pt_tensor_data(&m.tensor), rec + 16 + 1024, 5000) == 0);
+	pt_msg_fini(&m);
+	free(rec);
+	f.seq = 1;
+	rec = record_of(&f, g.key, &len);
+	rec[16 + 1024 + 4321] ^= 4;
+	CU_ASSERT_EQUAL(sc_io(&k, rec, len, true, 5000), 0);
+	CU_ASSERT_NOT_EQUAL(sc_io(&k, got, sizeof(got), false, 5000), 0); /* closed */
+	PT_CHECK_ERR(pt_comm_recv_forward(g.c[0], 1, 5000, &m), PT_ERR_CLOSED);
+	CU_ASSERT_EQUAL(pt_comm_get_stats(g.c[0]).errors - e0, 1);
+	free(rec);
+	sc_close(&k);
+	group_free(&g);
 }
 
 /* The bytes on the wire: what a raw PULL socket gets from rank 0 is a
@@ -2075,6 +2442,10 @@ static const test_def tests[] = {
     {"test_comm_no_auth", test_comm_no_auth, false},
     {"test_comm_seq_gap", test_comm_seq_gap, false},
     {"test_comm_wire_format", test_comm_wire_format, false},
+    {"test_comm_bulk_lane", test_comm_bulk_lane, false},
+    {"test_comm_bulk_strangers", test_comm_bulk_strangers, false},
+    {"test_comm_bulk_slots", test_comm_bulk_slots, false},
+    {"test_comm_bulk_tamper", test_comm_bulk_tamper, false},
     {"test_comm_nh", test_comm_nh, false},
     {"test_comm_lz4", test_comm_lz4, false},
     {"test_comm_max_msg", test_comm_max_msg, false},
@@ -2098,8 +2469,10 @@ SUITE_INIT(4)
 SUITE_INIT(5)
 SUITE_INIT(6)
 SUITE_INIT(7)
-static int (*const suite_inits[])(void) = {suite_init_0, suite_init_1, suite_init_2, suite_init_3,
-                                           suite_init_4, suite_init_5, suite_init_6, suite_init_7};
+SUITE_INIT(8)
+static int (*const suite_inits[])(void) = {suite_init_0, suite_init_1, suite_init_2,
+                                           suite_init_3, suite_init_4, suite_init_5,
+                                           suite_init_6, suite_init_7, suite_init_8};
 _Static_assert(sizeof(suite_inits) / sizeof(suite_inits[0]) >= sizeof(impls) / sizeof(impls[0]),
                "one init per implementation");
 

@@ -952,7 +952,8 @@ static bool data_url(const char *log, char *out, size_t n)
 		char *p = strstr(line, "data on ");
 		if (p != NULL) {
 			p += 8;
-			snprintf(out, n, "%.*s", (int)strcspn(p, "; \n"), p);
+			/* The PULL socket's URL: the bulk lane's "#bulk=PORT" cut. */
+			snprintf(out, n, "%.*s", (int)strcspn(p, "#; \n"), p);
 			found = true;
 		}
 	}

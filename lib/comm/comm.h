@@ -217,14 +217,18 @@ typedef struct pt_nng_options {
 	const uint8_t *key;
 	bool no_auth; /* benchmarks only: frames carry no MAC and none is checked; every
 	               * rank of the session must agree */
+	bool no_bulk; /* tcp://: publish no bulk lane and use none (every frame an nng
+	               * message); see nng.c's bulk lane */
 } pt_nng_options;
 
 /* pt_nng_comm_create starts listening on opt->listen_url; the communicator can
  * receive at once but sends only after pt_nng_comm_connect. */
 pt_err pt_nng_comm_create(pt_comm **out, const pt_nng_options *opt);
 
-/* pt_nng_comm_url returns the URL this rank listens on, with a tcp port 0
- * resolved to the bound port (what peers must dial). */
+/* pt_nng_comm_url returns the URL peers must be given for this rank: the one
+ * it listens on, with a tcp port 0 resolved to the bound port, and on tcp://
+ * its bulk lane's port as "#bulk=PORT" (nng's own dialers refuse that part;
+ * pt_nng_comm_connect strips it). Owned by c. */
 const char *pt_nng_comm_url(const pt_comm *c);
 
 /* pt_nng_comm_connect dials urls[r] for every other rank r (dials retry in the
@@ -240,6 +244,11 @@ pt_err pt_nng_comm_mark_lost(pt_comm *c, int rank);
 
 /* pt_comm_get_stats returns c's counters (a snapshot; thread-safe). */
 pt_comm_stats pt_comm_get_stats(const pt_comm *c);
+
+/* pt_nng_comm_lane tells how frames from c to rank dst travel: 0 not decided
+ * yet (nothing sent), 1 as nng messages, 2 on the bulk lane (see nng.c);
+ * -1 when c is not nng or dst is out of range. Thread-safe. */
+int pt_nng_comm_lane(pt_comm *c, int dst);
 
 /* pt_nng_comm_test_skip_seq is a test-only fault injection: the next send to
  * dst uses a sequence number `skip` higher than it should (receivers then see

@@ -43,6 +43,11 @@
  * runs to send_timeout_ms (closing the socket under a sender is a known nng
  * hazard: it can panic), so owners that need a bound set that timeout.
  *
+ * On tcp:// a rank's frames to a peer take the peer's bulk lane instead, a
+ * byte stream beside the PULL socket: the same frames, written from and read
+ * into the tensors' own memory (see "bulk lane" below). Received tensors of
+ * 64 KiB and more borrow their bytes from a small per-communicator pool.
+ *
  * Limits: destroy drops messages nng has not transmitted yet (nng 1.5 has no
  * linger); receive caps at max_msg_bytes, also on the decompressed size; only
  * contiguous tensors go on the wire (strided ones are packed first).
@@ -98,6 +103,14 @@
  * payload is copied out (rx_verify_copy); smaller ones are hashed, then
  * copied. */
 #define FUSE_MIN_BYTES ((size_t)16 << 10)
+/* The bulk lane (see "bulk lane" below). */
+#define BULK_HELLO_MS   5000              /* each step of a lane's handshake, both sides */
+#define BULK_EXTRA      8                 /* connections admitted beyond one per peer */
+#define BULK_PIECE      ((size_t)1 << 20) /* payload received and hashed this much at a time */
+#define BULK_CHALLENGE  16
+#define BULK_PREFIX     16 /* "PTBR", le32 header bytes, le64 payload bytes */
+#define BULK_HELLO      (4 + 4 + 4 + BULK_CHALLENGE) /* and a MAC trailer */
+#define BULK_URL_SUFFIX "#bulk="
 
 /* TensorFrame field ids and descriptor: fb_schema.h, from schema/stage.fbs. */
 #define F(field) PT_FB_STAGE_TENSOR_FRAME_##field
@@ -121,7 +134,27 @@ typedef struct nng_peer {
 	uint64_t next_seq;
 	uint64_t skip;        /* test hook: added to the next seq */
 	atomic_uint connects; /* pipes the dialer made */
+	/* Bulk lane to this peer, all under mu. */
+	char *bulk_url; /* NULL: the peer has none (or it is not used) */
+	int lane;       /* LANE_*: decided by the first send, then fixed */
+	nng_stream_dialer *bulk_d;
+	nng_stream *bulk; /* NULL once the lane broke */
+	nng_aio *bulk_aio;
+	uint8_t *bulk_hdr; /* prefix and header of the record being sent */
+	size_t bulk_hdr_cap;
 } nng_peer;
+
+enum { LANE_UNDECIDED = 0, LANE_MSG, LANE_BULK };
+
+/* One accepted bulk connection (receiving side), served by its own thread. */
+typedef struct bulk_conn {
+	struct nng_comm *c;
+	nng_stream *s;
+	pthread_t th;
+	atomic_int state; /* BC_FREE, BC_RUNNING, BC_DONE (thread finished, to join) */
+} bulk_conn;
+
+enum { BC_FREE = 0, BC_RUNNING, BC_DONE };
 
 /* A fragmented tensor being received from one source. */
 typedef struct assembly {
@@ -154,8 +187,8 @@ typedef struct nng_comm {
 	size_t rx_nh_cap;
 	uint32_t mac_instance;            /* nonce prefix, random per communicator */
 	atomic_uint_fast64_t mac_counter; /* nonce suffix, one per frame */
-	long long mac_warned_ms;          /* I/O thread only */
-	uint64_t mac_rejected;            /* I/O thread only: since the last warning */
+	long long mac_warned_ms;          /* under io_mu */
+	uint64_t mac_rejected;            /* under io_mu: since the last warning */
 
 	bool pull_open;
 	nng_socket pull;
@@ -168,6 +201,7 @@ typedef struct nng_comm {
 	atomic_bool connected;
 
 	pt_mailbox *mb;
+	struct rx_pool *pool; /* received tensors' buffers */
 	pthread_t io;
 	bool io_started;
 	/* Receive hand-off: rx_cb (an nng callback) parks one message for the I/O
@@ -191,8 +225,23 @@ typedef struct nng_comm {
 	atomic_uint_fast64_t *lost_ticket; /* [world] */
 	_Atomic long long *lost_ms;        /* [world] */
 
-	uint64_t *expect_seq;    /* [world], I/O thread only */
-	struct assembly *asm_of; /* [world], I/O thread only: fragments so far */
+	/* expect_seq, asm_of and the mac_warned_ms/mac_rejected pair are the
+	 * I/O thread's and the bulk readers': under io_mu. */
+	pthread_mutex_t io_mu;
+	uint64_t *expect_seq;    /* [world] */
+	struct assembly *asm_of; /* [world]: fragments so far */
+
+	/* Bulk lane, receiving side (bulk_port 0: none). */
+	bool no_bulk;
+	int bulk_port;
+	char *url; /* bound_url, and the bulk port when there is one: what peers dial */
+	nng_stream_listener *bulk_l;
+	pthread_t bulk_acceptor;
+	bool bulk_started;
+	pthread_mutex_t bulk_mu;
+	bulk_conn *bulk_conns; /* [n_bulk_conns], under bulk_mu */
+	int n_bulk_conns;
+	bool *bulk_claimed; /* [world] under bulk_mu: a lane from this rank was accepted */
 
 	/* Barrier: rank 0 counts arrivals per rank, others wait for the release. */
 	pthread_mutex_t bar_mu;
@@ -318,6 +367,116 @@ static pt_err storage_adopt(pt_storage **out, void *data, size_t nbytes)
 		return rv;
 	}
 	(*out)->owns_data = true;
+	return PT_OK;
+}
+
+/* Received tensors of POOL_MIN_BYTES and more take their bytes from a pool
+ * that their storages give back to when released: a stage receives tensors
+ * of the same few sizes over and over, and a fresh large allocation costs a
+ * page fault per 4 KiB page (glibc maps and unmaps buffers of 32 MiB and
+ * more on every use, and trims freed heap tops). The pool keeps at most
+ * POOL_SLOTS buffers and POOL_MAX_BYTES, evicting the oldest; it outlives
+ * its communicator while tensors still hold its buffers. */
+#define POOL_MIN_BYTES ((size_t)64 << 10)
+#define POOL_SLOTS     8
+#define POOL_MAX_BYTES ((size_t)256 << 20)
+
+typedef struct rx_pool {
+	atomic_int refs; /* the communicator's and one per lent buffer */
+	pthread_mutex_t mu;
+	bool closed; /* the communicator is gone: returned buffers are freed */
+	int n;
+	size_t bytes;
+	void *buf[POOL_SLOTS]; /* oldest first */
+	size_t size[POOL_SLOTS];
+} rx_pool;
+
+static pt_err pool_create(rx_pool **out)
+{
+	if ((*out = calloc(1, sizeof(**out))) == NULL)
+		return pt_set_error(PT_ERR_NOMEM, "receive pool");
+	atomic_init(&(*out)->refs, 1);
+	pthread_mutex_init(&(*out)->mu, NULL);
+	return PT_OK;
+}
+
+static void pool_unref(rx_pool *p)
+{
+	if (p == NULL || atomic_fetch_sub(&p->refs, 1) != 1)
+		return;
+	for (int i = 0; i < p->n; i++)
+		free(p->buf[i]);
+	pthread_mutex_destroy(&p->mu);
+	free(p);
+}
+
+/* pool_close drops the pool's buffers and the communicator's reference. */
+static void pool_close(rx_pool *p)
+{
+	if (p == NULL)
+		return;
+	pthread_mutex_lock(&p->mu);
+	p->closed = true;
+	for (int i = 0; i < p->n; i++)
+		free(p->buf[i]);
+	p->n = 0;
+	p->bytes = 0;
+	pthread_mutex_unlock(&p->mu);
+	pool_unref(p);
+}
+
+/* pool_give_back is a storage's give_back: any thread. */
+static void pool_give_back(void *ctx, void *data, size_t nbytes)
+{
+	rx_pool *p = ctx;
+
+	pthread_mutex_lock(&p->mu);
+	if (!p->closed && nbytes <= POOL_MAX_BYTES) {
+		while (p->n > 0 && (p->n == POOL_SLOTS || p->bytes + nbytes > POOL_MAX_BYTES)) {
+			free(p->buf[0]);
+			p->bytes -= p->size[0];
+			p->n--;
+			memmove(p->buf, p->buf + 1, (size_t)p->n * sizeof(p->buf[0]));
+			memmove(p->size, p->size + 1, (size_t)p->n * sizeof(p->size[0]));
+		}
+		p->buf[p->n] = data;
+		p->size[p->n++] = nbytes;
+		p->bytes += nbytes;
+		data = NULL;
+	}
+	pthread_mutex_unlock(&p->mu);
+	free(data);
+	pool_unref(p);
+}
+
+/* pool_storage makes a storage of n bytes (contents undefined) for a received
+ * tensor: from p when it has a buffer of that size, else allocated. */
+static pt_err pool_storage(rx_pool *p, size_t n, pt_storage **out)
+{
+	void *data = NULL;
+
+	if (p != NULL && n >= POOL_MIN_BYTES) {
+		pthread_mutex_lock(&p->mu);
+		for (int i = p->n - 1; i >= 0 && data == NULL; i--)
+			if (p->size[i] == n) {
+				data = p->buf[i];
+				p->bytes -= n;
+				p->n--;
+				memmove(p->buf + i, p->buf + i + 1,
+				        (size_t)(p->n - i) * sizeof(p->buf[0]));
+				memmove(p->size + i, p->size + i + 1,
+				        (size_t)(p->n - i) * sizeof(p->size[0]));
+			}
+		pthread_mutex_unlock(&p->mu);
+	}
+	if (data == NULL && (data = alloc_payload(n)) == NULL)
+		return pt_set_error(PT_ERR_NOMEM, "received tensor of %zu bytes", n);
+	PT_TRY(storage_adopt(out, data, n));
+	if (p != NULL && n >= POOL_MIN_BYTES) {
+		atomic_fetch_add(&p->refs, 1);
+		(*out)->give_back = pool_give_back;
+		(*out)->give_back_ctx = p;
+	}
 	return PT_OK;
 }
 
@@ -478,22 +637,84 @@ typedef struct nh_pre {
 	size_t c0, c1;
 } nh_pre;
 
-/* mac_tag computes the tag of frame body[0..len) (trailer included, the tag's
- * own 16 bytes excluded) to rank dst: ChaCha20-Poly1305 with the trailer's
- * nonce over NH(body), le64(length) and le32(dst), all associated data.
- * pre (may be NULL) supplies the NH outputs of some chunks. */
-static bool mac_tag(nng_comm *c, EVP_CIPHER_CTX *x, const uint8_t *body, size_t len, int dst,
-                    const nh_pre *pre, uint8_t tag[MAC_TAG])
+/* A frame as pieces in memory (the bulk lane sends the header, the tensor's
+ * own bytes and the trailer without joining them): the frame is their
+ * concatenation; the last piece is the MAC trailer. */
+typedef struct piece {
+	const uint8_t *p;
+	size_t n;
+} piece;
+
+/* gather copies k bytes from byte `off` of the pieces' concatenation to dst. */
+static void gather(const piece *pcs, int np, size_t off, uint8_t *dst, size_t k)
+{
+	size_t base = 0, got = 0;
+
+	for (int i = 0; i < np && got < k; i++) {
+		size_t end = base + pcs[i].n;
+		if (off + got < end) {
+			size_t t = end - (off + got);
+			if (t > k - got)
+				t = k - got;
+			memcpy(dst + got, pcs[i].p + (off + got - base), t);
+			got += t;
+		}
+		base = end;
+	}
+}
+
+/* nh_pieces hashes bytes [off, off + len) of the pieces' concatenation (off a
+ * chunk boundary; len whole chunks unless the span ends the frame) into out:
+ * runs of chunks inside one piece straight from it, a chunk that spans two
+ * pieces gathered first. */
+static void nh_pieces(const nng_comm *c, const piece *pcs, int np, size_t off, size_t len,
+                      uint8_t *out)
+{
+	uint8_t tmp[PT_NH_CHUNK];
+	size_t base = 0;
+	int i = 0;
+
+	while (len > 0) {
+		size_t avail, k;
+		while (off >= base + pcs[i].n) {
+			base += pcs[i].n;
+			i++;
+		}
+		avail = base + pcs[i].n - off;
+		k = avail >= len ? len : avail - avail % PT_NH_CHUNK;
+		if (k > 0) {
+			pt_nh(c->nh_key, pcs[i].p + (off - base), k, out);
+		} else {
+			k = len < PT_NH_CHUNK ? len : PT_NH_CHUNK;
+			gather(pcs, np, off, tmp, k);
+			pt_nh(c->nh_key, tmp, k, out);
+		}
+		out += pt_nh_outputs(k);
+		off += k;
+		len -= k;
+	}
+}
+
+/* mac_tag_pieces computes the tag of a frame held as pieces, the last of
+ * which is its MAC_TRAILER-byte trailer (the tag's own 16 bytes excluded), to
+ * rank dst: ChaCha20-Poly1305 with the trailer's nonce over NH(frame),
+ * le64(length) and le32(dst), all associated data. pre (may be NULL)
+ * supplies the NH outputs of some chunks. */
+static bool mac_tag_pieces(nng_comm *c, EVP_CIPHER_CTX *x, const piece *pcs, int np, int dst,
+                           const nh_pre *pre, uint8_t tag[MAC_TAG])
 {
 	enum { SPAN = 256 };
-	const size_t n = len - MAC_TAG, chunks = (n + PT_NH_CHUNK - 1) / PT_NH_CHUNK;
+	size_t total = 0;
 	const nh_pre none = {NULL, 0, 0};
 	uint8_t h[SPAN * PT_NH_OUT], tail[12], out[16];
 	int ol;
 
+	for (int i = 0; i < np; i++)
+		total += pcs[i].n;
+	const size_t n = total - MAC_TAG, chunks = (n + PT_NH_CHUNK - 1) / PT_NH_CHUNK;
 	if (pre == NULL || pre->c1 <= pre->c0 || pre->c1 > chunks)
 		pre = &none;
-	if (EVP_EncryptInit_ex2(x, NULL, NULL, body + n - MAC_NONCE, NULL) != 1)
+	if (EVP_EncryptInit_ex2(x, NULL, NULL, pcs[np - 1].p + 4, NULL) != 1)
 		return false;
 	for (size_t i = 0; i < chunks;) {
 		const uint8_t *p = h;
@@ -508,7 +729,7 @@ static bool mac_tag(nng_comm *c, EVP_CIPHER_CTX *x, const uint8_t *body, size_t 
 			if (i < pre->c0 && end > pre->c0)
 				end = pre->c0;
 			size_t k = (end * PT_NH_CHUNK < n ? end * PT_NH_CHUNK : n) - off;
-			pt_nh(c->nh_key, body + off, k, h);
+			nh_pieces(c, pcs, np, off, k, h);
 			bytes = pt_nh_outputs(k);
 		}
 		for (size_t done = 0; done < bytes;) { /* int-sized updates */
@@ -525,6 +746,15 @@ static bool mac_tag(nng_comm *c, EVP_CIPHER_CTX *x, const uint8_t *body, size_t 
 	return EVP_EncryptUpdate(x, NULL, &ol, tail, sizeof(tail)) == 1 &&
 	       EVP_EncryptFinal_ex(x, out, &ol) == 1 &&
 	       EVP_CIPHER_CTX_ctrl(x, EVP_CTRL_AEAD_GET_TAG, MAC_TAG, tag) == 1;
+}
+
+/* mac_tag is mac_tag_pieces of a frame in one buffer, body[0..len) with len
+ * at least MAC_TRAILER. */
+static bool mac_tag(nng_comm *c, EVP_CIPHER_CTX *x, const uint8_t *body, size_t len, int dst,
+                    const nh_pre *pre, uint8_t tag[MAC_TAG])
+{
+	const piece pcs[2] = {{body, len - MAC_TRAILER}, {body + len - MAC_TRAILER, MAC_TRAILER}};
+	return mac_tag_pieces(c, x, pcs, 2, dst, pre, tag);
 }
 
 /* copy_hashed copies src[0..size) to dst, where src[0] is byte `at` of a
@@ -677,7 +907,8 @@ static void out_fini(out_msg *o)
 	free(o->nh);
 }
 
-static pt_err out_prepare(nng_comm *c, const pt_msg *m, out_msg *o)
+/* out_prepare readies m for sending, as fragments or (bulk) one record. */
+static pt_err out_prepare(nng_comm *c, const pt_msg *m, bool bulk, out_msg *o)
 {
 	pt_err rv;
 
@@ -690,7 +921,7 @@ static pt_err out_prepare(nng_comm *c, const pt_msg *m, out_msg *o)
 			return pt_set_error(
 			    PT_ERR_RANGE, "tensor of %zu bytes exceeds max_msg_bytes %zu (rank %d)",
 			    o->raw, c->max_msg, c->base.rank);
-		if (o->raw > FRAG_BYTES)
+		if (o->raw > FRAG_BYTES && !bulk)
 			o->nfrags = (uint32_t)((o->raw + FRAG_BYTES - 1) / FRAG_BYTES);
 		if (pt_tensor_is_contiguous(&m->tensor)) {
 			o->src = pt_tensor_data(&m->tensor);
@@ -702,7 +933,7 @@ static pt_err out_prepare(nng_comm *c, const pt_msg *m, out_msg *o)
 				return rv;
 			o->src = o->packed;
 		}
-		if (c->auth && o->raw >= 2 * PT_NH_CHUNK) {
+		if (c->auth && o->raw >= (bulk ? 1 : 2) * PT_NH_CHUNK) {
 			size_t frag = o->nfrags == 1 ? o->raw : FRAG_BYTES;
 			if ((o->nh = malloc(pt_nh_outputs(frag))) == NULL)
 				return pt_set_error(PT_ERR_NOMEM,
@@ -843,6 +1074,9 @@ static pt_err self_send(nng_comm *c, const pt_msg *m)
 	return PT_OK;
 }
 
+static bool bulk_lane(nng_comm *c, nng_peer *peer);
+static pt_err bulk_send(nng_comm *c, nng_peer *peer, out_msg *o);
+
 /* send_locked sends fragment `index` of o (or builds it first when msg is
  * NULL) to peer; the caller holds peer->mu. */
 static pt_err send_locked(nng_comm *c, nng_peer *peer, out_msg *o, uint32_t index, nng_msg *msg,
@@ -887,6 +1121,7 @@ static pt_err nng_comm_send(pt_comm *base, int dst, const pt_msg *m)
 	nng_msg *msg = NULL;
 	uint64_t raw_bytes = 0;
 	out_msg o;
+	bool bulk;
 	pt_err rv;
 
 	if (atomic_load(&c->closed))
@@ -902,9 +1137,18 @@ static pt_err nng_comm_send(pt_comm *base, int dst, const pt_msg *m)
 		                    dst);
 	}
 	peer = &c->peers[dst];
-	if ((rv = out_prepare(c, m, &o)) != PT_OK)
+	bulk = bulk_lane(c, peer);
+	if ((rv = out_prepare(c, m, bulk, &o)) != PT_OK)
 		goto done;
-	if (o.nfrags == 1) {
+	if (bulk) {
+		/* The payload's NH outside the lock (it does not depend on the
+		 * sequence number), as build_frag's copy is. */
+		if (o.nh != NULL)
+			pt_nh(c->nh_key, o.src, o.raw - o.raw % PT_NH_CHUNK, o.nh);
+		pthread_mutex_lock(&peer->mu);
+		rv = bulk_send(c, peer, &o);
+		pthread_mutex_unlock(&peer->mu);
+	} else if (o.nfrags == 1) {
 		/* Copy or compress outside the lock: concurrent senders overlap. */
 		if ((rv = build_frag(c, &o, 0, &msg, &raw_bytes)) != PT_OK)
 			goto done;
@@ -928,6 +1172,20 @@ done:
 	}
 	atomic_fetch_add(&c->n.msgs_sent, 1);
 	return PT_OK;
+}
+
+int pt_nng_comm_lane(pt_comm *base, int dst)
+{
+	nng_comm *c = (nng_comm *)base;
+	int lane;
+
+	if (base == NULL || base->ops != &nng_ops || dst < 0 || dst >= base->world ||
+	    dst == base->rank)
+		return -1;
+	pthread_mutex_lock(&c->peers[dst].mu);
+	lane = c->peers[dst].lane;
+	pthread_mutex_unlock(&c->peers[dst].mu);
+	return lane;
 }
 
 pt_err pt_nng_comm_test_skip_seq(pt_comm *base, int dst, uint64_t skip)
@@ -973,18 +1231,20 @@ typedef struct frame {
 	uint32_t blob_len;
 } frame;
 
-/* frame_parse verifies body[0..len) and fills f; errors name what is wrong. */
-static pt_err frame_parse(nng_comm *c, const uint8_t *body, size_t len, frame *f)
+/* frame_parse verifies the header of a len-byte frame at body, of which the
+ * first `have` bytes are in memory (len for a message; the header alone on
+ * the bulk lane), and fills f; errors name what is wrong. */
+static pt_err frame_parse(nng_comm *c, const uint8_t *body, size_t len, size_t have, frame *f)
 {
 	const uint8_t *t, *vec;
 	uint32_t n;
-	size_t vsize = len < PT_FB_MAX_SIZE ? len : PT_FB_MAX_SIZE;
+	size_t vsize = have < PT_FB_MAX_SIZE ? have : PT_FB_MAX_SIZE;
 	uint8_t kind, channel;
 	uint64_t numel = 1, esize;
 
 	memset(f, 0, sizeof(*f));
-	if (len < 12)
-		return pt_set_error(PT_ERR_FORMAT, "message of %zu bytes is too short", len);
+	if (have < 12)
+		return pt_set_error(PT_ERR_FORMAT, "message of %zu bytes is too short", have);
 	/* First against the whole body (the header's size is not known yet), then
 	 * again against the header alone, so no field reaches into the payload. */
 	PT_TRY(pt_fb_verify(body, vsize, &pt_fb_stage_tensor_frame_desc, FRAME_ID, NULL));
@@ -1118,19 +1378,16 @@ static pt_err decode_payload(const frame *f, const uint8_t *body, uint8_t *dst)
 
 /* start_msg makes the message f begins: meta, a fresh contiguous tensor of
  * f->raw_size bytes (contents not yet written), and a copy of the blob. */
-static pt_err start_msg(const frame *f, pt_msg *m)
+static pt_err start_msg(nng_comm *c, const frame *f, pt_msg *m)
 {
 	memset(m, 0, sizeof(*m));
 	m->meta = f->meta;
 	if (f->has_tensor) {
 		size_t raw = (size_t)f->raw_size;
-		void *data = alloc_payload(raw);
 		pt_storage *s;
 		pt_err rv;
 
-		if (data == NULL)
-			return pt_set_error(PT_ERR_NOMEM, "received tensor of %zu bytes", raw);
-		PT_TRY(storage_adopt(&s, data, raw));
+		PT_TRY(pool_storage(c->pool, raw, &s));
 		rv = pt_tensor_init_on(&m->tensor, s, 0, (pt_dtype)f->dtype, f->ndim, f->shape);
 		pt_storage_release(s);
 		if (rv != PT_OK)
@@ -1148,11 +1405,11 @@ static pt_err start_msg(const frame *f, pt_msg *m)
 }
 
 /* frame_to_msg builds a whole received message (frag_count 1). */
-static pt_err frame_to_msg(const frame *f, const uint8_t *body, pt_msg *m)
+static pt_err frame_to_msg(nng_comm *c, const frame *f, const uint8_t *body, pt_msg *m)
 {
 	pt_err rv;
 
-	PT_TRY(start_msg(f, m));
+	PT_TRY(start_msg(c, f, m));
 	if (m->has_tensor &&
 	    (rv = decode_payload(f, body, (uint8_t *)pt_tensor_data(&m->tensor))) != PT_OK) {
 		pt_msg_fini(m);
@@ -1217,7 +1474,7 @@ static pt_err frag_add(nng_comm *c, const frame *f, const uint8_t *body, bool *r
 	*ready = false;
 	if (f->frag_index == 0) {
 		asm_abandon(c, src);
-		PT_TRY(start_msg(f, &a->msg));
+		PT_TRY(start_msg(c, f, &a->msg));
 		a->active = true;
 		a->count = f->frag_count;
 		a->next_index = 0;
@@ -1296,9 +1553,9 @@ static int rx_verify_copy(nng_comm *c, const uint8_t *body, size_t len, frame *f
 	if (len < MAC_TRAILER + FUSE_MIN_BYTES ||
 	    memcmp(body + len - MAC_TRAILER, MAC_MAGIC, 4) != 0)
 		return 0;
-	if (frame_parse(c, body, len - MAC_TRAILER, f) != PT_OK || f->meta.kind == PT_MSG_BARRIER ||
-	    f->frag_count != 1 || !f->has_tensor || f->codec != CODEC_NONE ||
-	    f->frag_size < FUSE_MIN_BYTES)
+	if (frame_parse(c, body, len - MAC_TRAILER, len - MAC_TRAILER, f) != PT_OK ||
+	    f->meta.kind == PT_MSG_BARRIER || f->frag_count != 1 || !f->has_tensor ||
+	    f->codec != CODEC_NONE || f->frag_size < FUSE_MIN_BYTES)
 		return 0;
 	need = pt_nh_outputs((size_t)f->frag_size);
 	if (need > c->rx_nh_cap) {
@@ -1308,7 +1565,7 @@ static int rx_verify_copy(nng_comm *c, const uint8_t *body, size_t len, frame *f
 		c->rx_nh = p;
 		c->rx_nh_cap = need;
 	}
-	if (start_msg(f, m) != PT_OK)
+	if (start_msg(c, f, m) != PT_OK)
 		return 0;
 	copy_hashed(c, pt_tensor_data(&m->tensor), body + f->payload_offset,
 	            (size_t)f->payload_offset, (size_t)f->frag_size, c->rx_nh, &pre);
@@ -1355,7 +1612,7 @@ static void io_handle(nng_comm *c, nng_msg *msg)
 		have = fused > 0;
 		len -= MAC_TRAILER;
 	}
-	if (!have && (rv = frame_parse(c, body, len, &f)) != PT_OK) {
+	if (!have && (rv = frame_parse(c, body, len, len, &f)) != PT_OK) {
 		char what[400];
 		snprintf(what, sizeof(what), "%s", pt_last_error());
 		if (pipe_rank >= 0)
@@ -1400,7 +1657,7 @@ static void io_handle(nng_comm *c, nng_msg *msg)
 		if (pipe_rank >= 0)
 			asm_abandon(c, f.meta.source); /* a whole message ends a partial one */
 		if (!have)
-			rv = frame_to_msg(&f, body, &m);
+			rv = frame_to_msg(c, &f, body, &m);
 		have = ready = rv == PT_OK;
 	} else {
 		rv = frag_add(c, &f, body, &ready, &m);
@@ -1510,10 +1767,622 @@ static void *io_main(void *arg)
 			pt_warn("rank %d: receive failed: %s", c->base.rank, nng_strerror(rv));
 			continue;
 		}
+		pthread_mutex_lock(&c->io_mu);
 		io_handle(c, msg);
+		pthread_mutex_unlock(&c->io_mu);
 		promote_lost(c, start_ticket, false);
 	}
 	return NULL;
+}
+
+/* ----------------------------------------------------------- bulk lane -- */
+
+/* The bulk lane carries a rank's frames to one peer over a plain nng byte
+ * stream (nng_stream, tcp:// only) instead of PUSH/PULL messages: the sender
+ * writes the tensor's own bytes and the receiver reads them straight into the
+ * tensor it hands over, so neither side copies the payload or allocates a
+ * message for it (nng_msg_alloc zeroes every body; the message path's floor
+ * on loopback is about 0.65 of a plain socket, the stream's above 1).
+ *
+ * Every rank with a tcp:// URL also listens with a stream listener on the
+ * same host; its port is published in the rank's URL as "#bulk=PORT", which
+ * peers strip before dialing the PULL socket. The first send to a peer
+ * decides its lane for good: the sender dials the peer's bulk port, reads a
+ * 16-byte random challenge, answers with a hello (source, destination, the
+ * challenge, and a MAC trailer as frames have) and waits for "PTBA". Any
+ * failure, or no bulk port, or lz4 compression on, and every frame to that
+ * peer goes as messages instead. Since a peer's frames all take one lane,
+ * their order and sequence numbers are those of the message path.
+ *
+ * A record is BULK_PREFIX bytes ("PTBR", le32 H, le64 P), then H bytes of
+ * TensorFrame header zero-padded to a whole NH chunk, P payload bytes and the
+ * trailer: the same frame, tag and checks as a message whose payload starts
+ * at offset H. The receiver reads a record's payload into a fresh tensor in
+ * BULK_PIECE steps, hashing each step while it is in cache, and delivers it
+ * only once the tag is right.
+ *
+ * Limits. Connections are admitted against world + BULK_EXTRA threads; one
+ * that has not passed its hello within BULK_HELLO_MS is closed, and one lane
+ * per source rank is ever accepted (the challenge makes a recorded hello
+ * useless). A record from a lane is trusted for its size before its tag is
+ * checked, bounded by max_msg_bytes as messages are. A lane that breaks, or
+ * carries a record that fails its checks, is closed, and its source is then
+ * lost to this communicator as when its PUSH connection drops: a stream has
+ * no message boundaries to resynchronise at. Sends on the lane are
+ * synchronous (zero copy: the caller's tensor is on the wire until the send
+ * returns); stages send from their send streams. */
+
+static uint32_t load_le32(const uint8_t *p)
+{
+	return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static uint64_t load_le64(const uint8_t *p)
+{
+	return (uint64_t)load_le32(p) | (uint64_t)load_le32(p + 4) << 32;
+}
+
+/* bulk_io moves every byte of iov[0..n) over s (sent, or received into it),
+ * each nng operation within ms (< 0: no limit); 0 or an nng error. */
+static int bulk_io(nng_stream *s, nng_aio *a, nng_iov *iov, unsigned n, bool send, int ms)
+{
+	nng_aio_set_timeout(a, ms < 0 ? NNG_DURATION_INFINITE : ms);
+	for (;;) {
+		size_t k;
+		int rv;
+		while (n > 0 && iov[0].iov_len == 0) {
+			iov++;
+			n--;
+		}
+		if (n == 0)
+			return 0;
+		if ((rv = nng_aio_set_iov(a, n, iov)) != 0)
+			return rv;
+		if (send)
+			nng_stream_send(s, a);
+		else
+			nng_stream_recv(s, a);
+		nng_aio_wait(a);
+		if ((rv = nng_aio_result(a)) != 0)
+			return rv;
+		if ((k = nng_aio_count(a)) == 0)
+			return NNG_ECLOSED;
+		for (; k > 0; iov++, n--) {
+			size_t t = k < iov[0].iov_len ? k : iov[0].iov_len;
+			iov[0].iov_buf = (uint8_t *)iov[0].iov_buf + t;
+			iov[0].iov_len -= t;
+			k -= t;
+			if (iov[0].iov_len > 0)
+				break;
+		}
+	}
+}
+
+/* bulk_url_split parses a peer URL: *bulk_port the port after
+ * BULK_URL_SUFFIX (0: none), base the URL without it. */
+static pt_err bulk_url_split(const char *url, char *base, size_t n, int *bulk_port)
+{
+	const char *h = strchr(url, '#');
+	char *end;
+	long port;
+
+	*bulk_port = 0;
+	if (h == NULL) {
+		if (strlen(url) >= n)
+			return pt_set_error(PT_ERR_INVALID, "URL too long: %.64s...", url);
+		snprintf(base, n, "%s", url);
+		return PT_OK;
+	}
+	if (strncmp(h, BULK_URL_SUFFIX, strlen(BULK_URL_SUFFIX)) != 0 || (size_t)(h - url) >= n)
+		return pt_set_error(PT_ERR_INVALID, "%s: unknown URL fragment (only %sPORT)", url,
+		                    BULK_URL_SUFFIX);
+	port = strtol(h + strlen(BULK_URL_SUFFIX), &end, 10);
+	if (*end != '\0' || port <= 0 || port > 65535)
+		return pt_set_error(PT_ERR_INVALID, "%s: bulk port is not in 1..65535", url);
+	snprintf(base, n, "%.*s", (int)(h - url), url);
+	*bulk_port = (int)port;
+	return PT_OK;
+}
+
+/* bulk_close drops peer's lane (peer->mu held, or the peer is being freed). */
+static void bulk_close(nng_peer *p)
+{
+	if (p->bulk != NULL) {
+		nng_stream_close(p->bulk);
+		nng_stream_free(p->bulk);
+		p->bulk = NULL;
+	}
+	if (p->bulk_d != NULL) {
+		nng_stream_dialer_free(p->bulk_d);
+		p->bulk_d = NULL;
+	}
+}
+
+/* bulk_open tries to open the lane to p (p->mu held): dial, challenge,
+ * hello, acknowledgement. Returns what failed, or NULL. */
+static const char *bulk_open(nng_comm *c, nng_peer *p)
+{
+	uint8_t ch[4 + BULK_CHALLENGE], hello[BULK_HELLO + MAC_TRAILER] = {0}, ack[4];
+	size_t hn = sizeof(hello);
+	nng_iov v;
+	int rv;
+
+	if ((rv = nng_aio_alloc(&p->bulk_aio, NULL, NULL)) != 0 ||
+	    (rv = nng_stream_dialer_alloc(&p->bulk_d, p->bulk_url)) != 0)
+		return nng_strerror(rv);
+	nng_aio_set_timeout(p->bulk_aio, BULK_HELLO_MS);
+	nng_stream_dialer_dial(p->bulk_d, p->bulk_aio);
+	nng_aio_wait(p->bulk_aio);
+	if ((rv = nng_aio_result(p->bulk_aio)) != 0)
+		return nng_strerror(rv);
+	p->bulk = nng_aio_get_output(p->bulk_aio, 0);
+	/* Data flows one way on a lane, so Nagle would hold each small record
+	 * back for the peer's delayed acknowledgement (~40 ms). */
+	if ((rv = nng_stream_set_bool(p->bulk, NNG_OPT_TCP_NODELAY, true)) != 0)
+		return nng_strerror(rv);
+	v = (nng_iov){ch, sizeof(ch)};
+	if (bulk_io(p->bulk, p->bulk_aio, &v, 1, false, BULK_HELLO_MS) != 0 ||
+	    memcmp(ch, "PTBC", 4) != 0)
+		return "no challenge";
+	memcpy(hello, "PTBH", 4);
+	store_le(hello + 4, (uint32_t)c->base.rank, 4);
+	store_le(hello + 8, (uint32_t)p->rank, 4);
+	memcpy(hello + 12, ch + 4, BULK_CHALLENGE);
+	if (c->auth) {
+		mac_trailer_init(c, hello + BULK_HELLO);
+		if (!mac_tag(c, p->mac, hello, hn, p->rank, NULL, hello + hn - MAC_TAG))
+			return "no MAC";
+	}
+	v = (nng_iov){hello, hn};
+	if (bulk_io(p->bulk, p->bulk_aio, &v, 1, true, BULK_HELLO_MS) != 0)
+		return "hello not sent";
+	v = (nng_iov){ack, sizeof(ack)};
+	if (bulk_io(p->bulk, p->bulk_aio, &v, 1, false, BULK_HELLO_MS) != 0 ||
+	    memcmp(ack, "PTBA", 4) != 0)
+		return "hello not accepted";
+	return NULL;
+}
+
+/* bulk_lane tells whether frames to peer take its bulk lane, opening it on
+ * the first call. */
+static bool bulk_lane(nng_comm *c, nng_peer *peer)
+{
+	bool bulk;
+
+	pthread_mutex_lock(&peer->mu);
+	if (peer->lane == LANE_UNDECIDED) {
+		const char *why = peer->bulk_url ? bulk_open(c, peer) : "";
+		peer->lane = why == NULL ? LANE_BULK : LANE_MSG;
+		if (why == NULL) {
+			pt_debug("rank %d: bulk lane to rank %d at %s", c->base.rank, peer->rank,
+			         peer->bulk_url);
+		} else {
+			if (*why != '\0')
+				pt_warn("rank %d: no bulk lane to rank %d at %s (%s): frames go as "
+				        "messages",
+				        c->base.rank, peer->rank, peer->bulk_url, why);
+			bulk_close(peer);
+		}
+	}
+	bulk = peer->lane == LANE_BULK;
+	pthread_mutex_unlock(&peer->mu);
+	return bulk;
+}
+
+/* bulk_send sends o as one record on peer's lane (peer->mu held); o->nh, if
+ * any, holds the NH outputs of the payload's whole chunks. */
+static pt_err bulk_send(nng_comm *c, nng_peer *peer, out_msg *o)
+{
+	frame_values v = {.m = o->m,
+	                  .source = c->base.rank,
+	                  .seq = peer->next_seq + peer->skip,
+	                  .raw_size = o->raw,
+	                  .payload_size = o->raw,
+	                  .frag_count = 1,
+	                  .frag_size = o->raw};
+	uint8_t trailer[MAC_TRAILER];
+	const uint8_t *hdr;
+	size_t hsize, hsize2, hpad, need, tn = c->auth ? MAC_TRAILER : 0;
+	nng_iov iov[3];
+	int nrv;
+
+	if (peer->bulk == NULL)
+		return pt_set_error(PT_ERR_CLOSED, "rank %d: the bulk lane to rank %d broke",
+		                    c->base.rank, peer->rank);
+	PT_TRY(frame_build(&o->b, &v, &hdr, &hsize));
+	hpad = (hsize + PT_NH_CHUNK - 1) / PT_NH_CHUNK * PT_NH_CHUNK;
+	v.payload_offset = hpad;
+	PT_TRY(frame_build(&o->b, &v, &hdr, &hsize2));
+	if (hsize2 != hsize)
+		return pt_set_error(PT_ERR_STATE, "frame header changed size (%zu, then %zu)",
+		                    hsize, hsize2);
+	need = BULK_PREFIX + hpad;
+	if (need > peer->bulk_hdr_cap) {
+		uint8_t *p = realloc(peer->bulk_hdr, need);
+		if (p == NULL)
+			return pt_set_error(PT_ERR_NOMEM, "frame header of %zu bytes", hsize);
+		peer->bulk_hdr = p;
+		peer->bulk_hdr_cap = need;
+	}
+	memcpy(peer->bulk_hdr, "PTBR", 4);
+	store_le(peer->bulk_hdr + 4, hpad, 4);
+	store_le(peer->bulk_hdr + 8, o->raw, 8);
+	memcpy(peer->bulk_hdr + BULK_PREFIX, hdr, hsize);
+	memset(peer->bulk_hdr + BULK_PREFIX + hsize, 0, hpad - hsize);
+	if (c->auth) {
+		const piece pcs[3] = {
+		    {peer->bulk_hdr + BULK_PREFIX, hpad}, {o->src, o->raw}, {trailer, MAC_TRAILER}};
+		const nh_pre pre = {o->nh, hpad / PT_NH_CHUNK,
+		                    o->nh ? hpad / PT_NH_CHUNK + o->raw / PT_NH_CHUNK : 0};
+		mac_trailer_init(c, trailer);
+		if (!mac_tag_pieces(c, peer->mac, pcs, 3, peer->rank, &pre,
+		                    trailer + 4 + MAC_NONCE))
+			return pt_set_error(PT_ERR_BACKEND, "rank %d: cannot compute a frame's MAC",
+			                    c->base.rank);
+	}
+	iov[0] = (nng_iov){peer->bulk_hdr, need};
+	iov[1] = (nng_iov){(void *)o->src, o->raw};
+	iov[2] = (nng_iov){trailer, tn};
+	if ((nrv = bulk_io(peer->bulk, peer->bulk_aio, iov, 3, true, c->send_timeout_ms)) != 0) {
+		char what[96];
+		pt_err rv;
+		/* Part of a record may be on the wire: the lane cannot go on. */
+		bulk_close(peer);
+		mark_lost_pending(c, peer->rank);
+		snprintf(what, sizeof(what), "rank %d: send to rank %d", c->base.rank, peer->rank);
+		rv = nng_fail(nrv, "%s: %s", what);
+		if (rv == PT_ERR_TIMEOUT)
+			pt_set_error(rv, "%s: not accepted within %d ms (peer down?): %s", what,
+			             c->send_timeout_ms, nng_strerror(nrv));
+		return rv;
+	}
+	peer->next_seq += peer->skip + 1;
+	peer->skip = 0;
+	atomic_fetch_add(&c->n.bytes_sent, need + o->raw + tn);
+	atomic_fetch_add(&c->n.bytes_raw_sent, need + o->raw + tn);
+	return PT_OK;
+}
+
+/* bulk_hello serves a new connection's handshake; returns the verified
+ * source rank, or -1 (the connection is to be closed). */
+static int bulk_hello(nng_comm *c, bulk_conn *bc, nng_aio *a, EVP_CIPHER_CTX *mac)
+{
+	/* The hello has a trailer's room either way (zeros without
+	 * authentication), so ranks that disagree on it fail at once. */
+	uint8_t ch[4 + BULK_CHALLENGE], h[BULK_HELLO + MAC_TRAILER], tag[MAC_TAG];
+	size_t hn = sizeof(h);
+	nng_iov v;
+	uint32_t src, dst;
+	bool ok;
+
+	memcpy(ch, "PTBC", 4);
+	if (getrandom(ch + 4, BULK_CHALLENGE, 0) != BULK_CHALLENGE)
+		return -1;
+	v = (nng_iov){ch, sizeof(ch)};
+	if (bulk_io(bc->s, a, &v, 1, true, BULK_HELLO_MS) != 0)
+		return -1;
+	v = (nng_iov){h, hn};
+	if (bulk_io(bc->s, a, &v, 1, false, BULK_HELLO_MS) != 0) {
+		pt_debug("rank %d: a bulk connection sent no hello", c->base.rank);
+		return -1;
+	}
+	src = load_le32(h + 4);
+	dst = load_le32(h + 8);
+	ok = memcmp(h, "PTBH", 4) == 0 && dst == (uint32_t)c->base.rank &&
+	     src < (uint32_t)c->base.world && src != (uint32_t)c->base.rank &&
+	     memcmp(h + 12, ch + 4, BULK_CHALLENGE) == 0;
+	if (ok && c->auth)
+		ok = memcmp(h + BULK_HELLO, MAC_MAGIC, 4) == 0 &&
+		     mac_tag(c, mac, h, hn, c->base.rank, NULL, tag) &&
+		     CRYPTO_memcmp(tag, h + hn - MAC_TAG, MAC_TAG) == 0;
+	if (!ok) {
+		pthread_mutex_lock(&c->io_mu);
+		mac_reject(c, "was a bulk hello not from this session", hn);
+		pthread_mutex_unlock(&c->io_mu);
+		return -1;
+	}
+	pthread_mutex_lock(&c->bulk_mu);
+	ok = !c->bulk_claimed[src];
+	c->bulk_claimed[src] = true;
+	pthread_mutex_unlock(&c->bulk_mu);
+	if (!ok) {
+		pt_warn("rank %d: refused a second bulk lane from rank %d", c->base.rank, (int)src);
+		return -1;
+	}
+	v = (nng_iov){(void *)"PTBA", 4};
+	if (bulk_io(bc->s, a, &v, 1, true, BULK_HELLO_MS) != 0)
+		return -1;
+	return (int)src;
+}
+
+/* bulk_deliver hands over an authentic record (m empty for a barrier), as
+ * io_handle does a message; takes m over. */
+static void bulk_deliver(nng_comm *c, const frame *f, pt_msg *m)
+{
+	pthread_mutex_lock(&c->io_mu);
+	if (c->auth && f->meta.seq < c->expect_seq[f->meta.source]) {
+		mac_reject(c, "repeats an earlier sequence number (a replay)", 0);
+		pt_msg_fini(m);
+	} else if (!check_seq(c, f)) {
+		pt_msg_fini(m);
+	} else if (f->meta.kind == PT_MSG_BARRIER) {
+		on_barrier(c, f);
+	} else {
+		asm_abandon(c, f->meta.source);
+		atomic_fetch_add(&c->n.msgs_recv, 1);
+		if (pt_mailbox_push(c->mb, m) != PT_OK) {
+			atomic_fetch_sub(&c->n.msgs_recv, 1);
+			pt_msg_fini(m);
+		}
+	}
+	pthread_mutex_unlock(&c->io_mu);
+}
+
+/* A bulk reader's buffers. */
+typedef struct bulk_rx {
+	nng_comm *c;
+	nng_stream *s;
+	nng_aio *a;
+	EVP_CIPHER_CTX *mac;
+	int src;
+	uint8_t *hdr, *nh;
+	size_t hdr_cap, nh_cap;
+} bulk_rx;
+
+static bool grow(uint8_t **p, size_t *cap, size_t need)
+{
+	uint8_t *q;
+
+	if (need <= *cap)
+		return true;
+	if ((q = realloc(*p, need)) == NULL)
+		return false;
+	*p = q;
+	*cap = need;
+	return true;
+}
+
+/* bulk_record receives and delivers one record; false: the lane ends (the
+ * peer closed it, or the record failed a check, which is logged). */
+static bool bulk_record(bulk_rx *r)
+{
+	nng_comm *c = r->c;
+	uint8_t pre[BULK_PREFIX], trailer[MAC_TRAILER], tag[MAC_TAG];
+	size_t tn = c->auth ? MAC_TRAILER : 0;
+	uint64_t hpad, plen;
+	uint8_t *data = NULL;
+	nng_iov v;
+	frame f;
+	pt_msg m = {0};
+	int rv;
+
+	v = (nng_iov){pre, sizeof(pre)};
+	if ((rv = bulk_io(r->s, r->a, &v, 1, false, -1)) != 0) {
+		if (rv != NNG_ECLOSED && rv != NNG_ECONNSHUT && rv != NNG_ECONNRESET)
+			pt_warn("rank %d: bulk lane from rank %d: %s", c->base.rank, r->src,
+			        nng_strerror(rv));
+		return false;
+	}
+	hpad = load_le32(pre + 4);
+	plen = load_le64(pre + 8);
+	if (memcmp(pre, "PTBR", 4) != 0 || hpad < PT_NH_CHUNK || hpad % PT_NH_CHUNK != 0 ||
+	    hpad > c->max_msg || plen > c->max_msg) {
+		pt_set_error(PT_ERR_FORMAT, "bulk record of %llu + %llu bytes",
+		             (unsigned long long)hpad, (unsigned long long)plen);
+		goto bad;
+	}
+	if (!grow(&r->hdr, &r->hdr_cap, hpad)) {
+		pt_set_error(PT_ERR_NOMEM, "bulk header of %llu bytes", (unsigned long long)hpad);
+		goto bad;
+	}
+	v = (nng_iov){r->hdr, hpad};
+	if ((rv = bulk_io(r->s, r->a, &v, 1, false, -1)) != 0) {
+		nng_fail(rv, "%s: %s", "bulk header");
+		goto bad;
+	}
+	if (frame_parse(c, r->hdr, hpad + plen, hpad, &f) != PT_OK)
+		goto bad;
+	if (f.payload_offset != hpad || f.codec != CODEC_NONE || f.frag_count != 1 ||
+	    f.meta.source != r->src) {
+		pt_set_error(PT_ERR_FORMAT,
+		             "bulk record claiming rank %d, codec %u, %u fragments, payload at "
+		             "%llu",
+		             f.meta.source, f.codec, f.frag_count,
+		             (unsigned long long)f.payload_offset);
+		goto bad;
+	}
+	if (f.meta.kind != PT_MSG_BARRIER && start_msg(c, &f, &m) != PT_OK)
+		goto bad;
+	if (m.has_tensor)
+		data = pt_tensor_data(&m.tensor);
+	if (c->auth && !grow(&r->nh, &r->nh_cap, pt_nh_outputs(plen) + 1)) {
+		pt_set_error(PT_ERR_NOMEM, "MAC scratch of a %llu-byte tensor",
+		             (unsigned long long)plen);
+		goto bad;
+	}
+	for (uint64_t off = 0; off < plen;) {
+		size_t k = plen - off < BULK_PIECE ? (size_t)(plen - off) : BULK_PIECE;
+		size_t whole = k - k % PT_NH_CHUNK;
+		v = (nng_iov){data + off, k};
+		if ((rv = bulk_io(r->s, r->a, &v, 1, false, -1)) != 0) {
+			nng_fail(rv, "%s: %s", "bulk payload");
+			goto bad;
+		}
+		if (c->auth && whole > 0) /* while the piece is in cache */
+			pt_nh(c->nh_key, data + off, whole, r->nh + off / PT_NH_CHUNK * PT_NH_OUT);
+		off += k;
+	}
+	v = (nng_iov){trailer, tn};
+	if ((rv = bulk_io(r->s, r->a, &v, 1, false, -1)) != 0) {
+		nng_fail(rv, "%s: %s", "bulk trailer");
+		goto bad;
+	}
+	if (c->auth) {
+		const piece pcs[3] = {{r->hdr, hpad}, {data, plen}, {trailer, MAC_TRAILER}};
+		const nh_pre npre = {r->nh, hpad / PT_NH_CHUNK,
+		                     hpad / PT_NH_CHUNK + plen / PT_NH_CHUNK};
+		if (memcmp(trailer, MAC_MAGIC, 4) != 0 ||
+		    !mac_tag_pieces(c, r->mac, pcs, 3, c->base.rank, &npre, tag) ||
+		    CRYPTO_memcmp(tag, trailer + 4 + MAC_NONCE, MAC_TAG) != 0) {
+			pt_msg_fini(&m);
+			pthread_mutex_lock(&c->io_mu);
+			mac_reject(c, "failed authentication on a bulk lane (lane closed)",
+			           (size_t)(hpad + plen + tn));
+			pthread_mutex_unlock(&c->io_mu);
+			return false;
+		}
+	}
+	atomic_fetch_add(&c->n.bytes_recv, BULK_PREFIX + hpad + plen + tn);
+	bulk_deliver(c, &f, &m);
+	return true;
+bad:
+	pt_msg_fini(&m);
+	atomic_fetch_add(&c->n.errors, 1);
+	pt_warn("rank %d: bulk lane from rank %d closed: %s", c->base.rank, r->src,
+	        pt_last_error());
+	return false;
+}
+
+static void *bulk_reader(void *arg)
+{
+	bulk_conn *bc = arg;
+	bulk_rx r = {.c = bc->c, .s = bc->s, .src = -1};
+	nng_comm *c = bc->c;
+
+	if (nng_aio_alloc(&r.a, NULL, NULL) == 0 && (!c->auth || (r.mac = mac_ctx_new(c)) != NULL))
+		r.src = bulk_hello(c, bc, r.a, r.mac);
+	if (r.src >= 0) {
+		while (!atomic_load(&c->stopping) && bulk_record(&r))
+			;
+		/* As when a PUSH connection drops: what arrived is handed over first. */
+		if (!atomic_load(&c->stopping))
+			mark_lost_pending(c, r.src);
+	}
+	nng_stream_close(bc->s);
+	nng_aio_free(r.a);
+	EVP_CIPHER_CTX_free(r.mac);
+	free(r.hdr);
+	free(r.nh);
+	atomic_store(&bc->state, BC_DONE);
+	return NULL;
+}
+
+/* bulk_reap joins finished readers (bulk_mu held). */
+static void bulk_reap(nng_comm *c)
+{
+	for (int i = 0; i < c->n_bulk_conns; i++) {
+		bulk_conn *bc = &c->bulk_conns[i];
+		if (atomic_load(&bc->state) == BC_DONE) {
+			pthread_join(bc->th, NULL);
+			nng_stream_free(bc->s);
+			bc->s = NULL;
+			atomic_store(&bc->state, BC_FREE);
+		}
+	}
+}
+
+/* The bulk acceptor: each connection gets a reader thread and a slot, while
+ * there are free slots; the others are closed at once. */
+static void *bulk_accept_main(void *arg)
+{
+	nng_comm *c = arg;
+	nng_aio *a;
+	long long warned = 0;
+
+	if (nng_aio_alloc(&a, NULL, NULL) != 0)
+		return NULL;
+	for (;;) {
+		bulk_conn *bc = NULL;
+		nng_stream *s = NULL;
+		int rv;
+		nng_stream_listener_accept(c->bulk_l, a);
+		nng_aio_wait(a);
+		if ((rv = nng_aio_result(a)) == 0)
+			s = nng_aio_get_output(a, 0);
+		if (atomic_load(&c->stopping) || rv == NNG_ECLOSED) {
+			if (s != NULL)
+				nng_stream_free(s);
+			break;
+		}
+		if (rv != 0) { /* e.g. out of descriptors: do not spin */
+			struct timespec pause = {0, 10 * 1000000L};
+			nanosleep(&pause, NULL);
+			continue;
+		}
+		pthread_mutex_lock(&c->bulk_mu);
+		bulk_reap(c);
+		for (int i = 0; i < c->n_bulk_conns && bc == NULL; i++)
+			if (atomic_load(&c->bulk_conns[i].state) == BC_FREE)
+				bc = &c->bulk_conns[i];
+		if (bc != NULL) {
+			bc->c = c;
+			bc->s = s;
+			atomic_store(&bc->state, BC_RUNNING);
+			if (pthread_create(&bc->th, NULL, bulk_reader, bc) != 0) {
+				atomic_store(&bc->state, BC_FREE);
+				bc->s = NULL;
+				bc = NULL;
+			}
+		}
+		pthread_mutex_unlock(&c->bulk_mu);
+		if (bc == NULL) {
+			long long now = pt_now_ms();
+			nng_stream_close(s);
+			nng_stream_free(s);
+			atomic_fetch_add(&c->n.errors, 1);
+			if (now - warned >= MAC_WARN_MS) {
+				pt_warn("rank %d: refused a bulk connection: all %d slots busy",
+				        c->base.rank, c->n_bulk_conns);
+				warned = now;
+			}
+		}
+	}
+	nng_aio_free(a);
+	return NULL;
+}
+
+/* bulk_listen starts the bulk listener on url's host (tcp:// only). */
+static pt_err bulk_listen(nng_comm *c)
+{
+	const char *colon = strrchr(c->bound_url, ':');
+	char url[300];
+	int rv;
+
+	snprintf(url, sizeof(url), "%.*s:0", (int)(colon - c->bound_url), c->bound_url);
+	c->n_bulk_conns = c->base.world - 1 + BULK_EXTRA;
+	if ((c->bulk_conns = calloc((size_t)c->n_bulk_conns, sizeof(*c->bulk_conns))) == NULL ||
+	    (c->bulk_claimed = calloc((size_t)c->base.world, sizeof(bool))) == NULL)
+		return pt_set_error(PT_ERR_NOMEM, "bulk lane slots");
+	if ((rv = nng_stream_listener_alloc(&c->bulk_l, url)) != 0 ||
+	    (rv = nng_stream_listener_listen(c->bulk_l)) != 0 ||
+	    (rv = nng_stream_listener_get_int(c->bulk_l, NNG_OPT_TCP_BOUND_PORT, &c->bulk_port)) !=
+	        0)
+		return nng_fail(rv, "bulk listener: %s: %s", url);
+	if (pthread_create(&c->bulk_acceptor, NULL, bulk_accept_main, c) != 0)
+		return pt_set_error(PT_ERR_BACKEND, "cannot start the bulk acceptor");
+	c->bulk_started = true;
+	return PT_OK;
+}
+
+/* bulk_stop closes the listener and every lane and joins their threads. */
+static void bulk_stop(nng_comm *c)
+{
+	if (c->bulk_l != NULL)
+		nng_stream_listener_close(c->bulk_l);
+	if (c->bulk_started)
+		pthread_join(c->bulk_acceptor, NULL);
+	for (int i = 0; c->bulk_conns && i < c->n_bulk_conns; i++) {
+		bulk_conn *bc = &c->bulk_conns[i];
+		if (atomic_load(&bc->state) == BC_FREE)
+			continue;
+		nng_stream_close(bc->s);
+		pthread_join(bc->th, NULL);
+		nng_stream_free(bc->s);
+	}
+	if (c->bulk_l != NULL)
+		nng_stream_listener_free(c->bulk_l);
+	free(c->bulk_conns);
+	free(c->bulk_claimed);
 }
 
 /* ------------------------------------------------------------- barrier -- */
@@ -1627,6 +2496,7 @@ static void nng_comm_destroy(pt_comm *base)
 	atomic_store(&c->stopping, true);
 	pthread_cond_signal(&c->rx_cv);
 	pthread_mutex_unlock(&c->rx_mu);
+	bulk_stop(c);
 	if (c->io_started)
 		pthread_join(c->io, NULL);
 	if (c->rx_aio) {
@@ -1643,17 +2513,25 @@ static void nng_comm_destroy(pt_comm *base)
 			nng_close(p->push);
 		if (p->tls)
 			nng_tls_config_free(p->tls);
+		bulk_close(p);
+		if (p->bulk_aio)
+			nng_aio_free(p->bulk_aio);
+		free(p->bulk_url);
+		free(p->bulk_hdr);
 		EVP_CIPHER_CTX_free(p->mac);
 		pthread_mutex_destroy(&p->mu);
 	}
 	if (c->tls_server)
 		nng_tls_config_free(c->tls_server);
 	pt_mailbox_destroy(c->mb);
+	pool_close(c->pool);
 	pthread_mutex_destroy(&c->connect_mu);
 	pthread_mutex_destroy(&c->pipe_mu);
 	pthread_mutex_destroy(&c->bar_mu);
 	pthread_cond_destroy(&c->bar_cv);
 	pthread_mutex_destroy(&c->self_mu);
+	pthread_mutex_destroy(&c->io_mu);
+	pthread_mutex_destroy(&c->bulk_mu);
 	pthread_mutex_destroy(&c->rx_mu);
 	pthread_cond_destroy(&c->rx_cv);
 	free(c->peers);
@@ -1666,6 +2544,7 @@ static void nng_comm_destroy(pt_comm *base)
 	free(c->expect_seq);
 	free(c->bar_arrived);
 	free(c->bound_url);
+	free(c->url);
 	free(c->tls_cert_key);
 	free(c->tls_key);
 	free(c->tls_ca);
@@ -1772,11 +2651,14 @@ pt_err pt_nng_comm_create(pt_comm **out, const pt_nng_options *opt)
 	c->base.timeout_ms = opt->timeout_ms > 0 ? opt->timeout_ms : PT_COMM_TIMEOUT_DEFAULT_MS;
 	c->send_timeout_ms = opt->send_timeout_ms > 0 ? opt->send_timeout_ms : c->base.timeout_ms;
 	c->compress = opt->compress;
+	c->no_bulk = opt->no_bulk;
 	c->max_msg = opt->max_msg_bytes ? opt->max_msg_bytes : DEFAULT_MAX_MSG;
 	pthread_mutex_init(&c->connect_mu, NULL);
 	pthread_mutex_init(&c->pipe_mu, NULL);
 	pthread_mutex_init(&c->bar_mu, NULL);
 	pthread_mutex_init(&c->self_mu, NULL);
+	pthread_mutex_init(&c->io_mu, NULL);
+	pthread_mutex_init(&c->bulk_mu, NULL);
 	pthread_condattr_init(&ca);
 	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
 	pthread_cond_init(&c->bar_cv, &ca);
@@ -1831,7 +2713,8 @@ pt_err pt_nng_comm_create(pt_comm **out, const pt_nng_options *opt)
 	} else {
 		pt_warn("rank %d: data-plane authentication is off (benchmarks only)", opt->rank);
 	}
-	if ((rv = pt_mailbox_create(&c->mb, world, opt->rank)) != PT_OK)
+	if ((rv = pt_mailbox_create(&c->mb, world, opt->rank)) != PT_OK ||
+	    (rv = pool_create(&c->pool)) != PT_OK)
 		goto fail;
 
 	if ((nrv = nng_pull0_open(&c->pull)) != 0) {
@@ -1862,6 +2745,20 @@ pt_err pt_nng_comm_create(pt_comm **out, const pt_nng_options *opt)
 	}
 	if ((rv = resolve_url(c, opt->listen_url)) != PT_OK)
 		goto fail;
+	if (strncmp(c->bound_url, "tcp://", 6) == 0 && !c->no_bulk &&
+	    (rv = bulk_listen(c)) != PT_OK)
+		goto fail;
+	{
+		size_t n = strlen(c->bound_url) + sizeof(BULK_URL_SUFFIX) + 8;
+		if ((c->url = malloc(n)) == NULL) {
+			rv = pt_set_error(PT_ERR_NOMEM, "url");
+			goto fail;
+		}
+		if (c->bulk_port > 0)
+			snprintf(c->url, n, "%s%s%d", c->bound_url, BULK_URL_SUFFIX, c->bulk_port);
+		else
+			snprintf(c->url, n, "%s", c->bound_url);
+	}
 	if ((nrv = nng_aio_alloc(&c->rx_aio, rx_cb, c)) != 0) {
 		rv = nng_fail(nrv, "%s: %s", "nng_aio_alloc");
 		goto fail;
@@ -1883,15 +2780,25 @@ const char *pt_nng_comm_url(const pt_comm *base)
 {
 	if (base == NULL || base->ops != &nng_ops)
 		return NULL;
-	return ((const nng_comm *)base)->bound_url;
+	return ((const nng_comm *)base)->url;
 }
 
-static pt_err dial_peer(nng_comm *c, nng_peer *p, const char *url)
+static pt_err dial_peer(nng_comm *c, nng_peer *p, const char *peer_url)
 {
-	char what[300];
-	int rv;
+	char what[600], url[512];
+	int rv, bulk_port;
 
-	snprintf(what, sizeof(what), "rank %d dialing rank %d at %s", c->base.rank, p->rank, url);
+	snprintf(what, sizeof(what), "rank %d dialing rank %d at %s", c->base.rank, p->rank,
+	         peer_url);
+	if (bulk_url_split(peer_url, url, sizeof(url), &bulk_port) != PT_OK)
+		return pt_set_error(PT_ERR_INVALID, "%s: %s", what, pt_last_error());
+	if (bulk_port > 0 && strncmp(url, "tcp://", 6) == 0 && !c->no_bulk && !c->compress) {
+		const char *colon = strrchr(url, ':');
+		size_t n = strlen(url) + 8;
+		if ((p->bulk_url = malloc(n)) == NULL)
+			return pt_set_error(PT_ERR_NOMEM, "%s", what);
+		snprintf(p->bulk_url, n, "%.*s:%d", (int)(colon - url), url, bulk_port);
+	}
 	if (c->auth && (p->mac = mac_ctx_new(c)) == NULL)
 		return pt_set_error(PT_ERR_BACKEND, "%s: libcrypto: no ChaCha20-Poly1305", what);
 	if ((rv = nng_push0_open(&p->push)) != 0)

@@ -62,8 +62,12 @@ typedef struct pt_storage {
 	pt_device device;
 	struct pt_storage *parent; /* slice of parent (holds a reference), or NULL */
 	bool owns_data;            /* free(data) on destroy */
-	size_t mapped;             /* > 0: data is an anonymous mapping of this many bytes */
-	_Atomic int state;         /* pt_state */
+	/* When set, the last release calls give_back(give_back_ctx, data, nbytes)
+	 * instead of freeing data: a lender (a receive pool) takes it back. */
+	void (*give_back)(void *ctx, void *data, size_t nbytes);
+	void *give_back_ctx;
+	size_t mapped;     /* > 0: data is an anonymous mapping of this many bytes */
+	_Atomic int state; /* pt_state */
 	/* The dispatcher whose queue will write this storage while PENDING. */
 	struct pt_dispatcher *_Atomic pending_in;
 } pt_storage;
