@@ -147,7 +147,7 @@ void pt_storage_release(pt_storage *s)
 		return;
 	if (atomic_fetch_sub_explicit(&s->refs, 1, memory_order_acq_rel) != 1)
 		return;
-	if (s->give_back != NULL)
+	if (s->owns_data && s->give_back != NULL)
 		s->give_back(s->give_back_ctx, s->data, s->nbytes);
 	else if (s->owns_data && s->device.kind != PT_DEV_CPU)
 		pt_backend_free(s->device, s->data);

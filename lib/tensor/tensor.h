@@ -62,8 +62,9 @@ typedef struct pt_storage {
 	pt_device device;
 	struct pt_storage *parent; /* slice of parent (holds a reference), or NULL */
 	bool owns_data;            /* free(data) on destroy */
-	/* When set, the last release calls give_back(give_back_ctx, data, nbytes)
-	 * instead of freeing data: a lender (a receive pool) takes it back. */
+	/* When set (and owns_data), the last release calls give_back(give_back_ctx,
+	 * data, nbytes) instead of freeing data: a lender (a receive pool) takes
+	 * it back. */
 	void (*give_back)(void *ctx, void *data, size_t nbytes);
 	void *give_back_ctx;
 	size_t mapped;     /* > 0: data is an anonymous mapping of this many bytes */
