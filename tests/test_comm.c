@@ -32,6 +32,7 @@
 #include "nccl_comm.h"
 #include "nh.h"
 #include "pt_test.h"
+#include "rxpool.h"
 #include "sha256.h"
 
 #define MAX_WORLD  6
@@ -1560,6 +1561,82 @@ static void test_comm_no_auth(void)
 	pt_tensor_fini(&t);
 }
 
+/* The receive pool (rxpool.h): a released storage's buffer is the next one
+ * of its size, never one still held; smaller ones are never pooled; at most
+ * PT_RX_POOL_SLOTS are kept (oldest evicted first) and PT_RX_POOL_MAX bytes
+ * (a byte cap test with 100 MiB buffers never touched); a buffer released
+ * after the owner closed the pool is freed (ASan would see a leak or a
+ * double free). */
+static void test_comm_rx_pool(void)
+{
+	pt_rx_pool *p;
+	pt_storage *s[PT_RX_POOL_SLOTS + 2], *t;
+	void *first;
+
+	if (cur->kind != IMPL_LOCAL) {
+		printf("(once, in the local suite) ");
+		return;
+	}
+	PT_CHECK_OK(pt_rx_pool_create(&p));
+	PT_CHECK_OK(pt_rx_pool_storage(p, 100000, &s[0]));
+	first = s[0]->data;
+	CU_ASSERT_EQUAL((uintptr_t)first % 64, 0);
+	pt_storage_release(s[0]);
+	PT_CHECK_OK(pt_rx_pool_storage(p, 100001, &t)); /* another size: a new buffer */
+	CU_ASSERT_PTR_NOT_EQUAL(t->data, first);
+	PT_CHECK_OK(pt_rx_pool_storage(p, 100000, &s[0])); /* the same size: the same one */
+	CU_ASSERT_PTR_EQUAL(s[0]->data, first);
+	PT_CHECK_OK(pt_rx_pool_storage(p, 100000, &s[1])); /* held: not lent twice */
+	CU_ASSERT_PTR_NOT_EQUAL(s[1]->data, first);
+	pt_storage_release(s[1]);
+	pt_storage_release(s[0]);
+	pt_storage_release(t);
+	PT_CHECK_OK(pt_rx_pool_storage(p, 1000, &t)); /* small: never pooled */
+	CU_ASSERT_PTR_NULL(t->give_back);
+	pt_storage_release(t);
+	/* SLOTS + 2 buffers of one size come back: the pool keeps SLOTS of them,
+	 * so SLOTS requests are served without a new allocation. */
+	for (int i = 0; i < PT_RX_POOL_SLOTS + 2; i++)
+		PT_CHECK_OK(pt_rx_pool_storage(p, 200000, &s[i]));
+	void *kept[PT_RX_POOL_SLOTS + 2];
+	for (int i = 0; i < PT_RX_POOL_SLOTS + 2; i++) {
+		kept[i] = s[i]->data;
+		pt_storage_release(s[i]);
+	}
+	for (int i = 0; i < PT_RX_POOL_SLOTS; i++) {
+		bool known = false;
+		PT_CHECK_OK(pt_rx_pool_storage(p, 200000, &s[i]));
+		for (int k = 2; k < PT_RX_POOL_SLOTS + 2; k++) /* the newest SLOTS */
+			known = known || s[i]->data == kept[k];
+		CU_ASSERT(known);
+	}
+	/* The byte cap: three buffers of 100 MiB (never touched) come back; the
+	 * oldest is evicted so the newest two stay within PT_RX_POOL_MAX. */
+	{
+		const size_t big = (size_t)100 << 20;
+		pt_storage *b[3];
+		void *bk[3];
+		for (int i = 0; i < 3; i++)
+			PT_CHECK_OK(pt_rx_pool_storage(p, big, &b[i]));
+		for (int i = 0; i < 3; i++) {
+			bk[i] = b[i]->data;
+			pt_storage_release(b[i]);
+		}
+		for (int i = 0; i < 2; i++) {
+			PT_CHECK_OK(pt_rx_pool_storage(p, big, &b[i]));
+			CU_ASSERT(b[i]->data == bk[1] || b[i]->data == bk[2]);
+		}
+		CU_ASSERT_PTR_NOT_EQUAL(b[0]->data, b[1]->data);
+		pt_storage_release(b[0]);
+		pt_storage_release(b[1]);
+	}
+	pt_rx_pool_close(p); /* buffers still lent: freed as they come back */
+	for (int i = 0; i < PT_RX_POOL_SLOTS; i++) {
+		memset(s[i]->data, 7, 200000);
+		pt_storage_release(s[i]);
+	}
+}
+
 /* ------------------------------------------------------------ bulk lane -- */
 
 static bool bulk_suite(void)
@@ -2442,6 +2519,7 @@ static const test_def tests[] = {
     {"test_comm_no_auth", test_comm_no_auth, false},
     {"test_comm_seq_gap", test_comm_seq_gap, false},
     {"test_comm_wire_format", test_comm_wire_format, false},
+    {"test_comm_rx_pool", test_comm_rx_pool, false},
     {"test_comm_bulk_lane", test_comm_bulk_lane, false},
     {"test_comm_bulk_strangers", test_comm_bulk_strangers, false},
     {"test_comm_bulk_slots", test_comm_bulk_slots, false},

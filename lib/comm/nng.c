@@ -46,7 +46,7 @@
  * On tcp:// a rank's frames to a peer take the peer's bulk lane instead, a
  * byte stream beside the PULL socket: the same frames, written from and read
  * into the tensors' own memory (see "bulk lane" below). Received tensors of
- * 64 KiB and more borrow their bytes from a small per-communicator pool.
+ * 64 KiB and more borrow their bytes from a small pool (rxpool.h).
  *
  * Limits: destroy drops messages nng has not transmitted yet (nng 1.5 has no
  * linger); receive caps at max_msg_bytes, also on the decompressed size; only
@@ -78,6 +78,7 @@
 #include "log.h"
 #include "mailbox.h"
 #include "nh.h"
+#include "rxpool.h"
 
 #define FRAME_ID           PT_FB_STAGE_FILE_ID
 #define PAYLOAD_ALIGN      64u
@@ -86,7 +87,7 @@
 #define LOST_GRACE_MS      1000 /* a lost mark waits at most this for queued arrivals */
 #define RECONNECT_MIN_MS   20
 #define RECONNECT_MAX_MS   500
-#define HUGE_ALLOC_BYTES   ((size_t)32 << 20) /* glibc mmaps these anyway */
+#define HUGE_ALLOC_BYTES   PT_RX_HUGE_BYTES
 #define HUGE_PAGE_BYTES    ((size_t)2 << 20)
 #define COMPRESS_MIN_BYTES 256 /* smaller tensors are not worth an lz4 attempt */
 /* Tensors above FRAG_BYTES travel as fragments of FRAG_BYTES, one nng message
@@ -201,7 +202,7 @@ typedef struct nng_comm {
 	atomic_bool connected;
 
 	pt_mailbox *mb;
-	struct rx_pool *pool; /* received tensors' buffers */
+	pt_rx_pool *pool; /* received tensors' buffers */
 	pthread_t io;
 	bool io_started;
 	/* Receive hand-off: rx_cb (an nng callback) parks one message for the I/O
@@ -329,23 +330,6 @@ static void url_host(const char *url, char *out, size_t n)
 	snprintf(out, n, "%.*s", (int)(end - h), h);
 }
 
-/* alloc_payload returns n bytes (at least 1) that free() releases: 64-aligned,
- * and for large tensors 2 MiB-aligned with transparent huge pages requested
- * (fewer page faults on the first write; THP is "madvise" on Debian). */
-static void *alloc_payload(size_t n)
-{
-	size_t align = n >= HUGE_ALLOC_BYTES ? HUGE_PAGE_BYTES : 64;
-	size_t rounded = (n + align - 1) & ~(align - 1);
-	void *p;
-
-	if (rounded < n)
-		return NULL;
-	p = aligned_alloc(align, rounded ? rounded : align);
-	if (p && align == HUGE_PAGE_BYTES)
-		madvise(p, rounded, MADV_HUGEPAGE);
-	return p;
-}
-
 /* advise_huge asks for transparent huge pages over the page-aligned inside of
  * a large, not yet touched buffer (nng's fresh message body): far fewer page
  * faults when the tensor is copied in. A hint only; errors are ignored. */
@@ -356,128 +340,6 @@ static void advise_huge(void *p, size_t n)
 
 	if (n >= HUGE_ALLOC_BYTES && e > a)
 		madvise((void *)a, e - a, MADV_HUGEPAGE);
-}
-
-/* storage_adopt makes a storage that frees data (from alloc_payload). */
-static pt_err storage_adopt(pt_storage **out, void *data, size_t nbytes)
-{
-	pt_err rv = pt_storage_wrap(out, data, nbytes, PT_CPU);
-	if (rv != PT_OK) {
-		free(data);
-		return rv;
-	}
-	(*out)->owns_data = true;
-	return PT_OK;
-}
-
-/* Received tensors of POOL_MIN_BYTES and more take their bytes from a pool
- * that their storages give back to when released: a stage receives tensors
- * of the same few sizes over and over, and a fresh large allocation costs a
- * page fault per 4 KiB page (glibc maps and unmaps buffers of 32 MiB and
- * more on every use, and trims freed heap tops). The pool keeps at most
- * POOL_SLOTS buffers and POOL_MAX_BYTES, evicting the oldest; it outlives
- * its communicator while tensors still hold its buffers. */
-#define POOL_MIN_BYTES ((size_t)64 << 10)
-#define POOL_SLOTS     8
-#define POOL_MAX_BYTES ((size_t)256 << 20)
-
-typedef struct rx_pool {
-	atomic_int refs; /* the communicator's and one per lent buffer */
-	pthread_mutex_t mu;
-	bool closed; /* the communicator is gone: returned buffers are freed */
-	int n;
-	size_t bytes;
-	void *buf[POOL_SLOTS]; /* oldest first */
-	size_t size[POOL_SLOTS];
-} rx_pool;
-
-static pt_err pool_create(rx_pool **out)
-{
-	if ((*out = calloc(1, sizeof(**out))) == NULL)
-		return pt_set_error(PT_ERR_NOMEM, "receive pool");
-	atomic_init(&(*out)->refs, 1);
-	pthread_mutex_init(&(*out)->mu, NULL);
-	return PT_OK;
-}
-
-static void pool_unref(rx_pool *p)
-{
-	if (p == NULL || atomic_fetch_sub(&p->refs, 1) != 1)
-		return;
-	for (int i = 0; i < p->n; i++)
-		free(p->buf[i]);
-	pthread_mutex_destroy(&p->mu);
-	free(p);
-}
-
-/* pool_close drops the pool's buffers and the communicator's reference. */
-static void pool_close(rx_pool *p)
-{
-	if (p == NULL)
-		return;
-	pthread_mutex_lock(&p->mu);
-	p->closed = true;
-	for (int i = 0; i < p->n; i++)
-		free(p->buf[i]);
-	p->n = 0;
-	p->bytes = 0;
-	pthread_mutex_unlock(&p->mu);
-	pool_unref(p);
-}
-
-/* pool_give_back is a storage's give_back: any thread. */
-static void pool_give_back(void *ctx, void *data, size_t nbytes)
-{
-	rx_pool *p = ctx;
-
-	pthread_mutex_lock(&p->mu);
-	if (!p->closed && nbytes <= POOL_MAX_BYTES) {
-		while (p->n > 0 && (p->n == POOL_SLOTS || p->bytes + nbytes > POOL_MAX_BYTES)) {
-			free(p->buf[0]);
-			p->bytes -= p->size[0];
-			p->n--;
-			memmove(p->buf, p->buf + 1, (size_t)p->n * sizeof(p->buf[0]));
-			memmove(p->size, p->size + 1, (size_t)p->n * sizeof(p->size[0]));
-		}
-		p->buf[p->n] = data;
-		p->size[p->n++] = nbytes;
-		p->bytes += nbytes;
-		data = NULL;
-	}
-	pthread_mutex_unlock(&p->mu);
-	free(data);
-	pool_unref(p);
-}
-
-/* pool_storage makes a storage of n bytes (contents undefined) for a received
- * tensor: from p when it has a buffer of that size, else allocated. */
-static pt_err pool_storage(rx_pool *p, size_t n, pt_storage **out)
-{
-	void *data = NULL;
-
-	if (p != NULL && n >= POOL_MIN_BYTES) {
-		pthread_mutex_lock(&p->mu);
-		for (int i = p->n - 1; i >= 0 && data == NULL; i--)
-			if (p->size[i] == n) {
-				data = p->buf[i];
-				p->bytes -= n;
-				p->n--;
-				memmove(p->buf + i, p->buf + i + 1,
-				        (size_t)(p->n - i) * sizeof(p->buf[0]));
-				memmove(p->size + i, p->size + i + 1,
-				        (size_t)(p->n - i) * sizeof(p->size[0]));
-			}
-		pthread_mutex_unlock(&p->mu);
-	}
-	if (data == NULL && (data = alloc_payload(n)) == NULL)
-		return pt_set_error(PT_ERR_NOMEM, "received tensor of %zu bytes", n);
-	PT_TRY(storage_adopt(out, data, n));
-	if (p != NULL && n >= POOL_MIN_BYTES) {
-		atomic_fetch_add(&p->refs, 1);
-		(*out)->give_back = pool_give_back;
-		(*out)->give_back_ctx = p;
-	}
-	return PT_OK;
 }
 
 /* The I/O thread and callbacks mark a rank "lost pending"; see the file comment. */
@@ -1040,13 +902,12 @@ static pt_err self_send(nng_comm *c, const pt_msg *m)
 		void *data;
 
 		raw = pt_tensor_nbytes(&m->tensor);
-		if ((data = alloc_payload(raw)) == NULL)
-			return pt_set_error(PT_ERR_NOMEM, "copy of a %zu-byte tensor", raw);
+		PT_TRY(pt_rx_pool_storage(c->pool, raw, &s));
+		data = s->data;
 		if ((rv = pt_tensor_read(&m->tensor, data, raw)) != PT_OK) {
-			free(data);
+			pt_storage_release(s);
 			return rv;
 		}
-		PT_TRY(storage_adopt(&s, data, raw));
 		rv = pt_tensor_init_on(&copy.tensor, s, 0, m->tensor.dtype, m->tensor.ndim,
 		                       m->tensor.shape);
 		pt_storage_release(s);
@@ -1387,7 +1248,7 @@ static pt_err start_msg(nng_comm *c, const frame *f, pt_msg *m)
 		pt_storage *s;
 		pt_err rv;
 
-		PT_TRY(pool_storage(c->pool, raw, &s));
+		PT_TRY(pt_rx_pool_storage(c->pool, raw, &s));
 		rv = pt_tensor_init_on(&m->tensor, s, 0, (pt_dtype)f->dtype, f->ndim, f->shape);
 		pt_storage_release(s);
 		if (rv != PT_OK)
@@ -1592,7 +1453,7 @@ static void io_handle(nng_comm *c, nng_msg *msg)
 
 	atomic_fetch_add(&c->n.bytes_recv, len);
 	if (((uintptr_t)body & 3) != 0) { /* never seen with nng 1.5; stay correct */
-		if ((copy = alloc_payload(len)) == NULL) {
+		if ((copy = pt_rx_alloc(len)) == NULL) {
 			deliver_error(c, pipe_rank,
 			              pt_set_error(PT_ERR_NOMEM, "realigning a message"));
 			goto done;
@@ -2524,7 +2385,7 @@ static void nng_comm_destroy(pt_comm *base)
 	if (c->tls_server)
 		nng_tls_config_free(c->tls_server);
 	pt_mailbox_destroy(c->mb);
-	pool_close(c->pool);
+	pt_rx_pool_close(c->pool);
 	pthread_mutex_destroy(&c->connect_mu);
 	pthread_mutex_destroy(&c->pipe_mu);
 	pthread_mutex_destroy(&c->bar_mu);
@@ -2714,7 +2575,7 @@ pt_err pt_nng_comm_create(pt_comm **out, const pt_nng_options *opt)
 		pt_warn("rank %d: data-plane authentication is off (benchmarks only)", opt->rank);
 	}
 	if ((rv = pt_mailbox_create(&c->mb, world, opt->rank)) != PT_OK ||
-	    (rv = pool_create(&c->pool)) != PT_OK)
+	    (rv = pt_rx_pool_create(&c->pool)) != PT_OK)
 		goto fail;
 
 	if ((nrv = nng_pull0_open(&c->pull)) != 0) {
