@@ -938,6 +938,31 @@ static pt_err self_send(nng_comm *c, const pt_msg *m)
 static bool bulk_lane(nng_comm *c, nng_peer *peer);
 static pt_err bulk_send(nng_comm *c, nng_peer *peer, out_msg *o);
 
+/* send_error sets and returns the error of a send to peer that nng failed
+ * with nrv. */
+static pt_err send_error(nng_comm *c, const nng_peer *peer, int nrv)
+{
+	char what[96];
+	pt_err rv;
+
+	snprintf(what, sizeof(what), "rank %d: send to rank %d", c->base.rank, peer->rank);
+	rv = nng_fail(nrv, "%s: %s", what);
+	if (rv == PT_ERR_TIMEOUT)
+		pt_set_error(rv, "%s: not accepted within %d ms (peer down?): %s", what,
+		             c->send_timeout_ms, nng_strerror(nrv));
+	return rv;
+}
+
+/* sent moves peer's sequence past a frame of len bytes (raw_bytes before
+ * compression) and counts it (peer->mu held). */
+static void sent(nng_comm *c, nng_peer *peer, size_t len, uint64_t raw_bytes)
+{
+	peer->next_seq += peer->skip + 1;
+	peer->skip = 0;
+	atomic_fetch_add(&c->n.bytes_sent, len);
+	atomic_fetch_add(&c->n.bytes_raw_sent, raw_bytes);
+}
+
 /* send_locked sends fragment `index` of o (or builds it first when msg is
  * NULL) to peer; the caller holds peer->mu. */
 static pt_err send_locked(nng_comm *c, nng_peer *peer, out_msg *o, uint32_t index, nng_msg *msg,
@@ -958,20 +983,10 @@ static pt_err send_locked(nng_comm *c, nng_peer *peer, out_msg *o, uint32_t inde
 		}
 	}
 	if ((nrv = nng_sendmsg(peer->push, msg, 0)) != 0) {
-		char what[96];
-		pt_err rv;
 		nng_msg_free(msg);
-		snprintf(what, sizeof(what), "rank %d: send to rank %d", c->base.rank, peer->rank);
-		rv = nng_fail(nrv, "%s: %s", what);
-		if (rv == PT_ERR_TIMEOUT)
-			pt_set_error(rv, "%s: not accepted within %d ms (peer down?): %s", what,
-			             c->send_timeout_ms, nng_strerror(nrv));
-		return rv;
+		return send_error(c, peer, nrv);
 	}
-	peer->next_seq += peer->skip + 1;
-	peer->skip = 0;
-	atomic_fetch_add(&c->n.bytes_sent, len);
-	atomic_fetch_add(&c->n.bytes_raw_sent, raw_bytes);
+	sent(c, peer, len, raw_bytes);
 	return PT_OK;
 }
 
@@ -1885,22 +1900,12 @@ static pt_err bulk_send(nng_comm *c, nng_peer *peer, out_msg *o)
 	iov[1] = (nng_iov){(void *)o->src, o->raw};
 	iov[2] = (nng_iov){trailer, tn};
 	if ((nrv = bulk_io(peer->bulk, peer->bulk_aio, iov, 3, true, c->send_timeout_ms)) != 0) {
-		char what[96];
-		pt_err rv;
 		/* Part of a record may be on the wire: the lane cannot go on. */
 		bulk_close(peer);
 		mark_lost_pending(c, peer->rank);
-		snprintf(what, sizeof(what), "rank %d: send to rank %d", c->base.rank, peer->rank);
-		rv = nng_fail(nrv, "%s: %s", what);
-		if (rv == PT_ERR_TIMEOUT)
-			pt_set_error(rv, "%s: not accepted within %d ms (peer down?): %s", what,
-			             c->send_timeout_ms, nng_strerror(nrv));
-		return rv;
+		return send_error(c, peer, nrv);
 	}
-	peer->next_seq += peer->skip + 1;
-	peer->skip = 0;
-	atomic_fetch_add(&c->n.bytes_sent, need + o->raw + tn);
-	atomic_fetch_add(&c->n.bytes_raw_sent, need + o->raw + tn);
+	sent(c, peer, need + o->raw + tn, need + o->raw + tn);
 	return PT_OK;
 }
 
