@@ -1023,6 +1023,56 @@ static nng_msg *forged_frame(uint8_t kind, uint8_t channel, int source, uint64_t
 	return msg;
 }
 
+/* bulk_stranger opens the stage's bulk lane port (the "#bulk=PORT" of its
+ * data URL), takes the challenge and answers with a hello claiming rank 1
+ * without the session key; returns 1 when the stage closed the connection
+ * (a refused hello, counted in its errors), else 0. */
+static int bulk_stranger(const char *log)
+{
+	char line[1024], url[64] = "";
+	FILE *fp = fopen(log, "r");
+	nng_stream_dialer *d = NULL;
+	nng_stream *s = NULL;
+	nng_aio *a = NULL;
+	uint8_t buf[60] = "PTBH\1\0\0\0";
+	nng_iov v = {buf, 20};
+	int refused = 0;
+
+	while (fp != NULL && fgets(line, sizeof(line), fp) != NULL) {
+		const char *p = strstr(line, "#bulk=");
+		if (p != NULL)
+			snprintf(url, sizeof(url), "tcp://127.0.0.1:%d", atoi(p + 6));
+	}
+	if (fp != NULL)
+		fclose(fp);
+	CU_ASSERT_FATAL(url[0] != '\0');
+	CU_ASSERT_EQUAL_FATAL(nng_aio_alloc(&a, NULL, NULL), 0);
+	nng_aio_set_timeout(a, 5000);
+	CU_ASSERT_EQUAL_FATAL(nng_stream_dialer_alloc(&d, url), 0);
+	nng_stream_dialer_dial(d, a);
+	nng_aio_wait(a);
+	CU_ASSERT_EQUAL_FATAL(nng_aio_result(a), 0);
+	s = nng_aio_get_output(a, 0);
+	nng_aio_set_iov(a, 1, &v); /* the challenge */
+	nng_stream_recv(s, a);
+	nng_aio_wait(a);
+	CU_ASSERT_EQUAL(nng_aio_result(a), 0);
+	v = (nng_iov){buf, sizeof(buf)};
+	nng_aio_set_iov(a, 1, &v);
+	nng_stream_send(s, a);
+	nng_aio_wait(a);
+	CU_ASSERT_EQUAL(nng_aio_result(a), 0);
+	v = (nng_iov){buf, 4};
+	nng_aio_set_iov(a, 1, &v);
+	nng_stream_recv(s, a);
+	nng_aio_wait(a);
+	refused = nng_aio_result(a) != 0;
+	nng_stream_free(s);
+	nng_stream_dialer_free(d);
+	nng_aio_free(a);
+	return refused;
+}
+
 typedef struct forge {
 	losses l;
 	const char *log; /* the attacked worker's */
@@ -1058,12 +1108,14 @@ static void forge_metric(void *ctx, const pt_job_metric *m)
 			nng_msg_free(msgs[i]);
 	nanosleep(&(struct timespec){0, 300 * 1000000L}, NULL); /* delivered before close */
 	nng_close(s);
+	f->sent += bulk_stranger(f->log);
 }
 
 /* Issue 11, defect 2: frames forged by a stranger at a running job's stage
- * data port change nothing: the job finishes with the losses of the local
- * run, bitwise, and the attacked stage counts each forgery in its errors
- * (the pipetrain_comm_errors_total series); the other ranks count none. */
+ * data port, and a hello without the session key at its bulk lane port,
+ * change nothing: the job finishes with the losses of the local run,
+ * bitwise, and the attacked stage counts each forgery in its errors (the
+ * pipetrain_comm_errors_total series); the other ranks count none. */
 static void test_workers_forged_frames_ignored(void)
 {
 	char log0[400], log1[400];
@@ -1088,13 +1140,13 @@ static void test_workers_forged_frames_ignored(void)
 		CU_FAIL_FATAL("the job failed");
 	}
 	CU_ASSERT_EQUAL(last, STEPS);
-	CU_ASSERT_EQUAL(f.sent, 3);
+	CU_ASSERT_EQUAL(f.sent, 4);
 	CU_ASSERT_EQUAL(f.l.n, STEPS);
 	wf_expect_same_losses(local.v, f.l.v, STEPS, "with forged frames");
 	CU_ASSERT_EQUAL_FATAL(f.l.last.n_comm, 3);
 	CU_ASSERT_EQUAL(f.l.last.comm[0].errors, 0);
 	CU_ASSERT_EQUAL(f.l.last.comm[1].errors, 0);
-	CU_ASSERT_EQUAL(f.l.last.comm[2].errors, 3);
+	CU_ASSERT_EQUAL(f.l.last.comm[2].errors, 4);
 	pt_job_spec_fini(&spec);
 	CU_ASSERT_EQUAL(wf_proc_stop(&w0), 0);
 	CU_ASSERT_EQUAL(wf_proc_stop(&w1), 0);

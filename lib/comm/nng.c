@@ -1929,6 +1929,7 @@ static int bulk_hello(nng_comm *c, bulk_conn *bc, nng_aio *a, EVP_CIPHER_CTX *ma
 		return -1;
 	v = (nng_iov){h, hn};
 	if (bulk_io(bc->s, a, &v, 1, false, BULK_HELLO_MS) != 0) {
+		atomic_fetch_add(&c->n.errors, 1);
 		pt_debug("rank %d: a bulk connection sent no hello", c->base.rank);
 		return -1;
 	}
