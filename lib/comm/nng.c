@@ -1677,7 +1677,7 @@ static void *io_main(void *arg)
  * BULK_PIECE steps, hashing each step while it is in cache, and delivers it
  * only once the tag is right.
  *
- * Limits. Connections are admitted against world + BULK_EXTRA threads; one
+ * Limits. Connections are admitted against world - 1 + BULK_EXTRA threads; one
  * that has not passed its hello within BULK_HELLO_MS is closed, and one lane
  * per source rank is ever accepted (the challenge makes a recorded hello
  * useless). A record from a lane is trusted for its size before its tag is
