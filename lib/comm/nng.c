@@ -44,7 +44,7 @@
  * hazard: it can panic), so owners that need a bound set that timeout.
  *
  * On tcp:// a rank's frames to a peer take the peer's bulk lane instead, a
- * byte stream beside the PULL socket: the same frames, written from and read
+ * TCP connection beside the PULL socket: the same frames, written from and read
  * into the tensors' own memory (see "bulk lane" below). Received tensors of
  * 64 KiB and more borrow their bytes from a small pool (rxpool.h).
  *
@@ -67,8 +67,17 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
 #include <sys/mman.h>
 #include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
 #include <time.h>
 
 #include "comm.h"
@@ -136,11 +145,9 @@ typedef struct nng_peer {
 	uint64_t skip;        /* test hook: added to the next seq */
 	atomic_uint connects; /* pipes the dialer made */
 	/* Bulk lane to this peer, all under mu. */
-	char *bulk_url; /* NULL: the peer has none (or it is not used) */
-	int lane;       /* LANE_*: decided by the first send, then fixed */
-	nng_stream_dialer *bulk_d;
-	nng_stream *bulk; /* NULL once the lane broke */
-	nng_aio *bulk_aio;
+	char *bulk_url;    /* NULL: the peer has none (or it is not used) */
+	int lane;          /* LANE_*: decided by the first send, then fixed */
+	int bulk_fd;       /* the lane's socket; -1: none, or it broke */
 	uint8_t *bulk_hdr; /* prefix and header of the record being sent */
 	size_t bulk_hdr_cap;
 } nng_peer;
@@ -150,7 +157,7 @@ enum { LANE_UNDECIDED = 0, LANE_MSG, LANE_BULK };
 /* One accepted bulk connection (receiving side), served by its own thread. */
 typedef struct bulk_conn {
 	struct nng_comm *c;
-	nng_stream *s;
+	int fd;
 	pthread_t th;
 	atomic_int state; /* BC_FREE, BC_RUNNING, BC_DONE (thread finished, to join) */
 } bulk_conn;
@@ -235,8 +242,8 @@ typedef struct nng_comm {
 	/* Bulk lane, receiving side (bulk_port 0: none). */
 	bool no_bulk;
 	int bulk_port;
-	char *url; /* bound_url, and the bulk port when there is one: what peers dial */
-	nng_stream_listener *bulk_l;
+	char *url;    /* bound_url, and the bulk port when there is one: what peers dial */
+	int bulk_lfd; /* listening socket, -1: none */
 	pthread_t bulk_acceptor;
 	bool bulk_started;
 	pthread_mutex_t bulk_mu;
@@ -1653,12 +1660,16 @@ static void *io_main(void *arg)
 
 /* ----------------------------------------------------------- bulk lane -- */
 
-/* The bulk lane carries a rank's frames to one peer over a plain nng byte
- * stream (nng_stream, tcp:// only) instead of PUSH/PULL messages: the sender
- * writes the tensor's own bytes and the receiver reads them straight into the
- * tensor it hands over, so neither side copies the payload or allocates a
- * message for it (nng_msg_alloc zeroes every body; the message path's floor
- * on loopback is about 0.65 of a plain socket, the stream's above 1).
+/* The bulk lane carries a rank's frames to one peer over a TCP connection of
+ * its own (tcp:// only) instead of PUSH/PULL messages: the sender writes the
+ * tensor's own bytes and the receiver reads them straight into the tensor it
+ * hands over, so neither side copies the payload or allocates a message for
+ * it (nng_msg_alloc zeroes every body; the message path's floor on loopback
+ * is about 0.65 of a plain socket). The lane is plain blocking sockets on
+ * the sender's thread and one reader thread per lane: an nng_stream reached
+ * the plain socket's speed too, but sent every read and write through nng's
+ * task threads, which we saw wedge in pthread_cond_signal under thousands
+ * of small records.
  *
  * Every rank with a tcp:// URL also listens with a stream listener on the
  * same host; its port is published in the rank's URL as "#bulk=PORT", which
@@ -1698,40 +1709,101 @@ static uint64_t load_le64(const uint8_t *p)
 	return (uint64_t)load_le32(p) | (uint64_t)load_le32(p + 4) << 32;
 }
 
-/* bulk_io moves every byte of iov[0..n) over s (sent, or received into it),
- * each nng operation within ms (< 0: no limit); 0 or an nng error. */
-static int bulk_io(nng_stream *s, nng_aio *a, nng_iov *iov, unsigned n, bool send, int ms)
+/* bulk_io moves every byte of iov[0..n) over fd (sent, or received into
+ * it); fd's send and receive timeouts bound each system call. Returns 0 or
+ * an nng error: NNG_ETIMEDOUT, NNG_ECONNSHUT (the stream ended),
+ * NNG_ECONNRESET, or NNG_ESYSERR with the errno. */
+static int bulk_io(int fd, struct iovec *iov, int n, bool send)
 {
-	nng_aio_set_timeout(a, ms < 0 ? NNG_DURATION_INFINITE : ms);
 	for (;;) {
-		size_t k;
-		int rv;
+		ssize_t k;
 		while (n > 0 && iov[0].iov_len == 0) {
 			iov++;
 			n--;
 		}
 		if (n == 0)
 			return 0;
-		if ((rv = nng_aio_set_iov(a, n, iov)) != 0)
-			return rv;
-		if (send)
-			nng_stream_send(s, a);
-		else
-			nng_stream_recv(s, a);
-		nng_aio_wait(a);
-		if ((rv = nng_aio_result(a)) != 0)
-			return rv;
-		if ((k = nng_aio_count(a)) == 0)
-			return NNG_ECLOSED;
-		for (; k > 0; iov++, n--) {
-			size_t t = k < iov[0].iov_len ? k : iov[0].iov_len;
-			iov[0].iov_buf = (uint8_t *)iov[0].iov_buf + t;
+		if (send) {
+			struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)n};
+			k = sendmsg(fd, &mh, MSG_NOSIGNAL);
+		} else {
+			k = readv(fd, iov, n);
+		}
+		if (k < 0) {
+			if (errno == EINTR)
+				continue;
+			if (errno == EAGAIN || errno == EWOULDBLOCK)
+				return NNG_ETIMEDOUT;
+			if (errno == EPIPE || errno == ECONNRESET)
+				return NNG_ECONNRESET;
+			return (int)(NNG_ESYSERR | (unsigned)errno);
+		}
+		if (k == 0)
+			return NNG_ECONNSHUT;
+		for (size_t left = (size_t)k; left > 0;) {
+			size_t t = left < iov[0].iov_len ? left : iov[0].iov_len;
+			iov[0].iov_base = (uint8_t *)iov[0].iov_base + t;
 			iov[0].iov_len -= t;
-			k -= t;
-			if (iov[0].iov_len > 0)
-				break;
+			left -= t;
+			if (iov[0].iov_len == 0) {
+				iov++;
+				n--;
+			}
 		}
 	}
+}
+
+/* bulk_timeouts bounds each send and receive on fd by ms (<= 0: none). */
+static void bulk_timeouts(int fd, int ms)
+{
+	struct timeval tv = {ms > 0 ? ms / 1000 : 0, ms > 0 ? (ms % 1000) * 1000 : 0};
+
+	(void)setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+	(void)setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+}
+
+/* bulk_dial connects to host:port within ms and returns the (blocking)
+ * socket, or -1 with errno set. */
+static int bulk_dial(const char *host, const char *port, int ms)
+{
+	struct addrinfo hints = {.ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV};
+	struct addrinfo *ai = NULL;
+	int fd = -1, err = EHOSTUNREACH;
+
+	if (getaddrinfo(host, port, &hints, &ai) != 0) {
+		errno = EHOSTUNREACH;
+		return -1;
+	}
+	for (struct addrinfo *a = ai; a != NULL && fd < 0; a = a->ai_next) {
+		struct pollfd pf;
+		socklen_t el = sizeof(err);
+		int r;
+		if ((fd = socket(a->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0)) <
+		    0) {
+			err = errno;
+			continue;
+		}
+		if (connect(fd, a->ai_addr, a->ai_addrlen) != 0 && errno != EINPROGRESS) {
+			err = errno;
+		} else {
+			pf = (struct pollfd){fd, POLLOUT, 0};
+			while ((r = poll(&pf, 1, ms)) < 0 && errno == EINTR)
+				;
+			if (r == 0)
+				err = ETIMEDOUT;
+			else if (r < 0 || getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el) != 0)
+				err = errno;
+			if (r > 0 && err == 0 &&
+			    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) == 0)
+				continue; /* connected: fd ends the loop */
+		}
+		close(fd);
+		fd = -1;
+	}
+	freeaddrinfo(ai);
+	if (fd < 0)
+		errno = err;
+	return fd;
 }
 
 /* bulk_url_split parses a peer URL: *bulk_port the port after
@@ -1763,14 +1835,9 @@ static pt_err bulk_url_split(const char *url, char *base, size_t n, int *bulk_po
 /* bulk_close drops peer's lane (peer->mu held, or the peer is being freed). */
 static void bulk_close(nng_peer *p)
 {
-	if (p->bulk != NULL) {
-		nng_stream_close(p->bulk);
-		nng_stream_free(p->bulk);
-		p->bulk = NULL;
-	}
-	if (p->bulk_d != NULL) {
-		nng_stream_dialer_free(p->bulk_d);
-		p->bulk_d = NULL;
+	if (p->bulk_fd >= 0) {
+		close(p->bulk_fd);
+		p->bulk_fd = -1;
 	}
 }
 
@@ -1779,26 +1846,21 @@ static void bulk_close(nng_peer *p)
 static const char *bulk_open(nng_comm *c, nng_peer *p)
 {
 	uint8_t ch[4 + BULK_CHALLENGE], hello[BULK_HELLO + MAC_TRAILER] = {0}, ack[4];
+	const char *colon = strrchr(p->bulk_url, ':');
+	char host[256];
 	size_t hn = sizeof(hello);
-	nng_iov v;
-	int rv;
+	struct iovec v;
+	int one = 1;
 
-	if ((rv = nng_aio_alloc(&p->bulk_aio, NULL, NULL)) != 0 ||
-	    (rv = nng_stream_dialer_alloc(&p->bulk_d, p->bulk_url)) != 0)
-		return nng_strerror(rv);
-	nng_aio_set_timeout(p->bulk_aio, BULK_HELLO_MS);
-	nng_stream_dialer_dial(p->bulk_d, p->bulk_aio);
-	nng_aio_wait(p->bulk_aio);
-	if ((rv = nng_aio_result(p->bulk_aio)) != 0)
-		return nng_strerror(rv);
-	p->bulk = nng_aio_get_output(p->bulk_aio, 0);
+	url_host(p->bulk_url, host, sizeof(host));
+	if ((p->bulk_fd = bulk_dial(host, colon + 1, BULK_HELLO_MS)) < 0)
+		return strerrordesc_np(errno);
 	/* Data flows one way on a lane, so Nagle would hold each small record
 	 * back for the peer's delayed acknowledgement (~40 ms). */
-	if ((rv = nng_stream_set_bool(p->bulk, NNG_OPT_TCP_NODELAY, true)) != 0)
-		return nng_strerror(rv);
-	v = (nng_iov){ch, sizeof(ch)};
-	if (bulk_io(p->bulk, p->bulk_aio, &v, 1, false, BULK_HELLO_MS) != 0 ||
-	    memcmp(ch, "PTBC", 4) != 0)
+	(void)setsockopt(p->bulk_fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+	bulk_timeouts(p->bulk_fd, BULK_HELLO_MS);
+	v = (struct iovec){ch, sizeof(ch)};
+	if (bulk_io(p->bulk_fd, &v, 1, false) != 0 || memcmp(ch, "PTBC", 4) != 0)
 		return "no challenge";
 	memcpy(hello, "PTBH", 4);
 	store_le(hello + 4, (uint32_t)c->base.rank, 4);
@@ -1809,13 +1871,13 @@ static const char *bulk_open(nng_comm *c, nng_peer *p)
 		if (!mac_tag(c, p->mac, hello, hn, p->rank, NULL, hello + hn - MAC_TAG))
 			return "no MAC";
 	}
-	v = (nng_iov){hello, hn};
-	if (bulk_io(p->bulk, p->bulk_aio, &v, 1, true, BULK_HELLO_MS) != 0)
+	v = (struct iovec){hello, hn};
+	if (bulk_io(p->bulk_fd, &v, 1, true) != 0)
 		return "hello not sent";
-	v = (nng_iov){ack, sizeof(ack)};
-	if (bulk_io(p->bulk, p->bulk_aio, &v, 1, false, BULK_HELLO_MS) != 0 ||
-	    memcmp(ack, "PTBA", 4) != 0)
+	v = (struct iovec){ack, sizeof(ack)};
+	if (bulk_io(p->bulk_fd, &v, 1, false) != 0 || memcmp(ack, "PTBA", 4) != 0)
 		return "hello not accepted";
+	bulk_timeouts(p->bulk_fd, c->send_timeout_ms);
 	return NULL;
 }
 
@@ -1859,10 +1921,10 @@ static pt_err bulk_send(nng_comm *c, nng_peer *peer, out_msg *o)
 	uint8_t trailer[MAC_TRAILER];
 	const uint8_t *hdr;
 	size_t hsize, hsize2, hpad, need, tn = c->auth ? MAC_TRAILER : 0;
-	nng_iov iov[3];
+	struct iovec iov[3];
 	int nrv;
 
-	if (peer->bulk == NULL)
+	if (peer->bulk_fd < 0)
 		return pt_set_error(PT_ERR_CLOSED, "rank %d: the bulk lane to rank %d broke",
 		                    c->base.rank, peer->rank);
 	PT_TRY(frame_build(&o->b, &v, &hdr, &hsize));
@@ -1896,10 +1958,10 @@ static pt_err bulk_send(nng_comm *c, nng_peer *peer, out_msg *o)
 			return pt_set_error(PT_ERR_BACKEND, "rank %d: cannot compute a frame's MAC",
 			                    c->base.rank);
 	}
-	iov[0] = (nng_iov){peer->bulk_hdr, need};
-	iov[1] = (nng_iov){(void *)o->src, o->raw};
-	iov[2] = (nng_iov){trailer, tn};
-	if ((nrv = bulk_io(peer->bulk, peer->bulk_aio, iov, 3, true, c->send_timeout_ms)) != 0) {
+	iov[0] = (struct iovec){peer->bulk_hdr, need};
+	iov[1] = (struct iovec){(void *)o->src, o->raw};
+	iov[2] = (struct iovec){trailer, tn};
+	if ((nrv = bulk_io(peer->bulk_fd, iov, 3, true)) != 0) {
 		/* Part of a record may be on the wire: the lane cannot go on. */
 		bulk_close(peer);
 		mark_lost_pending(c, peer->rank);
@@ -1911,24 +1973,25 @@ static pt_err bulk_send(nng_comm *c, nng_peer *peer, out_msg *o)
 
 /* bulk_hello serves a new connection's handshake; returns the verified
  * source rank, or -1 (the connection is to be closed). */
-static int bulk_hello(nng_comm *c, bulk_conn *bc, nng_aio *a, EVP_CIPHER_CTX *mac)
+static int bulk_hello(nng_comm *c, bulk_conn *bc, EVP_CIPHER_CTX *mac)
 {
 	/* The hello has a trailer's room either way (zeros without
 	 * authentication), so ranks that disagree on it fail at once. */
 	uint8_t ch[4 + BULK_CHALLENGE], h[BULK_HELLO + MAC_TRAILER], tag[MAC_TAG];
 	size_t hn = sizeof(h);
-	nng_iov v;
+	struct iovec v;
 	uint32_t src, dst;
 	bool ok;
 
 	memcpy(ch, "PTBC", 4);
 	if (getrandom(ch + 4, BULK_CHALLENGE, 0) != BULK_CHALLENGE)
 		return -1;
-	v = (nng_iov){ch, sizeof(ch)};
-	if (bulk_io(bc->s, a, &v, 1, true, BULK_HELLO_MS) != 0)
+	bulk_timeouts(bc->fd, BULK_HELLO_MS);
+	v = (struct iovec){ch, sizeof(ch)};
+	if (bulk_io(bc->fd, &v, 1, true) != 0)
 		return -1;
-	v = (nng_iov){h, hn};
-	if (bulk_io(bc->s, a, &v, 1, false, BULK_HELLO_MS) != 0) {
+	v = (struct iovec){h, hn};
+	if (bulk_io(bc->fd, &v, 1, false) != 0) {
 		atomic_fetch_add(&c->n.errors, 1);
 		pt_debug("rank %d: a bulk connection sent no hello", c->base.rank);
 		return -1;
@@ -1956,9 +2019,10 @@ static int bulk_hello(nng_comm *c, bulk_conn *bc, nng_aio *a, EVP_CIPHER_CTX *ma
 		pt_warn("rank %d: refused a second bulk lane from rank %d", c->base.rank, (int)src);
 		return -1;
 	}
-	v = (nng_iov){(void *)"PTBA", 4};
-	if (bulk_io(bc->s, a, &v, 1, true, BULK_HELLO_MS) != 0)
+	v = (struct iovec){(void *)"PTBA", 4};
+	if (bulk_io(bc->fd, &v, 1, true) != 0)
 		return -1;
+	bulk_timeouts(bc->fd, 0); /* records come when they come */
 	return (int)src;
 }
 
@@ -1988,8 +2052,7 @@ static void bulk_deliver(nng_comm *c, const frame *f, pt_msg *m)
 /* A bulk reader's buffers. */
 typedef struct bulk_rx {
 	nng_comm *c;
-	nng_stream *s;
-	nng_aio *a;
+	int fd;
 	EVP_CIPHER_CTX *mac;
 	int src;
 	uint8_t *hdr, *nh;
@@ -2018,14 +2081,14 @@ static bool bulk_record(bulk_rx *r)
 	size_t tn = c->auth ? MAC_TRAILER : 0;
 	uint64_t hpad, plen;
 	uint8_t *data = NULL;
-	nng_iov v;
+	struct iovec v;
 	frame f;
 	pt_msg m = {0};
 	int rv;
 
-	v = (nng_iov){pre, sizeof(pre)};
-	if ((rv = bulk_io(r->s, r->a, &v, 1, false, -1)) != 0) {
-		if (rv != NNG_ECLOSED && rv != NNG_ECONNSHUT && rv != NNG_ECONNRESET)
+	v = (struct iovec){pre, sizeof(pre)};
+	if ((rv = bulk_io(r->fd, &v, 1, false)) != 0) {
+		if (rv != NNG_ECONNSHUT && rv != NNG_ECONNRESET)
 			pt_warn("rank %d: bulk lane from rank %d: %s", c->base.rank, r->src,
 			        nng_strerror(rv));
 		return false;
@@ -2042,8 +2105,8 @@ static bool bulk_record(bulk_rx *r)
 		pt_set_error(PT_ERR_NOMEM, "bulk header of %llu bytes", (unsigned long long)hpad);
 		goto bad;
 	}
-	v = (nng_iov){r->hdr, hpad};
-	if ((rv = bulk_io(r->s, r->a, &v, 1, false, -1)) != 0) {
+	v = (struct iovec){r->hdr, hpad};
+	if ((rv = bulk_io(r->fd, &v, 1, false)) != 0) {
 		nng_fail(rv, "%s: %s", "bulk header");
 		goto bad;
 	}
@@ -2070,8 +2133,8 @@ static bool bulk_record(bulk_rx *r)
 	for (uint64_t off = 0; off < plen;) {
 		size_t k = plen - off < BULK_PIECE ? (size_t)(plen - off) : BULK_PIECE;
 		size_t whole = k - k % PT_NH_CHUNK;
-		v = (nng_iov){data + off, k};
-		if ((rv = bulk_io(r->s, r->a, &v, 1, false, -1)) != 0) {
+		v = (struct iovec){data + off, k};
+		if ((rv = bulk_io(r->fd, &v, 1, false)) != 0) {
 			nng_fail(rv, "%s: %s", "bulk payload");
 			goto bad;
 		}
@@ -2079,8 +2142,8 @@ static bool bulk_record(bulk_rx *r)
 			pt_nh(c->nh_key, data + off, whole, r->nh + off / PT_NH_CHUNK * PT_NH_OUT);
 		off += k;
 	}
-	v = (nng_iov){trailer, tn};
-	if ((rv = bulk_io(r->s, r->a, &v, 1, false, -1)) != 0) {
+	v = (struct iovec){trailer, tn};
+	if ((rv = bulk_io(r->fd, &v, 1, false)) != 0) {
 		nng_fail(rv, "%s: %s", "bulk trailer");
 		goto bad;
 	}
@@ -2113,11 +2176,11 @@ bad:
 static void *bulk_reader(void *arg)
 {
 	bulk_conn *bc = arg;
-	bulk_rx r = {.c = bc->c, .s = bc->s, .src = -1};
+	bulk_rx r = {.c = bc->c, .fd = bc->fd, .src = -1};
 	nng_comm *c = bc->c;
 
-	if (nng_aio_alloc(&r.a, NULL, NULL) == 0 && (!c->auth || (r.mac = mac_ctx_new(c)) != NULL))
-		r.src = bulk_hello(c, bc, r.a, r.mac);
+	if (!c->auth || (r.mac = mac_ctx_new(c)) != NULL)
+		r.src = bulk_hello(c, bc, r.mac);
 	if (r.src >= 0) {
 		while (!atomic_load(&c->stopping) && bulk_record(&r))
 			;
@@ -2125,8 +2188,8 @@ static void *bulk_reader(void *arg)
 		if (!atomic_load(&c->stopping))
 			mark_lost_pending(c, r.src);
 	}
-	nng_stream_close(bc->s);
-	nng_aio_free(r.a);
+	/* The descriptor is closed by whoever joins this thread. */
+	(void)shutdown(bc->fd, SHUT_RDWR);
 	EVP_CIPHER_CTX_free(r.mac);
 	free(r.hdr);
 	free(r.nh);
@@ -2141,8 +2204,8 @@ static void bulk_reap(nng_comm *c)
 		bulk_conn *bc = &c->bulk_conns[i];
 		if (atomic_load(&bc->state) == BC_DONE) {
 			pthread_join(bc->th, NULL);
-			nng_stream_free(bc->s);
-			bc->s = NULL;
+			close(bc->fd);
+			bc->fd = -1;
 			atomic_store(&bc->state, BC_FREE);
 		}
 	}
@@ -2153,27 +2216,24 @@ static void bulk_reap(nng_comm *c)
 static void *bulk_accept_main(void *arg)
 {
 	nng_comm *c = arg;
-	nng_aio *a;
 	long long warned = 0;
 
-	if (nng_aio_alloc(&a, NULL, NULL) != 0)
-		return NULL;
 	for (;;) {
 		bulk_conn *bc = NULL;
-		nng_stream *s = NULL;
-		int rv;
-		nng_stream_listener_accept(c->bulk_l, a);
-		nng_aio_wait(a);
-		if ((rv = nng_aio_result(a)) == 0)
-			s = nng_aio_get_output(a, 0);
-		if (atomic_load(&c->stopping) || rv == NNG_ECLOSED) {
-			if (s != NULL)
-				nng_stream_free(s);
+		int fd = accept4(c->bulk_lfd, NULL, NULL, SOCK_CLOEXEC);
+		if (atomic_load(&c->stopping)) {
+			if (fd >= 0)
+				close(fd);
 			break;
 		}
-		if (rv != 0) { /* e.g. out of descriptors: do not spin */
+		if (fd < 0) {
 			struct timespec pause = {0, 10 * 1000000L};
-			nanosleep(&pause, NULL);
+			if (errno == EINTR || errno == ECONNABORTED)
+				continue;
+			if (errno != EMFILE && errno != ENFILE && errno != ENOBUFS &&
+			    errno != ENOMEM)
+				break;
+			nanosleep(&pause, NULL); /* out of descriptors: do not spin */
 			continue;
 		}
 		pthread_mutex_lock(&c->bulk_mu);
@@ -2183,19 +2243,18 @@ static void *bulk_accept_main(void *arg)
 				bc = &c->bulk_conns[i];
 		if (bc != NULL) {
 			bc->c = c;
-			bc->s = s;
+			bc->fd = fd;
 			atomic_store(&bc->state, BC_RUNNING);
 			if (pthread_create(&bc->th, NULL, bulk_reader, bc) != 0) {
 				atomic_store(&bc->state, BC_FREE);
-				bc->s = NULL;
+				bc->fd = -1;
 				bc = NULL;
 			}
 		}
 		pthread_mutex_unlock(&c->bulk_mu);
 		if (bc == NULL) {
 			long long now = pt_now_ms();
-			nng_stream_close(s);
-			nng_stream_free(s);
+			close(fd);
 			atomic_fetch_add(&c->n.errors, 1);
 			if (now - warned >= MAC_WARN_MS) {
 				pt_warn("rank %d: refused a bulk connection: all %d slots busy",
@@ -2204,50 +2263,62 @@ static void *bulk_accept_main(void *arg)
 			}
 		}
 	}
-	nng_aio_free(a);
 	return NULL;
 }
 
-/* bulk_listen starts the bulk listener on url's host (tcp:// only). */
+/* bulk_listen starts the bulk listener on the host of c's URL (tcp:// only). */
 static pt_err bulk_listen(nng_comm *c)
 {
-	const char *colon = strrchr(c->bound_url, ':');
-	char url[300];
-	int rv;
+	struct addrinfo hints = {.ai_socktype = SOCK_STREAM,
+	                         .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
+	struct addrinfo *ai = NULL;
+	struct sockaddr_storage sa;
+	socklen_t sl = sizeof(sa);
+	char host[256];
+	int rv, e;
 
-	snprintf(url, sizeof(url), "%.*s:0", (int)(colon - c->bound_url), c->bound_url);
+	url_host(c->bound_url, host, sizeof(host));
 	c->n_bulk_conns = c->base.world - 1 + BULK_EXTRA;
 	if ((c->bulk_conns = calloc((size_t)c->n_bulk_conns, sizeof(*c->bulk_conns))) == NULL ||
 	    (c->bulk_claimed = calloc((size_t)c->base.world, sizeof(bool))) == NULL)
 		return pt_set_error(PT_ERR_NOMEM, "bulk lane slots");
-	if ((rv = nng_stream_listener_alloc(&c->bulk_l, url)) != 0 ||
-	    (rv = nng_stream_listener_listen(c->bulk_l)) != 0 ||
-	    (rv = nng_stream_listener_get_int(c->bulk_l, NNG_OPT_TCP_BOUND_PORT, &c->bulk_port)) !=
-	        0)
-		return nng_fail(rv, "bulk listener: %s: %s", url);
+	if ((rv = getaddrinfo(host[0] == '\0' || strcmp(host, "*") == 0 ? NULL : host, "0", &hints,
+	                      &ai)) != 0)
+		return pt_set_error(PT_ERR_INVALID, "bulk listener on %s: %s", host,
+		                    gai_strerror(rv));
+	if ((c->bulk_lfd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0)) < 0 ||
+	    bind(c->bulk_lfd, ai->ai_addr, ai->ai_addrlen) != 0 || listen(c->bulk_lfd, 64) != 0 ||
+	    getsockname(c->bulk_lfd, (struct sockaddr *)&sa, &sl) != 0) {
+		e = errno;
+		freeaddrinfo(ai);
+		return pt_set_error(PT_ERR_IO, "bulk listener on %s: %s", host, strerrordesc_np(e));
+	}
+	freeaddrinfo(ai);
+	c->bulk_port = ntohs(sa.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&sa)->sin6_port
+	                                              : ((struct sockaddr_in *)&sa)->sin_port);
 	if (pthread_create(&c->bulk_acceptor, NULL, bulk_accept_main, c) != 0)
 		return pt_set_error(PT_ERR_BACKEND, "cannot start the bulk acceptor");
 	c->bulk_started = true;
 	return PT_OK;
 }
 
-/* bulk_stop closes the listener and every lane and joins their threads. */
+/* bulk_stop shuts the listener and every lane down and joins their threads. */
 static void bulk_stop(nng_comm *c)
 {
-	if (c->bulk_l != NULL)
-		nng_stream_listener_close(c->bulk_l);
+	if (c->bulk_lfd >= 0)
+		(void)shutdown(c->bulk_lfd, SHUT_RDWR); /* accept returns */
 	if (c->bulk_started)
 		pthread_join(c->bulk_acceptor, NULL);
 	for (int i = 0; c->bulk_conns && i < c->n_bulk_conns; i++) {
 		bulk_conn *bc = &c->bulk_conns[i];
 		if (atomic_load(&bc->state) == BC_FREE)
 			continue;
-		nng_stream_close(bc->s);
+		(void)shutdown(bc->fd, SHUT_RDWR); /* its reads return */
 		pthread_join(bc->th, NULL);
-		nng_stream_free(bc->s);
+		close(bc->fd);
 	}
-	if (c->bulk_l != NULL)
-		nng_stream_listener_free(c->bulk_l);
+	if (c->bulk_lfd >= 0)
+		close(c->bulk_lfd);
 	free(c->bulk_conns);
 	free(c->bulk_claimed);
 }
@@ -2381,8 +2452,6 @@ static void nng_comm_destroy(pt_comm *base)
 		if (p->tls)
 			nng_tls_config_free(p->tls);
 		bulk_close(p);
-		if (p->bulk_aio)
-			nng_aio_free(p->bulk_aio);
 		free(p->bulk_url);
 		free(p->bulk_hdr);
 		EVP_CIPHER_CTX_free(p->mac);
@@ -2549,9 +2618,11 @@ pt_err pt_nng_comm_create(pt_comm **out, const pt_nng_options *opt)
 		rv = pt_set_error(PT_ERR_NOMEM, "nng communicator of %d ranks", world);
 		goto fail;
 	}
+	c->bulk_lfd = -1;
 	for (int r = 0; r < world; r++) {
 		c->peers[r].c = c;
 		c->peers[r].rank = r;
+		c->peers[r].bulk_fd = -1;
 		pthread_mutex_init(&c->peers[r].mu, NULL);
 	}
 	c->auth = !opt->no_auth;
