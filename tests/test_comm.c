@@ -1153,7 +1153,7 @@ static void mac_of(const uint8_t *body, size_t len, const uint8_t *key, int dst,
 static void test_comm_nh(void)
 {
 	const size_t lens[] = {0, 1, 4, 1023, 1024, 1025, 2048, 5000, 65539};
-	const char *backends[] = {"portable", "avx2"};
+	const char *backends[] = {"portable", "avx2", "avx512"};
 	uint8_t kb[PT_NH_KEY_BYTES], *msg = malloc(65539), *dst = malloc(65539);
 	uint8_t *want = malloc(1040), *got = malloc(1040);
 	uint32_t key[PT_NH_KEY_WORDS];
@@ -1167,7 +1167,7 @@ static void test_comm_nh(void)
 	fill_random(msg, 65539, 12);
 	for (int i = 0; i < PT_NH_KEY_WORDS; i++)
 		key[i] = le32(kb + 4 * i);
-	for (size_t b = 0; b < 2; b++) {
+	for (size_t b = 0; b < sizeof(backends) / sizeof(backends[0]); b++) {
 		if (pt_nh_set_backend(backends[b]) != 0) {
 			printf("(no %s here) ", backends[b]);
 			continue;

@@ -12,9 +12,9 @@
  * le64(b): 16 bytes per chunk. For a secret uniformly random key, two
  * different messages of the same padded length collide with probability at
  * most 2^-64, so a MAC over the chunks' outputs and the message length is a
- * MAC over the message (the UMAC construction). AVX2 runs it near memory
- * speed; the portable code gives the same bytes and is chosen at run time on
- * CPUs without AVX2.
+ * MAC over the message (the UMAC construction). AVX-512F or AVX2 runs it
+ * near memory speed; the portable code gives the same bytes; the best the
+ * CPU has is chosen at run time.
  */
 #ifndef PT_NH_H
 #define PT_NH_H
@@ -42,9 +42,10 @@ void pt_nh(const uint32_t *key, const uint8_t *msg, size_t n, uint8_t *out);
  * bytes pt_nh gives for them. */
 void pt_nh_copy(const uint32_t *key, uint8_t *dst, const uint8_t *src, size_t chunks, uint8_t *out);
 
-/* pt_nh_backend names the code pt_nh runs ("avx2", "portable");
- * pt_nh_set_backend picks one ("avx2" only where the CPU has it; NULL: the
- * best), for tests and benchmarks. Returns 0, or -1 if unavailable. */
+/* pt_nh_backend names the code pt_nh runs ("avx512", "avx2", "portable");
+ * pt_nh_set_backend picks one ("avx512" and "avx2" only where the CPU has
+ * them; NULL: the best), for tests and benchmarks. Returns 0, or -1 if
+ * unavailable. */
 const char *pt_nh_backend(void);
 int pt_nh_set_backend(const char *name);
 
