@@ -88,6 +88,7 @@ __attribute__((target("avx512f"))) static inline void
 chunk_avx512_body(const uint32_t *k, const uint8_t *p, uint8_t *d, uint64_t out[2], const bool copy)
 {
 	__m512i a0 = _mm512_setzero_si512(), a1 = a0, b0 = a0, b1 = a0;
+	uint64_t sa[8], sb[8];
 
 	for (int i = 0; i < PT_NH_CHUNK / 4; i += 32) {
 		__m512i x = _mm512_loadu_si512((const void *)(p + 4 * i));
@@ -105,8 +106,15 @@ chunk_avx512_body(const uint32_t *k, const uint8_t *p, uint8_t *d, uint64_t out[
 		b0 = _mm512_add_epi64(b0, _mm512_mul_epu32(t, _mm512_srli_epi64(t, 32)));
 		b1 = _mm512_add_epi64(b1, _mm512_mul_epu32(u, _mm512_srli_epi64(u, 32)));
 	}
-	out[0] = (uint64_t)_mm512_reduce_add_epi64(_mm512_add_epi64(a0, a1));
-	out[1] = (uint64_t)_mm512_reduce_add_epi64(_mm512_add_epi64(b0, b1));
+	/* Not _mm512_reduce_add_epi64: GCC 12 sums its lanes as signed long long
+	 * in C, which wraps (undefined; UBSan stops there). */
+	_mm512_storeu_si512((void *)sa, _mm512_add_epi64(a0, a1));
+	_mm512_storeu_si512((void *)sb, _mm512_add_epi64(b0, b1));
+	out[0] = out[1] = 0;
+	for (int j = 0; j < 8; j++) {
+		out[0] += sa[j];
+		out[1] += sb[j];
+	}
 }
 
 __attribute__((target("avx512f"))) static void chunk_avx512(const uint32_t *k, const uint8_t *p,
