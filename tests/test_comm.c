@@ -1807,6 +1807,47 @@ static void test_comm_bulk_lane(void)
 	group_free(&g);
 }
 
+/* A host name in the URL: both ranks listen on tcp://localhost:0; the lane
+ * binds the first of localhost's addresses that works, the dialer tries
+ * them in turn, and the tensor takes the lane. */
+static void test_comm_bulk_localhost(void)
+{
+	pt_comm *c[2];
+	const char *urls[2];
+	char u[2][96];
+	pt_tensor t;
+	pt_msg m;
+	uint8_t key[PT_COMM_KEY_BYTES];
+
+	if (!bulk_suite()) {
+		printf("(nng tcp with the bulk lane only) ");
+		return;
+	}
+	PT_CHECK_OK(pt_comm_key_generate(key));
+	for (int r = 0; r < 2; r++) {
+		pt_nng_options o = {.listen_url = "tcp://localhost:0",
+		                    .world = 2,
+		                    .rank = r,
+		                    .timeout_ms = TIMEOUT_MS,
+		                    .key = key};
+		PT_CHECK_OK(pt_nng_comm_create(&c[r], &o));
+		snprintf(u[r], sizeof(u[r]), "%s", pt_nng_comm_url(c[r]));
+		CU_ASSERT_PTR_NOT_NULL(strstr(u[r], "#bulk="));
+		urls[r] = u[r];
+	}
+	for (int r = 0; r < 2; r++)
+		PT_CHECK_OK(pt_nng_comm_connect(c[r], urls));
+	make_f32(&t, 300000, 1.5f);
+	PT_CHECK_OK(pt_comm_send_forward(c[1], 0, &t, 0, 0));
+	PT_CHECK_OK(pt_comm_recv_forward(c[0], 1, -1, &m));
+	CU_ASSERT(same_bytes(&m.tensor, &t));
+	CU_ASSERT_EQUAL(pt_nng_comm_lane(c[1], 0), 2);
+	pt_msg_fini(&m);
+	pt_tensor_fini(&t);
+	for (int r = 0; r < 2; r++)
+		pt_comm_destroy(c[r]);
+}
+
 /* Strangers at the bulk port: a hello without a tag, with a zero tag, under
  * another key, one recorded from another connection (wrong challenge), one
  * for another rank, one claiming to come from the receiver itself, and
@@ -2584,6 +2625,7 @@ static const test_def tests[] = {
     {"test_comm_wire_format", test_comm_wire_format, false},
     {"test_comm_rx_pool", test_comm_rx_pool, false},
     {"test_comm_bulk_lane", test_comm_bulk_lane, false},
+    {"test_comm_bulk_localhost", test_comm_bulk_localhost, false},
     {"test_comm_bulk_strangers", test_comm_bulk_strangers, false},
     {"test_comm_bulk_slots", test_comm_bulk_slots, false},
     {"test_comm_bulk_tamper", test_comm_bulk_tamper, false},

@@ -2286,19 +2286,30 @@ static pt_err bulk_listen(nng_comm *c)
 	                      &ai)) != 0)
 		return pt_set_error(PT_ERR_INVALID, "bulk listener on %s: %s", host,
 		                    gai_strerror(rv));
-	if ((c->bulk_lfd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0)) < 0 ||
-	    bind(c->bulk_lfd, ai->ai_addr, ai->ai_addrlen) != 0 || listen(c->bulk_lfd, 64) != 0 ||
-	    getsockname(c->bulk_lfd, (struct sockaddr *)&sa, &sl) != 0) {
-		e = errno;
-		freeaddrinfo(ai);
-		return pt_set_error(PT_ERR_IO, "bulk listener on %s: %s", host, strerrordesc_np(e));
+	/* The first of the host's addresses that binds (localhost may give ::1
+	 * first where a container has no IPv6). */
+	e = EADDRNOTAVAIL;
+	for (struct addrinfo *a = ai; a != NULL && c->bulk_lfd < 0; a = a->ai_next) {
+		if ((c->bulk_lfd = socket(a->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0)) < 0) {
+			e = errno;
+			continue;
+		}
+		if (bind(c->bulk_lfd, a->ai_addr, a->ai_addrlen) != 0 ||
+		    listen(c->bulk_lfd, 64) != 0 ||
+		    getsockname(c->bulk_lfd, (struct sockaddr *)&sa, &sl) != 0) {
+			e = errno;
+			close(c->bulk_lfd);
+			c->bulk_lfd = -1;
+		}
 	}
 	freeaddrinfo(ai);
-	c->bulk_port = ntohs(sa.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&sa)->sin6_port
-	                                              : ((struct sockaddr_in *)&sa)->sin_port);
+	if (c->bulk_lfd < 0)
+		return pt_set_error(PT_ERR_IO, "bulk listener on %s: %s", host, strerrordesc_np(e));
 	if (pthread_create(&c->bulk_acceptor, NULL, bulk_accept_main, c) != 0)
 		return pt_set_error(PT_ERR_BACKEND, "cannot start the bulk acceptor");
 	c->bulk_started = true;
+	c->bulk_port = ntohs(sa.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&sa)->sin6_port
+	                                              : ((struct sockaddr_in *)&sa)->sin_port);
 	return PT_OK;
 }
 
@@ -2683,9 +2694,11 @@ pt_err pt_nng_comm_create(pt_comm **out, const pt_nng_options *opt)
 	}
 	if ((rv = resolve_url(c, opt->listen_url)) != PT_OK)
 		goto fail;
-	if (strncmp(c->bound_url, "tcp://", 6) == 0 && !c->no_bulk &&
-	    (rv = bulk_listen(c)) != PT_OK)
-		goto fail;
+	/* Without a bulk listener the rank publishes no bulk port: peers send
+	 * to it as messages. */
+	if (strncmp(c->bound_url, "tcp://", 6) == 0 && !c->no_bulk && bulk_listen(c) != PT_OK)
+		pt_warn("rank %d: no bulk lane: %s; frames to this rank go as messages", opt->rank,
+		        pt_last_error());
 	{
 		size_t n = strlen(c->bound_url) + sizeof(BULK_URL_SUFFIX) + 8;
 		if ((c->url = malloc(n)) == NULL) {
