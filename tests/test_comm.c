@@ -2037,15 +2037,26 @@ static void test_comm_bulk_tamper(void)
 
 /* Malformed records from a member of the session on its own lane (the test
  * with the key, as rank 1): a wrong magic, a header size that is not whole
- * NH chunks, a payload over max_msg_bytes, a header that claims rank 0, one
+ * NH chunks, one over max_msg_bytes (refused before it is allocated), a
+ * payload over max_msg_bytes, a header that claims rank 0, one
  * with an lz4 codec, and a record cut short by a close. Each closes the
  * lane, counts one error and loses rank 1 to rank 0; nothing is delivered
  * (a lane closed between records counts none: test_comm_peer_lost). */
 static void test_comm_bulk_bad_records(void)
 {
-	enum { WRONG_MAGIC, ODD_HEADER, HUGE_PAYLOAD, OTHER_SOURCE, LZ4, CUT_SHORT, N_CASES };
-	static const char *const names[N_CASES] = {"wrong magic",  "odd header", "huge payload",
-	                                           "other source", "lz4",        "cut short"};
+	enum {
+		WRONG_MAGIC,
+		ODD_HEADER,
+		HUGE_HEADER,
+		HUGE_PAYLOAD,
+		OTHER_SOURCE,
+		LZ4,
+		CUT_SHORT,
+		N_CASES
+	};
+	static const char *const names[N_CASES] = {"wrong magic",  "odd header",   "huge header",
+	                                           "huge payload", "other source", "lz4",
+	                                           "cut short"};
 
 	if (!bulk_suite()) {
 		printf("(nng tcp with the bulk lane only) ");
@@ -2074,6 +2085,8 @@ static void test_comm_bulk_bad_records(void)
 			rec[0] = 'X';
 		if (k == ODD_HEADER)
 			rec[4] = 1; /* 1025 bytes */
+		if (k == HUGE_HEADER)
+			rec[7] = 0x80; /* 2 GiB, whole chunks, over the 1 GiB + 64 KiB cap */
 		if (k == HUGE_PAYLOAD)
 			rec[8 + 5] = 1; /* 2^40 bytes */
 		if (k == CUT_SHORT)
