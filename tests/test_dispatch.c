@@ -444,6 +444,66 @@ static void test_bf16_rounding(void)
 	}
 }
 
+/* The native kernels' operand packing: the portable rule and AVX512_BF16's
+ * conversion give the same bits for every normal number, zero, infinity and
+ * NaN (the quiet bit set, the top payload kept) over 2^20 patterns from every
+ * exponent, at row lengths 1..70 (the masked tail) and rows wider than the
+ * data; a denormal packs as the portable rounding, or as a signed zero with
+ * the hardware conversion. Without AVX512_BF16 both are the portable rule. */
+static void test_bf16_pack_hw_matches_rule(void)
+{
+	enum { N = 1 << 20, LD = 73 };
+	float *src = malloc(sizeof(float) * N);
+	uint16_t *sw = malloc(sizeof(uint16_t) * N), *hw = malloc(sizeof(uint16_t) * N);
+	uint32_t seed = 99;
+	size_t mism = 0;
+
+	CU_ASSERT_PTR_NOT_NULL_FATAL(src);
+	CU_ASSERT_PTR_NOT_NULL_FATAL(sw);
+	CU_ASSERT_PTR_NOT_NULL_FATAL(hw);
+	for (int i = 0; i < N; i++) {
+		seed = seed * 1664525u + 1013904223u;
+		uint32_t u = seed ^ (seed >> 13) * 2654435761u;
+		if (i % 7 == 0) /* exact ties and their neighbours */
+			u = (u & 0xffff0000u) | 0x8000u | (uint32_t)(i % 3 == 0);
+		src[i] = bits_float(u);
+	}
+	src[0] = bits_float(0x7f7fffffu); /* rounds up to infinity */
+	src[1] = bits_float(0xff800000u);
+	src[2] = bits_float(0x7f800001u); /* signalling NaN: made quiet */
+	src[3] = bits_float(0x80000000u);
+	src[4] = bits_float(0x00000001u); /* the smallest denormal */
+	cpu_pack_bf16(sw, src, N / LD, LD - 3, LD, false);
+	cpu_pack_bf16(hw, src, N / LD, LD - 3, LD, true);
+	for (int r = 0; r < N / LD; r++)
+		for (int j = 0; j < LD - 3; j++) {
+			uint32_t u = float_bits(src[r * LD + j]);
+			uint16_t a = sw[r * (LD - 3) + j], b = hw[r * (LD - 3) + j];
+			bool denormal = (u & 0x7f800000u) == 0 && (u & 0x007fffffu) != 0;
+			if (denormal)
+				mism += b != a && b != (uint16_t)((u >> 16) & 0x8000u);
+			else
+				mism += a != b;
+		}
+	CU_ASSERT_EQUAL(mism, 0);
+	CU_ASSERT_EQUAL(sw[0], 0x7f80u);
+	CU_ASSERT_EQUAL(sw[1], 0xff80u);
+	CU_ASSERT_EQUAL(sw[2], 0x7fc0u);
+	CU_ASSERT_EQUAL(sw[3], 0x8000u);
+	for (int n = 1; n <= 70; n++) { /* every tail length, nothing written past it */
+		uint16_t a[72], b[72];
+		memset(a, 0xab, sizeof(a));
+		memset(b, 0xab, sizeof(b));
+		cpu_pack_bf16(a, src + 100, 1, n, n, false);
+		cpu_pack_bf16(b, src + 100, 1, n, n, true);
+		CU_ASSERT_EQUAL(memcmp(a, b, sizeof(a)), 0);
+		CU_ASSERT_EQUAL(b[n], 0xababu);
+	}
+	free(src);
+	free(sw);
+	free(hw);
+}
+
 static void fill_uniform(pt_tensor *t, uint32_t seed)
 {
 	float *p = pt_tensor_f32(t);
@@ -1116,6 +1176,7 @@ static void test_bf16_attention(void)
 
 static const pt_test_case bf16_tests[] = {
     {"test_bf16_rounding", test_bf16_rounding},
+    {"test_bf16_pack_hw_matches_rule", test_bf16_pack_hw_matches_rule},
     {"test_bf16_linear", test_bf16_linear},
     {"test_bf16_native_matches_emulation", test_bf16_native_matches_emulation},
     {"test_tf32_rounding", test_tf32_rounding},

@@ -22,7 +22,8 @@
  * Each thread keeps its own oneDNN stream and a small cache of primitives
  * keyed by shape, transposition, ldc, alpha, beta and bias (alpha as output
  * scale, beta as a sum post-op, a bias row as the primitive's f32 bias); the
- * operands are rounded into a per-thread buffer of packed bf16 rows. All of
+ * operands are rounded into a per-thread buffer of packed bf16 rows (with
+ * vcvtne2ps2bf16 where the CPU has AVX512_BF16). All of
  * it is freed when the thread ends. The Linear layer's entry points round
  * each operand once per call: the output gradient feeds both backward
  * products, and the forward adds its bias in the primitive (no seeded rows,
@@ -30,6 +31,9 @@
  */
 #include <math.h>
 #include <omp.h>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 #include <oneapi/dnnl/dnnl.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -124,22 +128,67 @@ static uint32_t bits(float f)
 	return u;
 }
 
-/* to_bf16 rounds rows x cols of src (leading dimension ld) to packed bf16
- * rows: nearest, ties to even; a NaN stays a quiet NaN (the emulation's rule). */
+/* to_bf16_row rounds n floats of s to bf16 in d: nearest, ties to even; a
+ * NaN stays a quiet NaN (the emulation's rule). */
+static void to_bf16_row(uint16_t *restrict d, const float *restrict src, int64_t n)
+{
+	const uint32_t *s = (const uint32_t *)src;
+#pragma omp simd
+	for (int64_t j = 0; j < n; j++) {
+		uint32_t u = s[j];
+		uint32_t nan = (u & 0x7f800000u) == 0x7f800000u && (u & 0x007fffffu) != 0;
+		uint32_t rnd = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+		d[j] = (uint16_t)(nan ? (u | 0x00400000u) >> 16 : rnd);
+	}
+}
+
+#if defined(__x86_64__)
+/* The same with AVX512_BF16's vcvtne2ps2bf16: the same bits for every normal
+ * number, zero and NaN; a denormal becomes a zero of its sign (as vdpbf16ps,
+ * the native kernels' product, reads a denormal anyway). */
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) static void
+to_bf16_row_hw(uint16_t *restrict d, const float *restrict s, int64_t n)
+{
+	int64_t j = 0;
+	for (; j + 32 <= n; j += 32) {
+		__m512bh v =
+		    _mm512_cvtne2ps_pbh(_mm512_loadu_ps(s + j + 16), _mm512_loadu_ps(s + j));
+		_mm512_storeu_si512(d + j, (__m512i)v);
+	}
+	for (; j < n; j += 16) {
+		__mmask16 m = (__mmask16)(n - j >= 16 ? 0xffffu : (1u << (n - j)) - 1u);
+		__m256bh v = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, s + j));
+		_mm256_mask_storeu_epi16(d + j, m, (__m256i)v);
+	}
+}
+
+static bool hw_convert(void)
+{
+	return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") &&
+	       __builtin_cpu_supports("avx512vl");
+}
+#else
+#define to_bf16_row_hw to_bf16_row
+static bool hw_convert(void)
+{
+	return false;
+}
+#endif
+
+void cpu_pack_bf16(uint16_t *dst, const float *src, int64_t rows, int64_t cols, int64_t ld, bool hw)
+{
+	void (*row)(uint16_t *restrict, const float *restrict, int64_t) =
+	    hw && hw_convert() ? to_bf16_row_hw : to_bf16_row;
+#pragma omp parallel for schedule(static) if (rows * cols >= PT_CPU_PAR_MIN && !omp_in_parallel())
+	for (int64_t r = 0; r < rows; r++)
+		row(dst + r * cols, src + r * ld, cols);
+}
+
+/* to_bf16 packs an operand of the native kernels (hardware conversion where
+ * the CPU has it). */
 static void to_bf16(uint16_t *dst, const float *src, int64_t rows, int64_t cols, int64_t ld)
 {
-#pragma omp parallel for schedule(static) if (rows * cols >= PT_CPU_PAR_MIN && !omp_in_parallel())
-	for (int64_t r = 0; r < rows; r++) {
-		const uint32_t *s = (const uint32_t *)(src + r * ld);
-		uint16_t *d = dst + r * cols;
-#pragma omp simd
-		for (int64_t j = 0; j < cols; j++) {
-			uint32_t u = s[j];
-			uint32_t nan = (u & 0x7f800000u) == 0x7f800000u && (u & 0x007fffffu) != 0;
-			uint32_t rnd = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-			d[j] = (uint16_t)(nan ? (u | 0x00400000u) >> 16 : rnd);
-		}
-	}
+	cpu_pack_bf16(dst, src, rows, cols, ld, true);
 }
 
 /* make_prim creates the matmul primitive of e's key (packed bf16 operands)

@@ -104,6 +104,13 @@ void cpu_round_tf32(float *dst, const float *src, int64_t rows, int64_t cols, in
  * (packed), each rounded to the nearest bf16 (ties to even; NaN stays NaN). */
 void cpu_round_bf16(float *dst, const float *src, int64_t rows, int64_t cols, int64_t ld);
 
+/* cpu_pack_bf16 rounds rows x cols of src (rows ld apart) to packed bf16 in
+ * dst (rows cols apart), as the native kernels take their operands: nearest,
+ * ties to even, a NaN stays a quiet NaN. hw: with AVX512_BF16's conversion
+ * where the CPU has it, which also turns a denormal into a signed zero. */
+void cpu_pack_bf16(uint16_t *dst, const float *src, int64_t rows, int64_t cols, int64_t ld,
+                   bool hw);
+
 /* cpu_round_row rounds n floats of s into d (d may be s) as precision
  * prec (bf16 or tf32) rounds a product's operands: nearest, ties to even;
  * a NaN stays a quiet NaN. No OpenMP: for rows inside a parallel region. */
