@@ -504,6 +504,54 @@ static void test_bf16_pack_hw_matches_rule(void)
 	free(hw);
 }
 
+/* The activations' AVX-512F build gives the baseline build's bits: every
+ * kind, forward and backward (set and accumulated), over 100003 elements
+ * (a partial chunk at the end) spanning [-20, 20], and a tail of specials
+ * (0, -0, infinities, NaN, denormals, +-90). */
+static void test_activation_wide_bitwise(void)
+{
+	enum { N = 100003 };
+	float *x = malloc(sizeof(float) * N * 6), *y = x + N, *dy = y + N, *a = dy + N, *b = a + N,
+	      *acc0 = b + N;
+	const float specials[] = {0.0f,    -0.0f, INFINITY, -INFINITY, NAN,   1e-40f,
+	                          -1e-40f, 90.0f, -90.0f,   9.0f,      -9.0f, 1e-3f};
+	const pt_act kinds[] = {PT_ACT_RELU, PT_ACT_GELU, PT_ACT_TANH, PT_ACT_SIGMOID};
+	uint32_t seed = 5;
+
+	CU_ASSERT_PTR_NOT_NULL_FATAL(x);
+	if (strcmp(pt_cpu_activation_isa(), "avx512f") != 0)
+		printf("\n    no AVX-512F here: both builds are the baseline's");
+	for (int i = 0; i < N; i++) {
+		seed = seed * 1664525u + 1013904223u;
+		x[i] = ((float)(seed >> 8) / 16777216.0f * 2.0f - 1.0f) * 20.0f;
+		seed = seed * 1664525u + 1013904223u;
+		dy[i] = (float)(seed >> 8) / 16777216.0f - 0.5f;
+		acc0[i] = (float)(i % 11) * 0.25f;
+	}
+	memcpy(x + N - 12, specials, sizeof(specials));
+	for (int k = 0; k < 4; k++) {
+		cpu_activation_rows(kinds[k], false, false, a, NULL, x, NULL, N, false);
+		cpu_activation_rows(kinds[k], false, true, b, NULL, x, NULL, N, false);
+		CU_ASSERT_EQUAL(memcmp(a, b, sizeof(float) * N), 0);
+		memcpy(y, a, sizeof(float) * N);
+		for (int acc = 0; acc < 2; acc++) {
+			memcpy(a, acc0, sizeof(float) * N);
+			memcpy(b, acc0, sizeof(float) * N);
+			cpu_activation_rows(kinds[k], true, false, a, dy, x, y, N, acc);
+			cpu_activation_rows(kinds[k], true, true, b, dy, x, y, N, acc);
+			CU_ASSERT_EQUAL(memcmp(a, b, sizeof(float) * N), 0);
+		}
+	}
+	/* and it computes GELU: 0.5 x (1 + tanh(k (x + 0.044715 x^3))) within 2e-6 */
+	cpu_activation_rows(PT_ACT_GELU, false, true, b, NULL, x, NULL, 1000, false);
+	for (int i = 0; i < 1000; i++) {
+		double v = x[i],
+		       g = 0.5 * v * (1.0 + tanh(0.7978845608028654 * (v + 0.044715 * v * v * v)));
+		CU_ASSERT(fabs(b[i] - g) <= 2e-6 * (1.0 + fabs(g)));
+	}
+	free(x);
+}
+
 static void fill_uniform(pt_tensor *t, uint32_t seed)
 {
 	float *p = pt_tensor_f32(t);
@@ -1177,6 +1225,7 @@ static void test_bf16_attention(void)
 static const pt_test_case bf16_tests[] = {
     {"test_bf16_rounding", test_bf16_rounding},
     {"test_bf16_pack_hw_matches_rule", test_bf16_pack_hw_matches_rule},
+    {"test_activation_wide_bitwise", test_activation_wide_bitwise},
     {"test_bf16_linear", test_bf16_linear},
     {"test_bf16_native_matches_emulation", test_bf16_native_matches_emulation},
     {"test_tf32_rounding", test_tf32_rounding},

@@ -167,6 +167,10 @@ bool pt_cpu_bf16_native(const char **impl);
  * "unavailable" when it cannot make one, and sgemm then runs them). */
 const char *pt_cpu_f32_gemm_impl(void);
 
+/* pt_cpu_activation_isa names the build the activation kernels run here:
+ * "avx512f" where the CPU has it, else the baseline's. */
+const char *pt_cpu_activation_isa(void);
+
 typedef struct pt_op_call {
 	pt_op op;
 	int n_in, n_out;

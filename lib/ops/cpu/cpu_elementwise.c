@@ -113,11 +113,15 @@ pt_err cpu_add(const pt_op_call *c, void *ws)
 
 /* Activations run over chunks. The costly part (exp, tanh) is a loop over
  * restrict pointers into a local buffer, so it always vectorises; outputs may
- * then alias inputs (in-place backward) without forcing a scalar fallback. */
-#define ACT_CHUNK 2048
+ * then alias inputs (in-place backward) without forcing a scalar fallback.
+ * The chunk bodies are built twice: for the baseline (x86-64-v3, AVX2) and,
+ * picked at run time where the CPU has it, for AVX-512F. Same source, each
+ * element's own arithmetic, so the same bits (test_elementwise checks). */
+#define ACT_CHUNK  2048
+#define ACT_INLINE static inline __attribute__((always_inline))
 
 /* g[i] = act(x[i]) (forward) */
-static void act_values(pt_act kind, float *restrict g, const float *restrict x, int64_t n)
+ACT_INLINE void act_values(pt_act kind, float *restrict g, const float *restrict x, int64_t n)
 {
 	switch (kind) {
 	case PT_ACT_RELU:
@@ -143,8 +147,8 @@ static void act_values(pt_act kind, float *restrict g, const float *restrict x, 
 }
 
 /* g[i] = act'(.) from x (ReLU, GELU) or y (Tanh, Sigmoid) */
-static void act_slopes(pt_act kind, float *restrict g, const float *restrict x,
-                       const float *restrict y, int64_t n)
+ACT_INLINE void act_slopes(pt_act kind, float *restrict g, const float *restrict x,
+                           const float *restrict y, int64_t n)
 {
 	switch (kind) {
 	case PT_ACT_RELU:
@@ -171,19 +175,101 @@ static void act_slopes(pt_act kind, float *restrict g, const float *restrict x,
 	}
 }
 
+/* One chunk (n <= ACT_CHUNK) forward: y = act(x). */
+ACT_INLINE void act_fwd_body(pt_act kind, float *y, const float *x, int64_t n)
+{
+	float g[ACT_CHUNK];
+	act_values(kind, g, x, n);
+	memcpy(y, g, sizeof(float) * (size_t)n);
+}
+
+/* One chunk backward: dx (+)= act'(.) dy. */
+ACT_INLINE void act_bwd_body(pt_act kind, float *d, const float *e, const float *x, const float *y,
+                             int64_t n, bool acc)
+{
+	float g[ACT_CHUNK];
+	act_slopes(kind, g, x, y, n);
+	if (acc)
+		for (int64_t i = 0; i < n; i++)
+			d[i] += g[i] * e[i];
+	else
+		for (int64_t i = 0; i < n; i++)
+			d[i] = g[i] * e[i];
+}
+
+static void act_fwd_base(pt_act kind, float *y, const float *x, int64_t n)
+{
+	act_fwd_body(kind, y, x, n);
+}
+
+static void act_bwd_base(pt_act kind, float *d, const float *e, const float *x, const float *y,
+                         int64_t n, bool acc)
+{
+	act_bwd_body(kind, d, e, x, y, n, acc);
+}
+
+#if defined(__x86_64__)
+__attribute__((target("avx512f"))) static void act_fwd_512(pt_act kind, float *y, const float *x,
+                                                           int64_t n)
+{
+	act_fwd_body(kind, y, x, n);
+}
+
+__attribute__((target("avx512f"))) static void act_bwd_512(pt_act kind, float *d, const float *e,
+                                                           const float *x, const float *y,
+                                                           int64_t n, bool acc)
+{
+	act_bwd_body(kind, d, e, x, y, n, acc);
+}
+
+static bool act_wide(void)
+{
+	return __builtin_cpu_supports("avx512f");
+}
+#else
+#define act_fwd_512 act_fwd_base
+#define act_bwd_512 act_bwd_base
+static bool act_wide(void)
+{
+	return false;
+}
+#endif
+
+typedef void (*act_fwd_fn)(pt_act, float *, const float *, int64_t);
+typedef void (*act_bwd_fn)(pt_act, float *, const float *, const float *, const float *, int64_t,
+                           bool);
+
+const char *pt_cpu_activation_isa(void)
+{
+	return act_wide() ? "avx512f" : "x86-64-v3 (AVX2)";
+}
+
+void cpu_activation_rows(pt_act kind, bool backward, bool wide, float *out, const float *dy,
+                         const float *x, const float *y, int64_t n, bool acc)
+{
+	bool w = wide && act_wide();
+	for (int64_t lo = 0; lo < n; lo += ACT_CHUNK) {
+		int64_t len = n - lo < ACT_CHUNK ? n - lo : ACT_CHUNK;
+		if (backward)
+			(w ? act_bwd_512 : act_bwd_base)(kind, out + lo, dy + lo, x ? x + lo : NULL,
+			                                 y ? y + lo : NULL, len, acc);
+		else
+			(w ? act_fwd_512 : act_fwd_base)(kind, out + lo, x + lo, len);
+	}
+}
+
 pt_err cpu_activation_forward(const pt_op_call *c, void *ws)
 {
 	const float *x = pt_tensor_f32(c->in[0]);
 	float *y = pt_tensor_f32(c->out[0]);
 	int64_t n = pt_tensor_numel(c->in[0]), nchunks = (n + ACT_CHUNK - 1) / ACT_CHUNK;
 	pt_act kind = c->p.act.kind;
+	act_fwd_fn f = act_wide() ? act_fwd_512 : act_fwd_base;
 
 #pragma omp parallel for schedule(static) if (n >= PT_CPU_PAR_MIN)
 	for (int64_t k = 0; k < nchunks; k++) {
-		float g[ACT_CHUNK];
 		int64_t lo = k * ACT_CHUNK, len = n - lo < ACT_CHUNK ? n - lo : ACT_CHUNK;
-		act_values(kind, g, x + lo, len);
-		memcpy(y + lo, g, sizeof(float) * (size_t)len);
+		f(kind, y + lo, x + lo, len);
 	}
 	return PT_OK;
 }
@@ -197,20 +283,12 @@ pt_err cpu_activation_backward(const pt_op_call *c, void *ws)
 	bool acc = c->p.act.accum_dx;
 	int64_t n = pt_tensor_numel(c->in[0]), nchunks = (n + ACT_CHUNK - 1) / ACT_CHUNK;
 	pt_act kind = c->p.act.kind;
+	act_bwd_fn f = act_wide() ? act_bwd_512 : act_bwd_base;
 
 #pragma omp parallel for schedule(static) if (n >= PT_CPU_PAR_MIN)
 	for (int64_t k = 0; k < nchunks; k++) {
-		float g[ACT_CHUNK];
 		int64_t lo = k * ACT_CHUNK, len = n - lo < ACT_CHUNK ? n - lo : ACT_CHUNK;
-		act_slopes(kind, g, x ? x + lo : NULL, y ? y + lo : NULL, len);
-		float *d = dx + lo;
-		const float *e = dy + lo;
-		if (acc)
-			for (int64_t i = 0; i < len; i++)
-				d[i] += g[i] * e[i];
-		else
-			for (int64_t i = 0; i < len; i++)
-				d[i] = g[i] * e[i];
+		f(kind, dx + lo, dy + lo, x ? x + lo : NULL, y ? y + lo : NULL, len, acc);
 	}
 	return PT_OK;
 }

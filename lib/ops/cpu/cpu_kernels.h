@@ -111,6 +111,13 @@ void cpu_round_bf16(float *dst, const float *src, int64_t rows, int64_t cols, in
 void cpu_pack_bf16(uint16_t *dst, const float *src, int64_t rows, int64_t cols, int64_t ld,
                    bool hw);
 
+/* cpu_activation_rows runs n elements of an activation's forward (out =
+ * act(x)) or backward (out (+)= act'(.) dy, acc adds) on the calling thread,
+ * with the AVX-512F build where wide and the CPU has it, else the baseline's
+ * (tests compare the two). */
+void cpu_activation_rows(pt_act kind, bool backward, bool wide, float *out, const float *dy,
+                         const float *x, const float *y, int64_t n, bool acc);
+
 /* cpu_round_row rounds n floats of s into d (d may be s) as precision
  * prec (bf16 or tf32) rounds a product's operands: nearest, ties to even;
  * a NaN stays a quiet NaN. No OpenMP: for rows inside a parallel region. */
