@@ -13,6 +13,10 @@
  *                             of WATCH_PAIRS pairs, order alternating; _job_s and
  *                             _base_s are the best of each; the pollers connect
  *                             before the job is submitted)
+ * API_BENCH_ONLY=watch skips the request-path figures; API_BENCH_STEPS (2000)
+ * and API_BENCH_WATCHERS (100) change the watched job's length and pollers;
+ * API_BENCH_DEBUG=1 prints each job's CPU seconds (server and this process)
+ * and the replies its pollers got.
  */
 #include "api/api.h"
 #include "spawn.h"
@@ -212,6 +216,8 @@ typedef struct watcher {
 	_Atomic uint64_t *job; /* 0 until the job is submitted */
 	pthread_barrier_t *dialed;
 	pthread_t th;
+	int replies;  /* WatchMetrics replies this watcher got */
+	double first; /* when its first reply came (monotonic seconds) */
 } watcher;
 
 static void *watch_main(void *arg)
@@ -237,6 +243,8 @@ static void *watch_main(void *arg)
 		q.cursor = cursor;
 		q.wait_ms = 1000;
 		rpc(s, &b, &q, &r, &keep);
+		if (w->replies++ == 0)
+			w->first = now_s();
 		cursor = r.cursor;
 		if (r.ended)
 			break;
@@ -250,6 +258,28 @@ static void *watch_main(void *arg)
 
 /* train runs one job to the end (with n_watchers pollers); returns its
  * training time in seconds (finished - started, as the server saw it). */
+static pid_t server_pid;
+
+/* cpu_s: CPU seconds (user + system) process pid has used so far. */
+static double cpu_s(pid_t pid)
+{
+	char path[64], buf[1024];
+	unsigned long ut = 0, st = 0;
+	FILE *f;
+	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+	if ((f = fopen(path, "r")) == NULL)
+		return 0;
+	if (fgets(buf, sizeof(buf), f) != NULL) {
+		char *p = strrchr(buf, ')');
+		if (p == NULL ||
+		    sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut,
+		           &st) != 2)
+			ut = st = 0;
+	}
+	fclose(f);
+	return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
+}
+
 static double train(nng_socket s, const char *url, pt_fb_builder *b, const pt_job_spec *spec,
                     int n_watchers)
 {
@@ -276,6 +306,7 @@ static double train(nng_socket s, const char *url, pt_fb_builder *b, const pt_jo
 	pthread_barrier_destroy(&dialed);
 	pt_api_request_init(&q, PT_API_SUBMIT_JOB);
 	q.spec = spec;
+	double submitted = now_s(), srv0 = cpu_s(server_pid), me0 = cpu_s(getpid());
 	rpc(s, b, &q, &r, &keep);
 	id = r.job;
 	atomic_store(&job, id);
@@ -300,9 +331,35 @@ static double train(nng_socket s, const char *url, pt_fb_builder *b, const pt_jo
 		        ji.finished_unix);
 	for (int i = 0; i < n_watchers; i++)
 		pthread_join(w[i].th, NULL);
+	if (getenv("API_BENCH_DEBUG"))
+		fprintf(stderr, "  job %.3f s; CPU: server %.3f s, this process %.3f s\n", t,
+		        cpu_s(server_pid) - srv0, cpu_s(getpid()) - me0);
+	if (getenv("API_BENCH_DEBUG") && n_watchers > 0) {
+		int total = 0;
+		double last_first = 0;
+		for (int i = 0; i < n_watchers; i++) {
+			total += w[i].replies;
+			last_first = w[i].first > last_first ? w[i].first : last_first;
+		}
+		fprintf(stderr,
+		        "  %d replies to %d watchers; the last first reply %.3f s after submit\n",
+		        total, n_watchers, last_first - submitted);
+	}
 	nng_msg_free(keep);
 	free(w);
 	return t;
+}
+
+/* print_rates prints the request-path figures: [clients 1, 16][ours, echo]. */
+static void print_rates(double rate[2][2], double p50[2][2], double p99[2][2])
+{
+	printf("bench api_rate_c1 %.0f\nbench echo_rate_c1 %.0f\nbench api_rate_ratio_c1 %.3f\n",
+	       rate[0][0], rate[0][1], rate[0][0] / rate[0][1]);
+	printf("bench api_rate_c16 %.0f\nbench echo_rate_c16 %.0f\nbench api_rate_ratio_c16 %.3f\n",
+	       rate[1][0], rate[1][1], rate[1][0] / rate[1][1]);
+	printf("bench api_p50_us_c1 %.1f\nbench api_p50_us_c16 %.1f\nbench api_p99_us_c16 "
+	       "%.1f\nbench echo_p99_us_c16 %.1f\n",
+	       p50[0][0], p50[1][0], p99[1][0], p99[1][1]);
 }
 
 int main(void)
@@ -325,6 +382,8 @@ int main(void)
 	ssize_t k;
 	int port, rv;
 	double rate[2][2], p50[2][2], p99[2][2], base = 1e30, with = 1e30;
+	const char *only = getenv("API_BENCH_ONLY");
+	bool watch_only = only != NULL && strcmp(only, "watch") == 0;
 
 	signal(SIGPIPE, SIG_IGN);
 	if ((k = readlink("/proc/self/exe", self, sizeof(self) - 1)) <= 0)
@@ -335,6 +394,7 @@ int main(void)
 	if (mkdtemp(dir) == NULL)
 		return 1;
 	pid = spawn_server(bin, dir, url, sizeof(url));
+	server_pid = pid;
 
 	/* The echo server. */
 	if ((rv = nng_rep0_open(&echo)) != 0 ||
@@ -373,35 +433,31 @@ int main(void)
 		die("build", 0);
 	get_req = malloc(n);
 	memcpy(get_req, d, n);
-	for (int c = 0; c < 2; c++) {
+	for (int c = 0; c < 2 && !watch_only; c++) {
 		int clients = c ? 16 : 1;
 		rate[c][0] = run_load(url, get_req, n, clients, &p50[c][0], &p99[c][0]);
 		rate[c][1] = run_load(echo_url, get_req, n, clients, &p50[c][1], &p99[c][1]);
 	}
-	printf("bench api_rate_c1 %.0f\nbench echo_rate_c1 %.0f\nbench api_rate_ratio_c1 %.3f\n",
-	       rate[0][0], rate[0][1], rate[0][0] / rate[0][1]);
-	printf("bench api_rate_c16 %.0f\nbench echo_rate_c16 %.0f\nbench api_rate_ratio_c16 %.3f\n",
-	       rate[1][0], rate[1][1], rate[1][0] / rate[1][1]);
-	printf("bench api_p50_us_c1 %.1f\nbench api_p50_us_c16 %.1f\nbench api_p99_us_c16 "
-	       "%.1f\nbench echo_p99_us_c16 %.1f\n",
-	       p50[0][0], p50[1][0], p99[1][0], p99[1][1]);
+	if (!watch_only)
+		print_rates(rate, p50, p99);
 	fflush(stdout);
 
 	/* A 4-stage digits job with and without 100 long-pollers: WATCH_PAIRS
 	 * pairs, the order alternating, the median of the pairs' ratios (one
 	 * burst of other load spoils a pair, not the figure). */
-	spec.steps = 2000;
+	spec.steps = getenv("API_BENCH_STEPS") ? atoi(getenv("API_BENCH_STEPS")) : 2000;
 	spec.stages = 4;
 	spec.eval_every = 0;
 	spec.checkpoint_every = 0;
 	double ratio[WATCH_PAIRS];
+	int n_watch = getenv("API_BENCH_WATCHERS") ? atoi(getenv("API_BENCH_WATCHERS")) : 100;
 	for (int rep = 0; rep < WATCH_PAIRS; rep++) {
 		double t0, t1;
 		if (rep % 2 == 0) {
 			t0 = train(s, url, &b, &spec, 0);
-			t1 = train(s, url, &b, &spec, 100);
+			t1 = train(s, url, &b, &spec, n_watch);
 		} else {
-			t1 = train(s, url, &b, &spec, 100);
+			t1 = train(s, url, &b, &spec, n_watch);
 			t0 = train(s, url, &b, &spec, 0);
 		}
 		printf("# watch100 pair %d: %.3f s alone, %.3f s with 100 pollers\n", rep, t0, t1);

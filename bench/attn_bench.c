@@ -10,6 +10,8 @@
  *   bench attn_causal_speedup      dense time over blocked time, W2 shapes
  *   bench attn_causal_speedup_w3   the same at W3 shapes
  *   bench attn_blocked_ms / attn_dense_ms  one W2 forward+backward
+ *   bench attn_blocked_bf16_ms  the blocked kernel in bf16 precision, W2
+ *   bench attn_bf16_over_fp32   its time over fp32's, measured beside it
  */
 #include <math.h>
 #include <omp.h>
@@ -139,6 +141,42 @@ static void measure(const shape *s, double *blocked, double *dense, double *diff
 	free(dense_dq);
 }
 
+/* Seconds per forward+backward of the blocked kernel alone at precision
+ * prec (best of 5 rounds of 10 after one to warm up). */
+static double blocked_at(const shape *s, pt_precision prec)
+{
+	int64_t B = s->B, T = s->T, C = s->C, NH = s->NH;
+	pt_tensor qkv, dout, out, lse, dq;
+	double best = 1e30;
+
+	pt_tensor_init(&qkv, PT_F32, 3, (int64_t[]){B, T, 3 * C});
+	pt_tensor_init(&dout, PT_F32, 3, (int64_t[]){B, T, C});
+	pt_tensor_init(&out, PT_F32, 3, (int64_t[]){B, T, C});
+	pt_tensor_init(&lse, PT_F32, 3, (int64_t[]){B, NH, T});
+	pt_tensor_init(&dq, PT_F32, 3, (int64_t[]){B, T, 3 * C});
+	fill(pt_tensor_f32(&qkv), 3 * B * T * C, 1);
+	fill(pt_tensor_f32(&dout), B * T * C, 2);
+	pt_set_precision(prec);
+	for (int round = 0; round < 6; round++) {
+		double t0 = pt_now();
+		for (int r = 0; r < 10; r++)
+			if (pt_attention_forward(&out, &lse, &qkv, s->NH) != PT_OK ||
+			    pt_attention_backward(&dq, &dout, &qkv, &lse, s->NH, false) != PT_OK) {
+				fprintf(stderr, "attn_bench: %s\n", pt_last_error());
+				exit(1);
+			}
+		if (round > 0 && (pt_now() - t0) / 10 < best)
+			best = (pt_now() - t0) / 10;
+	}
+	pt_set_precision(PT_PREC_FP32);
+	pt_tensor_fini(&qkv);
+	pt_tensor_fini(&dout);
+	pt_tensor_fini(&out);
+	pt_tensor_fini(&lse);
+	pt_tensor_fini(&dq);
+	return best;
+}
+
 int main(int argc, char **argv)
 {
 	shape w2 = {16, 128, 256, 4}, w3 = {8, 256, 768, 12};
@@ -154,5 +192,10 @@ int main(int argc, char **argv)
 	printf("bench attn_dense_ms %.2f\n", d2 * 1e3);
 	printf("bench attn_causal_speedup %.2f\n", d2 / b2);
 	printf("bench attn_causal_speedup_w3 %.2f\n", d3 / b3);
+	{ /* bf16 precision: the same products on operands rounded to bf16 */
+		double f = blocked_at(&w2, PT_PREC_FP32), h = blocked_at(&w2, PT_PREC_BF16);
+		printf("bench attn_blocked_bf16_ms %.2f\n", h * 1e3);
+		printf("bench attn_bf16_over_fp32 %.3f\n", h / f);
+	}
 	return 0;
 }
