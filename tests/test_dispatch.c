@@ -1222,6 +1222,68 @@ static void test_bf16_attention(void)
 	pt_tensor_fini(&dout);
 }
 
+/* Attention's native bf16 strips against the emulation: the same rounded
+ * operands, sums in another order - within 1e-4 (relative, Frobenius) for
+ * the output, lse and dqkv, set and accumulated, at T 16, 100 (a partial
+ * strip) and 256 (the longest native context); at T 300 both run the
+ * emulation, bit for bit. Not 1e-5 as for a Linear: probabilities are
+ * rounded to bf16 between products, and a last-bit difference in f32 moves
+ * a few across a rounding boundary (2^-8 of that element): at T 256 here one
+ * dv row of one head differs by ~1e-4, 1.2e-5 over all of dqkv. */
+static void test_bf16_attention_native_matches_emulation(void)
+{
+	enum { B = 2, C = 64, NH = 2 };
+	const int64_t Ts[] = {16, 100, 256, 300};
+	const char *impl = NULL;
+
+	(void)pt_cpu_bf16_native(&impl);
+	if (strcmp(impl, "unavailable") == 0) {
+		printf("\n    skip: no native bf16 kernels on this CPU");
+		return;
+	}
+	for (int t = 0; t < 4; t++) {
+		int64_t T = Ts[t];
+		pt_tensor qkv, dout, out[2], lse[2], dq[2];
+		PT_CHECK_OK(pt_tensor_init(&qkv, PT_F32, 3, (int64_t[]){B, T, 3 * C}));
+		PT_CHECK_OK(pt_tensor_init(&dout, PT_F32, 3, (int64_t[]){B, T, C}));
+		fill_uniform(&qkv, 11 + (uint32_t)t);
+		fill_uniform(&dout, 21 + (uint32_t)t);
+		pt_set_precision(PT_PREC_BF16);
+		for (int k = 0; k < 2; k++) {
+			pt_cpu_bf16_select(k ? PT_BF16_EMULATED : PT_BF16_NATIVE);
+			PT_CHECK_OK(pt_tensor_init(&out[k], PT_F32, 3, (int64_t[]){B, T, C}));
+			PT_CHECK_OK(pt_tensor_init(&lse[k], PT_F32, 3, (int64_t[]){B, NH, T}));
+			PT_CHECK_OK(pt_tensor_init(&dq[k], PT_F32, 3, (int64_t[]){B, T, 3 * C}));
+			PT_CHECK_OK(pt_attention_forward(&out[k], &lse[k], &qkv, NH));
+			PT_CHECK_OK(pt_attention_backward(&dq[k], &dout, &qkv, &lse[k], NH, false));
+			/* and accumulated: dqkv twice over */
+			PT_CHECK_OK(pt_attention_backward(&dq[k], &dout, &qkv, &lse[k], NH, true));
+		}
+		pt_cpu_bf16_select(PT_BF16_AUTO);
+		pt_set_precision(PT_PREC_FP32);
+		if (T <= 256) {
+			CU_ASSERT(rel_err(&out[0], &out[1]) <= 1e-4);
+			CU_ASSERT(rel_err(&lse[0], &lse[1]) <= 1e-4);
+			CU_ASSERT(rel_err(&dq[0], &dq[1]) <= 1e-4);
+			printf("\n    attention T %ld native vs emulated: out %.2e, lse %.2e, dqkv "
+			       "%.2e",
+			       (long)T, rel_err(&out[0], &out[1]), rel_err(&lse[0], &lse[1]),
+			       rel_err(&dq[0], &dq[1]));
+		} else {
+			CU_ASSERT(same_bits(&out[0], &out[1]));
+			CU_ASSERT(same_bits(&lse[0], &lse[1]));
+			CU_ASSERT(same_bits(&dq[0], &dq[1]));
+		}
+		for (int k = 0; k < 2; k++) {
+			pt_tensor_fini(&out[k]);
+			pt_tensor_fini(&lse[k]);
+			pt_tensor_fini(&dq[k]);
+		}
+		pt_tensor_fini(&qkv);
+		pt_tensor_fini(&dout);
+	}
+}
+
 static const pt_test_case bf16_tests[] = {
     {"test_bf16_rounding", test_bf16_rounding},
     {"test_bf16_pack_hw_matches_rule", test_bf16_pack_hw_matches_rule},
@@ -1231,6 +1293,7 @@ static const pt_test_case bf16_tests[] = {
     {"test_tf32_rounding", test_tf32_rounding},
     {"test_tf32_linear", test_tf32_linear},
     {"test_bf16_attention", test_bf16_attention},
+    {"test_bf16_attention_native_matches_emulation", test_bf16_attention_native_matches_emulation},
     {NULL, NULL},
 };
 

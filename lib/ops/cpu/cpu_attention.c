@@ -17,9 +17,11 @@
  * thread's workspace, and each strip rounds its probabilities (and score
  * gradients) in place before they enter a product, so the products are plain
  * sgemm calls on rounded operands: the emulation's numerics (what a bf16 GEMM
- * with f32 accumulation computes) at fp32 speed. Shapes change strip by
- * strip, so the native bf16 kernels (cpu_bf16.c) are not used here; softmax
- * and its backward stay f32.
+ * with f32 accumulation computes) at fp32 speed. Where the native bf16
+ * kernels run (pt_cpu_bf16_native) and T <= NATIVE_MAX_T, bf16 packs the
+ * same operands to bf16 instead and runs each strip's products on oneDNN's
+ * bf16 matmul (cpu_bf16_gemm_packed): the same rounded operands, the sums
+ * in another order. Softmax and its backward stay f32.
  */
 #include <inttypes.h>
 #include <math.h>
@@ -30,11 +32,15 @@
 #include "cpu_math.h"
 
 #define PT_ATTN_ROWS 32
+/* Native bf16 strips up to this context: 6 products x T / PT_ATTN_ROWS
+ * shapes stay within each thread's primitive cache (cpu_bf16.c). */
+#define NATIVE_MAX_T 256
 
 typedef struct {
 	int64_t T, C, C3, hs, NH;
 	float scale;
 	pt_precision prec;
+	bool native; /* bf16 on the native kernels */
 } attn_dims;
 
 static attn_dims dims_of(const pt_op_call *c, const pt_tensor *qkv)
@@ -47,6 +53,7 @@ static attn_dims dims_of(const pt_op_call *c, const pt_tensor *qkv)
 	d.hs = d.C / d.NH;
 	d.scale = 1.0f / sqrtf((float)d.hs);
 	d.prec = (pt_precision)c->prec;
+	d.native = d.prec == PT_PREC_BF16 && d.T <= NATIVE_MAX_T && pt_cpu_bf16_native(NULL);
 	return d;
 }
 
@@ -57,10 +64,13 @@ static int64_t strip_floats(int64_t T)
 }
 
 /* thread_floats: one thread's workspace: two strips, and at a rounding
- * precision the head's rounded q, k, v and output gradient (T x hs each). */
+ * precision the head's rounded q, k, v and output gradient (T x hs floats
+ * each), or natively their packed bf16 copies and two packed strips (either
+ * fits, so the size does not depend on the kernels picked). */
 static int64_t thread_floats(const attn_dims *d)
 {
-	return 2 * strip_floats(d->T) + (d->prec != PT_PREC_FP32 ? 4 * d->T * d->hs : 0);
+	int64_t emu = 4 * d->T * d->hs, nat = strip_floats(d->T) + 2 * d->T * d->hs;
+	return 2 * strip_floats(d->T) + (d->prec != PT_PREC_FP32 ? (emu > nat ? emu : nat) : 0);
 }
 
 size_t cpu_attention_workspace(const pt_op_call *c)
@@ -118,6 +128,84 @@ static void round_row(const attn_dims *d, float *row, int64_t n)
 		cpu_round_row(d->prec, row, row, n);
 }
 
+/* strip_softmax turns a strip's scores s (n rows of kn) into causal
+ * probabilities in place (zeros past each row's last key) and writes each
+ * row's log-sum-exp to lse[r0 + i]; rounded at a rounding precision when
+ * round. */
+static void strip_softmax(const attn_dims *d, float *s, float *lse, int64_t r0, int64_t n,
+                          int64_t kn, bool round)
+{
+	for (int64_t i = 0; i < n; i++) {
+		float *row = s + i * kn, mx, sum;
+		int64_t len = r0 + i + 1;
+		pt_softmax_row(row, row, len, &mx, &sum);
+		lse[r0 + i] = mx + logf(sum);
+		memset(row + len, 0, sizeof(float) * (size_t)(kn - len));
+		if (round)
+			round_row(d, row, len);
+	}
+}
+
+/* strip_grads turns a strip's scale q k^T in p and dout v^T in dp into the
+ * probabilities exp(score - lse) and the score gradients (the score scale
+ * folded in), zeros past each row's last key; rounded when round. */
+static void strip_grads(const attn_dims *d, float *p, float *dp, const float *lse, int64_t r0,
+                        int64_t n, int64_t kn, bool round)
+{
+	for (int64_t i = 0; i < n; i++) {
+		float *pr = p + i * kn, *dr = dp + i * kn, l = lse[r0 + i], dot = 0.0f;
+		int64_t len = r0 + i + 1;
+#pragma omp simd
+		for (int64_t j = 0; j < len; j++)
+			pr[j] = pt_expf(pr[j] - l);
+		memset(pr + len, 0, sizeof(float) * (size_t)(kn - len));
+#pragma omp simd reduction(+ : dot)
+		for (int64_t j = 0; j < len; j++)
+			dot += pr[j] * dr[j];
+#pragma omp simd
+		for (int64_t j = 0; j < len; j++)
+			dr[j] = d->scale * pr[j] * (dr[j] - dot);
+		memset(dr + len, 0, sizeof(float) * (size_t)(kn - len));
+		if (round) {
+			round_row(d, pr, len);
+			round_row(d, dr, len);
+		}
+	}
+}
+
+/* pack_head packs the head's q, k, v (stride C3) and, when dout is not NULL,
+ * its output gradient (stride C) to bf16 in buf: T x hs each, back to back. */
+static void pack_head(const attn_dims *d, const float *q, const float *dout, uint16_t *buf)
+{
+	for (int i = 0; i < 3; i++)
+		cpu_pack_bf16(buf + i * d->T * d->hs, q + i * d->C, d->T, d->hs, d->C3, true);
+	if (dout != NULL)
+		cpu_pack_bf16(buf + 3 * d->T * d->hs, dout, d->T, d->hs, d->C, true);
+}
+
+/* head_forward_native is head_forward on the native bf16 kernels; ws holds
+ * the f32 strip, a packed strip and the packed operands. */
+static pt_err head_forward_native(const attn_dims *d, const float *qkv, float *o, float *lse,
+                                  float *ws)
+{
+	int64_t sf = strip_floats(d->T), th = d->T * d->hs;
+	float *s = ws;
+	uint16_t *ps = (uint16_t *)(ws + 2 * sf), *q = (uint16_t *)(ws + 3 * sf), *k = q + th,
+	         *v = k + th;
+
+	pack_head(d, qkv, NULL, q);
+	for (int64_t r0 = 0; r0 < d->T; r0 += PT_ATTN_ROWS) {
+		int64_t n = d->T - r0 < PT_ATTN_ROWS ? d->T - r0 : PT_ATTN_ROWS, kn = r0 + n;
+		PT_TRY(cpu_bf16_gemm_packed(false, true, n, kn, d->hs, d->scale, q + r0 * d->hs, k,
+		                            0.0f, s, kn));
+		strip_softmax(d, s, lse, r0, n, kn, false);
+		cpu_pack_bf16(ps, s, n, kn, kn, true);
+		PT_TRY(cpu_bf16_gemm_packed(false, false, n, d->hs, kn, 1.0f, ps, v, 0.0f,
+		                            o + r0 * d->C, d->C));
+	}
+	return PT_OK;
+}
+
 /* One (batch, head): out rows and lse for q, k, v at stride C3; ws holds
  * two strips and the rounded operands. */
 static pt_err head_forward(const attn_dims *d, const float *qkv, float *o, float *lse, float *ws)
@@ -125,19 +213,14 @@ static pt_err head_forward(const attn_dims *d, const float *qkv, float *o, float
 	const float *q, *k, *v;
 	float *s = ws;
 	int64_t ld;
+	if (d->native)
+		return head_forward_native(d, qkv, o, lse, ws);
 	head_operands(d, qkv, ws + 2 * strip_floats(d->T), &q, &k, &v, &ld);
 	for (int64_t r0 = 0; r0 < d->T; r0 += PT_ATTN_ROWS) {
 		int64_t n = d->T - r0 < PT_ATTN_ROWS ? d->T - r0 : PT_ATTN_ROWS, kn = r0 + n;
 		PT_TRY(cpu_gemm(false, true, n, kn, d->hs, d->scale, q + r0 * ld, ld, k, ld, 0.0f,
 		                s, kn));
-		for (int64_t i = 0; i < n; i++) {
-			float *row = s + i * kn, mx, sum;
-			int64_t len = r0 + i + 1;
-			pt_softmax_row(row, row, len, &mx, &sum);
-			lse[r0 + i] = mx + logf(sum);
-			memset(row + len, 0, sizeof(float) * (size_t)(kn - len));
-			round_row(d, row, len);
-		}
+		strip_softmax(d, s, lse, r0, n, kn, true);
 		PT_TRY(cpu_gemm(false, false, n, d->hs, kn, 1.0f, s, kn, v, ld, 0.0f, o + r0 * d->C,
 		                d->C));
 	}
@@ -170,6 +253,43 @@ pt_err cpu_attention_forward(const pt_op_call *c, void *ws)
 	return err;
 }
 
+/* head_backward_native is head_backward on the native bf16 kernels; ws
+ * holds the two f32 strips, two packed strips and the packed operands. */
+static pt_err head_backward_native(const attn_dims *d, const float *qkv, const float *dout,
+                                   const float *lse, float *dq, bool accum, float *ws)
+{
+	int64_t sf = strip_floats(d->T), th = d->T * d->hs;
+	float *dk = dq + d->C, *dv = dq + 2 * d->C, *p = ws, *dp = ws + sf;
+	uint16_t *pp = (uint16_t *)(ws + 2 * sf), *dsp = pp + sf;
+	uint16_t *q = (uint16_t *)(ws + 3 * sf), *k = q + th, *v = k + th, *g = v + th;
+	float beta = accum ? 1.0f : 0.0f;
+
+	pack_head(d, qkv, dout, q);
+	if (!accum)
+		for (int64_t t = 0; t < d->T; t++) {
+			memset(dk + t * d->C3, 0, sizeof(float) * (size_t)d->hs);
+			memset(dv + t * d->C3, 0, sizeof(float) * (size_t)d->hs);
+		}
+	for (int64_t r0 = 0; r0 < d->T; r0 += PT_ATTN_ROWS) {
+		int64_t n = d->T - r0 < PT_ATTN_ROWS ? d->T - r0 : PT_ATTN_ROWS, kn = r0 + n;
+		const uint16_t *qs = q + r0 * d->hs, *gs = g + r0 * d->hs;
+		PT_TRY(
+		    cpu_bf16_gemm_packed(false, true, n, kn, d->hs, d->scale, qs, k, 0.0f, p, kn));
+		PT_TRY(cpu_bf16_gemm_packed(false, true, n, kn, d->hs, 1.0f, gs, v, 0.0f, dp, kn));
+		strip_grads(d, p, dp, lse, r0, n, kn, false);
+		cpu_pack_bf16(pp, p, n, kn, kn, true);
+		cpu_pack_bf16(dsp, dp, n, kn, kn, true);
+		/* dv += p^T dout ; dq = ds k ; dk += ds^T q */
+		PT_TRY(
+		    cpu_bf16_gemm_packed(true, false, kn, d->hs, n, 1.0f, pp, gs, 1.0f, dv, d->C3));
+		PT_TRY(cpu_bf16_gemm_packed(false, false, n, d->hs, kn, 1.0f, dsp, k, beta,
+		                            dq + r0 * d->C3, d->C3));
+		PT_TRY(cpu_bf16_gemm_packed(true, false, kn, d->hs, n, 1.0f, dsp, qs, 1.0f, dk,
+		                            d->C3));
+	}
+	return PT_OK;
+}
+
 /* One (batch, head): dq, dk, dv (stride C3) from dout (stride C) and lse;
  * ws holds two strips and the rounded operands. dk and dv gather over
  * strips, so they start from zero unless accumulating. */
@@ -182,6 +302,8 @@ static pt_err head_backward(const attn_dims *d, const float *qkv, const float *d
 	float beta = accum ? 1.0f : 0.0f;
 	int64_t ld, ldo = d->C;
 
+	if (d->native)
+		return head_backward_native(d, qkv, dout_c, lse, dq, accum, ws);
 	head_operands(d, qkv, rounded, &q, &k, &v, &ld);
 	if (d->prec != PT_PREC_FP32) {
 		float *r = rounded + 3 * d->T * d->hs;
@@ -201,24 +323,7 @@ static pt_err head_backward(const attn_dims *d, const float *qkv, const float *d
 		/* p = exp(scale q k^T - lse) on the causal part; dp = dout v^T */
 		PT_TRY(cpu_gemm(false, true, n, kn, d->hs, d->scale, qs, ld, k, ld, 0.0f, p, kn));
 		PT_TRY(cpu_gemm(false, true, n, kn, d->hs, 1.0f, ds, ldo, v, ld, 0.0f, dp, kn));
-		for (int64_t i = 0; i < n; i++) {
-			float *pr = p + i * kn, *dr = dp + i * kn, l = lse[r0 + i], dot = 0.0f;
-			int64_t len = r0 + i + 1;
-#pragma omp simd
-			for (int64_t j = 0; j < len; j++)
-				pr[j] = pt_expf(pr[j] - l);
-			memset(pr + len, 0, sizeof(float) * (size_t)(kn - len));
-#pragma omp simd reduction(+ : dot)
-			for (int64_t j = 0; j < len; j++)
-				dot += pr[j] * dr[j];
-				/* the score gradient, with the score scale folded in */
-#pragma omp simd
-			for (int64_t j = 0; j < len; j++)
-				dr[j] = d->scale * pr[j] * (dr[j] - dot);
-			memset(dr + len, 0, sizeof(float) * (size_t)(kn - len));
-			round_row(d, pr, len);
-			round_row(d, dr, len);
-		}
+		strip_grads(d, p, dp, lse, r0, n, kn, true);
 		/* dv += p^T dout ; dq = ds k ; dk += ds^T q */
 		PT_TRY(cpu_gemm(true, false, kn, d->hs, n, 1.0f, p, kn, ds, ldo, 1.0f, dv, d->C3));
 		PT_TRY(cpu_gemm(false, false, n, d->hs, kn, 1.0f, dp, kn, k, ld, beta,

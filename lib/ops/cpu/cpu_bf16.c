@@ -16,8 +16,9 @@
  *
  * Native and emulated products agree up to the order of the f32 sums (and
  * the native kernels flush denormals); neither is bitwise the other.
- * Calls inside a parallel region, and the attention kernel's per-strip
- * products (shapes that vary strip by strip), stay emulated.
+ * cpu_gemm_prec's calls inside a parallel region stay emulated; the
+ * attention kernel packs its operands itself and calls cpu_bf16_gemm_packed
+ * for each strip's products (a few dozen shapes a thread at W2's sizes).
  *
  * Each thread keeps its own oneDNN stream and a small cache of primitives
  * keyed by shape, transposition, ldc, alpha, beta and bias (alpha as output
@@ -43,7 +44,7 @@
 
 #include "cpu_kernels.h"
 
-#define CACHE_SLOTS 32
+#define CACHE_SLOTS 96 /* W2: ~15 Linear and ~24 attention products a thread */
 
 typedef struct prim {
 	bool used;
@@ -489,6 +490,15 @@ pt_err cpu_gemm_bf16_native(bool ta, bool tb, int64_t M, int64_t N, int64_t K, f
                             float *C, int64_t ldc)
 {
 	return native_gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, NULL, 0);
+}
+
+pt_err cpu_bf16_gemm_packed(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
+                            const uint16_t *A, const uint16_t *B, float beta, float *C, int64_t ldc)
+{
+	tstate *s = thread_state();
+	if (s == NULL)
+		return pt_set_error(PT_ERR_BACKEND, "oneDNN CPU engine or stream unavailable");
+	return packed_gemm(s, ta, tb, M, N, K, alpha, A, B, NULL, beta, C, ldc, NULL, 0);
 }
 
 pt_err cpu_bf16_linear_forward(int64_t N, int64_t I, int64_t O, const float *x, const float *w,

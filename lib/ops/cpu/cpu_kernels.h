@@ -74,6 +74,15 @@ pt_err cpu_gemm_bf16_native(bool ta, bool tb, int64_t M, int64_t N, int64_t K, f
                             const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
                             float *C, int64_t ldc);
 
+/* cpu_bf16_gemm_packed: C = alpha op(A) op(B) + beta C on operands already
+ * packed to bf16 (cpu_pack_bf16; A M x K, or K x M when ta; B K x N, or
+ * N x K when tb; rows back to back), f32 C with rows ldc apart: oneDNN's
+ * bf16 matmul primitive, single-threaded inside a parallel region. Only
+ * where pt_cpu_bf16_native says the native kernels run. */
+pt_err cpu_bf16_gemm_packed(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
+                            const uint16_t *A, const uint16_t *B, float beta, float *C,
+                            int64_t ldc);
+
 /* cpu_gemm_f32_prim: C = alpha op(A) op(B) (+ bias row, when bias) + beta C
  * through oneDNN's f32 matmul primitive (brgemm; cached per thread and
  * shape, like the bf16 ones). Same bits for any thread count. */
