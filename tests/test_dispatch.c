@@ -13,6 +13,7 @@
 #include "cpu/cpu_kernels.h"
 #include "cpu/cpu_math.h"
 #include "ops.h"
+#include "runtime.h"
 #include "pt_test.h"
 #include "safetensors.h"
 #include "train.h"
@@ -1284,12 +1285,61 @@ static void test_bf16_attention_native_matches_emulation(void)
 	}
 }
 
+/* The bias gradient sums each column in row order: the same bits as a plain
+ * loop on one thread or two, at a size the kernels split (N x O = 700 x 1000,
+ * columns not a multiple of 16), in fp32 and from the native bf16 Linear,
+ * which sums while packing dy. */
+static void test_bias_grad_rows_in_order(void)
+{
+	enum { N = 700, I = 48, O = 1000 };
+	pt_tensor x, w, b, dy;
+	float *want = calloc(O, sizeof(float)), *got = calloc(O, sizeof(float));
+	int prev = pt_get_num_threads();
+
+	CU_ASSERT_PTR_NOT_NULL_FATAL(want);
+	CU_ASSERT_PTR_NOT_NULL_FATAL(got);
+	PT_CHECK_OK(pt_tensor_init(&x, PT_F32, 2, (int64_t[]){N, I}));
+	PT_CHECK_OK(pt_tensor_init(&w, PT_F32, 2, (int64_t[]){O, I}));
+	PT_CHECK_OK(pt_tensor_init(&b, PT_F32, 1, (int64_t[]){O}));
+	PT_CHECK_OK(pt_tensor_init(&dy, PT_F32, 2, (int64_t[]){N, O}));
+	fill_uniform(&x, 31);
+	fill_uniform(&w, 32);
+	fill_uniform(&b, 33);
+	fill_uniform(&dy, 34);
+	const float *g = pt_tensor_f32(&dy);
+	for (int64_t r = 0; r < N; r++)
+		for (int64_t j = 0; j < O; j++)
+			want[j] += g[r * O + j];
+	for (int t = 1; t <= 2; t++) {
+		pt_set_num_threads(t);
+		memset(got, 0, sizeof(float) * O);
+		cpu_bias_grad(g, got, N, O);
+		CU_ASSERT_EQUAL(memcmp(got, want, sizeof(float) * O), 0);
+		for (int k = 0; k < 2; k++) { /* fp32, then bf16 (native where it runs) */
+			lin o;
+			pt_set_precision(k ? PT_PREC_BF16 : PT_PREC_FP32);
+			linear_run(&x, &w, &b, &dy, &o);
+			pt_set_precision(PT_PREC_FP32);
+			CU_ASSERT_EQUAL(memcmp(pt_tensor_f32(&o.db), want, sizeof(float) * O), 0);
+			lin_fini(&o);
+		}
+	}
+	pt_set_num_threads(prev);
+	pt_tensor_fini(&x);
+	pt_tensor_fini(&w);
+	pt_tensor_fini(&b);
+	pt_tensor_fini(&dy);
+	free(want);
+	free(got);
+}
+
 static const pt_test_case bf16_tests[] = {
     {"test_bf16_rounding", test_bf16_rounding},
     {"test_bf16_pack_hw_matches_rule", test_bf16_pack_hw_matches_rule},
     {"test_activation_wide_bitwise", test_activation_wide_bitwise},
     {"test_bf16_linear", test_bf16_linear},
     {"test_bf16_native_matches_emulation", test_bf16_native_matches_emulation},
+    {"test_bias_grad_rows_in_order", test_bias_grad_rows_in_order},
     {"test_tf32_rounding", test_tf32_rounding},
     {"test_tf32_linear", test_tf32_linear},
     {"test_bf16_attention", test_bf16_attention},

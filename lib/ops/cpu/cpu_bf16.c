@@ -185,6 +185,30 @@ void cpu_pack_bf16(uint16_t *dst, const float *src, int64_t rows, int64_t cols, 
 		row(dst + r * cols, src + r * ld, cols);
 }
 
+/* pack_colsum is to_bf16 for a whole matrix (ld = cols) that also adds its
+ * column sums to sum: threads take column ranges and stream the rows, so
+ * each column is summed in row order (cpu_bias_grad's bits), from the row
+ * piece just converted. */
+static void pack_colsum(uint16_t *dst, const float *src, int64_t rows, int64_t cols, float *sum)
+{
+	void (*row)(uint16_t *restrict, const float *restrict, int64_t) =
+	    hw_convert() ? to_bf16_row_hw : to_bf16_row;
+	int nt = rows * cols >= PT_CPU_PAR_MIN && !omp_in_parallel() ? omp_get_max_threads() : 1;
+#pragma omp parallel num_threads(nt)
+	{
+		int t = omp_get_thread_num(), n = omp_get_num_threads();
+		int64_t per = ((cols + n - 1) / n + 31) / 32 * 32, c0 = t * per;
+		int64_t c1 = c0 + per < cols ? c0 + per : cols;
+		for (int64_t r = 0; r < rows && c0 < c1; r++) {
+			const float *s = src + r * cols;
+			row(dst + r * cols + c0, s + c0, c1 - c0);
+#pragma omp simd
+			for (int64_t j = c0; j < c1; j++)
+				sum[j] += s[j];
+		}
+	}
+}
+
 /* to_bf16 packs an operand of the native kernels (hardware conversion where
  * the CPU has it). */
 static void to_bf16(uint16_t *dst, const float *src, int64_t rows, int64_t cols, int64_t ld)
@@ -513,14 +537,17 @@ pt_err cpu_bf16_linear_forward(int64_t N, int64_t I, int64_t O, const float *x, 
 }
 
 pt_err cpu_bf16_linear_backward(int64_t N, int64_t I, int64_t O, const float *dy, const float *x,
-                                const float *w, float *dx, bool accum_dx, float *dw)
+                                const float *w, float *dx, bool accum_dx, float *dw, float *db)
 {
 	tstate *s = NULL;
 	uint16_t *g, *o;
 	PT_TRY(operands((size_t)(N * O + (N > O ? N : O) * I), &s));
 	g = s->buf;
 	o = s->buf + N * O;
-	to_bf16(g, dy, N, O, O);
+	if (db != NULL)
+		pack_colsum(g, dy, N, O, db);
+	else
+		to_bf16(g, dy, N, O, O);
 	if (dx != NULL) { /* dx (+)= dy w */
 		to_bf16(o, w, O, I, I);
 		PT_TRY(packed_gemm(s, false, false, N, I, O, 1.0f, g, o, NULL,

@@ -96,9 +96,15 @@ pt_err cpu_bf16_linear_forward(int64_t N, int64_t I, int64_t O, const float *x, 
                                const float *bias, float *y);
 
 /* cpu_bf16_linear_backward: dx (+)= dy w and dw += dy^T x (either output may
- * be NULL), native bf16 products with dy rounded once for both. */
+ * be NULL), native bf16 products with dy rounded once for both; db (NULL:
+ * none) += dy's column sums in the same pass over dy (cpu_bias_grad's bits). */
 pt_err cpu_bf16_linear_backward(int64_t N, int64_t I, int64_t O, const float *dy, const float *x,
-                                const float *w, float *dx, bool accum_dx, float *dw);
+                                const float *w, float *dx, bool accum_dx, float *dw, float *db);
+
+/* cpu_bias_grad: db[j] += sum over rows r of g[r * O + j], each column summed
+ * in row order (the same bits for any thread count); threads take column
+ * ranges and stream the rows. */
+void cpu_bias_grad(const float *g, float *db, int64_t N, int64_t O);
 
 /* cpu_gemm_operand_floats is the size of the buffer cpu_gemm_prec takes for
  * these operands (0: none). */

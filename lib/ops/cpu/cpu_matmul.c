@@ -248,20 +248,37 @@ pt_err cpu_linear_forward(const pt_op_call *c, void *ws)
 	                     pt_tensor_f32(w), I, beta, y, O);
 }
 
-/* Bias gradient columns per thread's block: 64 floats, a few cache lines a row. */
-#define DB_COLS 64
+void cpu_bias_grad(const float *g, float *db, int64_t N, int64_t O)
+{
+	int nt = N * O >= PT_CPU_PAR_MIN && !omp_in_parallel() ? omp_get_max_threads() : 1;
+#pragma omp parallel num_threads(nt)
+	{
+		int t = omp_get_thread_num(), n = omp_get_num_threads();
+		int64_t per = ((O + n - 1) / n + 15) / 16 * 16, c0 = t * per;
+		int64_t c1 = c0 + per < O ? c0 + per : O;
+		for (int64_t r = 0; r < N && c0 < c1; r++) {
+			const float *row = g + r * O;
+#pragma omp simd
+			for (int64_t j = c0; j < c1; j++)
+				db[j] += row[j];
+		}
+	}
+}
 
 pt_err cpu_linear_backward(const pt_op_call *c, void *ws)
 {
 	const pt_tensor *dy = c->in[0], *x = c->in[1], *w = c->in[2];
 	int64_t N = rows_of(x), I = w->shape[1], O = w->shape[0];
 	const float *g = pt_tensor_f32(dy);
+	bool packed_db = false; /* the bias gradient came with dy's packing */
 
 	if (native_bf16(c) && N > 0 && I > 0 && O > 0) {
 		PT_TRY(cpu_bf16_linear_backward(
 		    N, I, O, g, pt_tensor_f32(x), pt_tensor_f32(w),
 		    c->out[0] != NULL ? pt_tensor_f32(c->out[0]) : NULL, c->p.linear.accum_dx,
-		    c->out[1] != NULL ? pt_tensor_f32(c->out[1]) : NULL));
+		    c->out[1] != NULL ? pt_tensor_f32(c->out[1]) : NULL,
+		    c->out[2] != NULL ? pt_tensor_f32(c->out[2]) : NULL));
+		packed_db = true;
 	} else {
 		if (c->out[0] != NULL)
 			PT_TRY(cpu_gemm_prec(
@@ -272,23 +289,7 @@ pt_err cpu_linear_backward(const pt_op_call *c, void *ws)
 			                     pt_tensor_f32(x), I, 1.0f, pt_tensor_f32(c->out[1]),
 			                     I));
 	}
-	if (c->out[2] != NULL) {
-		/* Column sums, rows in order: deterministic for any thread count.
-		 * Threads take blocks of columns, each summed over every row in
-		 * order (the same bits as one thread). */
-		float *db = pt_tensor_f32(c->out[2]);
-		int64_t nblk = (O + DB_COLS - 1) / DB_COLS;
-#pragma omp parallel for schedule(static) if (N * O >= PT_CPU_PAR_MIN && nblk > 1 &&               \
-                                              !omp_in_parallel())
-		for (int64_t k = 0; k < nblk; k++) {
-			int64_t j0 = k * DB_COLS, j1 = j0 + DB_COLS < O ? j0 + DB_COLS : O;
-			for (int64_t r = 0; r < N; r++) {
-				const float *row = g + r * O;
-#pragma omp simd
-				for (int64_t j = j0; j < j1; j++)
-					db[j] += row[j];
-			}
-		}
-	}
+	if (c->out[2] != NULL && !packed_db)
+		cpu_bias_grad(g, pt_tensor_f32(c->out[2]), N, O);
 	return PT_OK;
 }
