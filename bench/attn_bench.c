@@ -84,57 +84,80 @@ static void fill(float *p, int64_t n, uint32_t seed)
 	}
 }
 
-/* Seconds per forward+backward of each kernel (best round); the largest
- * difference between their dqkv, relative to its largest value, in *diff. */
-static void measure(const shape *s, double *blocked, double *dense, double *diff)
+/* The blocked kernel's tensors at shape s: qkv and dout filled, the rest
+ * outputs. */
+typedef struct io {
+	pt_tensor qkv, dout, out, lse, dq;
+} io;
+
+static void io_init(io *t, const shape *s)
 {
 	int64_t B = s->B, T = s->T, C = s->C, NH = s->NH;
-	pt_tensor qkv, dout, out, lse, dq;
+	pt_tensor_init(&t->qkv, PT_F32, 3, (int64_t[]){B, T, 3 * C});
+	pt_tensor_init(&t->dout, PT_F32, 3, (int64_t[]){B, T, C});
+	pt_tensor_init(&t->out, PT_F32, 3, (int64_t[]){B, T, C});
+	pt_tensor_init(&t->lse, PT_F32, 3, (int64_t[]){B, NH, T});
+	pt_tensor_init(&t->dq, PT_F32, 3, (int64_t[]){B, T, 3 * C});
+	fill(pt_tensor_f32(&t->qkv), 3 * B * T * C, 1);
+	fill(pt_tensor_f32(&t->dout), B * T * C, 2);
+}
+
+static void io_fini(io *t)
+{
+	pt_tensor_fini(&t->qkv);
+	pt_tensor_fini(&t->dout);
+	pt_tensor_fini(&t->out);
+	pt_tensor_fini(&t->lse);
+	pt_tensor_fini(&t->dq);
+}
+
+/* blocked runs the blocked kernel's forward and backward once. */
+static void blocked(const shape *s, io *t)
+{
+	if (pt_attention_forward(&t->out, &t->lse, &t->qkv, s->NH) != PT_OK ||
+	    pt_attention_backward(&t->dq, &t->dout, &t->qkv, &t->lse, s->NH, false) != PT_OK) {
+		fprintf(stderr, "attn_bench: %s\n", pt_last_error());
+		exit(1);
+	}
+}
+
+/* Seconds per forward+backward of each kernel (best round); the largest
+ * difference between their dqkv, relative to its largest value, in *diff. */
+static void measure(const shape *s, double *blk, double *dense, double *diff)
+{
+	int64_t B = s->B, T = s->T, C = s->C, NH = s->NH;
+	io t;
 	float *att = malloc(sizeof(float) * (size_t)(B * NH * T * T));
 	float *ws = malloc(sizeof(float) * (size_t)(omp_get_max_threads() * T * T));
 	float *dense_out = malloc(sizeof(float) * (size_t)(B * T * C));
 	float *dense_dq = malloc(sizeof(float) * (size_t)(B * T * 3 * C));
 	double mx = 0, md = 0;
 
-	pt_tensor_init(&qkv, PT_F32, 3, (int64_t[]){B, T, 3 * C});
-	pt_tensor_init(&dout, PT_F32, 3, (int64_t[]){B, T, C});
-	pt_tensor_init(&out, PT_F32, 3, (int64_t[]){B, T, C});
-	pt_tensor_init(&lse, PT_F32, 3, (int64_t[]){B, NH, T});
-	pt_tensor_init(&dq, PT_F32, 3, (int64_t[]){B, T, 3 * C});
-	fill(pt_tensor_f32(&qkv), 3 * B * T * C, 1);
-	fill(pt_tensor_f32(&dout), B * T * C, 2);
-	*blocked = *dense = 1e30;
+	io_init(&t, s);
+	*blk = *dense = 1e30;
 	for (int round = 0; round < 6; round++) { /* round 0 warms up */
 		double t0 = pt_now(), t1, t2;
 		for (int r = 0; r < 10; r++)
-			if (pt_attention_forward(&out, &lse, &qkv, s->NH) != PT_OK ||
-			    pt_attention_backward(&dq, &dout, &qkv, &lse, s->NH, false) != PT_OK) {
-				fprintf(stderr, "attn_bench: %s\n", pt_last_error());
-				exit(1);
-			}
+			blocked(s, &t);
 		t1 = pt_now();
 		for (int r = 0; r < 10; r++) {
-			dense_forward(s, pt_tensor_f32(&qkv), dense_out, att);
-			dense_backward(s, pt_tensor_f32(&dout), pt_tensor_f32(&qkv), att, dense_dq,
-			               ws);
+			dense_forward(s, pt_tensor_f32(&t.qkv), dense_out, att);
+			dense_backward(s, pt_tensor_f32(&t.dout), pt_tensor_f32(&t.qkv), att,
+			               dense_dq, ws);
 		}
 		t2 = pt_now();
 		if (round > 0) {
-			*blocked = (t1 - t0) / 10 < *blocked ? (t1 - t0) / 10 : *blocked;
+			*blk = (t1 - t0) / 10 < *blk ? (t1 - t0) / 10 : *blk;
 			*dense = (t2 - t1) / 10 < *dense ? (t2 - t1) / 10 : *dense;
 		}
 	}
 	for (int64_t i = 0; i < 3 * B * T * C; i++) {
-		double d = fabs((double)pt_tensor_f32(&dq)[i] - dense_dq[i]);
+		double d = fabs((double)pt_tensor_f32(&t.dq)[i] - dense_dq[i]);
 		md = d > md ? d : md;
 		mx = fabs(dense_dq[i]) > mx ? fabs(dense_dq[i]) : mx;
 	}
 	*diff = md / mx;
-	pt_tensor_fini(&qkv);
-	pt_tensor_fini(&dout);
-	pt_tensor_fini(&out);
-	pt_tensor_fini(&lse);
-	pt_tensor_fini(&dq);
+	io_fini(&t);
 	free(att);
 	free(ws);
 	free(dense_out);
@@ -145,35 +168,20 @@ static void measure(const shape *s, double *blocked, double *dense, double *diff
  * prec (best of 5 rounds of 10 after one to warm up). */
 static double blocked_at(const shape *s, pt_precision prec)
 {
-	int64_t B = s->B, T = s->T, C = s->C, NH = s->NH;
-	pt_tensor qkv, dout, out, lse, dq;
+	io t;
 	double best = 1e30;
 
-	pt_tensor_init(&qkv, PT_F32, 3, (int64_t[]){B, T, 3 * C});
-	pt_tensor_init(&dout, PT_F32, 3, (int64_t[]){B, T, C});
-	pt_tensor_init(&out, PT_F32, 3, (int64_t[]){B, T, C});
-	pt_tensor_init(&lse, PT_F32, 3, (int64_t[]){B, NH, T});
-	pt_tensor_init(&dq, PT_F32, 3, (int64_t[]){B, T, 3 * C});
-	fill(pt_tensor_f32(&qkv), 3 * B * T * C, 1);
-	fill(pt_tensor_f32(&dout), B * T * C, 2);
+	io_init(&t, s);
 	pt_set_precision(prec);
 	for (int round = 0; round < 6; round++) {
 		double t0 = pt_now();
 		for (int r = 0; r < 10; r++)
-			if (pt_attention_forward(&out, &lse, &qkv, s->NH) != PT_OK ||
-			    pt_attention_backward(&dq, &dout, &qkv, &lse, s->NH, false) != PT_OK) {
-				fprintf(stderr, "attn_bench: %s\n", pt_last_error());
-				exit(1);
-			}
+			blocked(s, &t);
 		if (round > 0 && (pt_now() - t0) / 10 < best)
 			best = (pt_now() - t0) / 10;
 	}
 	pt_set_precision(PT_PREC_FP32);
-	pt_tensor_fini(&qkv);
-	pt_tensor_fini(&dout);
-	pt_tensor_fini(&out);
-	pt_tensor_fini(&lse);
-	pt_tensor_fini(&dq);
+	io_fini(&t);
 	return best;
 }
 

@@ -173,6 +173,16 @@ static void strip_grads(const attn_dims *d, float *p, float *dp, const float *ls
 	}
 }
 
+/* zero_dkv zeroes the head's dk and dv columns (dq's at C and 2C): they
+ * gather over strips. */
+static void zero_dkv(const attn_dims *d, float *dq)
+{
+	for (int64_t t = 0; t < d->T; t++) {
+		memset(dq + d->C + t * d->C3, 0, sizeof(float) * (size_t)d->hs);
+		memset(dq + 2 * d->C + t * d->C3, 0, sizeof(float) * (size_t)d->hs);
+	}
+}
+
 /* pack_head packs the head's q, k, v (stride C3) and, when dout is not NULL,
  * its output gradient (stride C) to bf16 in buf: T x hs each, back to back. */
 static void pack_head(const attn_dims *d, const float *q, const float *dout, uint16_t *buf)
@@ -266,10 +276,7 @@ static pt_err head_backward_native(const attn_dims *d, const float *qkv, const f
 
 	pack_head(d, qkv, dout, q);
 	if (!accum)
-		for (int64_t t = 0; t < d->T; t++) {
-			memset(dk + t * d->C3, 0, sizeof(float) * (size_t)d->hs);
-			memset(dv + t * d->C3, 0, sizeof(float) * (size_t)d->hs);
-		}
+		zero_dkv(d, dq);
 	for (int64_t r0 = 0; r0 < d->T; r0 += PT_ATTN_ROWS) {
 		int64_t n = d->T - r0 < PT_ATTN_ROWS ? d->T - r0 : PT_ATTN_ROWS, kn = r0 + n;
 		const uint16_t *qs = q + r0 * d->hs, *gs = g + r0 * d->hs;
@@ -313,10 +320,7 @@ static pt_err head_backward(const attn_dims *d, const float *qkv, const float *d
 		ldo = d->hs;
 	}
 	if (!accum)
-		for (int64_t t = 0; t < d->T; t++) {
-			memset(dk + t * d->C3, 0, sizeof(float) * (size_t)d->hs);
-			memset(dv + t * d->C3, 0, sizeof(float) * (size_t)d->hs);
-		}
+		zero_dkv(d, dq);
 	for (int64_t r0 = 0; r0 < d->T; r0 += PT_ATTN_ROWS) {
 		int64_t n = d->T - r0 < PT_ATTN_ROWS ? d->T - r0 : PT_ATTN_ROWS, kn = r0 + n;
 		const float *qs = q + r0 * ld, *ds = dout + r0 * ldo;

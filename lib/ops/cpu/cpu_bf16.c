@@ -196,9 +196,8 @@ static void pack_colsum(uint16_t *dst, const float *src, int64_t rows, int64_t c
 	int nt = rows * cols >= PT_CPU_PAR_MIN && !omp_in_parallel() ? omp_get_max_threads() : 1;
 #pragma omp parallel num_threads(nt)
 	{
-		int t = omp_get_thread_num(), n = omp_get_num_threads();
-		int64_t per = ((cols + n - 1) / n + 31) / 32 * 32, c0 = t * per;
-		int64_t c1 = c0 + per < cols ? c0 + per : cols;
+		int64_t c0, c1;
+		cpu_thread_cols(cols, 32, &c0, &c1);
 		for (int64_t r = 0; r < rows && c0 < c1; r++) {
 			const float *s = src + r * cols;
 			row(dst + r * cols + c0, s + c0, c1 - c0);

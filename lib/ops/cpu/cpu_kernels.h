@@ -7,6 +7,8 @@
 #ifndef PT_CPU_KERNELS_H
 #define PT_CPU_KERNELS_H
 
+#include <omp.h>
+
 #include "dispatch.h"
 
 #define PT_CPU_KERNELS(X)                                                                          \
@@ -151,6 +153,17 @@ static inline void cpu_round_row(pt_precision prec, float *d, const float *s, in
 		uint32_t rnd = (u + half + ((u >> shift) & 1u)) & keep;
 		du[j] = nan ? (u | 0x00400000u) & keep : rnd;
 	}
+}
+
+/* cpu_thread_cols gives the calling OpenMP thread its share [*c0, *c1) of
+ * cols columns, in runs of align (empty when there are more threads than
+ * runs): threads that stream rows over their own columns. */
+static inline void cpu_thread_cols(int64_t cols, int64_t align, int64_t *c0, int64_t *c1)
+{
+	int t = omp_get_thread_num(), n = omp_get_num_threads();
+	int64_t per = ((cols + n - 1) / n + align - 1) / align * align;
+	*c0 = t * per < cols ? t * per : cols;
+	*c1 = *c0 + per < cols ? *c0 + per : cols;
 }
 
 /* Element-wise work below this many elements runs on one thread: waking a

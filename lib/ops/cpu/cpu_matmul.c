@@ -253,9 +253,8 @@ void cpu_bias_grad(const float *g, float *db, int64_t N, int64_t O)
 	int nt = N * O >= PT_CPU_PAR_MIN && !omp_in_parallel() ? omp_get_max_threads() : 1;
 #pragma omp parallel num_threads(nt)
 	{
-		int t = omp_get_thread_num(), n = omp_get_num_threads();
-		int64_t per = ((O + n - 1) / n + 15) / 16 * 16, c0 = t * per;
-		int64_t c1 = c0 + per < O ? c0 + per : O;
+		int64_t c0, c1;
+		cpu_thread_cols(O, 16, &c0, &c1);
 		for (int64_t r = 0; r < N && c0 < c1; r++) {
 			const float *row = g + r * O;
 #pragma omp simd
