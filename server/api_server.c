@@ -562,6 +562,7 @@ static void *worker_main(void *arg)
 {
 	pt_api_server *s = arg;
 
+	pthread_setname_np(pthread_self(), "pt-api");
 	for (;;) {
 		srv_ctx *c;
 		const uint8_t *data = NULL;
@@ -805,6 +806,7 @@ static void *housekeeper_main(void *arg)
 	pt_api_server *s = arg;
 	int period = s->cfg.idle_timeout_ms / 4;
 
+	pthread_setname_np(pthread_self(), "pt-housekeep");
 	if (period < 50)
 		period = 50;
 	if (period > 1000)

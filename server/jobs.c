@@ -1172,6 +1172,7 @@ static void *runner_main(void *arg)
 	runner *r = arg;
 	pt_jobs *m = r->mgr;
 
+	pthread_setname_np(pthread_self(), "pt-runner");
 	pthread_mutex_lock(&m->mu);
 	while (!m->stopping) {
 		job *jb = next_job(m, r->device);
@@ -1198,6 +1199,7 @@ static void *pool_run_main(void *arg)
 	pt_jobs *m = pr->mgr;
 	job *jb = pr->jb;
 
+	pthread_setname_np(pthread_self(), "pt-runner");
 	run_one(m, jb);
 	if (jb->pool_urls != NULL)
 		pt_pool_release(m->pool, jb->id);

@@ -721,6 +721,7 @@ static pt_err snapshot_write(snapshot *sn)
 static void *writer_main(void *arg)
 {
 	runner *r = arg;
+	pthread_setname_np(pthread_self(), "pt-ckpt-writer");
 	/* The write yields to training: at normal priority its hashing and the
 	 * kernel's copies into the page cache take a core from a stage's OpenMP
 	 * team, and the whole team waits at every barrier. Nice 10 (a tenth of

@@ -1180,6 +1180,10 @@ static pt_err loop(pt_stage *s)
 static void *stage_thread(void *arg)
 {
 	pt_stage *s = arg;
+	char name[16];
+	/* top -H shows it (its OpenMP team inherits the name) */
+	snprintf(name, sizeof(name), "pt-stage%d", s->rank);
+	pthread_setname_np(pthread_self(), name);
 	s->result = pt_stage_run(s);
 	return NULL;
 }
