@@ -2253,32 +2253,12 @@ pt_err pt_jobs_reply_list(pt_jobs *m, uint64_t req_id, pt_fb_builder *b, const u
 }
 
 /* watch_points returns the calling thread's buffer for n (<= MAX_WATCH_POINTS)
- * metric points, grown as needed and kept until the thread ends: a reply's
- * points (~590 bytes each, 350 KB for a 4-stage job's 0.4 s of steps) would
- * otherwise be mapped, faulted in and unmapped again for every watcher. */
-static pthread_key_t watch_key;
-static pthread_once_t watch_once = PTHREAD_ONCE_INIT;
-static _Thread_local pt_api_metric_point *watch_buf;
-static _Thread_local size_t watch_cap;
-
-static void watch_key_init(void)
-{
-	pthread_key_create(&watch_key, free);
-}
-
+ * metric points, kept between replies: a reply's points (~590 bytes each,
+ * 350 KB for a 4-stage job's 0.4 s of steps) would otherwise be mapped,
+ * faulted in and unmapped again for every watcher. */
 static pt_api_metric_point *watch_points(size_t n)
 {
-	if (n > watch_cap) {
-		size_t cap = n < 1024 ? 1024 : n;
-		pt_api_metric_point *p = realloc(watch_buf, cap * sizeof(*p));
-		if (p == NULL)
-			return NULL;
-		pthread_once(&watch_once, watch_key_init);
-		pthread_setspecific(watch_key, p);
-		watch_buf = p;
-		watch_cap = cap;
-	}
-	return watch_buf;
+	return pt_thread_buffer(PT_SLOT_WATCH_POINTS, n * sizeof(pt_api_metric_point));
 }
 
 pt_err pt_jobs_reply_watch(pt_jobs *m, const pt_api_request *q, pt_jobs_waiter *w, pt_fb_builder *b,

@@ -1304,6 +1304,55 @@ static void test_server_watch_budget(void)
 	CU_ASSERT_EQUAL(server_stop(&s, SIGTERM), 0);
 }
 
+/* One WatchMetrics reply holds at most 10000 points however many are asked
+ * for (the server copies them into a buffer per API thread, so this is that
+ * buffer's bound): a finished 10050-step job answers 10000 from the start,
+ * then the last 50 with `ended`; max_points 0 means 1000. */
+static void test_server_watch_points_cap(void)
+{
+	char dir[512];
+	server s;
+	client c;
+	pt_job_spec spec;
+	pt_api_request q;
+	pt_api_response r;
+	pt_api_metric_point p;
+	uint64_t id;
+	bool ended;
+
+	make_dir("watch-cap", dir, sizeof(dir));
+	CU_ASSERT_TRUE_FATAL(server_start(&s, dir, NULL));
+	client_open(&c, &s, 30000);
+	digits_spec(&spec, 10050, 0, false);
+	spec.eval_every = 0;
+	spec.stages = 1;
+	spec.microbatches = 1;
+	CU_ASSERT_EQUAL_FATAL(submit(&c, &spec, &id, &r), PT_API_OK);
+	CU_ASSERT_EQUAL(watch_until(&c, id, 10050, 300, &ended), 10050);
+	for (int k = 0; k < 3; k++) {
+		static const int32_t ask[] = {20000, 20000, 0};
+		static const int64_t from[] = {-1, 10000, -1};
+		static const size_t want[] = {10000, 50, 1000};
+		pt_api_request_init(&q, PT_API_WATCH_METRICS);
+		q.job = id;
+		q.cursor = from[k];
+		q.max_points = ask[k];
+		CU_ASSERT_EQUAL_FATAL(call(&c, &q, &r), 0);
+		CU_ASSERT_EQUAL_FATAL(r.code, PT_API_OK);
+		CU_ASSERT_EQUAL_FATAL(r.n_points, want[k]);
+		PT_CHECK_OK(pt_api_response_point(&r, 0, &p));
+		int64_t first = from[k] < 0 ? 1 : from[k] + 1; /* steps count from 1 */
+		CU_ASSERT_EQUAL(p.step, first);
+		PT_CHECK_OK(pt_api_response_point(&r, r.n_points - 1, &p));
+		CU_ASSERT_EQUAL(p.step, first + (int64_t)want[k] - 1);
+		CU_ASSERT_EQUAL(r.cursor, p.step);
+		CU_ASSERT_EQUAL(r.ended, k == 1);
+	}
+	pt_job_spec_fini(&spec);
+	client_close(&c);
+	CU_ASSERT_EQUAL(server_stop(&s, SIGTERM), 0);
+}
+
 static void test_server_sigterm(void)
 {
 	char dir[512];
@@ -1712,6 +1761,7 @@ static const pt_test_case server_tests[] = {
     {"test_server_worker_allow", test_server_worker_allow},
     {"test_server_kill9_resume", test_server_kill9_resume},
     {"test_server_watch_budget", test_server_watch_budget},
+    {"test_server_watch_points_cap", test_server_watch_points_cap},
     {"test_server_sigterm", test_server_sigterm},
     {"test_server_journal_long_message", test_server_journal_long_message},
     {"test_server_died_twice", test_server_died_twice},

@@ -6,6 +6,7 @@
  * known-answer vectors. Limits: CPU storage only.
  */
 #include <math.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -638,10 +639,48 @@ static const pt_test_case access_tests[] = {
     {"test_tensor_error_codes", test_tensor_error_codes},
     {NULL, NULL},
 };
+/* pt_thread_buffer: 64-byte aligned, the same buffer while it is big
+ * enough, its contents kept when it grows, one per slot and per thread, and
+ * NULL for an unknown slot or a size that cannot be allocated. */
+static void *other_thread_buffer(void *arg)
+{
+	(void)arg;
+	return pt_thread_buffer(PT_SLOT_WATCH_POINTS, 100);
+}
+
+static void test_runtime_thread_buffer(void)
+{
+	unsigned char *a = pt_thread_buffer(PT_SLOT_WATCH_POINTS, 100), *b, *g;
+	void *other = NULL;
+	pthread_t th;
+
+	CU_ASSERT_PTR_NOT_NULL_FATAL(a);
+	CU_ASSERT_EQUAL((uintptr_t)a % 64, 0);
+	for (int i = 0; i < 100; i++)
+		a[i] = (unsigned char)i;
+	CU_ASSERT_PTR_EQUAL(pt_thread_buffer(PT_SLOT_WATCH_POINTS, 64), a);
+	b = pt_thread_buffer(PT_SLOT_WATCH_POINTS, 1 << 20);
+	CU_ASSERT_PTR_NOT_NULL_FATAL(b);
+	CU_ASSERT_EQUAL((uintptr_t)b % 64, 0);
+	for (int i = 0; i < 100; i++)
+		CU_ASSERT_EQUAL(b[i], (unsigned char)i);
+	g = pt_thread_buffer(PT_SLOT_GEMM_OPERANDS, 100);
+	CU_ASSERT_PTR_NOT_NULL(g);
+	CU_ASSERT(g != b);
+	CU_ASSERT_EQUAL_FATAL(pthread_create(&th, NULL, other_thread_buffer, NULL), 0);
+	pthread_join(th, &other);
+	CU_ASSERT_PTR_NOT_NULL(other); /* its own, freed when that thread ended */
+	CU_ASSERT(other != b);
+	CU_ASSERT_PTR_NULL(pt_thread_buffer(PT_SLOT_COUNT, 8));
+	CU_ASSERT_PTR_NULL(pt_thread_buffer(PT_SLOT_GEMM_OPERANDS, SIZE_MAX));
+	CU_ASSERT_PTR_EQUAL(pt_thread_buffer(PT_SLOT_WATCH_POINTS, 10), b); /* kept */
+}
+
 static const pt_test_case rng_tests[] = {
     {"test_tensor_philox_known_answers", test_tensor_philox_known_answers},
     {"test_tensor_philox_streams", test_tensor_philox_streams},
     {"test_tensor_rng_parallel_fill_equals_serial", test_tensor_rng_parallel_fill_equals_serial},
+    {"test_runtime_thread_buffer", test_runtime_thread_buffer},
     {NULL, NULL},
 };
 

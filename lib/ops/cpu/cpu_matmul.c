@@ -3,11 +3,11 @@
  * bf16 and tf32 precision round the operands first (cpu_gemm_prec). */
 #include <oneapi/dnnl/dnnl.h>
 #include <omp.h>
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cpu_kernels.h"
+#include "runtime.h"
 
 /* Products below this many flops run on the calling thread alone: waking
  * a team (passive waits) costs more than it saves (examples/gpt.json's
@@ -86,28 +86,11 @@ void cpu_round_tf32(float *dst, const float *src, int64_t rows, int64_t cols, in
 }
 
 /* The per-thread buffer of rounded operands (freed when the thread ends). */
-static pthread_key_t scratch_key;
-static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
-static _Thread_local float *scratch;
-static _Thread_local size_t scratch_cap;
-
-static void make_scratch_key(void)
-{
-	pthread_key_create(&scratch_key, free);
-}
-
 static float *scratch_floats(size_t n)
 {
-	if (n > scratch_cap) {
-		float *p = realloc(scratch, n * sizeof(float));
-		if (p == NULL)
-			return NULL;
-		scratch = p;
-		scratch_cap = n;
-		pthread_once(&scratch_once, make_scratch_key);
-		pthread_setspecific(scratch_key, p);
-	}
-	return scratch;
+	return n > SIZE_MAX / sizeof(float)
+	           ? NULL
+	           : pt_thread_buffer(PT_SLOT_GEMM_OPERANDS, n * sizeof(float));
 }
 
 /* An operand read down its rows (k) with a stride that is a multiple of 512
