@@ -61,7 +61,10 @@ typedef struct pt_file_part {
  * it, renames it over path and fsyncs the directory, so a reader sees either
  * the old file or the whole new one, never a truncated one. On failure the
  * temporary file is removed and path is untouched. Two threads of one process
- * must not write the same path at the same time (they share the temp name). */
+ * must not write the same path at the same time (they share the temp name).
+ * A file of 8 MiB or more is written with O_DIRECT where its file system
+ * takes it (through a 4 MiB aligned staging buffer), so a checkpoint leaves
+ * no page cache behind; elsewhere, and for smaller files, through the cache. */
 pt_err pt_file_write_atomic(const char *path, const pt_file_part *parts, size_t n);
 
 /* pt_file_write_atomic_sha256 is pt_file_write_atomic that also gives the
