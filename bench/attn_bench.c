@@ -12,6 +12,7 @@
  *   bench attn_blocked_ms / attn_dense_ms  one W2 forward+backward
  *   bench attn_blocked_bf16_ms  the blocked kernel in bf16 precision, W2
  *   bench attn_bf16_over_fp32   its time over fp32's, measured beside it
+ *   bench attn_blocked_bf16_w3_ms, attn_bf16_over_fp32_w3  the same at W3
  */
 #include <math.h>
 #include <omp.h>
@@ -204,6 +205,10 @@ int main(int argc, char **argv)
 		double f = blocked_at(&w2, PT_PREC_FP32), h = blocked_at(&w2, PT_PREC_BF16);
 		printf("bench attn_blocked_bf16_ms %.2f\n", h * 1e3);
 		printf("bench attn_bf16_over_fp32 %.3f\n", h / f);
+		f = blocked_at(&w3, PT_PREC_FP32);
+		h = blocked_at(&w3, PT_PREC_BF16);
+		printf("bench attn_blocked_bf16_w3_ms %.2f\n", h * 1e3);
+		printf("bench attn_bf16_over_fp32_w3 %.3f\n", h / f);
 	}
 	return 0;
 }

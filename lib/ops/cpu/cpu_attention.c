@@ -19,7 +19,8 @@
  * sgemm calls on rounded operands: the emulation's numerics (what a bf16 GEMM
  * with f32 accumulation computes) at fp32 speed. Where the native bf16
  * kernels run (pt_cpu_bf16_native) and T <= NATIVE_MAX_T, bf16 packs the
- * same operands to bf16 instead and runs each strip's products on oneDNN's
+ * same operands to bf16 instead and runs the products of each strip (of
+ * NATIVE_ROWS rows) on oneDNN's
  * bf16 matmul (cpu_bf16_gemm_packed): the same rounded operands, the sums
  * in another order. Softmax and its backward stay f32.
  */
@@ -32,7 +33,11 @@
 #include "cpu_math.h"
 
 #define PT_ATTN_ROWS 32
-/* Native bf16 strips up to this context: 6 products x T / PT_ATTN_ROWS
+/* Native bf16 strips are taller: each oneDNN call costs more than a
+ * dnnl_sgemm one, and 64 rows beat 32, 48, 96 and 128 at W2 and W3 (T 128,
+ * 256: 13 and 10 % faster than 32). */
+#define NATIVE_ROWS 64
+/* Native bf16 strips up to this context: 6 products x T / NATIVE_ROWS
  * shapes stay within each thread's primitive cache (cpu_bf16.c). */
 #define NATIVE_MAX_T 256
 
@@ -57,20 +62,24 @@ static attn_dims dims_of(const pt_op_call *c, const pt_tensor *qkv)
 	return d;
 }
 
-/* strip_floats: one strip of scores, min(T, rows) x T (a thread holds two). */
-static int64_t strip_floats(int64_t T)
+/* strip_floats: one strip of scores, min(T, rows) x T. */
+static int64_t strip_floats(int64_t T, int64_t rows)
 {
-	return (T < PT_ATTN_ROWS ? T : PT_ATTN_ROWS) * T;
+	return (T < rows ? T : rows) * T;
 }
 
-/* thread_floats: one thread's workspace: two strips, and at a rounding
- * precision the head's rounded q, k, v and output gradient (T x hs floats
- * each), or natively their packed bf16 copies and two packed strips (either
- * fits, so the size does not depend on the kernels picked). */
+/* thread_floats: one thread's workspace: two strips of PT_ATTN_ROWS, and at
+ * a rounding precision the head's rounded q, k, v and output gradient (T x hs
+ * floats each); natively two f32 strips of NATIVE_ROWS, two packed ones and
+ * the packed operands. At bf16 either fits, so the size does not depend on
+ * the kernels picked. */
 static int64_t thread_floats(const attn_dims *d)
 {
-	int64_t emu = 4 * d->T * d->hs, nat = strip_floats(d->T) + 2 * d->T * d->hs;
-	return 2 * strip_floats(d->T) + (d->prec != PT_PREC_FP32 ? (emu > nat ? emu : nat) : 0);
+	int64_t emu = 2 * strip_floats(d->T, PT_ATTN_ROWS) + 4 * d->T * d->hs;
+	int64_t nat = 3 * strip_floats(d->T, NATIVE_ROWS) + 2 * d->T * d->hs;
+	if (d->prec == PT_PREC_FP32)
+		return 2 * strip_floats(d->T, PT_ATTN_ROWS);
+	return emu > nat ? emu : nat;
 }
 
 size_t cpu_attention_workspace(const pt_op_call *c)
@@ -94,7 +103,7 @@ static pt_err team(const pt_op_call *c, const attn_dims *d, int64_t *per, int *n
 		return pt_set_error(PT_ERR_STATE,
 		                    "attention: workspace of %zu bytes for %" PRId64 " x %" PRId64
 		                    " scores",
-		                    c->workspace, strip_floats(d->T) / d->T, d->T);
+		                    c->workspace, strip_floats(d->T, PT_ATTN_ROWS) / d->T, d->T);
 	return PT_OK;
 }
 
@@ -198,14 +207,14 @@ static void pack_head(const attn_dims *d, const float *q, const float *dout, uin
 static pt_err head_forward_native(const attn_dims *d, const float *qkv, float *o, float *lse,
                                   float *ws)
 {
-	int64_t sf = strip_floats(d->T), th = d->T * d->hs;
+	int64_t sf = strip_floats(d->T, NATIVE_ROWS), th = d->T * d->hs;
 	float *s = ws;
 	uint16_t *ps = (uint16_t *)(ws + 2 * sf), *q = (uint16_t *)(ws + 3 * sf), *k = q + th,
 	         *v = k + th;
 
 	pack_head(d, qkv, NULL, q);
-	for (int64_t r0 = 0; r0 < d->T; r0 += PT_ATTN_ROWS) {
-		int64_t n = d->T - r0 < PT_ATTN_ROWS ? d->T - r0 : PT_ATTN_ROWS, kn = r0 + n;
+	for (int64_t r0 = 0; r0 < d->T; r0 += NATIVE_ROWS) {
+		int64_t n = d->T - r0 < NATIVE_ROWS ? d->T - r0 : NATIVE_ROWS, kn = r0 + n;
 		PT_TRY(cpu_bf16_gemm_packed(false, true, n, kn, d->hs, d->scale, q + r0 * d->hs, k,
 		                            0.0f, s, kn));
 		strip_softmax(d, s, lse, r0, n, kn, false);
@@ -225,7 +234,7 @@ static pt_err head_forward(const attn_dims *d, const float *qkv, float *o, float
 	int64_t ld;
 	if (d->native)
 		return head_forward_native(d, qkv, o, lse, ws);
-	head_operands(d, qkv, ws + 2 * strip_floats(d->T), &q, &k, &v, &ld);
+	head_operands(d, qkv, ws + 2 * strip_floats(d->T, PT_ATTN_ROWS), &q, &k, &v, &ld);
 	for (int64_t r0 = 0; r0 < d->T; r0 += PT_ATTN_ROWS) {
 		int64_t n = d->T - r0 < PT_ATTN_ROWS ? d->T - r0 : PT_ATTN_ROWS, kn = r0 + n;
 		PT_TRY(cpu_gemm(false, true, n, kn, d->hs, d->scale, q + r0 * ld, ld, k, ld, 0.0f,
@@ -268,7 +277,7 @@ pt_err cpu_attention_forward(const pt_op_call *c, void *ws)
 static pt_err head_backward_native(const attn_dims *d, const float *qkv, const float *dout,
                                    const float *lse, float *dq, bool accum, float *ws)
 {
-	int64_t sf = strip_floats(d->T), th = d->T * d->hs;
+	int64_t sf = strip_floats(d->T, NATIVE_ROWS), th = d->T * d->hs;
 	float *dk = dq + d->C, *dv = dq + 2 * d->C, *p = ws, *dp = ws + sf;
 	uint16_t *pp = (uint16_t *)(ws + 2 * sf), *dsp = pp + sf;
 	uint16_t *q = (uint16_t *)(ws + 3 * sf), *k = q + th, *v = k + th, *g = v + th;
@@ -277,8 +286,8 @@ static pt_err head_backward_native(const attn_dims *d, const float *qkv, const f
 	pack_head(d, qkv, dout, q);
 	if (!accum)
 		zero_dkv(d, dq);
-	for (int64_t r0 = 0; r0 < d->T; r0 += PT_ATTN_ROWS) {
-		int64_t n = d->T - r0 < PT_ATTN_ROWS ? d->T - r0 : PT_ATTN_ROWS, kn = r0 + n;
+	for (int64_t r0 = 0; r0 < d->T; r0 += NATIVE_ROWS) {
+		int64_t n = d->T - r0 < NATIVE_ROWS ? d->T - r0 : NATIVE_ROWS, kn = r0 + n;
 		const uint16_t *qs = q + r0 * d->hs, *gs = g + r0 * d->hs;
 		PT_TRY(
 		    cpu_bf16_gemm_packed(false, true, n, kn, d->hs, d->scale, qs, k, 0.0f, p, kn));
@@ -304,8 +313,9 @@ static pt_err head_backward(const attn_dims *d, const float *qkv, const float *d
                             const float *lse, float *dq, bool accum, float *ws)
 {
 	const float *q, *k, *v, *dout = dout_c;
-	float *dk = dq + d->C, *dv = dq + 2 * d->C, *p = ws, *dp = ws + strip_floats(d->T);
-	float *rounded = ws + 2 * strip_floats(d->T);
+	float *dk = dq + d->C, *dv = dq + 2 * d->C, *p = ws,
+	      *dp = ws + strip_floats(d->T, PT_ATTN_ROWS);
+	float *rounded = ws + 2 * strip_floats(d->T, PT_ATTN_ROWS);
 	float beta = accum ? 1.0f : 0.0f;
 	int64_t ld, ldo = d->C;
 
