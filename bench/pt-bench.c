@@ -91,8 +91,10 @@ static double run(const workload *w, double *gflops)
 	pt_optim_config oc = pt_optim_defaults(PT_OPTIM_ADAMW, 1e-3f);
 	int64_t B = w->cfg.batch, T = w->cfg.input.seq;
 	double t0 = 0.0, sps;
+	pt_model_config mc = w->cfg;
 
-	if (pt_model_create(&m, w->layers, w->n_layers, 0, w->n_layers, &w->cfg) != PT_OK)
+	mc.precision = pt_get_precision(); /* a bf16 model keeps bf16 product inputs */
+	if (pt_model_create(&m, w->layers, w->n_layers, 0, w->n_layers, &mc) != PT_OK)
 		die("model");
 	if (pt_optimizer_create(&o, &oc, pt_model_params(m), pt_model_grads(m)) != PT_OK ||
 	    pt_trainer_create(&t, m, o, PT_LOSS_CROSS_ENTROPY, -1) != PT_OK)
@@ -167,10 +169,14 @@ int main(int argc, char **argv)
 	w2[n2++] = pt_layernorm(256);
 	w2[n2++] = pt_linear(256, 256);
 
-	workload wl1 = {"w1", w1,  7, {256, {PT_F32, 0, 64}, 1, 1, {PT_DEV_CPU, 0}, false, false},
-	                30,   300, 0, false};
-	workload wl2 = {"w2", w2, n2,  {16, {PT_I64, 128, 0}, 1, 1, {PT_DEV_CPU, 0}, false, false},
-	                2,    8,  128, getenv("PT_BENCH_PROFILE") != NULL};
+	workload wl1 = {
+	    "w1", w1,  7, {256, {PT_F32, 0, 64}, 1, 1, {PT_DEV_CPU, 0}, false, false, PT_PREC_FP32},
+	    30,   300, 0, false};
+	workload wl2 = {
+	    "w2", w2,
+	    n2,   {16, {PT_I64, 128, 0}, 1, 1, {PT_DEV_CPU, 0}, false, false, PT_PREC_FP32},
+	    2,    8,
+	    128,  getenv("PT_BENCH_PROFILE") != NULL};
 
 	sgemm = bench_sgemm();
 	printf("bench sgemm_gflops %.1f\n", sgemm);

@@ -731,6 +731,96 @@ static void check_linear_native(void)
 	pt_tensor_fini(&dy);
 }
 
+/* as_bf16: a bf16 copy of f32 x (nearest even: the native packing's values
+ * away from denormals). */
+static void as_bf16(pt_tensor *out, const pt_tensor *x)
+{
+	PT_CHECK_OK(pt_tensor_init(out, PT_BF16, x->ndim, x->shape));
+	PT_CHECK_OK(pt_tensor_convert(out, x));
+}
+
+/* bf16 activations (a bf16 model's saved product inputs, pt_layer_mm_input):
+ * layernorm and every activation write a bf16 y that is their f32 y rounded;
+ * a Linear given x in bf16 computes, forward and backward, bitwise what it
+ * computes from the f32 x that rounds to it - natively (the packed operand
+ * is the same) and emulated (x widened exactly, rounded back); at fp32 a bf16
+ * x is refused, naming the op. */
+static void test_bf16_activation_inputs(void)
+{
+	pt_tensor x, w, b, dy, xb, y32, yb, yr, mean, rstd;
+	pt_act kinds[4] = {PT_ACT_RELU, PT_ACT_GELU, PT_ACT_TANH, PT_ACT_SIGMOID};
+
+	PT_CHECK_OK(pt_tensor_init(&x, PT_F32, 2, (int64_t[]){33, 70}));
+	PT_CHECK_OK(pt_tensor_init(&w, PT_F32, 2, (int64_t[]){45, 70}));
+	PT_CHECK_OK(pt_tensor_init(&b, PT_F32, 1, (int64_t[]){45}));
+	PT_CHECK_OK(pt_tensor_init(&dy, PT_F32, 2, (int64_t[]){33, 45}));
+	PT_CHECK_OK(pt_tensor_init(&y32, PT_F32, 2, x.shape));
+	PT_CHECK_OK(pt_tensor_init(&yb, PT_BF16, 2, x.shape));
+	PT_CHECK_OK(pt_tensor_init(&mean, PT_F32, 1, (int64_t[]){33}));
+	PT_CHECK_OK(pt_tensor_init(&rstd, PT_F32, 1, (int64_t[]){33}));
+	fill_uniform(&x, 11);
+	fill_uniform(&w, 12);
+	fill_uniform(&b, 13);
+	fill_uniform(&dy, 14);
+	for (int k = 0; k < 4; k++) {
+		PT_CHECK_OK(pt_activation_forward(&y32, &x, kinds[k]));
+		PT_CHECK_OK(pt_activation_forward(&yb, &x, kinds[k]));
+		as_bf16(&yr, &y32);
+		CU_ASSERT(same_bits(&yb, &yr));
+		pt_tensor_fini(&yr);
+	}
+	for (int64_t C = 70; C <= 1100; C += 1030) { /* 1100: pieces of 512 and a tail */
+		pt_tensor lx, lw, lb, l32, l16, lr;
+		PT_CHECK_OK(pt_tensor_init(&lx, PT_F32, 2, (int64_t[]){33, C}));
+		PT_CHECK_OK(pt_tensor_init(&l32, PT_F32, 2, lx.shape));
+		PT_CHECK_OK(pt_tensor_init(&l16, PT_BF16, 2, lx.shape));
+		PT_CHECK_OK(pt_tensor_init(&lw, PT_F32, 1, (int64_t[]){C}));
+		PT_CHECK_OK(pt_tensor_init(&lb, PT_F32, 1, (int64_t[]){C}));
+		fill_uniform(&lx, 17);
+		fill_uniform(&lw, 15);
+		fill_uniform(&lb, 16);
+		PT_CHECK_OK(pt_layernorm_forward(&l32, &mean, &rstd, &lx, &lw, &lb, 1e-5f));
+		PT_CHECK_OK(pt_layernorm_forward(&l16, &mean, &rstd, &lx, &lw, &lb, 1e-5f));
+		as_bf16(&lr, &l32);
+		CU_ASSERT(same_bits(&l16, &lr));
+		pt_tensor_fini(&lr);
+		pt_tensor_fini(&lx);
+		pt_tensor_fini(&l32);
+		pt_tensor_fini(&l16);
+		pt_tensor_fini(&lw);
+		pt_tensor_fini(&lb);
+	}
+	as_bf16(&xb, &x);
+	for (int k = 0; k < 2; k++) {
+		lin from32, from16;
+		pt_cpu_bf16_select(k == 0 ? PT_BF16_NATIVE : PT_BF16_EMULATED);
+		pt_set_precision(PT_PREC_BF16);
+		linear_run(&x, &w, &b, &dy, &from32);
+		linear_run(&xb, &w, &b, &dy, &from16);
+		pt_set_precision(PT_PREC_FP32);
+		CU_ASSERT(same_bits(&from16.y, &from32.y));
+		CU_ASSERT(same_bits(&from16.dx, &from32.dx));
+		CU_ASSERT(same_bits(&from16.dw, &from32.dw));
+		CU_ASSERT(same_bits(&from16.db, &from32.db));
+		lin_fini(&from32);
+		lin_fini(&from16);
+	}
+	pt_cpu_bf16_select(PT_BF16_AUTO);
+	PT_CHECK_OK(pt_tensor_init(&yr, PT_F32, 2, (int64_t[]){33, 45}));
+	PT_CHECK_ERR_MSG(pt_linear_forward(&yr, &xb, &w, &b), PT_ERR_DTYPE,
+	                 "linear_forward: a bf16 input at fp32 precision");
+	pt_tensor_fini(&yr);
+	pt_tensor_fini(&x);
+	pt_tensor_fini(&xb);
+	pt_tensor_fini(&w);
+	pt_tensor_fini(&b);
+	pt_tensor_fini(&dy);
+	pt_tensor_fini(&y32);
+	pt_tensor_fini(&yb);
+	pt_tensor_fini(&mean);
+	pt_tensor_fini(&rstd);
+}
+
 /* The native Linear's other forms against the emulation (1e-5): no bias,
  * dx accumulated onto what it held, and the split backward (dx alone, then
  * dw alone, as zb-h1's B and W tasks run it). */
@@ -1338,6 +1428,7 @@ static const pt_test_case bf16_tests[] = {
     {"test_bf16_pack_hw_matches_rule", test_bf16_pack_hw_matches_rule},
     {"test_activation_wide_bitwise", test_activation_wide_bitwise},
     {"test_bf16_linear", test_bf16_linear},
+    {"test_bf16_activation_inputs", test_bf16_activation_inputs},
     {"test_bf16_native_matches_emulation", test_bf16_native_matches_emulation},
     {"test_bias_grad_rows_in_order", test_bias_grad_rows_in_order},
     {"test_tf32_rounding", test_tf32_rounding},

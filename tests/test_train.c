@@ -159,10 +159,84 @@ static void test_train_byte_transformer_loss_drops(void)
 	pt_tokens_fini(&tk);
 }
 
+/* Trains the byte transformer (2 blocks) for 4 AdamW steps at bf16 with the
+ * native kernels, on a model made for `made_for` (bf16: the blocks keep their
+ * product inputs saved in bf16), 2 microbatches a step (accumulated
+ * gradients); out gets the final parameters (caller frees), *slot the bytes
+ * of an activation slot. */
+static void train_bf16_gpt(pt_precision made_for, float **out, size_t *nbytes, size_t *slot)
+{
+	enum { B = 8, T = 32, C = 64 };
+	pt_tokens tk;
+	pt_layer_spec layers[] = {pt_embedding(256, C, T), pt_block(C, 4), pt_block(C, 4),
+	                          pt_layernorm(C), pt_linear(C, 256)};
+	pt_model_config cfg = {.batch = B / 2,
+	                       .input = {PT_I64, T, 0},
+	                       .n_slots = 1,
+	                       .seed = 3,
+	                       .precision = made_for};
+	pt_optim_config oc = pt_optim_defaults(PT_OPTIM_ADAMW, 3e-3f);
+	pt_model *m;
+	pt_optimizer *o;
+	pt_trainer *t;
+	pt_tensor x, y;
+
+	PT_CHECK_OK(pt_tokens_load(&tk, pt_test_path("examples/data/text.u16"), PT_U16, 256));
+	PT_CHECK_OK(pt_model_create(&m, layers, 5, 0, 5, &cfg));
+	PT_CHECK_OK(pt_optimizer_create(&o, &oc, pt_model_params(m), pt_model_grads(m)));
+	PT_CHECK_OK(pt_trainer_create(&t, m, o, PT_LOSS_CROSS_ENTROPY, -1));
+	PT_CHECK_OK(pt_tensor_init(&x, PT_I64, 2, (int64_t[]){B, T}));
+	PT_CHECK_OK(pt_tensor_init(&y, PT_I64, 2, (int64_t[]){B, T}));
+	pt_set_precision(PT_PREC_BF16);
+	for (int s = 0; s < 4; s++) {
+		pt_step_result r;
+		PT_CHECK_OK(pt_tokens_sample(&tk, 5, (uint64_t)s, &x, &y));
+		PT_CHECK_OK(pt_trainer_step(t, &x, &y, 2, (uint64_t)s, &r));
+		CU_ASSERT(isfinite(r.loss));
+	}
+	pt_set_precision(PT_PREC_FP32);
+	*nbytes = pt_tensor_nbytes(pt_model_params(m));
+	*out = malloc(*nbytes);
+	CU_ASSERT_FATAL(*out != NULL);
+	memcpy(*out, pt_tensor_data(pt_model_params(m)), *nbytes);
+	*slot = pt_model_slot_bytes(m);
+	pt_tensor_fini(&x);
+	pt_tensor_fini(&y);
+	pt_trainer_destroy(t);
+	pt_optimizer_destroy(o);
+	pt_model_destroy(m);
+	pt_tokens_fini(&tk);
+}
+
+/* A bf16 model on the native kernels keeps each block's product inputs (ln_1
+ * and ln_2 outputs, GELU output) in bf16: its training is bitwise that of a
+ * model keeping them in f32 (the products rounded them to the same bf16
+ * values), and an activation slot is smaller by exactly their halves:
+ * 2 blocks x (2 x B T C + B T 4C) values x 2 bytes. The same at fp32 would
+ * be refused (a bf16 input at fp32 precision). */
+static void test_train_bf16_saved_inputs_bitwise(void)
+{
+	float *a, *b;
+	size_t na, nb, sa, sb;
+
+	pt_cpu_bf16_select(PT_BF16_NATIVE);
+	train_bf16_gpt(PT_PREC_BF16, &a, &na, &sa);
+	train_bf16_gpt(PT_PREC_FP32, &b, &nb, &sb);
+	pt_cpu_bf16_select(PT_BF16_AUTO);
+	CU_ASSERT_EQUAL_FATAL(na, nb);
+	CU_ASSERT_EQUAL(memcmp(a, b, na), 0);
+	CU_ASSERT_EQUAL(sb - sa, (size_t)2 * (2 * 4 * 32 * 64 + 4 * 32 * 256) * 2);
+	printf("\n    bf16 saved product inputs: slot %zu -> %zu bytes, weights bitwise equal", sb,
+	       sa);
+	free(a);
+	free(b);
+}
+
 static const pt_test_case tests[] = {
     {"test_train_digits_mlp_accuracy", test_train_digits_mlp_accuracy},
     {"test_train_same_seed_bitwise_weights", test_train_same_seed_bitwise_weights},
     {"test_train_byte_transformer_loss_drops", test_train_byte_transformer_loss_drops},
+    {"test_train_bf16_saved_inputs_bitwise", test_train_bf16_saved_inputs_bitwise},
     {NULL, NULL},
 };
 

@@ -29,6 +29,7 @@ int pt_num_cores(void);
 typedef enum pt_thread_slot {
 	PT_SLOT_GEMM_OPERANDS, /* cpu_matmul.c: rounded or padded operand copies */
 	PT_SLOT_WATCH_POINTS,  /* server/jobs.c: a WatchMetrics reply's points */
+	PT_SLOT_WIDE_INPUT,    /* cpu_matmul.c: a bf16 Linear input widened to f32 */
 	PT_SLOT_COUNT
 } pt_thread_slot;
 

@@ -71,6 +71,9 @@ static void model_bytes(const pt_job_spec *s, pt_act_shape input, int first, int
 	pt_act_shape cur = input;
 	double p = 0, sl = 0, mx = 0, scratch = 16, operands = 0;
 	bool rounded = pt_job_spec_precision(s) != PT_PREC_FP32; /* bf16, tf32 */
+	pt_device dev = {.kind = s->device && strncmp(s->device, "cuda:", 5) == 0 ? PT_DEV_CUDA
+	                                                                          : PT_DEV_CPU};
+	pt_dtype mm_in = pt_layer_mm_input(pt_job_spec_precision(s), dev);
 
 	for (int i = 0; i < last; i++) {
 		const pt_layer_spec *ls = &s->layers[i];
@@ -107,7 +110,7 @@ static void model_bytes(const pt_job_spec *s, pt_act_shape input, int first, int
 			for (int d = 0; d < pinfo[k].ndim; d++)
 				wide = wide || pinfo[k].shape[d] % 512 == 0;
 		sl += round16(act_floats(next, B));
-		ns = vt->saved(ls, cur, (int64_t)B, info);
+		ns = vt->saved(ls, cur, (int64_t)B, mm_in, info);
 		for (int k = 0; k < ns; k++) {
 			double sn = 1;
 			for (int d = 0; d < info[k].ndim; d++)

@@ -169,8 +169,12 @@ static void evict(float *buf, size_t n, int t)
 static pt_err profile_layer(const pt_job_spec *s, pt_act_shape model_in, int i, int64_t B, int t,
                             layer_cost *out)
 {
-	pt_model_config mc = {
-	    .batch = B, .input = model_in, .n_slots = 1, .seed = 1, .split_backward = true};
+	pt_model_config mc = {.batch = B,
+	                      .input = model_in,
+	                      .n_slots = 1,
+	                      .seed = 1,
+	                      .split_backward = true,
+	                      .precision = pt_get_precision()};
 	double tf[PROFILE_RUNS], tb[PROFILE_RUNS], tw[PROFILE_RUNS], to[PROFILE_RUNS], spent = 0;
 	int runs = 0;
 	pt_model *m = NULL;
@@ -663,8 +667,12 @@ static int n_lspeed;
 static void *lspeed_main(void *arg)
 {
 	lspeed_run *r = arg;
-	pt_model_config mc = {
-	    .batch = r->B, .input = r->in, .n_slots = 1, .seed = 1, .split_backward = true};
+	pt_model_config mc = {.batch = r->B,
+	                      .input = r->in,
+	                      .n_slots = 1,
+	                      .seed = 1,
+	                      .split_backward = true,
+	                      .precision = r->prec};
 	pt_model *m = NULL;
 	pt_tensor x = {0}, dy = {0};
 	const pt_tensor *y = NULL, *dx;

@@ -256,8 +256,12 @@ static pt_err models_up(runner *r)
 	 * full model's weights are gathered from the stages before every use. */
 	pt_model_config one = {
 	    .batch = 1, .input = r->in, .n_slots = 1, .seed = s->seed, .no_init = true};
-	pt_model_config full = {
-	    .batch = r->B, .input = r->in, .n_slots = 1, .seed = s->seed, .no_init = true};
+	pt_model_config full = {.batch = r->B,
+	                        .input = r->in,
+	                        .n_slots = 1,
+	                        .seed = s->seed,
+	                        .no_init = true,
+	                        .precision = pt_job_spec_precision(s)};
 	int64_t sum = 0, total;
 
 	if (s->boundaries != NULL) {

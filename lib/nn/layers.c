@@ -77,7 +77,14 @@ static pt_err no_saved_shape(pt_act_shape in, pt_act_shape *out)
 	return PT_OK;
 }
 
-static int none_saved(const pt_layer_spec *s, pt_act_shape in, int64_t B, pt_saved_info *out)
+pt_dtype pt_layer_mm_input(pt_precision prec, pt_device dev)
+{
+	return prec == PT_PREC_BF16 && dev.kind == PT_DEV_CPU && pt_cpu_bf16_native(NULL) ? PT_BF16
+	                                                                                  : PT_F32;
+}
+
+static int none_saved(const pt_layer_spec *s, pt_act_shape in, int64_t B, pt_dtype mm_in,
+                      pt_saved_info *out)
 {
 	return 0;
 }
@@ -272,7 +279,8 @@ static int ln_params(const pt_layer_spec *s, pt_param_info *out)
 	return 2;
 }
 
-static int ln_saved(const pt_layer_spec *s, pt_act_shape in, int64_t B, pt_saved_info *out)
+static int ln_saved(const pt_layer_spec *s, pt_act_shape in, int64_t B, pt_dtype mm_in,
+                    pt_saved_info *out)
 {
 	int64_t R = batch_rows(in, B);
 	out[0] = sinfo(PT_F32, 1, R, 0, 0, 0); /* mean */
@@ -412,7 +420,8 @@ static int attn_params(const pt_layer_spec *s, pt_param_info *out)
 	return 4;
 }
 
-static int attn_saved(const pt_layer_spec *s, pt_act_shape in, int64_t B, pt_saved_info *out)
+static int attn_saved(const pt_layer_spec *s, pt_act_shape in, int64_t B, pt_dtype mm_in,
+                      pt_saved_info *out)
 {
 	int64_t T = in.seq, C = s->dim;
 	out[0] = sinfo(PT_F32, 3, B, T, 3 * C, 0);     /* qkv */
@@ -565,21 +574,22 @@ static int block_params(const pt_layer_spec *s, pt_param_info *out)
 	return P_NPARAMS;
 }
 
-static int block_saved(const pt_layer_spec *s, pt_act_shape in, int64_t B, pt_saved_info *out)
+static int block_saved(const pt_layer_spec *s, pt_act_shape in, int64_t B, pt_dtype mm_in,
+                       pt_saved_info *out)
 {
 	int64_t T = in.seq, C = s->dim, H = hidden_of(s);
-	out[B_LN1] = sinfo(PT_F32, 3, B, T, C, 0);
+	out[B_LN1] = sinfo(mm_in, 3, B, T, C, 0); /* read by products only */
 	out[B_LN1_MEAN] = sinfo(PT_F32, 1, B * T, 0, 0, 0);
 	out[B_LN1_RSTD] = sinfo(PT_F32, 1, B * T, 0, 0, 0);
 	out[B_QKV] = sinfo(PT_F32, 3, B, T, 3 * C, 0);
 	out[B_LSE] = sinfo(PT_F32, 3, B, s->n_head, T, 0);
 	out[B_ATTY] = sinfo(PT_F32, 3, B, T, C, 0);
 	out[B_R1] = sinfo(PT_F32, 3, B, T, C, 0);
-	out[B_LN2] = sinfo(PT_F32, 3, B, T, C, 0);
+	out[B_LN2] = sinfo(mm_in, 3, B, T, C, 0);
 	out[B_LN2_MEAN] = sinfo(PT_F32, 1, B * T, 0, 0, 0);
 	out[B_LN2_RSTD] = sinfo(PT_F32, 1, B * T, 0, 0, 0);
 	out[B_FC] = sinfo(PT_F32, 3, B, T, H, 0);
-	out[B_GELU] = sinfo(PT_F32, 3, B, T, H, 0);
+	out[B_GELU] = sinfo(mm_in, 3, B, T, H, 0);
 	return B_NSAVED;
 }
 

@@ -87,6 +87,14 @@ typedef struct pt_saved_info {
 struct pt_layer;
 struct pt_layer_ctx;
 
+/* pt_layer_mm_input: the dtype layers keep a saved tensor in when only
+ * matrix products read it. bf16 for a bf16 model on a CPU whose native bf16
+ * kernels run its products: they round their operands to bf16 anyway, so the
+ * saved bf16 copy is the very operand (half the bytes, no packing in the
+ * forward or the backward; bitwise the same results). f32 otherwise (fp32,
+ * the emulation, devices). */
+pt_dtype pt_layer_mm_input(pt_precision prec, pt_device dev);
+
 typedef struct pt_layer_vt {
 	const char *name;
 	/* Check the spec against the input shape and give the output shape; the
@@ -94,8 +102,10 @@ typedef struct pt_layer_vt {
 	pt_err (*infer)(const pt_layer_spec *s, pt_act_shape in, pt_act_shape *out);
 	/* Parameters in state_dict order. */
 	int (*params)(const pt_layer_spec *s, pt_param_info *out);
-	/* Tensors saved for backward, per slot, for a batch of B samples. */
-	int (*saved)(const pt_layer_spec *s, pt_act_shape in, int64_t B, pt_saved_info *out);
+	/* Tensors saved for backward, per slot, for a batch of B samples; those
+	 * that only feed matrix products are of dtype mm_in (pt_layer_mm_input). */
+	int (*saved)(const pt_layer_spec *s, pt_act_shape in, int64_t B, pt_dtype mm_in,
+	             pt_saved_info *out);
 	/* Scratch floats the backward needs beyond the two gradient buffers. */
 	int64_t (*scratch)(const pt_layer_spec *s, pt_act_shape in, int64_t B);
 	pt_err (*forward)(struct pt_layer *l, struct pt_layer_ctx *x);

@@ -183,6 +183,7 @@ static pt_err alloc_slot(pt_model *m, slot *s)
 {
 	int64_t total = 0, B = m->cfg.batch;
 	pt_saved_info info[PT_LAYER_MAX_SAVED];
+	pt_dtype mm_in = pt_layer_mm_input(m->cfg.precision, m->cfg.device);
 	int64_t shape[4];
 
 	s->y = calloc((size_t)m->n_layers, sizeof(pt_tensor));
@@ -199,7 +200,7 @@ static pt_err alloc_slot(pt_model *m, slot *s)
 			pt_layer *l = &m->layers[i];
 			int nd = act_dims(l->out_shape, B, shape);
 			int64_t n = act_floats(l->out_shape, B);
-			int ns = l->vt->saved(&l->spec, l->in_shape, B, info);
+			int ns = l->vt->saved(&l->spec, l->in_shape, B, mm_in, info);
 			if (pass == 1)
 				PT_TRY(pt_tensor_init_on(&s->y[i], s->arena, (size_t)off * 4,
 				                         PT_F32, nd, shape));
@@ -646,6 +647,11 @@ pt_act_shape pt_model_output_shape(const pt_model *m)
 int64_t pt_model_batch(const pt_model *m)
 {
 	return m->cfg.batch;
+}
+
+size_t pt_model_slot_bytes(const pt_model *m)
+{
+	return m->slots[0].arena->nbytes;
 }
 
 double pt_layer_flops(const pt_layer_spec *s, pt_act_shape in)

@@ -36,6 +36,11 @@ typedef struct pt_model_config {
 	 * stash so pt_model_backward_input and pt_model_backward_weight can run
 	 * apart. */
 	bool split_backward;
+	/* The precision its ops will run at (the stage thread's pt_set_precision):
+	 * bf16 on a CPU with native bf16 kernels keeps the block's product
+	 * inputs saved in bf16 (pt_layer_mm_input); such a model must then run
+	 * at bf16. Zero: fp32. */
+	pt_precision precision;
 } pt_model_config;
 
 typedef struct pt_model pt_model;
@@ -107,6 +112,10 @@ pt_err pt_model_tensor(pt_model *m, int index, const char **name, pt_tensor **pa
 pt_act_shape pt_model_input_shape(const pt_model *m);
 pt_act_shape pt_model_output_shape(const pt_model *m);
 int64_t pt_model_batch(const pt_model *m);
+
+/* pt_model_slot_bytes: the bytes of one activation slot's arena (the layers'
+ * outputs and saved tensors for one microbatch in flight). */
+size_t pt_model_slot_bytes(const pt_model *m);
 
 /* pt_model_flops_per_sample estimates forward+backward FLOPs of one sample
  * (matrix products and attention), for throughput reports and partitioning. */

@@ -33,6 +33,23 @@ static pt_err need_f32(const pt_op_call *c, const pt_tensor *t, const char *what
 	return PT_OK;
 }
 
+/* need_f32_or_bf16: f32, or (on the CPU) bf16 - a matrix product's input
+ * kept at the precision the product rounds it to anyway (a bf16 job's saved
+ * activations; layers.c). Contiguous either way. */
+static pt_err need_f32_or_bf16(const pt_op_call *c, const pt_tensor *t, const char *what)
+{
+	PT_TRY(need(c, t, what));
+	if (t->dtype != PT_BF16)
+		return need_f32(c, t, what);
+	if (t->storage->device.kind != PT_DEV_CPU)
+		return pt_set_error(PT_ERR_DTYPE, "%s: %s in bf16 is taken on the CPU only",
+		                    pt_op_name(c->op), what);
+	if (!pt_tensor_is_contiguous(t))
+		return pt_set_error(PT_ERR_INVALID, "%s: %s must be contiguous", pt_op_name(c->op),
+		                    what);
+	return PT_OK;
+}
+
 static pt_err need_i64(const pt_op_call *c, const pt_tensor *t, const char *what)
 {
 	PT_TRY(need(c, t, what));
@@ -175,7 +192,7 @@ static pt_err meta_matmul(const pt_op_call *c)
 static pt_err meta_linear_fwd(const pt_op_call *c)
 {
 	const pt_tensor *x = c->in[0], *w = c->in[1], *b = c->in[2], *y = c->out[0];
-	PT_TRY(need_f32(c, x, "x"));
+	PT_TRY(need_f32_or_bf16(c, x, "x"));
 	PT_TRY(need_f32(c, w, "weight"));
 	PT_TRY(need_f32(c, y, "out"));
 	PT_TRY(dims_are(c, w, "weight", 2, (int64_t[]){-1, last_dim(x)}));
@@ -196,7 +213,7 @@ static pt_err meta_linear_bwd(const pt_op_call *c)
 {
 	const pt_tensor *dy = c->in[0], *x = c->in[1], *w = c->in[2];
 	PT_TRY(need_f32(c, dy, "dout"));
-	PT_TRY(need_f32(c, x, "x"));
+	PT_TRY(need_f32_or_bf16(c, x, "x"));
 	PT_TRY(need_f32(c, w, "weight"));
 	PT_TRY(dims_are(c, w, "weight", 2, (int64_t[]){last_dim(dy), last_dim(x)}));
 	PT_TRY(same_rows(c, dy, "dout", x, "x"));
@@ -226,7 +243,9 @@ static pt_err meta_act_fwd(const pt_op_call *c)
 {
 	if ((unsigned)c->p.act.kind > PT_ACT_SIGMOID)
 		return pt_set_error(PT_ERR_INVALID, "activation: unknown kind %d", c->p.act.kind);
-	return meta_unary(c);
+	PT_TRY(need_f32_or_bf16(c, c->out[0], "out"));
+	PT_TRY(need_f32(c, c->in[0], "x"));
+	return same_shape(c, c->out[0], "out", c->in[0], "x");
 }
 
 static pt_err meta_act_bwd(const pt_op_call *c)
@@ -269,7 +288,7 @@ static pt_err meta_ln_fwd(const pt_op_call *c)
 	PT_TRY(need_f32(c, c->in[2], "bias"));
 	PT_TRY(dims_are(c, c->in[1], "weight", 1, (int64_t[]){C}));
 	PT_TRY(dims_are(c, c->in[2], "bias", 1, (int64_t[]){C}));
-	PT_TRY(need_f32(c, c->out[0], "y"));
+	PT_TRY(need_f32_or_bf16(c, c->out[0], "y"));
 	PT_TRY(same_shape(c, c->out[0], "y", x, "x"));
 	for (int i = 1; i < 3; i++) {
 		PT_TRY(need_f32(c, c->out[i], i == 1 ? "mean" : "rstd"));

@@ -309,7 +309,8 @@ pt_err pt_stage_create(pt_stage **out, const pt_stage_config *cfg, pt_comm *comm
 	                       .n_slots = cfg->recompute ? 1 : cfg->n_slots,
 	                       .seed = cfg->seed,
 	                       .device = cfg->device,
-	                       .split_backward = s->zb};
+	                       .split_backward = s->zb,
+	                       .precision = cfg->precision};
 	if ((rv = pt_backend_check_device(cfg->device)) != PT_OK)
 		goto fail;
 	if ((rv = pt_model_create(&s->model, cfg->layers, cfg->n_layers, cfg->first, cfg->last,

@@ -185,6 +185,14 @@ void cpu_pack_bf16(uint16_t *dst, const float *src, int64_t rows, int64_t cols, 
 		row(dst + r * cols, src + r * ld, cols);
 }
 
+void cpu_bf16_row(uint16_t *dst, const float *src, int64_t n)
+{
+	if (hw_convert())
+		to_bf16_row_hw(dst, src, n);
+	else
+		to_bf16_row(dst, src, n);
+}
+
 /* pack_colsum is to_bf16 for a whole matrix (ld = cols) that also adds its
  * column sums to sum: threads take column ranges and stream the rows, so
  * each column is summed in row order (cpu_bias_grad's bits), from the row
@@ -524,19 +532,24 @@ pt_err cpu_bf16_gemm_packed(bool ta, bool tb, int64_t M, int64_t N, int64_t K, f
 	return packed_gemm(s, ta, tb, M, N, K, alpha, A, B, NULL, beta, C, ldc, NULL, 0);
 }
 
-pt_err cpu_bf16_linear_forward(int64_t N, int64_t I, int64_t O, const float *x, const float *w,
-                               const float *bias, float *y)
+pt_err cpu_bf16_linear_forward(int64_t N, int64_t I, int64_t O, const float *x, const uint16_t *xb,
+                               const float *w, const float *bias, float *y)
 {
 	tstate *s = NULL;
-	PT_TRY(operands((size_t)(N * I + O * I), &s));
-	to_bf16(s->buf, x, N, I, I);
-	to_bf16(s->buf + N * I, w, O, I, I);
-	return packed_gemm(s, false, true, N, O, I, 1.0f, s->buf, s->buf + N * I, bias, 0.0f, y, O,
-	                   NULL, 0);
+	uint16_t *wb;
+	PT_TRY(operands((size_t)((xb != NULL ? 0 : N * I) + O * I), &s));
+	wb = xb != NULL ? s->buf : s->buf + N * I;
+	if (xb == NULL) {
+		to_bf16(s->buf, x, N, I, I);
+		xb = s->buf;
+	}
+	to_bf16(wb, w, O, I, I);
+	return packed_gemm(s, false, true, N, O, I, 1.0f, xb, wb, bias, 0.0f, y, O, NULL, 0);
 }
 
 pt_err cpu_bf16_linear_backward(int64_t N, int64_t I, int64_t O, const float *dy, const float *x,
-                                const float *w, float *dx, bool accum_dx, float *dw, float *db)
+                                const uint16_t *xb, const float *w, float *dx, bool accum_dx,
+                                float *dw, float *db)
 {
 	tstate *s = NULL;
 	uint16_t *g, *o;
@@ -553,9 +566,10 @@ pt_err cpu_bf16_linear_backward(int64_t N, int64_t I, int64_t O, const float *dy
 		                   accum_dx ? 1.0f : 0.0f, dx, I, NULL, 0));
 	}
 	if (dw != NULL) { /* dw += dy^T x */
-		to_bf16(o, x, N, I, I);
-		PT_TRY(
-		    packed_gemm(s, true, false, O, I, N, 1.0f, g, o, NULL, 1.0f, dw, I, NULL, 0));
+		if (xb == NULL)
+			to_bf16(o, x, N, I, I);
+		PT_TRY(packed_gemm(s, true, false, O, I, N, 1.0f, g, xb != NULL ? xb : o, NULL,
+		                   1.0f, dw, I, NULL, 0));
 	}
 	return PT_OK;
 }

@@ -261,7 +261,9 @@ void cpu_activation_rows(pt_act kind, bool backward, bool wide, float *out, cons
 pt_err cpu_activation_forward(const pt_op_call *c, void *ws)
 {
 	const float *x = pt_tensor_f32(c->in[0]);
-	float *y = pt_tensor_f32(c->out[0]);
+	bool half = c->out[0]->dtype == PT_BF16; /* y in bf16 (a product's input) */
+	float *y = half ? NULL : pt_tensor_f32(c->out[0]);
+	uint16_t *yh = half ? pt_tensor_data(c->out[0]) : NULL;
 	int64_t n = pt_tensor_numel(c->in[0]), nchunks = (n + ACT_CHUNK - 1) / ACT_CHUNK;
 	pt_act kind = c->p.act.kind;
 	act_fwd_fn f = act_wide() ? act_fwd_512 : act_fwd_base;
@@ -269,7 +271,13 @@ pt_err cpu_activation_forward(const pt_op_call *c, void *ws)
 #pragma omp parallel for schedule(static) if (n >= PT_CPU_PAR_MIN)
 	for (int64_t k = 0; k < nchunks; k++) {
 		int64_t lo = k * ACT_CHUNK, len = n - lo < ACT_CHUNK ? n - lo : ACT_CHUNK;
-		f(kind, y + lo, x + lo, len);
+		if (!half) {
+			f(kind, y + lo, x + lo, len);
+		} else { /* the f32 chunk, rounded as a product packs it */
+			float chunk[ACT_CHUNK];
+			f(kind, chunk, x + lo, len);
+			cpu_bf16_row(yh + lo, chunk, len);
+		}
 	}
 	return PT_OK;
 }

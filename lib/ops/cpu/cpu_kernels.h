@@ -93,15 +93,22 @@ pt_err cpu_gemm_f32_prim(bool ta, bool tb, int64_t M, int64_t N, int64_t K, floa
                          const float *bias, float beta, float *C, int64_t ldc);
 
 /* cpu_bf16_linear_forward: y (N x O) = x (N x I) w^T (w: O x I) + bias
- * (NULL: none), native bf16 products (x and w rounded once), f32 bias. */
-pt_err cpu_bf16_linear_forward(int64_t N, int64_t I, int64_t O, const float *x, const float *w,
-                               const float *bias, float *y);
+ * (NULL: none), native bf16 products (x and w rounded once), f32 bias. xb,
+ * when not NULL, is x already packed to bf16 (a bf16 activation; x unused). */
+pt_err cpu_bf16_linear_forward(int64_t N, int64_t I, int64_t O, const float *x, const uint16_t *xb,
+                               const float *w, const float *bias, float *y);
 
 /* cpu_bf16_linear_backward: dx (+)= dy w and dw += dy^T x (either output may
  * be NULL), native bf16 products with dy rounded once for both; db (NULL:
- * none) += dy's column sums in the same pass over dy (cpu_bias_grad's bits). */
+ * none) += dy's column sums, taken while dy is packed. xb as in the forward. */
 pt_err cpu_bf16_linear_backward(int64_t N, int64_t I, int64_t O, const float *dy, const float *x,
-                                const float *w, float *dx, bool accum_dx, float *dw, float *db);
+                                const uint16_t *xb, const float *w, float *dx, bool accum_dx,
+                                float *dw, float *db);
+
+/* cpu_bf16_row rounds n floats to packed bf16 exactly as the native kernels'
+ * operands are packed (cpu_pack_bf16 with hw), so a bf16 activation written
+ * with it is the operand a product would have packed from the f32 one. */
+void cpu_bf16_row(uint16_t *dst, const float *src, int64_t n);
 
 /* cpu_bias_grad: db[j] += sum over rows r of g[r * O + j], each column summed
  * in row order (the same bits for any thread count); threads take column

@@ -2,7 +2,9 @@
  * run time), and the Linear layer's forward and backward built on them;
  * bf16 and tf32 precision round the operands first (cpu_gemm_prec). */
 #include <oneapi/dnnl/dnnl.h>
+#include <inttypes.h>
 #include <omp.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -201,20 +203,58 @@ static int64_t rows_of(const pt_tensor *t)
 	return pt_tensor_numel(t) / t->shape[t->ndim - 1];
 }
 
+/* input_f32 gives a Linear's input as f32 rows: x's own data, or at bf16 a
+ * bf16 x widened (exactly) into the thread's buffer for the emulation, which
+ * rounds it back to the same values. A bf16 x at another precision is refused:
+ * its model was made for bf16 (pt_layer_mm_input) and must run at bf16. */
+static pt_err input_f32(const pt_op_call *c, const pt_tensor *x, const float **out)
+{
+	int64_t n = pt_tensor_numel(x);
+	const uint16_t *src;
+	uint32_t *dst;
+
+	if (x->dtype != PT_BF16) {
+		*out = pt_tensor_f32(x);
+		return PT_OK;
+	}
+	if (c->prec != PT_PREC_BF16)
+		return pt_set_error(
+		    PT_ERR_DTYPE, "%s: a bf16 input at %s precision (its model was made for bf16)",
+		    pt_op_name(c->op), c->prec == PT_PREC_TF32 ? "tf32" : "fp32");
+	if ((size_t)n > SIZE_MAX / sizeof(float) ||
+	    (dst = pt_thread_buffer(PT_SLOT_WIDE_INPUT, (size_t)n * sizeof(float))) == NULL)
+		return pt_set_error(PT_ERR_NOMEM,
+		                    "linear: widening a bf16 input of %" PRId64 " values", n);
+	src = pt_tensor_data(x);
+#pragma omp parallel for schedule(static) if (n >= PT_CPU_PAR_MIN && !omp_in_parallel())
+	for (int64_t i = 0; i < n; i++)
+		dst[i] = (uint32_t)src[i] << 16;
+	*out = (const float *)dst;
+	return PT_OK;
+}
+
+/* packed_input: x's bf16 values when x is a bf16 tensor, else NULL. */
+static const uint16_t *packed_input(const pt_tensor *x)
+{
+	return x->dtype == PT_BF16 ? pt_tensor_data(x) : NULL;
+}
+
 pt_err cpu_linear_forward(const pt_op_call *c, void *ws)
 {
 	const pt_tensor *x = c->in[0], *w = c->in[1], *b = c->in[2];
 	float *y = pt_tensor_f32(c->out[0]);
 	int64_t N = rows_of(x), I = w->shape[1], O = w->shape[0];
 	float beta = 0.0f;
+	const float *xf;
 
 	if (native_bf16(c) && N > 0 && I > 0 && O > 0)
-		return cpu_bf16_linear_forward(N, I, O, pt_tensor_f32(x), pt_tensor_f32(w),
+		return cpu_bf16_linear_forward(N, I, O, packed_input(x) ? NULL : pt_tensor_f32(x),
+		                               packed_input(x), pt_tensor_f32(w),
 		                               b != NULL ? pt_tensor_f32(b) : NULL, y);
+	PT_TRY(input_f32(c, x, &xf));
 	if (c->prec == PT_PREC_FP32 && N > 0 && O > 0 && use_prim(false, N, O, I)) {
-		if (cpu_gemm_f32_prim(false, true, N, O, I, 1.0f, pt_tensor_f32(x), I,
-		                      pt_tensor_f32(w), I, b != NULL ? pt_tensor_f32(b) : NULL,
-		                      0.0f, y, O) == PT_OK)
+		if (cpu_gemm_f32_prim(false, true, N, O, I, 1.0f, xf, I, pt_tensor_f32(w), I,
+		                      b != NULL ? pt_tensor_f32(b) : NULL, 0.0f, y, O) == PT_OK)
 			return PT_OK;
 		pt_clear_error(); /* no primitive for it: seeded sgemm below */
 	}
@@ -227,8 +267,8 @@ pt_err cpu_linear_forward(const pt_op_call *c, void *ws)
 			memcpy(y + r * O, bias, sizeof(float) * (size_t)O);
 		beta = 1.0f;
 	}
-	return cpu_gemm_prec(c->prec, false, true, N, O, I, 1.0f, pt_tensor_f32(x), I,
-	                     pt_tensor_f32(w), I, beta, y, O);
+	return cpu_gemm_prec(c->prec, false, true, N, O, I, 1.0f, xf, I, pt_tensor_f32(w), I, beta,
+	                     y, O);
 }
 
 void cpu_bias_grad(const float *g, float *db, int64_t N, int64_t O)
@@ -256,9 +296,9 @@ pt_err cpu_linear_backward(const pt_op_call *c, void *ws)
 
 	if (native_bf16(c) && N > 0 && I > 0 && O > 0) {
 		PT_TRY(cpu_bf16_linear_backward(
-		    N, I, O, g, pt_tensor_f32(x), pt_tensor_f32(w),
-		    c->out[0] != NULL ? pt_tensor_f32(c->out[0]) : NULL, c->p.linear.accum_dx,
-		    c->out[1] != NULL ? pt_tensor_f32(c->out[1]) : NULL,
+		    N, I, O, g, packed_input(x) ? NULL : pt_tensor_f32(x), packed_input(x),
+		    pt_tensor_f32(w), c->out[0] != NULL ? pt_tensor_f32(c->out[0]) : NULL,
+		    c->p.linear.accum_dx, c->out[1] != NULL ? pt_tensor_f32(c->out[1]) : NULL,
 		    c->out[2] != NULL ? pt_tensor_f32(c->out[2]) : NULL));
 		packed_db = true;
 	} else {
@@ -266,10 +306,12 @@ pt_err cpu_linear_backward(const pt_op_call *c, void *ws)
 			PT_TRY(cpu_gemm_prec(
 			    c->prec, false, false, N, I, O, 1.0f, g, O, pt_tensor_f32(w), I,
 			    c->p.linear.accum_dx ? 1.0f : 0.0f, pt_tensor_f32(c->out[0]), I));
-		if (c->out[1] != NULL) /* NULL: the input gradient only (split backward) */
-			PT_TRY(cpu_gemm_prec(c->prec, true, false, O, I, N, 1.0f, g, O,
-			                     pt_tensor_f32(x), I, 1.0f, pt_tensor_f32(c->out[1]),
-			                     I));
+		if (c->out[1] != NULL) { /* NULL: the input gradient only (split backward) */
+			const float *xf;
+			PT_TRY(input_f32(c, x, &xf));
+			PT_TRY(cpu_gemm_prec(c->prec, true, false, O, I, N, 1.0f, g, O, xf, I, 1.0f,
+			                     pt_tensor_f32(c->out[1]), I));
+		}
 	}
 	if (c->out[2] != NULL && !packed_db)
 		cpu_bias_grad(g, pt_tensor_f32(c->out[2]), N, O);

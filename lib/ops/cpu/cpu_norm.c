@@ -4,20 +4,25 @@
 
 #include "cpu_kernels.h"
 
+/* LN_PIECE: a bf16 y's row is computed in f32 pieces of this many values and
+ * rounded from there (cpu_bf16_row: as a product packs it). */
+#define LN_PIECE 512
+
 pt_err cpu_layernorm_forward(const pt_op_call *c, void *ws)
 {
 	const pt_tensor *xt = c->in[0];
 	int64_t C = xt->shape[xt->ndim - 1], R = pt_tensor_numel(xt) / C;
 	const float *x = pt_tensor_f32(xt), *w = pt_tensor_f32(c->in[1]),
 	            *b = pt_tensor_f32(c->in[2]);
-	float *y = pt_tensor_f32(c->out[0]), *mean = pt_tensor_f32(c->out[1]);
+	bool half = c->out[0]->dtype == PT_BF16; /* y in bf16 (a product's input) */
+	float *y = half ? NULL : pt_tensor_f32(c->out[0]), *mean = pt_tensor_f32(c->out[1]);
+	uint16_t *yh = half ? pt_tensor_data(c->out[0]) : NULL;
 	float *rstd = pt_tensor_f32(c->out[2]);
 	float eps = c->p.layernorm.eps;
 
 #pragma omp parallel for schedule(static) if (R * C >= PT_CPU_PAR_MIN)
 	for (int64_t r = 0; r < R; r++) {
 		const float *xr = x + r * C;
-		float *yr = y + r * C;
 		float m = 0.0f, v = 0.0f;
 #pragma omp simd reduction(+ : m)
 		for (int64_t j = 0; j < C; j++)
@@ -28,9 +33,21 @@ pt_err cpu_layernorm_forward(const pt_op_call *c, void *ws)
 			v += (xr[j] - m) * (xr[j] - m);
 		v /= (float)C;
 		float s = 1.0f / sqrtf(v + eps);
+		if (!half) {
+			float *yr = y + r * C;
 #pragma omp simd
-		for (int64_t j = 0; j < C; j++)
-			yr[j] = (xr[j] - m) * s * w[j] + b[j];
+			for (int64_t j = 0; j < C; j++)
+				yr[j] = (xr[j] - m) * s * w[j] + b[j];
+		} else {
+			float piece[LN_PIECE];
+			for (int64_t j0 = 0; j0 < C; j0 += LN_PIECE) {
+				int64_t n = C - j0 < LN_PIECE ? C - j0 : LN_PIECE;
+#pragma omp simd
+				for (int64_t j = 0; j < n; j++)
+					piece[j] = (xr[j0 + j] - m) * s * w[j0 + j] + b[j0 + j];
+				cpu_bf16_row(yh + r * C + j0, piece, n);
+			}
+		}
 		mean[r] = m;
 		rstd[r] = s;
 	}
