@@ -208,12 +208,55 @@ static void train_bf16_gpt(pt_precision made_for, float **out, size_t *nbytes, s
 	pt_tokens_fini(&tk);
 }
 
+/* split_grads runs one forward and a split backward (input part, then weight
+ * part: zb-h1's B and W) of a 2-block transformer made for `made_for`, at
+ * bf16 on the native kernels, with a fixed output gradient; returns a copy
+ * of the parameter gradients (caller frees). */
+static float *split_grads(pt_precision made_for, size_t *nbytes)
+{
+	enum { B = 4, T = 32, C = 64 };
+	pt_layer_spec layers[] = {pt_embedding(256, C, T), pt_block(C, 4), pt_block(C, 4),
+	                          pt_layernorm(C), pt_linear(C, 256)};
+	pt_model_config cfg = {.batch = B,
+	                       .input = {PT_I64, T, 0},
+	                       .n_slots = 1,
+	                       .seed = 9,
+	                       .split_backward = true,
+	                       .precision = made_for};
+	pt_model *m;
+	pt_tensor x, dy;
+	const pt_tensor *y, *dx;
+	float *out;
+
+	PT_CHECK_OK(pt_model_create(&m, layers, 5, 0, 5, &cfg));
+	PT_CHECK_OK(pt_tensor_init(&x, PT_I64, 2, (int64_t[]){B, T}));
+	PT_CHECK_OK(pt_tensor_init(&dy, PT_F32, 3, (int64_t[]){B, T, 256}));
+	for (int64_t i = 0; i < B * T; i++)
+		((int64_t *)pt_tensor_data(&x))[i] = (i * 37 + 5) % 256;
+	for (int64_t i = 0; i < B * T * 256; i++)
+		pt_tensor_f32(&dy)[i] = (float)((i * 7919) % 1000) / 1000.0f - 0.5f;
+	pt_set_precision(PT_PREC_BF16);
+	PT_CHECK_OK(pt_model_zero_grad(m));
+	PT_CHECK_OK(pt_model_forward(m, 0, &x, &y, true, 0, 0));
+	PT_CHECK_OK(pt_model_backward_input(m, 0, &dy, &dx));
+	PT_CHECK_OK(pt_model_backward_weight(m, 0));
+	pt_set_precision(PT_PREC_FP32);
+	*nbytes = pt_tensor_nbytes(pt_model_grads(m));
+	out = malloc(*nbytes);
+	CU_ASSERT_FATAL(out != NULL);
+	memcpy(out, pt_tensor_data(pt_model_grads(m)), *nbytes);
+	pt_tensor_fini(&x);
+	pt_tensor_fini(&dy);
+	pt_model_destroy(m);
+	return out;
+}
+
 /* A bf16 model on the native kernels keeps each block's product inputs (ln_1
  * and ln_2 outputs, GELU output) in bf16: its training is bitwise that of a
  * model keeping them in f32 (the products rounded them to the same bf16
  * values), and an activation slot is smaller by exactly their halves:
- * 2 blocks x (2 x B T C + B T 4C) values x 2 bytes. The same at fp32 would
- * be refused (a bf16 input at fp32 precision). */
+ * 2 blocks x (2 x B T C + B T 4C) values x 2 bytes. A split backward's
+ * gradients are bitwise the same too. */
 static void test_train_bf16_saved_inputs_bitwise(void)
 {
 	float *a, *b;
@@ -228,6 +271,15 @@ static void test_train_bf16_saved_inputs_bitwise(void)
 	CU_ASSERT_EQUAL(sb - sa, (size_t)2 * (2 * 4 * 32 * 64 + 4 * 32 * 256) * 2);
 	printf("\n    bf16 saved product inputs: slot %zu -> %zu bytes, weights bitwise equal", sb,
 	       sa);
+	free(a);
+	free(b);
+	/* and zb-h1's split backward (the weight part reads the saved inputs) */
+	pt_cpu_bf16_select(PT_BF16_NATIVE);
+	a = split_grads(PT_PREC_BF16, &na);
+	b = split_grads(PT_PREC_FP32, &nb);
+	pt_cpu_bf16_select(PT_BF16_AUTO);
+	CU_ASSERT_EQUAL_FATAL(na, nb);
+	CU_ASSERT_EQUAL(memcmp(a, b, na), 0);
 	free(a);
 	free(b);
 }
