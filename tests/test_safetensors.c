@@ -508,49 +508,109 @@ static bool direct_io_here(void)
 	return ok;
 }
 
-/* Files of 8 MiB and more are written with O_DIRECT through a 4 MiB staging
- * buffer, smaller ones through the page cache in 4 MiB pieces: both give the
- * parts' bytes in order, the right size and SHA-256 (hashed while writing),
- * from unaligned parts that straddle the chunks, and leave no temporary file.
- * Where the file system takes O_DIRECT, the large file's bytes are not in the
- * page cache afterwards (the writer left no gigabytes of cache behind). */
+/* check_write writes the n parts with pt_file_write_atomic_sha256 and checks
+ * the file: their bytes in order, the size and SHA-256 (hashed while
+ * writing), no temporary file left; with direct, that none of its pages are
+ * in the page cache. */
+static void check_write(const char *name, const pt_file_part *parts, int n, bool direct)
+{
+	size_t total = 0, at = 0, got_len = 0;
+	char hex[65], want[PT_SHA256_HEX];
+	uint64_t size = 0;
+	uint8_t *cat;
+	void *got = NULL;
+	const char *path = tmp_path(name);
+
+	for (int i = 0; i < n; i++)
+		total += parts[i].len;
+	cat = malloc(total);
+	CU_ASSERT_FATAL(cat != NULL);
+	for (int i = 0; i < n; i++, at += parts[i - 1].len)
+		memcpy(cat + at, parts[i].data, parts[i].len);
+	PT_CHECK_OK(pt_file_write_atomic_sha256(path, parts, (size_t)n, hex, &size));
+	if (direct) /* before reading it back, which caches it */
+		CU_ASSERT_EQUAL(resident_pages(path, total), 0);
+	CU_ASSERT_EQUAL(size, total);
+	hex_of(cat, total, want);
+	CU_ASSERT_STRING_EQUAL(hex, want);
+	PT_CHECK_OK(pt_file_read(path, total + 1, &got, &got_len));
+	CU_ASSERT_FATAL(got != NULL);
+	CU_ASSERT(got_len == total && memcmp(got, cat, total) == 0);
+	CU_ASSERT(no_temp_files());
+	free(got);
+	free(cat);
+}
+
+/* Files of 8 MiB and more are written with O_DIRECT, smaller ones through
+ * the page cache in 4 MiB pieces. Checked (check_write) for a small file and
+ * two large ones: unaligned parts straddling the 4 MiB staging chunks, and a
+ * page-aligned part at a block boundary of the file (a safetensors payload
+ * after its padded header), written from where it is, between unaligned
+ * ones. Where the file system takes O_DIRECT, the large files' bytes are not
+ * in the page cache afterwards (the writer left no gigabytes behind). */
 static void test_file_write_atomic_direct(void)
 {
-	const size_t sizes[2] = {(5u << 20) + 7, (17u << 20) + 4095}; /* buffered, direct */
-	uint8_t *src = malloc(sizes[1] + 64);
+	const size_t big = (17u << 20) + 4095;
+	uint8_t *src = malloc(big + 64), *page = aligned_alloc(4096, 10u << 20);
+	bool direct = direct_io_here();
 	pt_rng r;
 
-	CU_ASSERT_FATAL(src != NULL);
+	CU_ASSERT_FATAL(src != NULL && page != NULL);
 	pt_rng_init(&r, 99, 1);
-	for (size_t i = 0; i < sizes[1] + 64; i++)
+	for (size_t i = 0; i < big + 64; i++)
 		src[i] = (uint8_t)pt_rng_u32(&r);
-	for (int k = 0; k < 2; k++) {
-		size_t total = sizes[k], cut1 = 8, cut2 = (4u << 20) - 5; /* part boundaries */
-		const uint8_t *base = src + 3;                            /* unaligned */
-		pt_file_part parts[3] = {
-		    {base, cut1}, {base + cut1, cut2 - cut1}, {base + cut2, total - cut2}};
-		char hex[65], want[PT_SHA256_HEX];
-		uint64_t size = 0;
-		size_t got_len = 0;
-		void *got = NULL;
-		const char *path = tmp_path(k ? "large.bin" : "small.bin");
-
-		PT_CHECK_OK(pt_file_write_atomic_sha256(path, parts, 3, hex, &size));
-		CU_ASSERT_EQUAL(size, total);
-		hex_of(base, total, want);
-		CU_ASSERT_STRING_EQUAL(hex, want);
-		PT_CHECK_OK(pt_file_read(path, total + 1, &got, &got_len));
-		CU_ASSERT_FATAL(got != NULL);
-		CU_ASSERT_EQUAL(got_len, total);
-		CU_ASSERT(got_len == total && memcmp(got, base, total) == 0);
-		free(got);
-		CU_ASSERT(no_temp_files());
-		if (k == 1 && direct_io_here()) {
-			PT_CHECK_OK(pt_file_write_atomic_sha256(path, parts, 3, hex, &size));
-			CU_ASSERT_EQUAL(resident_pages(path, total), 0);
-		}
+	for (size_t i = 0; i < (10u << 20); i++)
+		page[i] = (uint8_t)pt_rng_u32(&r);
+	{
+		const uint8_t *b = src + 3; /* unaligned */
+		size_t cut = (4u << 20) - 5;
+		pt_file_part small[3] = {{b, 8}, {b + 8, cut - 8}, {b + cut, (5u << 20) + 7 - cut}};
+		pt_file_part large[3] = {{b, 8}, {b + 8, cut - 8}, {b + cut, big - cut}};
+		/* 4096 bytes of "header", an aligned part of 9 MiB + 100, a tail */
+		pt_file_part aligned[4] = {
+		    {b, 8}, {b + 8, 4088}, {page, (9u << 20) + 100}, {b + 5000, 70001}};
+		check_write("small.bin", small, 3, false);
+		check_write("large.bin", large, 3, direct);
+		check_write("aligned.bin", aligned, 4, direct);
 	}
 	free(src);
+	free(page);
+}
+
+/* A safetensors file of 8 MiB of data or more pads its header so that the
+ * data starts at a 4096-byte boundary (PT_FILE_DIRECT_ALIGN: written from the
+ * tensors' memory with O_DIRECT) and reads back bitwise with its checksum;
+ * smaller ones keep the 8-byte alignment. */
+static void test_safetensors_large_aligned(void)
+{
+	pt_tensor t, s;
+	pt_st_tensor e[2] = {{"big", &t}, {"small", &s}};
+	pt_safetensors *st;
+	FILE *f;
+	uint64_t hlen = 0;
+	const char *path = tmp_path("large.safetensors");
+
+	PT_CHECK_OK(pt_tensor_init(&t, PT_F32, 2, (int64_t[]){1100, 2000}));
+	PT_CHECK_OK(pt_tensor_init(&s, PT_F32, 1, (int64_t[]){3}));
+	fill_random(&t, 5);
+	fill_random(&s, 6);
+	PT_CHECK_OK(pt_safetensors_write(path, e, 2, NULL, 0));
+	f = fopen(path, "rb");
+	CU_ASSERT_FATAL(f != NULL && fread(&hlen, 8, 1, f) == 1);
+	fclose(f);
+	CU_ASSERT_EQUAL((8 + hlen) % 4096, 0);
+	PT_CHECK_OK(pt_safetensors_open(&st, path));
+	for (int i = 0; i < 2; i++) {
+		pt_tensor back;
+		bool eq = false;
+		PT_CHECK_OK(pt_safetensors_get(st, e[i].name, &back));
+		PT_CHECK_OK(pt_tensor_equal(&back, e[i].tensor, &eq));
+		CU_ASSERT(eq);
+		pt_tensor_fini(&back);
+	}
+	pt_safetensors_destroy(st);
+	pt_tensor_fini(&t);
+	pt_tensor_fini(&s);
 }
 
 int main(void)
@@ -563,6 +623,7 @@ int main(void)
 	    {"test_safetensors_atomic_write", test_safetensors_atomic_write},
 	    {"test_sha256_vectors_and_backends", test_sha256_vectors_and_backends},
 	    {"test_file_write_atomic_direct", test_file_write_atomic_direct},
+	    {"test_safetensors_large_aligned", test_safetensors_large_aligned},
 	    {NULL, NULL},
 	};
 	static const pt_test_suite suites[] = {

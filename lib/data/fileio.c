@@ -213,13 +213,16 @@ static pt_err fsync_dir(const char *path)
  * where the file system takes it: DIRECT_CHUNK bytes at a time are copied into
  * an aligned staging buffer, hashed there while in cache, and written from it;
  * the last chunk is padded to DIRECT_ALIGN and the file cut back to its size.
+ * A part that starts at a block boundary where the file is at one (a
+ * safetensors payload after a header padded to it, from a page-aligned
+ * snapshot) is hashed and written from where it is, without the copy.
  * The bytes bypass the page cache: no kernel copy, and no gigabytes of fresh
  * page-cache memory the host must back while training runs beside the writer.
  * Smaller files, and any file where O_DIRECT is refused, are written through
  * the page cache in the same chunks, each hashed right after it is written. */
 #define DIRECT_CHUNK ((size_t)4 << 20)
-#define DIRECT_MIN   ((size_t)8 << 20)
-#define DIRECT_ALIGN ((size_t)4096)
+#define DIRECT_MIN   PT_FILE_DIRECT_MIN
+#define DIRECT_ALIGN PT_FILE_DIRECT_ALIGN
 
 /* write_chunk writes len bytes of buf; when the first O_DIRECT write of the
  * file is refused (EINVAL: an alignment this file system does not take), it
@@ -270,7 +273,29 @@ static pt_err write_staged(int fd, const pt_file_part *parts, size_t n, uint64_t
 		const uint8_t *p = parts[i].data;
 		size_t len = parts[i].len;
 		while (len > 0 && rv == PT_OK) {
-			size_t k = DIRECT_CHUNK - fill < len ? DIRECT_CHUNK - fill : len;
+			size_t k;
+			if (*direct && fill % DIRECT_ALIGN == 0 && len >= DIRECT_ALIGN &&
+			    (uintptr_t)p % DIRECT_ALIGN == 0) {
+				/* The file and the part are both at a block boundary:
+				 * write its whole blocks from where they are. */
+				if (fill > 0) {
+					if (sha != NULL)
+						pt_sha256_update(sha, stage, fill);
+					if ((rv = write_chunk(fd, stage, fill, direct, path)) !=
+					    PT_OK)
+						break;
+					fill = 0;
+				}
+				k = len & ~(DIRECT_ALIGN - 1);
+				k = k < DIRECT_CHUNK ? k : DIRECT_CHUNK;
+				if (sha != NULL)
+					pt_sha256_update(sha, p, k);
+				rv = write_chunk(fd, p, k, direct, path);
+				p += k;
+				len -= k;
+				continue;
+			}
+			k = DIRECT_CHUNK - fill < len ? DIRECT_CHUNK - fill : len;
 			memcpy(stage + fill, p, k);
 			fill += k;
 			p += k;

@@ -62,9 +62,13 @@ typedef struct pt_file_part {
  * the old file or the whole new one, never a truncated one. On failure the
  * temporary file is removed and path is untouched. Two threads of one process
  * must not write the same path at the same time (they share the temp name).
- * A file of 8 MiB or more is written with O_DIRECT where its file system
- * takes it (through a 4 MiB aligned staging buffer), so a checkpoint leaves
- * no page cache behind; elsewhere, and for smaller files, through the cache. */
+ * A file of PT_FILE_DIRECT_MIN bytes or more is written with O_DIRECT where
+ * its file system takes it, so a checkpoint leaves no page cache behind: a
+ * part that starts at a PT_FILE_DIRECT_ALIGN boundary both in memory and in
+ * the file goes from where it is, the rest through a 4 MiB aligned staging
+ * buffer. Elsewhere, and for smaller files, through the cache. */
+#define PT_FILE_DIRECT_MIN   ((size_t)8 << 20)
+#define PT_FILE_DIRECT_ALIGN ((size_t)4096)
 pt_err pt_file_write_atomic(const char *path, const pt_file_part *parts, size_t n);
 
 /* pt_file_write_atomic_sha256 is pt_file_write_atomic that also gives the

@@ -495,7 +495,9 @@ static pt_err check_write_args(const char *path, const pt_st_tensor *tensors, si
 	return rv;
 }
 
-/* build_header writes the JSON header, padded with spaces to a multiple of 8. */
+/* build_header writes the JSON header, padded with spaces so that the data
+ * starts at a multiple of 8 bytes (of PT_FILE_DIRECT_ALIGN in a file of
+ * PT_FILE_DIRECT_MIN data bytes or more). */
 static pt_err build_header(pt_buf *h, const pt_st_tensor *tensors, size_t n, const pt_st_meta *meta,
                            size_t n_meta, const char *sha_hex)
 {
@@ -522,7 +524,10 @@ static pt_err build_header(pt_buf *h, const pt_st_tensor *tensors, size_t n, con
 		off += nb;
 	}
 	PT_TRY(pt_buf_append(h, "}", 1));
-	while (h->len % 8 != 0)
+	/* The data starts 8-aligned; in a file written with O_DIRECT
+	 * (fileio.h) at a block boundary, so it goes to disk without a copy. */
+	size_t align = off >= PT_FILE_DIRECT_MIN ? PT_FILE_DIRECT_ALIGN : 8;
+	while ((8 + h->len) % align != 0)
 		PT_TRY(pt_buf_append(h, " ", 1));
 	return PT_OK;
 }
