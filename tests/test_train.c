@@ -115,33 +115,57 @@ static void test_train_same_seed_bitwise_weights(void)
 	free(c.weights);
 }
 
-static void test_train_byte_transformer_loss_drops(void)
-{
-	enum { B = 16, T = 64, C = 64, STEPS = 300 };
+/* A byte-level transformer (embedding, 2 blocks of C features and 4 heads,
+ * layernorm, head) on the shipped text, its AdamW trainer and a batch of
+ * B x T tokens. */
+typedef struct gpt_run {
 	pt_tokens tk;
-	pt_layer_spec layers[] = {pt_embedding(256, C, T), pt_block(C, 4), pt_block(C, 4),
-	                          pt_layernorm(C), pt_linear(C, 256)};
-	pt_model_config cfg = {.batch = B, .input = {PT_I64, T, 0}, .n_slots = 1, .seed = 1};
-	pt_optim_config oc = pt_optim_defaults(PT_OPTIM_ADAMW, 3e-3f);
 	pt_model *m;
 	pt_optimizer *o;
 	pt_trainer *t;
 	pt_tensor x, y;
+} gpt_run;
+
+static void gpt_open(gpt_run *g, int64_t C, const pt_model_config *cfg, const pt_optim_config *oc,
+                     int64_t B)
+{
+	int64_t T = cfg->input.seq;
+	pt_layer_spec layers[] = {pt_embedding(256, C, T), pt_block(C, 4), pt_block(C, 4),
+	                          pt_layernorm(C), pt_linear(C, 256)};
+	PT_CHECK_OK(pt_tokens_load(&g->tk, pt_test_path("examples/data/text.u16"), PT_U16, 256));
+	PT_CHECK_OK(pt_model_create(&g->m, layers, 5, 0, 5, cfg));
+	PT_CHECK_OK(pt_optimizer_create(&g->o, oc, pt_model_params(g->m), pt_model_grads(g->m)));
+	PT_CHECK_OK(pt_trainer_create(&g->t, g->m, g->o, PT_LOSS_CROSS_ENTROPY, -1));
+	PT_CHECK_OK(pt_tensor_init(&g->x, PT_I64, 2, (int64_t[]){B, T}));
+	PT_CHECK_OK(pt_tensor_init(&g->y, PT_I64, 2, (int64_t[]){B, T}));
+}
+
+static void gpt_close(gpt_run *g)
+{
+	pt_tensor_fini(&g->x);
+	pt_tensor_fini(&g->y);
+	pt_trainer_destroy(g->t);
+	pt_optimizer_destroy(g->o);
+	pt_model_destroy(g->m);
+	pt_tokens_fini(&g->tk);
+}
+
+static void test_train_byte_transformer_loss_drops(void)
+{
+	enum { B = 16, T = 64, C = 64, STEPS = 300 };
+	pt_model_config cfg = {.batch = B, .input = {PT_I64, T, 0}, .n_slots = 1, .seed = 1};
+	pt_optim_config oc = pt_optim_defaults(PT_OPTIM_ADAMW, 3e-3f);
+	gpt_run g;
 	double first = 0.0, last = 0.0, t0 = pt_now();
 
 	oc.clip_norm = 1.0f;
 	oc.schedule = (pt_schedule){PT_SCHED_WARMUP_COSINE, 20, STEPS, 3e-4f};
-	PT_CHECK_OK(pt_tokens_load(&tk, pt_test_path("examples/data/text.u16"), PT_U16, 256));
-	PT_CHECK_OK(pt_model_create(&m, layers, 5, 0, 5, &cfg));
-	PT_CHECK_OK(pt_optimizer_create(&o, &oc, pt_model_params(m), pt_model_grads(m)));
-	PT_CHECK_OK(pt_trainer_create(&t, m, o, PT_LOSS_CROSS_ENTROPY, -1));
-	PT_CHECK_OK(pt_tensor_init(&x, PT_I64, 2, (int64_t[]){B, T}));
-	PT_CHECK_OK(pt_tensor_init(&y, PT_I64, 2, (int64_t[]){B, T}));
+	gpt_open(&g, C, &cfg, &oc, B);
 	/* Average the first and last 10 steps: single batches are noisy. */
 	for (int s = 0; s < STEPS; s++) {
 		pt_step_result r;
-		PT_CHECK_OK(pt_tokens_sample(&tk, 99, (uint64_t)s, &x, &y));
-		PT_CHECK_OK(pt_trainer_step(t, &x, &y, 1, (uint64_t)s, &r));
+		PT_CHECK_OK(pt_tokens_sample(&g.tk, 99, (uint64_t)s, &g.x, &g.y));
+		PT_CHECK_OK(pt_trainer_step(g.t, &g.x, &g.y, 1, (uint64_t)s, &r));
 		CU_ASSERT_FATAL(isfinite(r.loss));
 		if (s < 10)
 			first += r.loss / 10;
@@ -151,12 +175,7 @@ static void test_train_byte_transformer_loss_drops(void)
 	printf("\n    byte transformer: loss %.4f -> %.4f (%.1f %% lower, %.1f s)\n", first, last,
 	       100.0 * (1.0 - last / first), pt_now() - t0);
 	CU_ASSERT(last <= 0.6 * first);
-	pt_tensor_fini(&x);
-	pt_tensor_fini(&y);
-	pt_trainer_destroy(t);
-	pt_optimizer_destroy(o);
-	pt_model_destroy(m);
-	pt_tokens_fini(&tk);
+	gpt_close(&g);
 }
 
 /* Trains the byte transformer (2 blocks) for 4 AdamW steps at bf16 with the
@@ -167,45 +186,29 @@ static void test_train_byte_transformer_loss_drops(void)
 static void train_bf16_gpt(pt_precision made_for, float **out, size_t *nbytes, size_t *slot)
 {
 	enum { B = 8, T = 32, C = 64 };
-	pt_tokens tk;
-	pt_layer_spec layers[] = {pt_embedding(256, C, T), pt_block(C, 4), pt_block(C, 4),
-	                          pt_layernorm(C), pt_linear(C, 256)};
 	pt_model_config cfg = {.batch = B / 2,
 	                       .input = {PT_I64, T, 0},
 	                       .n_slots = 1,
 	                       .seed = 3,
 	                       .precision = made_for};
 	pt_optim_config oc = pt_optim_defaults(PT_OPTIM_ADAMW, 3e-3f);
-	pt_model *m;
-	pt_optimizer *o;
-	pt_trainer *t;
-	pt_tensor x, y;
+	gpt_run g;
 
-	PT_CHECK_OK(pt_tokens_load(&tk, pt_test_path("examples/data/text.u16"), PT_U16, 256));
-	PT_CHECK_OK(pt_model_create(&m, layers, 5, 0, 5, &cfg));
-	PT_CHECK_OK(pt_optimizer_create(&o, &oc, pt_model_params(m), pt_model_grads(m)));
-	PT_CHECK_OK(pt_trainer_create(&t, m, o, PT_LOSS_CROSS_ENTROPY, -1));
-	PT_CHECK_OK(pt_tensor_init(&x, PT_I64, 2, (int64_t[]){B, T}));
-	PT_CHECK_OK(pt_tensor_init(&y, PT_I64, 2, (int64_t[]){B, T}));
+	gpt_open(&g, C, &cfg, &oc, B);
 	pt_set_precision(PT_PREC_BF16);
 	for (int s = 0; s < 4; s++) {
 		pt_step_result r;
-		PT_CHECK_OK(pt_tokens_sample(&tk, 5, (uint64_t)s, &x, &y));
-		PT_CHECK_OK(pt_trainer_step(t, &x, &y, 2, (uint64_t)s, &r));
+		PT_CHECK_OK(pt_tokens_sample(&g.tk, 5, (uint64_t)s, &g.x, &g.y));
+		PT_CHECK_OK(pt_trainer_step(g.t, &g.x, &g.y, 2, (uint64_t)s, &r));
 		CU_ASSERT(isfinite(r.loss));
 	}
 	pt_set_precision(PT_PREC_FP32);
-	*nbytes = pt_tensor_nbytes(pt_model_params(m));
+	*nbytes = pt_tensor_nbytes(pt_model_params(g.m));
 	*out = malloc(*nbytes);
 	CU_ASSERT_FATAL(*out != NULL);
-	memcpy(*out, pt_tensor_data(pt_model_params(m)), *nbytes);
-	*slot = pt_model_slot_bytes(m);
-	pt_tensor_fini(&x);
-	pt_tensor_fini(&y);
-	pt_trainer_destroy(t);
-	pt_optimizer_destroy(o);
-	pt_model_destroy(m);
-	pt_tokens_fini(&tk);
+	memcpy(*out, pt_tensor_data(pt_model_params(g.m)), *nbytes);
+	*slot = pt_model_slot_bytes(g.m);
+	gpt_close(&g);
 }
 
 /* split_grads runs one forward and a split backward (input part, then weight
