@@ -224,9 +224,20 @@ static pt_err fsync_dir(const char *path)
 #define DIRECT_MIN   PT_FILE_DIRECT_MIN
 #define DIRECT_ALIGN PT_FILE_DIRECT_ALIGN
 
-/* write_chunk writes len bytes of buf; when the first O_DIRECT write of the
- * file is refused (EINVAL: an alignment this file system does not take), it
- * turns O_DIRECT off for fd and writes through the page cache instead. */
+/* direct_off turns O_DIRECT off for fd: what is left goes through the page
+ * cache. */
+static pt_err direct_off(int fd, bool *direct, const char *path)
+{
+	int fl = fcntl(fd, F_GETFL);
+	*direct = false;
+	if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_DIRECT) != 0)
+		return pt_set_error(PT_ERR_IO, "%s: fcntl: %s", path, strerror(errno));
+	return PT_OK;
+}
+
+/* write_chunk writes len bytes of buf. An O_DIRECT write that is refused
+ * (EINVAL: an alignment this file system does not take) or cut short (a full
+ * disk) turns O_DIRECT off for fd, and the rest goes through the page cache. */
 static pt_err write_chunk(int fd, const void *buf, size_t len, bool *direct, const char *path)
 {
 	if (*direct) {
@@ -236,23 +247,13 @@ static pt_err write_chunk(int fd, const void *buf, size_t len, bool *direct, con
 		while (w < 0 && errno == EINTR);
 		if (w == (ssize_t)len)
 			return PT_OK;
-		if (w < 0 && errno == EINVAL) {
-			int fl = fcntl(fd, F_GETFL);
-			*direct = false;
-			if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_DIRECT) != 0)
-				return pt_set_error(PT_ERR_IO, "%s: fcntl: %s", path,
-				                    strerror(errno));
-			return write_full(fd, buf, len, path);
-		}
-		if (w < 0)
+		if (w < 0 && errno != EINVAL)
 			return pt_set_error(PT_ERR_IO, "%s: write: %s", path, strerror(errno));
-		/* a short direct write (a full disk): the rest must still go */
-		*direct = false;
-		buf = (const char *)buf + w;
-		len -= (size_t)w;
-		int fl = fcntl(fd, F_GETFL);
-		if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_DIRECT) != 0)
-			return pt_set_error(PT_ERR_IO, "%s: fcntl: %s", path, strerror(errno));
+		if (w > 0) {
+			buf = (const char *)buf + w;
+			len -= (size_t)w;
+		}
+		PT_TRY(direct_off(fd, direct, path));
 	}
 	return write_full(fd, buf, len, path);
 }
