@@ -744,7 +744,7 @@ static void as_bf16(pt_tensor *out, const pt_tensor *x)
  * a Linear given x in bf16 computes, forward and backward, bitwise what it
  * computes from the f32 x that rounds to it - natively (the packed operand
  * is the same) and emulated (x widened exactly, rounded back); at fp32 a bf16
- * x is refused, naming the op. */
+ * x is refused, naming the op, and so is a bf16 x that is not contiguous. */
 static void test_bf16_activation_inputs(void)
 {
 	pt_tensor x, w, b, dy, xb, y32, yb, yr, mean, rstd;
@@ -809,6 +809,15 @@ static void test_bf16_activation_inputs(void)
 	PT_CHECK_OK(pt_tensor_init(&yr, PT_F32, 2, (int64_t[]){33, 45}));
 	PT_CHECK_ERR_MSG(pt_linear_forward(&yr, &xb, &w, &b), PT_ERR_DTYPE,
 	                 "linear_forward: a bf16 input at fp32 precision");
+	{ /* a bf16 x that is not contiguous (the first 35 of 70 columns): refused */
+		pt_tensor cols;
+		PT_CHECK_OK(pt_tensor_narrow(&cols, &xb, 1, 0, 35));
+		pt_set_precision(PT_PREC_BF16);
+		PT_CHECK_ERR_MSG(pt_linear_forward(&yr, &cols, &w, &b), PT_ERR_INVALID,
+		                 "x must be contiguous");
+		pt_set_precision(PT_PREC_FP32);
+		pt_tensor_fini(&cols);
+	}
 	pt_tensor_fini(&yr);
 	pt_tensor_fini(&x);
 	pt_tensor_fini(&xb);

@@ -176,10 +176,18 @@ static bool hw_convert(void)
 }
 #endif
 
+typedef void (*row_fn)(uint16_t *restrict, const float *restrict, int64_t);
+
+/* pick_row: the row rounding to use (the hardware's where asked for and the
+ * CPU has it). */
+static row_fn pick_row(bool hw)
+{
+	return hw && hw_convert() ? to_bf16_row_hw : to_bf16_row;
+}
+
 void cpu_pack_bf16(uint16_t *dst, const float *src, int64_t rows, int64_t cols, int64_t ld, bool hw)
 {
-	void (*row)(uint16_t *restrict, const float *restrict, int64_t) =
-	    hw && hw_convert() ? to_bf16_row_hw : to_bf16_row;
+	row_fn row = pick_row(hw);
 #pragma omp parallel for schedule(static) if (rows * cols >= PT_CPU_PAR_MIN && !omp_in_parallel())
 	for (int64_t r = 0; r < rows; r++)
 		row(dst + r * cols, src + r * ld, cols);
@@ -187,10 +195,7 @@ void cpu_pack_bf16(uint16_t *dst, const float *src, int64_t rows, int64_t cols, 
 
 void cpu_bf16_row(uint16_t *dst, const float *src, int64_t n)
 {
-	if (hw_convert())
-		to_bf16_row_hw(dst, src, n);
-	else
-		to_bf16_row(dst, src, n);
+	pick_row(true)(dst, src, n);
 }
 
 /* pack_colsum is to_bf16 for a whole matrix (ld = cols) that also adds its
@@ -199,8 +204,7 @@ void cpu_bf16_row(uint16_t *dst, const float *src, int64_t n)
  * piece just converted. */
 static void pack_colsum(uint16_t *dst, const float *src, int64_t rows, int64_t cols, float *sum)
 {
-	void (*row)(uint16_t *restrict, const float *restrict, int64_t) =
-	    hw_convert() ? to_bf16_row_hw : to_bf16_row;
+	row_fn row = pick_row(true);
 	int nt = rows * cols >= PT_CPU_PAR_MIN && !omp_in_parallel() ? omp_get_max_threads() : 1;
 #pragma omp parallel num_threads(nt)
 	{
