@@ -7,11 +7,14 @@
  *   w2_sgemm_ratio    W2's achieved GFLOP/s over sgemm_gflops
  *   w2_bf16_tokens_per_s, w2_bf16_vs_fp32  W2 with bf16 matrix products
  *   sha256_gbps       SHA-256 of 256 MiB as checkpoints are hashed (OpenSSL's
- *                     compression); sha256_portable_gbps, the portable one
+ *                     compression); sha256_pair_gbps, two messages hashed
+ *                     together (pt_sha256_update2, SHA extensions' pairs);
+ *                     sha256_portable_gbps, the portable one
  * and informational w1_gflops / w2_gflops. Threads: PIPETRAIN_THREADS or all cores.
  * PT_BENCH_PROFILE set: W2's per-op profile of one more step, as `#` lines.
  */
 #include <oneapi/dnnl/dnnl.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -51,7 +54,10 @@ static double bench_sgemm(void)
 }
 
 /* GB/s of pt_sha256 over 256 MiB, best of 3, with the installed block function. */
-static double bench_sha256(void)
+/* bench_sha256 hashes 256 MiB: one message, or (pair) two messages of
+ * 128 MiB together with pt_sha256_update2, as a checkpoint hashes its two
+ * files. GB/s of message bytes, best of 3. */
+static double bench_sha256(bool pair)
 {
 	size_t n = (size_t)256 << 20;
 	uint8_t *p = malloc(n), d[PT_SHA256_BYTES];
@@ -61,8 +67,15 @@ static double bench_sha256(void)
 	for (size_t i = 0; i < n; i++)
 		p[i] = (uint8_t)(i * 131 + (i >> 12));
 	for (int trial = 0; trial < 3; trial++) {
+		pt_sha256_ctx a, b;
 		double t0 = pt_now();
-		pt_sha256(p, n, d);
+		if (pair) {
+			pt_sha256_init(&a), pt_sha256_init(&b);
+			pt_sha256_update2(&a, p, &b, p + n / 2, n / 2);
+			pt_sha256_final(&a, d), pt_sha256_final(&b, d);
+		} else {
+			pt_sha256(p, n, d);
+		}
 		double g = (double)n / (pt_now() - t0) / 1e9;
 		best = g > best ? g : best;
 	}
@@ -198,9 +211,11 @@ int main(int argc, char **argv)
 		printf("# bf16: %s\n", pt_backend_bf16());
 	}
 	pt_sha256_use_openssl(); /* as the server has it (this program links no safetensors code) */
-	printf("bench sha256_gbps %.2f\n", bench_sha256());
+	printf("bench sha256_gbps %.2f\n", bench_sha256(false));
+	printf("bench sha256_pair_gbps %.2f\n", bench_sha256(true));
+	printf("# sha256 pairs: %s\n", pt_sha256_pair_backend());
 	pt_sha256_set_blocks(NULL, NULL);
-	printf("bench sha256_portable_gbps %.2f\n", bench_sha256());
+	printf("bench sha256_portable_gbps %.2f\n", bench_sha256(false));
 	pt_sha256_use_openssl();
 	return 0;
 }

@@ -473,6 +473,79 @@ static void test_sha256_vectors_and_backends(void)
 	free(data);
 }
 
+/* pt_sha256_update2 equals two pt_sha256_update calls, for the serial pair
+ * and the SHA extensions' one (where the CPU has them): messages that start
+ * at different offsets within a block, pieces from 0 bytes to 1 MiB, each
+ * checked against its own single-stream digest. */
+static void test_sha256_update2(void)
+{
+	size_t n = (1u << 20) + 4099;
+	uint8_t *a = malloc(n), *b = malloc(n);
+	pt_sha256_blocks2_fn ni = pt_sha256_ni_pair();
+	pt_rng r;
+	int checked = 0;
+
+	CU_ASSERT_FATAL(a != NULL && b != NULL);
+	CU_ASSERT_STRING_EQUAL(pt_sha256_pair_backend(), ni ? "sha-ni" : "serial");
+	if (ni == NULL)
+		fprintf(stderr, "\n  (no SHA extensions on this CPU: the serial pair only) ");
+	pt_rng_init(&r, 11, 0);
+	for (size_t i = 0; i < n; i++)
+		a[i] = (uint8_t)pt_rng_u32(&r), b[i] = (uint8_t)pt_rng_u32(&r);
+	for (int pass = 0; pass < 2; pass++) {
+		if (pass == 0)
+			pt_sha256_set_pair(NULL, NULL);
+		else if (ni != NULL)
+			pt_sha256_set_pair(ni, "sha-ni");
+		else
+			break;
+		CU_ASSERT_STRING_EQUAL(pt_sha256_pair_backend(), pass ? "sha-ni" : "serial");
+		for (int trial = 0; trial < 40; trial++) {
+			pt_sha256_ctx s, t, rs, rt;
+			uint8_t d1[PT_SHA256_BYTES], d2[PT_SHA256_BYTES];
+			size_t pa = pt_rng_u32(&r) % 130, pb = pt_rng_u32(&r) % 130;
+			size_t oa = pa, ob = pb;
+			pt_sha256_init(&s), pt_sha256_init(&t);
+			pt_sha256_update(&s, a, pa), pt_sha256_update(&t, b, pb);
+			rs = s, rt = t;
+			for (int piece = 0; piece < 4; piece++) {
+				size_t k = trial == 0
+				               ? n - 130
+				               : pt_rng_u32(&r) % (piece == 3 ? 300000 : 5000);
+				size_t room = n - (oa > ob ? oa : ob);
+				k = k > room ? room : k;
+				pt_sha256_update2(&s, a + oa, &t, b + ob, k);
+				pt_sha256_update(&rs, a + oa, k), pt_sha256_update(&rt, b + ob, k);
+				oa += k, ob += k;
+			}
+			CU_ASSERT_EQUAL(s.nbytes, oa);
+			CU_ASSERT_EQUAL(t.nbytes, ob);
+			pt_sha256_final(&s, d1), pt_sha256_final(&rs, d2);
+			CU_ASSERT_EQUAL(memcmp(d1, d2, sizeof(d1)), 0);
+			pt_sha256_final(&t, d1), pt_sha256_final(&rt, d2);
+			CU_ASSERT_EQUAL(memcmp(d1, d2, sizeof(d1)), 0);
+			checked++;
+		}
+	}
+	CU_ASSERT_EQUAL(checked, ni ? 80 : 40);
+	/* The whole of both, paired from the start, against the one-shot hash. */
+	{
+		pt_sha256_ctx s, t;
+		uint8_t d[PT_SHA256_BYTES];
+		char h1[PT_SHA256_HEX], h2[PT_SHA256_HEX];
+		pt_sha256_init(&s), pt_sha256_init(&t);
+		pt_sha256_update2(&s, a, &t, b, n);
+		pt_sha256_final(&s, d), pt_sha256_hex(d, h1), hex_of(a, n, h2);
+		CU_ASSERT_STRING_EQUAL(h1, h2);
+		pt_sha256_final(&t, d), pt_sha256_hex(d, h1), hex_of(b, n, h2);
+		CU_ASSERT_STRING_EQUAL(h1, h2);
+	}
+	pt_sha256_use_openssl();
+	CU_ASSERT_STRING_EQUAL(pt_sha256_pair_backend(), ni ? "sha-ni" : "serial");
+	free(a);
+	free(b);
+}
+
 /* resident_pages counts the pages of path's first len bytes in the page cache. */
 static size_t resident_pages(const char *path, size_t len)
 {
@@ -665,6 +738,7 @@ int main(void)
 	    {"test_safetensors_checksum", test_safetensors_checksum},
 	    {"test_safetensors_atomic_write", test_safetensors_atomic_write},
 	    {"test_sha256_vectors_and_backends", test_sha256_vectors_and_backends},
+	    {"test_sha256_update2", test_sha256_update2},
 	    {"test_file_write_atomic_direct", test_file_write_atomic_direct},
 	    {"test_safetensors_large_aligned", test_safetensors_large_aligned},
 	    {NULL, NULL},

@@ -30,4 +30,5 @@ static void openssl_blocks(uint32_t h[8], const uint8_t *p, size_t n)
 void pt_sha256_use_openssl(void)
 {
 	pt_sha256_set_blocks(openssl_blocks, "openssl");
+	pt_sha256_set_pair(pt_sha256_ni_pair(), "sha-ni");
 }
