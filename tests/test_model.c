@@ -1,15 +1,19 @@
 /* test_model.c - model building, state_dict names, and checkpoints: bitwise
  * save/load, resume equals uninterrupted training, PyTorch loads our file. */
+#include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "checkpoint.h"
+#include "fileio.h"
 #include "ops.h"
 #include "rng.h"
 #include "pt_test.h"
 #include "safetensors.h"
+#include "sha256.h"
 #include "train.h"
 
 static const pt_layer_spec mlp[] = {
@@ -304,11 +308,109 @@ static void test_model_split_backward_matches_fused(void)
 	split_matches_fused(gpt + 2, 4, (pt_act_shape){PT_F32, 6, 8}, 0, "gpt middle");
 }
 
+/* same_file reports whether two files hold the same bytes. */
+static bool same_file(const char *a, const char *b)
+{
+	void *x = NULL, *y = NULL;
+	size_t nx = 0, ny = 0;
+	bool same = pt_file_read(a, SIZE_MAX, &x, &nx) == PT_OK &&
+	            pt_file_read(b, SIZE_MAX, &y, &ny) == PT_OK && nx == ny &&
+	            memcmp(x, y, nx) == 0;
+	free(x);
+	free(y);
+	return same;
+}
+
+/* pt_checkpoint_save_pair writes, byte for byte, what the .state writer and
+ * pt_checkpoint_save_tensors write one after the other, and lists the
+ * weights file's SHA-256 and size. Layouts: 0 the weights leading one state
+ * (their hash a copy of the state's), 1 split over two states, 2 all of one
+ * state, 3 longer than the state; sizes not whole 64-byte blocks, large
+ * enough for O_DIRECT and the 4096-byte header. */
+static void test_checkpoint_save_pair(void)
+{
+	enum { W = 2200003 }; /* 8.8 MB of weights: O_DIRECT, a 4096-byte header */
+	static const char *const snames[2] = {"stage0.state", "stage1.state"};
+	static const char *const wnames[6] = {"w0", "w1", "w2", "w3", "w4", "w5"};
+	const int64_t cut[] = {0, 77, 1100001, W}; /* the weights' tensors within W */
+	char dir[] = "/tmp/pt_pairXXXXXX";
+	CU_ASSERT_PTR_NOT_NULL_FATAL(mkdtemp(dir));
+	for (int lay = 0; lay < 4; lay++) {
+		/* A state: its weights, then two optimizer buffers (3 W values);
+		 * layout 2: the weights alone; 3: 100 values, and the weights in
+		 * a buffer of their own. */
+		int64_t ns = lay == 1 ? 2 : 1, len = lay == 2 ? W : lay == 3 ? 100 : 3 * W;
+		pt_tensor states[2], own, views[6];
+		pt_st_tensor st[2], wts[6];
+		char path[256], ref[256], refs[300], spath[300];
+		char hex[PT_SHA256_HEX], rhex[PT_SHA256_HEX], fhex[PT_SHA256_HEX];
+		uint64_t size = 0, rsize = 0;
+		size_t nw = 0;
+		pt_rng g;
+		pt_checkpoint_info info = {.step = 7};
+		pt_st_meta smeta[] = {{"format", "pipetrain"}, {"stages", "2"}};
+		snprintf(info.job, sizeof(info.job), "pair-%d", lay);
+		pt_rng_init(&g, 5, (uint64_t)lay);
+		for (int64_t k = 0; k < ns; k++) {
+			PT_CHECK_OK(pt_tensor_init(&states[k], PT_F32, 1, (int64_t[]){len}));
+			pt_rng_normal(&g, pt_tensor_f32(&states[k]), len, 0.0f, 1.0f);
+			st[k] = (pt_st_tensor){snames[k], &states[k]};
+		}
+		PT_CHECK_OK(pt_tensor_init(&own, PT_F32, 1, (int64_t[]){W}));
+		pt_rng_normal(&g, pt_tensor_f32(&own), W, 0.0f, 1.0f);
+		for (int64_t k = 0; k < ns; k++)
+			for (int c = 0; c < 3; c++, nw++) {
+				const pt_tensor *base = lay == 3 ? &own : &states[k];
+				PT_CHECK_OK(pt_tensor_init_on(
+				    &views[nw], base->storage, (size_t)(base->offset + cut[c]) * 4,
+				    PT_F32, 1, (int64_t[]){cut[c + 1] - cut[c]}));
+				wts[nw] = (pt_st_tensor){wnames[nw], &views[nw]};
+			}
+		snprintf(path, sizeof(path), "%s/pair%d.safetensors", dir, lay);
+		snprintf(spath, sizeof(spath), "%s.state", path);
+		snprintf(ref, sizeof(ref), "%s/ref%d.safetensors", dir, lay);
+		snprintf(refs, sizeof(refs), "%s.state", ref);
+		PT_CHECK_OK(pt_checkpoint_save_pair(path, wts, nw, &info, st, (size_t)ns, smeta, 2,
+		                                    hex, &size));
+		PT_CHECK_OK(pt_safetensors_write(refs, st, (size_t)ns, smeta, 2));
+		PT_CHECK_OK(pt_checkpoint_save_tensors(ref, wts, nw, &info, rhex, &rsize));
+		CU_ASSERT(same_file(path, ref));
+		CU_ASSERT(same_file(spath, refs));
+		CU_ASSERT_STRING_EQUAL(hex, rhex);
+		CU_ASSERT_EQUAL(size, rsize);
+		CU_ASSERT_EQUAL(size, 4096 + 4 * (uint64_t)W * (uint64_t)ns);
+		{
+			void *data = NULL;
+			size_t n = 0;
+			uint8_t d[PT_SHA256_BYTES];
+			PT_CHECK_OK(pt_file_read(path, SIZE_MAX, &data, &n));
+			pt_sha256(data, n, d);
+			pt_sha256_hex(d, fhex);
+			CU_ASSERT_STRING_EQUAL(fhex, hex);
+			free(data);
+		}
+		for (int f = 0; f < 2; f++) { /* the reader checks each data_sha256 */
+			pt_safetensors *sf;
+			PT_CHECK_OK(pt_safetensors_open(&sf, f ? spath : path));
+			CU_ASSERT_EQUAL(pt_safetensors_count(sf), f ? (size_t)ns : nw);
+			pt_safetensors_destroy(sf);
+		}
+		unlink(path), unlink(spath), unlink(ref), unlink(refs);
+		for (size_t k = 0; k < nw; k++)
+			pt_tensor_fini(&views[k]);
+		for (int64_t k = 0; k < ns; k++)
+			pt_tensor_fini(&states[k]);
+		pt_tensor_fini(&own);
+	}
+	CU_ASSERT_EQUAL(rmdir(dir), 0);
+}
+
 static const pt_test_case tests[] = {
     {"test_model_param_overflow", test_model_param_overflow},
     {"test_model_state_dict_names", test_model_state_dict_names},
     {"test_model_stage_weights_match_full_model", test_model_stage_weights_match_full_model},
     {"test_model_checkpoint_roundtrip_and_resume", test_model_checkpoint_roundtrip_and_resume},
+    {"test_checkpoint_save_pair", test_checkpoint_save_pair},
     {"test_model_split_backward_matches_fused", test_model_split_backward_matches_fused},
     {NULL, NULL},
 };

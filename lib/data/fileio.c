@@ -392,6 +392,44 @@ pt_err pt_file_write_atomic_sha256(const char *path, const pt_file_part *parts, 
 	return fsync_dir(path);
 }
 
+/* cursor_span points *p at the cursor's next bytes, at most want of them,
+ * and returns how many (0 at the end or for want 0). */
+static size_t cursor_span(pt_parts_cursor *c, uint64_t want, const uint8_t **p)
+{
+	size_t k;
+	while (c->i < c->n && c->off == c->parts[c->i].len)
+		c->i++, c->off = 0;
+	if (c->i == c->n || want == 0)
+		return 0;
+	k = c->parts[c->i].len - c->off;
+	k = k < want ? k : (size_t)want;
+	*p = (const uint8_t *)c->parts[c->i].data + c->off;
+	return k;
+}
+
+void pt_parts_sha256_2(pt_sha256_ctx *s, pt_parts_cursor *a, uint64_t na, pt_sha256_ctx *t,
+                       pt_parts_cursor *b, uint64_t nb)
+{
+	for (;;) {
+		const uint8_t *pa = NULL, *pb = NULL;
+		size_t ka = s ? cursor_span(a, na, &pa) : 0, kb = t ? cursor_span(b, nb, &pb) : 0;
+		if (ka > 0 && kb > 0) {
+			ka = kb = ka < kb ? ka : kb;
+			pt_sha256_update2(s, pa, t, pb, ka);
+		} else if (ka > 0) {
+			pt_sha256_update(s, pa, ka);
+		} else if (kb > 0) {
+			pt_sha256_update(t, pb, kb);
+		} else {
+			return;
+		}
+		if (ka > 0)
+			a->off += ka, na -= ka;
+		if (kb > 0)
+			b->off += kb, nb -= kb;
+	}
+}
+
 pt_err pt_file_write_atomic(const char *path, const pt_file_part *parts, size_t n)
 {
 	return pt_file_write_atomic_sha256(path, parts, n, NULL, NULL);

@@ -11,6 +11,7 @@
 #include <stddef.h>
 
 #include "error.h"
+#include "sha256.h"
 #include "tensor.h"
 
 /* pt_read_full reads exactly len bytes from fd at byte offset off (pread, so
@@ -76,6 +77,20 @@ pt_err pt_file_write_atomic(const char *path, const pt_file_part *parts, size_t 
  * as they are written, so nobody reads the file back to list it. */
 pt_err pt_file_write_atomic_sha256(const char *path, const pt_file_part *parts, size_t n,
                                    char hex[65], uint64_t *size);
+
+/* A list of parts read as one stream of bytes, from the start: parts, n and
+ * the rest zero. */
+typedef struct pt_parts_cursor {
+	const pt_file_part *parts;
+	size_t n, i, off;
+} pt_parts_cursor;
+
+/* pt_parts_sha256_2 appends the next na bytes of cursor a to s and the next
+ * nb bytes of cursor b to t, compressing the stretch both have in pairs
+ * (pt_sha256_update2) and the rest alone; s or t may be NULL with its count
+ * 0. A cursor that holds fewer bytes stops at its end. */
+void pt_parts_sha256_2(pt_sha256_ctx *s, pt_parts_cursor *a, uint64_t na, pt_sha256_ctx *t,
+                       pt_parts_cursor *b, uint64_t nb);
 
 /* pt_file_tensor_bytes gives the row-major bytes of t for writing: a pointer
  * into t's storage when t is contiguous, else a new copy returned in *tmp too

@@ -538,52 +538,74 @@ pt_err pt_safetensors_write(const char *path, const pt_st_tensor *tensors, size_
 	return pt_safetensors_write_sha256(path, tensors, n, meta, n_meta, NULL, NULL);
 }
 
+pt_err pt_st_plan_init(pt_st_plan *pl, const char *path, const pt_st_tensor *tensors, size_t n,
+                       const pt_st_meta *meta, size_t n_meta)
+{
+	memset(pl, 0, sizeof(*pl));
+	pt_buf_init(&pl->header);
+	PT_TRY(check_write_args(path, tensors, n, meta, n_meta));
+	pl->path = path, pl->tensors = tensors, pl->n = n, pl->meta = meta, pl->n_meta = n_meta;
+	pl->tmps = calloc(n + 1, sizeof(*pl->tmps));
+	pl->parts = calloc(n + 2, sizeof(*pl->parts));
+	if (pl->tmps == NULL || pl->parts == NULL)
+		return pt_set_error(PT_ERR_NOMEM, "%s: %zu tensors", path, n);
+	pl->n_parts = n + 2;
+	for (size_t i = 0; i < n; i++) {
+		const void *bytes;
+		PT_TRY(pt_file_tensor_bytes(tensors[i].tensor, &bytes, &pl->tmps[i]));
+		pl->parts[i + 2] = (pt_file_part){bytes, pt_tensor_nbytes(tensors[i].tensor)};
+		pl->data_len += pl->parts[i + 2].len;
+	}
+	return PT_OK;
+}
+
+pt_err pt_st_plan_header(pt_st_plan *pl, const char data_hex[65])
+{
+	pl->header.len = 0;
+	PT_TRY(build_header(&pl->header, pl->tensors, pl->n, pl->meta, pl->n_meta, data_hex));
+	for (int i = 0; i < 8; i++)
+		pl->lenbuf[i] = (uint8_t)((uint64_t)pl->header.len >> (8 * i));
+	pl->parts[0] = (pt_file_part){pl->lenbuf, 8};
+	pl->parts[1] = (pt_file_part){pl->header.data, pl->header.len};
+	return PT_OK;
+}
+
+pt_err pt_st_plan_write(const pt_st_plan *pl, char file_hex[65], uint64_t *file_size)
+{
+	return pt_file_write_atomic_sha256(pl->path, pl->parts, pl->n_parts, file_hex, file_size);
+}
+
+void pt_st_plan_fini(pt_st_plan *pl)
+{
+	for (size_t i = 0; pl->tmps && i < pl->n; i++)
+		free(pl->tmps[i]);
+	free(pl->tmps);
+	free(pl->parts);
+	pt_buf_fini(&pl->header);
+	memset(pl, 0, sizeof(*pl));
+}
+
 pt_err pt_safetensors_write_sha256(const char *path, const pt_st_tensor *tensors, size_t n,
                                    const pt_st_meta *meta, size_t n_meta, char file_hex[65],
                                    uint64_t *file_size)
 {
-	const void **bytes = NULL;
-	void **tmps = NULL;
-	pt_file_part *parts = NULL;
-	uint8_t digest[PT_SHA256_BYTES], lenbuf[8];
-	char hex[PT_SHA256_HEX];
+	pt_st_plan pl;
 	pt_sha256_ctx sha;
-	pt_buf header;
+	uint8_t digest[PT_SHA256_BYTES];
+	char hex[PT_SHA256_HEX];
 	pt_err rv;
 
-	pt_buf_init(&header);
-	PT_TRY(check_write_args(path, tensors, n, meta, n_meta));
-	bytes = calloc(n + 1, sizeof(*bytes));
-	tmps = calloc(n + 1, sizeof(*tmps));
-	parts = calloc(n + 2, sizeof(*parts));
-	if (bytes == NULL || tmps == NULL || parts == NULL) {
-		rv = pt_set_error(PT_ERR_NOMEM, "%s: %zu tensors", path, n);
-		goto done;
-	}
 	/* The checksum goes into the header, so hash every tensor's bytes first. */
-	pt_sha256_init(&sha);
-	for (size_t i = 0; i < n; i++) {
-		if ((rv = pt_file_tensor_bytes(tensors[i].tensor, &bytes[i], &tmps[i])) != PT_OK)
-			goto done;
-		pt_sha256_update(&sha, bytes[i], pt_tensor_nbytes(tensors[i].tensor));
+	if ((rv = pt_st_plan_init(&pl, path, tensors, n, meta, n_meta)) == PT_OK) {
+		pt_sha256_init(&sha);
+		for (size_t i = 2; i < pl.n_parts; i++)
+			pt_sha256_update(&sha, pl.parts[i].data, pl.parts[i].len);
+		pt_sha256_final(&sha, digest);
+		pt_sha256_hex(digest, hex);
+		rv = pt_st_plan_header(&pl, hex);
 	}
-	pt_sha256_final(&sha, digest);
-	pt_sha256_hex(digest, hex);
-	if ((rv = build_header(&header, tensors, n, meta, n_meta, hex)) != PT_OK)
-		goto done;
-	for (int i = 0; i < 8; i++)
-		lenbuf[i] = (uint8_t)((uint64_t)header.len >> (8 * i));
-	parts[0] = (pt_file_part){lenbuf, 8};
-	parts[1] = (pt_file_part){header.data, header.len};
-	for (size_t i = 0; i < n; i++)
-		parts[i + 2] = (pt_file_part){bytes[i], pt_tensor_nbytes(tensors[i].tensor)};
-	rv = pt_file_write_atomic_sha256(path, parts, n + 2, file_hex, file_size);
-done:
-	for (size_t i = 0; tmps && i < n; i++)
-		free(tmps[i]);
-	free(tmps);
-	free(bytes);
-	free(parts);
-	pt_buf_fini(&header);
+	if (rv == PT_OK)
+		rv = pt_st_plan_write(&pl, file_hex, file_size);
+	pt_st_plan_fini(&pl);
 	return rv;
 }

@@ -21,6 +21,8 @@
 #include <stdint.h>
 
 #include "error.h"
+#include "fileio.h"
+#include "json.h"
 #include "tensor.h"
 
 /* Header lengths above this are refused as absurd (the reference reader's limit). */
@@ -50,6 +52,35 @@ pt_err pt_safetensors_write_sha256(const char *path, const pt_st_tensor *tensors
  * written file's SHA-256 (64 hex digits) and size (pt_file_write_atomic_sha256). */
 pt_err pt_safetensors_write(const char *path, const pt_st_tensor *tensors, size_t n,
                             const pt_st_meta *meta, size_t n_meta);
+
+/* A safetensors file laid out for a writer that hashes its bytes itself (a
+ * checkpoint hashes two files together, pt_sha256_update2).
+ * pt_st_plan_init checks the arguments as pt_safetensors_write does and
+ * finds each tensor's bytes: parts[2..n_parts) hold the data section,
+ * data_len bytes in all. pt_st_plan_header builds the header for the data's
+ * SHA-256 (64 hex digits) into parts[0] (its 8-byte length) and parts[1].
+ * pt_st_plan_write then writes the parts atomically (file_hex and
+ * file_size may be NULL; pt_file_write_atomic_sha256). The tensors and the
+ * metadata are borrowed until the header is built. pt_st_plan_fini frees
+ * what init took (NULL-safe on a zeroed plan). */
+typedef struct pt_st_plan {
+	pt_file_part *parts;
+	size_t n_parts;
+	uint64_t data_len;
+	/* private */
+	const char *path;
+	const pt_st_tensor *tensors;
+	const pt_st_meta *meta;
+	size_t n, n_meta;
+	void **tmps;
+	pt_buf header;
+	uint8_t lenbuf[8];
+} pt_st_plan;
+pt_err pt_st_plan_init(pt_st_plan *pl, const char *path, const pt_st_tensor *tensors, size_t n,
+                       const pt_st_meta *meta, size_t n_meta);
+pt_err pt_st_plan_header(pt_st_plan *pl, const char data_hex[65]);
+pt_err pt_st_plan_write(const pt_st_plan *pl, char file_hex[65], uint64_t *file_size);
+void pt_st_plan_fini(pt_st_plan *pl);
 
 typedef struct pt_safetensors pt_safetensors;
 

@@ -669,7 +669,7 @@ static void prune(const char *dir, int keep)
 typedef struct snapshot {
 	int64_t step;
 	int p, keep;
-	char dir[4096], path[4096], spath[4200];
+	char dir[4096], path[4096];
 	char names[PT_MAX_STAGES][32], stepbuf[32], stages[16];
 	char opt[PT_MAX_STAGES * 21 + 1], bounds[(PT_MAX_STAGES + 1) * 12 + 1];
 	pt_checkpoint_info info;
@@ -712,10 +712,9 @@ static pt_err snapshot_write(snapshot *sn)
 		                    strerror(errno));
 	for (int st = 0; st < sn->p; st++)
 		t[st] = (pt_st_tensor){sn->names[st], &sn->states[st]};
-	PT_TRY(pt_safetensors_write(sn->spath, t, (size_t)sn->p, meta,
-	                            sizeof(meta) / sizeof(meta[0])));
-	PT_TRY(pt_checkpoint_save_tensors(sn->path, sn->wts, sn->n_weights, &sn->info, sn->sha256,
-	                                  &sn->size));
+	PT_TRY(pt_checkpoint_save_pair(sn->path, sn->wts, sn->n_weights, &sn->info, t,
+	                               (size_t)sn->p, meta, sizeof(meta) / sizeof(meta[0]),
+	                               sn->sha256, &sn->size));
 	prune(sn->dir, sn->keep);
 	if (sn->h && sn->h->on_checkpoint)
 		sn->h->on_checkpoint(sn->h->ctx, sn->step, sn->path, sn->sha256, sn->size);
@@ -831,7 +830,6 @@ static pt_err checkpoint(runner *r, int64_t step)
 	sn->h = r->h;
 	snprintf(sn->dir, sizeof(sn->dir), "%s", r->ckdir);
 	snprintf(sn->path, sizeof(sn->path), "%s/step-%" PRId64 ".safetensors", r->ckdir, step);
-	snprintf(sn->spath, sizeof(sn->spath), "%s.state", sn->path);
 	sn->info.step = step;
 	snprintf(sn->info.job, sizeof(sn->info.job), "%s", s->name ? s->name : "");
 	snprintf(sn->stepbuf, sizeof(sn->stepbuf), "%" PRId64, step);

@@ -2,11 +2,14 @@
 #include "checkpoint.h"
 
 #include <inttypes.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "fileio.h"
 #include "safetensors.h"
+#include "sha256.h"
 
 #define MAX_STATE 2
 
@@ -78,6 +81,87 @@ pt_err pt_checkpoint_save_tensors(const char *path, const pt_st_tensor *entries,
 	char step[32];
 	meta_common(meta, step, sizeof(step), info);
 	return pt_safetensors_write_sha256(path, entries, n, meta, 4, file_hex, file_size);
+}
+
+/* leads reports whether the parts of `w` are the first bytes of `s`, in
+ * order and in place. */
+static bool leads(const pt_file_part *w, size_t nw, const pt_file_part *s, size_t ns)
+{
+	size_t i = 0, off = 0;
+	for (size_t k = 0; k < nw; k++) {
+		if (w[k].len == 0)
+			continue;
+		while (i < ns && off == s[i].len)
+			i++, off = 0;
+		if (i == ns || (const char *)s[i].data + off != (const char *)w[k].data ||
+		    s[i].len - off < w[k].len)
+			return false;
+		off += w[k].len;
+	}
+	return true;
+}
+
+static void digest_hex(pt_sha256_ctx *c, char hex[PT_SHA256_HEX])
+{
+	uint8_t d[PT_SHA256_BYTES];
+	pt_sha256_final(c, d);
+	pt_sha256_hex(d, hex);
+}
+
+pt_err pt_checkpoint_save_pair(const char *path, const pt_st_tensor *entries, size_t n,
+                               const pt_checkpoint_info *info, const pt_st_tensor *states,
+                               size_t n_states, const pt_st_meta *smeta, size_t n_smeta,
+                               char file_hex[65], uint64_t *file_size)
+{
+	pt_st_meta meta[4];
+	pt_st_plan ps, pw;
+	pt_sha256_ctx st, wd, wf;
+	pt_parts_cursor cs, cw;
+	char step[32], spath[4200], shex[PT_SHA256_HEX], whex[PT_SHA256_HEX], fhex[PT_SHA256_HEX];
+	uint64_t head;
+	pt_err rv;
+
+	memset(&pw, 0, sizeof(pw));
+	meta_common(meta, step, sizeof(step), info);
+	if (snprintf(spath, sizeof(spath), "%s.state", path) >= (int)sizeof(spath))
+		return pt_set_error(PT_ERR_RANGE, "%s: path too long", path);
+	rv = pt_st_plan_init(&ps, spath, states, n_states, smeta, n_smeta);
+	if (rv == PT_OK)
+		rv = pt_st_plan_init(&pw, path, entries, n, meta, 4);
+	if (rv != PT_OK)
+		goto out;
+	/* First the .state's data beside the weights' (or, where the weights
+	 * lead it, alone up to their end), as far as both go. */
+	cs = (pt_parts_cursor){.parts = ps.parts + 2, .n = ps.n_parts - 2};
+	cw = (pt_parts_cursor){.parts = pw.parts + 2, .n = pw.n_parts - 2};
+	head = pw.data_len < ps.data_len ? pw.data_len : ps.data_len;
+	pt_sha256_init(&st);
+	if (pw.data_len <= ps.data_len && leads(cw.parts, cw.n, cs.parts, cs.n)) {
+		pt_parts_sha256_2(&st, &cs, head, NULL, NULL, 0);
+		wd = st;
+	} else {
+		pt_sha256_init(&wd);
+		pt_parts_sha256_2(&st, &cs, head, &wd, &cw, pw.data_len);
+	}
+	digest_hex(&wd, whex);
+	if ((rv = pt_st_plan_header(&pw, whex)) != PT_OK)
+		goto out;
+	/* Then the rest of the .state's data beside the whole weights file. */
+	pt_sha256_init(&wf);
+	pt_sha256_update(&wf, pw.parts[0].data, pw.parts[0].len);
+	pt_sha256_update(&wf, pw.parts[1].data, pw.parts[1].len);
+	cw = (pt_parts_cursor){.parts = pw.parts + 2, .n = pw.n_parts - 2};
+	pt_parts_sha256_2(&st, &cs, ps.data_len - head, &wf, &cw, pw.data_len);
+	digest_hex(&st, shex);
+	digest_hex(&wf, fhex);
+	if ((rv = pt_st_plan_header(&ps, shex)) == PT_OK &&
+	    (rv = pt_st_plan_write(&ps, NULL, NULL)) == PT_OK &&
+	    (rv = pt_st_plan_write(&pw, NULL, file_size)) == PT_OK && file_hex != NULL)
+		memcpy(file_hex, fhex, PT_SHA256_HEX);
+out:
+	pt_st_plan_fini(&ps);
+	pt_st_plan_fini(&pw);
+	return rv;
 }
 
 pt_err pt_checkpoint_save(const char *path, pt_model *m, pt_optimizer *o,

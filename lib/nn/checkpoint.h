@@ -36,6 +36,19 @@ pt_err pt_checkpoint_save_tensors(const char *path, const pt_st_tensor *entries,
                                   const pt_checkpoint_info *info, char file_hex[65],
                                   uint64_t *file_size);
 
+/* pt_checkpoint_save_pair is pt_checkpoint_save_tensors that first writes
+ * `states` with `smeta` to PATH.state (the same as pt_safetensors_write).
+ * The three hashes the two files need (each data section's for its header,
+ * the weights file's) are taken before either is written, two at a time
+ * (pt_sha256_update2): the .state's data beside the weights', then beside
+ * the weights file's. Where the weights are the first bytes of the states
+ * (one stage: the parameters lead its state), their hash is a copy of the
+ * .state's taken on the way. Blocking. */
+pt_err pt_checkpoint_save_pair(const char *path, const pt_st_tensor *entries, size_t n,
+                               const pt_checkpoint_info *info, const pt_st_tensor *states,
+                               size_t n_states, const pt_st_meta *smeta, size_t n_smeta,
+                               char file_hex[65], uint64_t *file_size);
+
 /* pt_checkpoint_load reads weights from PATH into m (every parameter must be
  * present with its exact shape) and, when o is not NULL, the training state
  * from PATH.state, restoring the optimizer's step. info may be NULL. */
