@@ -1387,7 +1387,7 @@ static void test_bf16_attention_native_matches_emulation(void)
 /* The bias gradient sums each column in row order: the same bits as a plain
  * loop on one thread or two, at a size the kernels split (N x O = 700 x 1000,
  * columns not a multiple of 16), in fp32 and from the native bf16 Linear,
- * which sums while packing dy. */
+ * which sums while packing dy; and added to a db that holds values. */
 static void test_bias_grad_rows_in_order(void)
 {
 	enum { N = 700, I = 48, O = 1000 };
@@ -1423,6 +1423,16 @@ static void test_bias_grad_rows_in_order(void)
 			lin_fini(&o);
 		}
 	}
+	/* It adds to db: from the bias's values, column sums continue in row
+	 * order (the columns a thread sums in registers and the rest). */
+	for (int64_t j = 0; j < O; j++)
+		want[j] = got[j] = pt_tensor_f32(&b)[j];
+	for (int64_t r = 0; r < N; r++)
+		for (int64_t j = 0; j < O; j++)
+			want[j] += g[r * O + j];
+	pt_set_num_threads(2);
+	cpu_bias_grad(g, got, N, O);
+	CU_ASSERT_EQUAL(memcmp(got, want, sizeof(float) * O), 0);
 	pt_set_num_threads(prev);
 	pt_tensor_fini(&x);
 	pt_tensor_fini(&w);
