@@ -4,7 +4,7 @@
 
 #include <string.h>
 
-static const uint32_t K[64] = {
+const uint32_t pt_sha256_K[64] __attribute__((aligned(16))) = {
     0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
     0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174,
     0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da,
@@ -35,7 +35,7 @@ static void compress(uint32_t h[8], const uint8_t block[64])
 	a = h[0], b = h[1], c = h[2], d = h[3], e = h[4], f = h[5], g = h[6], k = h[7];
 	for (int i = 0; i < 64; i++) {
 		uint32_t t1 = k + (rotr(e, 6) ^ rotr(e, 11) ^ rotr(e, 25)) + ((e & f) ^ (~e & g)) +
-		              K[i] + w[i];
+		              pt_sha256_K[i] + w[i];
 		uint32_t t2 =
 		    (rotr(a, 2) ^ rotr(a, 13) ^ rotr(a, 22)) + ((a & b) ^ (a & c) ^ (b & c));
 		k = g, g = f, f = e, e = d + t1, d = c, c = b, b = a, a = t1 + t2;

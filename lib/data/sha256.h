@@ -65,6 +65,9 @@ void pt_sha256_use_openssl(void);
 /* pt_sha256_portable_blocks is the portable compression (for tests). */
 void pt_sha256_portable_blocks(uint32_t h[8], const uint8_t *p, size_t n);
 
+/* The 64 round constants (FIPS 180-4 4.2.2), 16-byte aligned. */
+extern const uint32_t pt_sha256_K[64];
+
 /* pt_sha256_hex formats a digest as 64 lowercase hex digits and a NUL. */
 void pt_sha256_hex(const uint8_t digest[PT_SHA256_BYTES], char out[PT_SHA256_HEX]);
 
