@@ -12,7 +12,9 @@
 #include "sha256.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
+#include <cpuid.h>
 #include <immintrin.h>
+#include <stdbool.h>
 
 #define NI __attribute__((target("sha,sse4.1,ssse3")))
 
@@ -101,11 +103,14 @@ NI static void ni_pair(uint32_t h[8], const uint8_t *p, uint32_t k[8], const uin
 
 pt_sha256_blocks2_fn pt_sha256_ni_pair(void)
 {
-	__builtin_cpu_init();
-	if (__builtin_cpu_supports("sha") && __builtin_cpu_supports("sse4.1") &&
-	    __builtin_cpu_supports("ssse3"))
-		return ni_pair;
-	return NULL;
+	/* cpuid, not __builtin_cpu_supports: clang 14 does not know "sha". */
+	unsigned a, b, c, d;
+	bool ssse3_sse41, sha;
+	if (!__get_cpuid(1, &a, &b, &c, &d))
+		return NULL;
+	ssse3_sse41 = (c & (1u << 9)) && (c & (1u << 19));
+	sha = __get_cpuid_count(7, 0, &a, &b, &c, &d) && (b & (1u << 29));
+	return ssse3_sse41 && sha ? ni_pair : NULL;
 }
 #else
 pt_sha256_blocks2_fn pt_sha256_ni_pair(void)
