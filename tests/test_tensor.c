@@ -621,10 +621,51 @@ static void test_tensor_transfer_host(void)
 	pt_tensor_fini(&t);
 }
 
+/* A large contiguous copy (from 16 MiB, split between threads in
+ * page-aligned pieces) gives the source's bytes on one thread and two, at a
+ * size whose pieces do not divide evenly; an overlapping copy within one
+ * storage (memmove, never split) gives what memmove gives. */
+static void test_tensor_copy_large(void)
+{
+	enum { N = (4 << 20) + 1237, SHIFT = 1000 };
+	pt_tensor a, b, over, src, dst;
+	float *want = malloc(sizeof(float) * N);
+	int prev = pt_get_num_threads();
+
+	CU_ASSERT_PTR_NOT_NULL_FATAL(want);
+	PT_CHECK_OK(pt_tensor_init(&a, PT_F32, 1, (int64_t[]){N}));
+	PT_CHECK_OK(pt_tensor_init(&b, PT_F32, 1, (int64_t[]){N}));
+	for (int64_t i = 0; i < N; i++)
+		pt_tensor_f32(&a)[i] = (float)(i * 2654435761u % 1000003u) - 5e5f;
+	for (int t = 1; t <= 2; t++) {
+		pt_set_num_threads(t);
+		memset(pt_tensor_f32(&b), 0xff, sizeof(float) * N);
+		PT_CHECK_OK(pt_copy(&b, &a));
+		CU_ASSERT_EQUAL(memcmp(pt_tensor_f32(&b), pt_tensor_f32(&a), sizeof(float) * N), 0);
+	}
+	/* b[SHIFT..] = b[0..N-SHIFT): overlapping ranges of one storage. */
+	PT_CHECK_OK(pt_tensor_init(&over, PT_F32, 1, (int64_t[]){N}));
+	memcpy(want, pt_tensor_f32(&a), sizeof(float) * N);
+	memmove(want + SHIFT, want, sizeof(float) * (N - SHIFT));
+	memcpy(pt_tensor_f32(&over), pt_tensor_f32(&a), sizeof(float) * N);
+	PT_CHECK_OK(pt_tensor_narrow(&src, &over, 0, 0, N - SHIFT));
+	PT_CHECK_OK(pt_tensor_narrow(&dst, &over, 0, SHIFT, N - SHIFT));
+	PT_CHECK_OK(pt_copy(&dst, &src));
+	CU_ASSERT_EQUAL(memcmp(pt_tensor_f32(&over), want, sizeof(float) * N), 0);
+	pt_set_num_threads(prev);
+	pt_tensor_fini(&src);
+	pt_tensor_fini(&dst);
+	pt_tensor_fini(&over);
+	pt_tensor_fini(&a);
+	pt_tensor_fini(&b);
+	free(want);
+}
+
 static const pt_test_case view_tests[] = {
     {"test_tensor_views_shapes_and_errors", test_tensor_views_shapes_and_errors},
     {"test_tensor_read_transposed_order", test_tensor_read_transposed_order},
     {"test_tensor_transfer_host", test_tensor_transfer_host},
+    {"test_tensor_copy_large", test_tensor_copy_large},
     {NULL, NULL},
 };
 static const pt_test_case convert_tests[] = {

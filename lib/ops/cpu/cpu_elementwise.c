@@ -5,11 +5,15 @@
  * depend on the thread count (no cross-element reductions here).
  */
 #include <math.h>
+#include <omp.h>
 #include <string.h>
 
 #include "cpu_kernels.h"
 #include "cpu_math.h"
 #include "rng.h"
+
+/* Bytes from which a contiguous copy is split between threads. */
+#define COPY_PAR_MIN ((size_t)16 << 20)
 
 #define PAR_FOR _Pragma("omp parallel for simd schedule(static) if (n >= PT_CPU_PAR_MIN)")
 
@@ -62,7 +66,26 @@ pt_err cpu_copy(const pt_op_call *c, void *ws)
 	int64_t idx[PT_MAX_DIMS] = {0};
 
 	if (pt_tensor_is_contiguous(x) && pt_tensor_is_contiguous(o)) {
-		memmove(pt_tensor_data(o), pt_tensor_data(x), (size_t)n * es);
+		char *dst = pt_tensor_data(o);
+		const char *src = pt_tensor_data(x);
+		size_t len = (size_t)n * es;
+		/* A large copy between separate ranges (a checkpoint's gather of
+		 * a stage's state: 1.96 GB at W3) in page-aligned pieces, one per
+		 * thread: one core copies about 16-20 GB/s here, two 25-34. */
+		if (len >= COPY_PAR_MIN && !omp_in_parallel() &&
+		    (dst + len <= src || src + len <= dst)) {
+#pragma omp parallel
+			{
+				int k = omp_get_thread_num(), t = omp_get_num_threads();
+				size_t piece = (len / (size_t)t + 4095) & ~(size_t)4095,
+				       at = piece * (size_t)k;
+				if (at < len)
+					memcpy(dst + at, src + at,
+					       at + piece > len ? len - at : piece);
+			}
+			return PT_OK;
+		}
+		memmove(dst, src, len);
 		return PT_OK;
 	}
 	for (int64_t k = 0; k < n; k++) {
