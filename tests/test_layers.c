@@ -585,6 +585,63 @@ static void test_layers_loss_edge_cases(void)
 	pt_loss_destroy(NULL);
 }
 
+/* pt_loss_compute_both with dpred the predictions themselves (as the
+ * coordinator does with a writable output) gives bitwise the loss, count and
+ * gradient it gives into a separate buffer: cross-entropy over (2, 3, 7)
+ * with an ignored position (the target is read before the softmax
+ * overwrites the logits), and MSE. */
+static void test_layers_loss_gradient_in_place(void)
+{
+	enum { N = 2 * 3 * 7 };
+	const int64_t tg[6] = {6, 0, -100, 3, 3, 1};
+	float v[N], t[N];
+	for (int k = 0; k < 2; k++) {
+		bool ce = k == 0;
+		int64_t shape[3] = {2, 3, 7};
+		pt_loss *l;
+		pt_tensor pred, own, d, target;
+		double loss_a, loss_b;
+		int64_t n_a, n_b;
+		float *a, *b;
+
+		for (int i = 0; i < N; i++) {
+			v[i] = 3.0f * sinf(0.7f * (float)i + 0.3f);
+			t[i] = cosf(0.5f * (float)i);
+		}
+		PT_CHECK_OK(
+		    pt_loss_create(&l, ce ? PT_LOSS_CROSS_ENTROPY : PT_LOSS_MSE, 3, shape, -100));
+		PT_CHECK_OK(pt_tensor_init(&pred, PT_F32, 3, shape));
+		PT_CHECK_OK(pt_tensor_init(&own, PT_F32, 3, shape));
+		PT_CHECK_OK(pt_tensor_init(&d, PT_F32, 3, shape));
+		if (ce) {
+			PT_CHECK_OK(pt_tensor_init(&target, PT_I64, 2, shape));
+			PT_CHECK_OK(pt_tensor_write(&target, tg, sizeof(tg)));
+		} else {
+			PT_CHECK_OK(pt_tensor_init(&target, PT_F32, 3, shape));
+			PT_CHECK_OK(pt_tensor_write(&target, t, sizeof(t)));
+		}
+		PT_CHECK_OK(pt_tensor_write(&pred, v, sizeof(v)));
+		PT_CHECK_OK(pt_tensor_write(&own, v, sizeof(v)));
+		PT_CHECK_OK(pt_loss_compute_both(l, &pred, &target, 0.5f, &loss_a, &n_a, &d));
+		PT_CHECK_OK(pt_loss_compute_both(l, &own, &target, 0.5f, &loss_b, &n_b, &own));
+		CU_ASSERT_EQUAL(loss_a, loss_b);
+		CU_ASSERT_EQUAL(n_a, n_b);
+		CU_ASSERT_EQUAL(n_a, ce ? 5 : N);
+		CU_ASSERT(loss_a > 0.1);
+		a = host_copy(&d);
+		b = host_copy(&own);
+		CU_ASSERT_EQUAL(memcmp(a, b, sizeof(v)), 0);
+		CU_ASSERT_NOT_EQUAL(memcmp(a, v, sizeof(v)), 0);
+		free(a);
+		free(b);
+		pt_tensor_fini(&pred);
+		pt_tensor_fini(&own);
+		pt_tensor_fini(&d);
+		pt_tensor_fini(&target);
+		pt_loss_destroy(l);
+	}
+}
+
 /* ---- accumulation ---- */
 
 /* After two identical microbatches every gradient is twice that of one:
@@ -863,6 +920,7 @@ static const pt_test_case loss_tests[] = {
     {"test_layers_fd_cross_entropy_3d", test_layers_fd_cross_entropy_3d},
     {"test_layers_fd_mse", test_layers_fd_mse},
     {"test_layers_loss_edge_cases", test_layers_loss_edge_cases},
+    {"test_layers_loss_gradient_in_place", test_layers_loss_gradient_in_place},
     {NULL, NULL},
 };
 static const pt_test_case accum_tests[] = {

@@ -30,6 +30,10 @@ static pt_pipe_schedule rig_schedule; /* PT_SCHED_MODE: the mode's own */
 static int rig_delay_ms;              /* every stage's task-delay hook */
 static int rig_virtual;               /* interleaved: chunks per rank (p counts p * v stages) */
 static pt_precision rig_precision;    /* every stage's precision */
+/* rig_layers (when set, one stage only) replaces the fixture's MLP in the
+ * stage and in run_trainer. */
+static const pt_layer_spec *rig_layers;
+static int rig_n_layers;
 
 static void rig_up(rig *r, int p, int m, pt_pipe_mode mode, bool recompute, const int *bounds)
 {
@@ -60,6 +64,10 @@ static void rig_up(rig *r, int p, int m, pt_pipe_mode mode, bool recompute, cons
 			sc[s].n_slots = p;
 		if (rig_optim)
 			sc[s].optim = *rig_optim;
+		if (rig_layers) {
+			sc[s].layers = rig_layers;
+			sc[s].n_layers = sc[s].last = rig_n_layers;
+		}
 	}
 	if (rig_schedule == PT_SCHED_INTERLEAVED)
 		for (int s = 0; s < p; s++)
@@ -209,6 +217,7 @@ typedef struct run {
 	size_t nbytes;
 	int peak_live[PT_MAX_STAGES];
 	int graphs[PT_MAX_STAGES]; /* captured graphs per stage */
+	size_t dpred_bytes;        /* the coordinator's own loss-gradient buffers */
 } run;
 
 static void run_pipeline(int p, int m, pt_pipe_mode mode, bool recompute, int steps, run *out)
@@ -226,6 +235,7 @@ static void run_pipeline(int p, int m, pt_pipe_mode mode, bool recompute, int st
 		out->norm[st] = res.grad_norm;
 	}
 	out->params = gather_params(&r, &out->nbytes);
+	out->dpred_bytes = pt_coordinator_dpred_bytes(r.coord);
 	for (int s = 1; s <= p; s++) {
 		pt_stage_stats ss;
 		PT_CHECK_OK(pt_coordinator_stage_stats(r.coord, s, &ss));
@@ -260,7 +270,11 @@ static void run_trainer(int m, int steps, run *out)
 	fx_data d;
 	memset(out, 0, sizeof(*out));
 	pt_set_num_threads(1);
-	PT_CHECK_OK(pt_model_create(&mdl, fx_digits_mlp, FX_N_LAYERS, 0, FX_N_LAYERS, &cfg));
+	if (rig_layers)
+		PT_CHECK_OK(pt_model_create(&mdl, rig_layers, rig_n_layers, 0, rig_n_layers, &cfg));
+	else
+		PT_CHECK_OK(
+		    pt_model_create(&mdl, fx_digits_mlp, FX_N_LAYERS, 0, FX_N_LAYERS, &cfg));
 	PT_CHECK_OK(pt_optimizer_create(&o, &oc, pt_model_params(mdl), pt_model_grads(mdl)));
 	PT_CHECK_OK(pt_trainer_create(&t, mdl, o, PT_LOSS_CROSS_ENTROPY, -1));
 	PT_CHECK_OK(pt_trainer_set_graphs(t, trainer_graphs, -1));
@@ -293,6 +307,9 @@ static void test_pipeline_sync_bitwise_across_stage_counts(void)
 	CU_ASSERT(same_run(&ref, &r1, STEPS));
 	CU_ASSERT(same_run(&r1, &r2, STEPS));
 	CU_ASSERT(same_run(&r1, &r4, STEPS));
+	/* The last stage's Linear output took its loss gradient in place. */
+	CU_ASSERT_EQUAL(r1.dpred_bytes, 0);
+	CU_ASSERT_EQUAL(r4.dpred_bytes, 0);
 	free(ref.params);
 	free(r1.params);
 	free(r2.params);
@@ -563,6 +580,31 @@ static void test_pipeline_bf16_wire(void)
 	CU_ASSERT(isfinite(loss[1]) && loss[0] != loss[1] && fabs(loss[1] - loss[0]) < 0.05);
 }
 
+/* Where the last layer's backward reads its output (tanh: 1 - y^2) the loss
+ * gradient goes to a buffer of the coordinator's own, not over the output;
+ * after a Linear it overwrites the output. Both equal the trainer bitwise. */
+static void test_pipeline_loss_gradient_overwrites_only_a_dead_output(void)
+{
+	enum { STEPS = 4, M = 2 };
+	pt_layer_spec tanh_last[FX_N_LAYERS + 1];
+	run ref, pipe;
+	memcpy(tanh_last, fx_digits_mlp, sizeof(fx_digits_mlp));
+	tanh_last[FX_N_LAYERS] = (pt_layer_spec){.kind = PT_LAYER_TANH};
+	for (int k = 0; k < 2; k++) {
+		rig_layers = k ? tanh_last : fx_digits_mlp;
+		rig_n_layers = k ? FX_N_LAYERS + 1 : FX_N_LAYERS;
+		run_trainer(M, STEPS, &ref);
+		run_pipeline(1, M, PT_MODE_SYNC, false, STEPS, &pipe);
+		CU_ASSERT(same_run(&ref, &pipe, STEPS));
+		/* tanh: one buffer per microbatch in flight, 16 x 10 floats each */
+		CU_ASSERT_EQUAL(pipe.dpred_bytes, k ? (size_t)M * FX_MB * 10 * 4 : 0);
+		free(ref.params);
+		free(pipe.params);
+	}
+	rig_layers = NULL;
+	rig_n_layers = 0;
+}
+
 static void test_pipeline_recompute_is_bitwise_equal(void)
 {
 	enum { STEPS = 5, M = 4 };
@@ -570,6 +612,7 @@ static void test_pipeline_recompute_is_bitwise_equal(void)
 	run_pipeline(2, M, PT_MODE_SEMI_ASYNC, false, STEPS, &plain);
 	run_pipeline(2, M, PT_MODE_SEMI_ASYNC, true, STEPS, &re);
 	CU_ASSERT(same_run(&plain, &re, STEPS));
+	CU_ASSERT_EQUAL(re.dpred_bytes, 0); /* the output's copy is the coordinator's */
 	free(plain.params);
 	free(re.params);
 }
@@ -1206,6 +1249,8 @@ static const pt_test_case tests[] = {
     {"test_pipeline_semi_async_equals_sync_with_fewer_activations",
      test_pipeline_semi_async_equals_sync_with_fewer_activations},
     {"test_pipeline_recompute_is_bitwise_equal", test_pipeline_recompute_is_bitwise_equal},
+    {"test_pipeline_loss_gradient_overwrites_only_a_dead_output",
+     test_pipeline_loss_gradient_overwrites_only_a_dead_output},
     {"test_pipeline_zbh1_order_and_memory", test_pipeline_zbh1_order_and_memory},
     {"test_pipeline_interleaved_order_and_memory", test_pipeline_interleaved_order_and_memory},
     {"test_pipeline_bf16_wire", test_pipeline_bf16_wire},

@@ -79,7 +79,11 @@ typedef struct pt_msg {
 	pt_msg_meta meta;
 	bool has_tensor;
 	pt_tensor tensor; /* CPU tensor (any dtype, contiguous) when has_tensor */
-	void *blob;       /* malloc'd bytes owned by the message, or NULL */
+	/* The receiver may overwrite the tensor's data: it is a buffer of its
+	 * own (a communicator that copies sets this on receive) or the sender
+	 * reads it no more (set on send; the local communicator passes it on). */
+	bool writable;
+	void *blob; /* malloc'd bytes owned by the message, or NULL */
 	size_t blob_len;
 } pt_msg;
 

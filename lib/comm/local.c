@@ -140,11 +140,13 @@ static pt_err copy_msg(pt_msg *dst, const pt_msg *src)
 	dst->meta = src->meta;
 	if (src->has_tensor) {
 		dst->has_tensor = true;
+		dst->writable = src->writable;
 		if (pt_tensor_is_contiguous(&src->tensor)) {
 			pt_tensor_view(&dst->tensor, &src->tensor);
 		} else {
 			pt_err rv = pt_tensor_init(&dst->tensor, src->tensor.dtype,
 			                           src->tensor.ndim, src->tensor.shape);
+			dst->writable = true; /* a packed copy of its own */
 			if (rv == PT_OK)
 				rv = pt_tensor_read(&src->tensor, pt_tensor_data(&dst->tensor),
 				                    pt_tensor_nbytes(&dst->tensor));

@@ -921,6 +921,7 @@ static pt_err self_send(nng_comm *c, const pt_msg *m)
 		if (rv != PT_OK)
 			return rv;
 		copy.has_tensor = true;
+		copy.writable = true;
 	}
 	if (m->blob_len > 0 && (rv = pt_msg_set_blob(&copy, m->blob, m->blob_len)) != PT_OK) {
 		pt_msg_fini(&copy);
@@ -1276,6 +1277,7 @@ static pt_err start_msg(nng_comm *c, const frame *f, pt_msg *m)
 		if (rv != PT_OK)
 			return rv;
 		m->has_tensor = true;
+		m->writable = true;
 	}
 	if (f->blob_len > 0) {
 		pt_err rv = pt_msg_set_blob(m, f->blob, f->blob_len);

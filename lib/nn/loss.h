@@ -36,7 +36,8 @@ pt_err pt_loss_compute_gradient(pt_loss *l, const pt_tensor *pred, const pt_tens
 
 /* pt_loss_compute_both is pt_loss_compute_loss then pt_loss_compute_gradient
  * on the same pair, with bitwise the same results, computing the softmax and
- * counting the targets once. */
+ * counting the targets once. dpred may be pred itself: the gradient then
+ * overwrites the predictions (same results). */
 pt_err pt_loss_compute_both(pt_loss *l, const pt_tensor *pred, const pt_tensor *target, float scale,
                             double *loss, int64_t *count, pt_tensor *dpred);
 

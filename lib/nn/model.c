@@ -644,6 +644,11 @@ pt_act_shape pt_model_output_shape(const pt_model *m)
 	return m->out_shape;
 }
 
+bool pt_model_output_dead(const pt_model *m)
+{
+	return m->n_layers > 0 && m->layers[m->n_layers - 1].spec.kind == PT_LAYER_LINEAR;
+}
+
 int64_t pt_model_batch(const pt_model *m)
 {
 	return m->cfg.batch;

@@ -113,6 +113,12 @@ pt_act_shape pt_model_input_shape(const pt_model *m);
 pt_act_shape pt_model_output_shape(const pt_model *m);
 int64_t pt_model_batch(const pt_model *m);
 
+/* pt_model_output_dead: whether nothing reads the model's output after its
+ * forward (its last layer is a Linear, whose backward needs only its input
+ * and the output gradient): whoever receives it may overwrite it, as the
+ * coordinator does with the loss gradient, until the slot's next forward. */
+bool pt_model_output_dead(const pt_model *m);
+
 /* pt_model_slot_bytes: the bytes of one activation slot's arena (the layers'
  * outputs and saved tensors for one microbatch in flight). */
 size_t pt_model_slot_bytes(const pt_model *m);

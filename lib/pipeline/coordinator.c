@@ -16,8 +16,8 @@ typedef struct inflight {
 	bool used;
 	int64_t step;
 	int32_t mb;
-	pt_tensor x, y; /* async: the coordinator's own copies; else views of the batch */
-	pt_tensor dpred;
+	pt_tensor x, y;  /* async: the coordinator's own copies; else views of the batch */
+	pt_tensor dpred; /* the loss gradient when the output may not take it; made when needed */
 } inflight;
 
 struct pt_coordinator {
@@ -29,6 +29,7 @@ struct pt_coordinator {
 	inflight *fl; /* m entries (sync, semi-async) or p entries (async) */
 	int n_fl, live;
 	double *sqnorms;
+	size_t dpred_bytes;                   /* of the dpred buffers made so far */
 	pt_task_record *tasks[PT_MAX_STAGES]; /* the last step's records per stage */
 	int n_tasks[PT_MAX_STAGES];
 	/* async loss bookkeeping for the current call */
@@ -85,9 +86,6 @@ pt_err pt_coordinator_create(pt_coordinator **out, const pt_pipeline_config *cfg
 	}
 	if ((rv = pt_loss_create(&c->loss, cfg->loss, nd, shape, cfg->ignore_index)) != PT_OK)
 		goto fail;
-	for (int i = 0; i < c->n_fl; i++)
-		if ((rv = pt_tensor_init(&c->fl[i].dpred, PT_F32, nd, shape)) != PT_OK)
-			goto fail;
 	*out = c;
 	return PT_OK;
 fail:
@@ -269,18 +267,39 @@ static inflight *find_fl(pt_coordinator *c, int64_t step, int32_t mb)
 	return NULL;
 }
 
-/* An output arrived: its loss, and its gradient back to the last stage. */
+/* An output arrived: its loss, and its gradient back to the last stage. The
+ * gradient overwrites the output when the message allows it (a received
+ * buffer, or a last stage that reads its output no more): no second
+ * output-sized buffer, which for a language model's logits is the largest
+ * in the job. */
 static pt_err on_output(pt_coordinator *c, pt_msg *m, float scale)
 {
 	inflight *f = find_fl(c, m->meta.step, m->meta.microbatch);
+	pt_tensor *dpred;
+	int64_t shape[4];
+	int nd = out_dims(c, shape);
+	bool same = m->has_tensor && m->tensor.ndim == nd;
 	double l;
 	if (f == NULL || !m->has_tensor)
 		return pt_set_error(PT_ERR_STATE, "output for unknown microbatch %d of step %ld",
 		                    m->meta.microbatch, (long)m->meta.step);
-	PT_TRY(pt_loss_compute_both(c->loss, &m->tensor, &f->y, scale, &l, NULL, &f->dpred));
+	for (int i = 0; same && i < nd; i++)
+		same = m->tensor.shape[i] == shape[i];
+	if (same && m->writable && m->tensor.dtype == PT_F32 &&
+	    pt_tensor_is_contiguous(&m->tensor) &&
+	    pt_tensor_device(&m->tensor).kind == PT_DEV_CPU) {
+		dpred = &m->tensor;
+	} else {
+		if (f->dpred.storage == NULL) {
+			PT_TRY(pt_tensor_init(&f->dpred, PT_F32, nd, shape));
+			c->dpred_bytes += pt_tensor_nbytes(&f->dpred);
+		}
+		dpred = &f->dpred;
+	}
+	PT_TRY(pt_loss_compute_both(c->loss, &m->tensor, &f->y, scale, &l, NULL, dpred));
 	c->loss_sum += l;
 	c->loss_n++;
-	return send_msg(c, c->p, PT_MSG_BACKWARD, f->step, f->mb, &f->dpred);
+	return send_msg(c, c->p, PT_MSG_BACKWARD, f->step, f->mb, dpred);
 }
 
 static pt_err check_batch(const pt_coordinator *c, const pt_tensor *x, const pt_tensor *y)
@@ -564,6 +583,11 @@ pt_err pt_coordinator_stage_stats(pt_coordinator *c, int s, pt_stage_stats *out)
 	PT_TRY(wait_reply(c, s, &r, NULL));
 	*out = r.stats;
 	return PT_OK;
+}
+
+size_t pt_coordinator_dpred_bytes(const pt_coordinator *c)
+{
+	return c->dpred_bytes;
 }
 
 const pt_task_record *pt_coordinator_step_timeline(const pt_coordinator *c, int s, int *n)

@@ -282,6 +282,11 @@ pt_err pt_coordinator_configure(pt_coordinator *c, const pt_stage_config *config
 /* pt_coordinator_stage_stats asks stage s (1..p) for its counters. */
 pt_err pt_coordinator_stage_stats(pt_coordinator *c, int s, pt_stage_stats *out);
 
+/* pt_coordinator_dpred_bytes: the bytes of the loss-gradient buffers the
+ * coordinator has made so far - none while every output arrives writable
+ * (pt_msg.writable) and its gradient overwrites it. */
+size_t pt_coordinator_dpred_bytes(const pt_coordinator *c);
+
 /* pt_coordinator_step_timeline returns stage s's task records of the last
  * sync or semi-async step (fetched by that step); *n gets their count. The
  * pointer is valid until the next step. */

@@ -566,9 +566,11 @@ static pt_err copy_state(pt_tensor *dst, const pt_tensor *src)
 /* send_to sends t (may be NULL) to dst; the coordinator (rank 0, on the
  * CPU) gets host data, other stages the tensor where it lives when the
  * communicator carries device tensors (NCCL), else a host copy (local, nng:
- * the receiving stage puts it back on its device). */
+ * the receiving stage puts it back on its device). give: the stage reads
+ * t no more, so the receiver may overwrite it (pt_msg.writable; a copy made
+ * here is the receiver's in any case). */
 static pt_err send_to(pt_stage *s, int dst, pt_msg_kind kind, int64_t step, int32_t mb,
-                      const pt_tensor *t)
+                      const pt_tensor *t, bool give)
 {
 	pt_msg m = {.meta = {.kind = kind, .step = step, .microbatch = mb, .tag = s->generation}};
 	if (t != NULL) {
@@ -577,6 +579,7 @@ static pt_err send_to(pt_stage *s, int dst, pt_msg_kind kind, int64_t step, int3
 		else
 			pt_tensor_view(&m.tensor, t);
 		m.has_tensor = true;
+		m.writable = give || m.tensor.storage != t->storage;
 		/* bf16 between stages (the coordinator gets f32). */
 		if (dst != 0 && s->cfg.precision == PT_PREC_BF16 && m.tensor.dtype == PT_F32 &&
 		    pt_tensor_device(&m.tensor).kind == PT_DEV_CPU) {
@@ -589,6 +592,7 @@ static pt_err send_to(pt_stage *s, int dst, pt_msg_kind kind, int64_t step, int3
 			pt_tensor_fini(&m.tensor);
 			PT_TRY(rv);
 			m.tensor = h;
+			m.writable = true;
 		}
 	}
 	return post(s, dst, &m);
@@ -646,7 +650,7 @@ static pt_err send_copy(pt_stage *s, int dst, pt_msg_kind kind, int64_t step, in
 	pt_err rv;
 	PT_TRY(pt_tensor_init_dev(&c, pt_tensor_device(t), t->dtype, t->ndim, t->shape));
 	if ((rv = pt_copy(&c, t)) == PT_OK)
-		rv = send_to(s, dst, kind, step, mb, &c);
+		rv = send_to(s, dst, kind, step, mb, &c, true);
 	pt_tensor_fini(&c);
 	return rv;
 }
@@ -781,10 +785,11 @@ static void on_forward(pt_stage *s, pt_msg *m)
 	if (s->rank < s->p)
 		rv = s->cfg.recompute || s->zb
 		         ? send_copy(s, s->rank + 1, PT_MSG_FORWARD, step, mb, y)
-		         : send_to(s, s->rank + 1, PT_MSG_FORWARD, step, mb, y);
+		         : send_to(s, s->rank + 1, PT_MSG_FORWARD, step, mb, y, false);
 	else
 		rv = s->cfg.recompute ? send_copy(s, 0, PT_MSG_OUTPUT, step, mb, y)
-		                      : send_to(s, 0, PT_MSG_OUTPUT, step, mb, y);
+		                      : send_to(s, 0, PT_MSG_OUTPUT, step, mb, y,
+		                                pt_model_output_dead(s->model));
 	if (rv != PT_OK)
 		goto fail;
 	s->stats.forwards++;
@@ -884,7 +889,7 @@ static void on_backward(pt_stage *s, pt_msg *m)
 	if (rv == PT_OK && s->cfg.mode == PT_MODE_ASYNC)
 		rv = async_update(s, sl->version);
 	if (rv == PT_OK && s->rank == 1)
-		rv = send_to(s, 0, PT_MSG_DONE, step, mb, NULL);
+		rv = send_to(s, 0, PT_MSG_DONE, step, mb, NULL, false);
 out:
 	if (stashed)
 		pt_copy(pt_model_params(s->model), &s->current);

@@ -23,10 +23,11 @@ pt_err cpu_cross_entropy_forward(const pt_op_call *c, void *ws)
 	for (int64_t r = 0; r < R; r++) {
 		const float *x = logits + r * V;
 		float *p = probs + r * V;
-		float mx, sum;
+		/* Read before the softmax: probs may be the logits themselves. */
+		float xt = tg[r] == ign ? 0.0f : x[tg[r]], mx, sum;
 		pt_softmax_row(p, x, V, &mx, &sum);
 		/* -log softmax = logsumexp - x[target], accurate for tiny probabilities. */
-		losses[r] = tg[r] == ign ? 0.0f : logf(sum) + mx - x[tg[r]];
+		losses[r] = tg[r] == ign ? 0.0f : logf(sum) + mx - xt;
 	}
 	return PT_OK;
 }

@@ -421,10 +421,12 @@ __global__ void k_xent_fwd(float *losses, float *probs, const float *logits, con
 {
 	int64_t r = blockIdx.x;
 	const float *x = logits + r * V;
-	float mx, sum;
+	/* Read before the softmax (whose first reduction every thread passes
+	 * before any writes): probs may be the logits themselves. */
+	float xt = threadIdx.x == 0 && tg[r] != ignore ? x[tg[r]] : 0.0f, mx, sum;
 	row_softmax(probs + r * V, x, V, &mx, &sum);
 	if (threadIdx.x == 0)
-		losses[r] = tg[r] == ignore ? 0.0f : logf(sum) + mx - x[tg[r]];
+		losses[r] = tg[r] == ignore ? 0.0f : logf(sum) + mx - xt;
 }
 
 extern "C" int ptc_xent_forward(int dev, float *losses, float *probs, const float *logits,
