@@ -10,11 +10,12 @@
  *   bench api_rate_c16 / echo_rate_c16 / api_rate_ratio_c16
  *   bench api_p50_us_c16 / api_p99_us_c16 / echo_p99_us_c16
  *   bench watch100_slowdown  (job time with 100 pollers / without - 1: the median
- *                             of WATCH_PAIRS pairs, order alternating; _job_s and
+ *                             of 7 pairs, order alternating; _job_s and
  *                             _base_s are the best of each; the pollers connect
  *                             before the job is submitted)
  * API_BENCH_ONLY=watch skips the request-path figures; API_BENCH_STEPS (2000)
- * and API_BENCH_WATCHERS (100) change the watched job's length and pollers;
+ * and API_BENCH_WATCHERS (100) change the watched job's length and pollers,
+ * API_BENCH_PAIRS (7) the number of pairs;
  * API_BENCH_DEBUG=1 prints each job's CPU seconds (server and this process)
  * and the replies its pollers got.
  */
@@ -38,7 +39,8 @@
 
 #define RUN_SECONDS 2.0
 #define MAX_LAT     4000000
-#define WATCH_PAIRS 7
+#define WATCH_PAIRS 7 /* API_BENCH_PAIRS changes it (1 to MAX_PAIRS) */
+#define MAX_PAIRS   64
 
 static double now_s(void)
 {
@@ -449,9 +451,12 @@ int main(void)
 	spec.stages = 4;
 	spec.eval_every = 0;
 	spec.checkpoint_every = 0;
-	double ratio[WATCH_PAIRS];
+	double ratio[MAX_PAIRS];
 	int n_watch = getenv("API_BENCH_WATCHERS") ? atoi(getenv("API_BENCH_WATCHERS")) : 100;
-	for (int rep = 0; rep < WATCH_PAIRS; rep++) {
+	int pairs = getenv("API_BENCH_PAIRS") ? atoi(getenv("API_BENCH_PAIRS")) : WATCH_PAIRS;
+	if (pairs < 1 || pairs > MAX_PAIRS)
+		pairs = WATCH_PAIRS;
+	for (int rep = 0; rep < pairs; rep++) {
 		double t0, t1;
 		if (rep % 2 == 0) {
 			t0 = train(s, url, &b, &spec, 0);
@@ -466,10 +471,10 @@ int main(void)
 		base = t0 < base ? t0 : base;
 		with = t1 < with ? t1 : with;
 	}
-	qsort(ratio, WATCH_PAIRS, sizeof(ratio[0]), cmp_double);
+	qsort(ratio, (size_t)pairs, sizeof(ratio[0]), cmp_double);
 	printf("bench watch100_job_s %.3f\nbench watch100_base_s %.3f\nbench watch100_slowdown "
 	       "%.3f\n",
-	       with, base, ratio[WATCH_PAIRS / 2] - 1.0);
+	       with, base, ratio[pairs / 2] - 1.0);
 
 	pt_api_request_init(&q, PT_API_SERVER_INFO);
 	rpc(s, &b, &q, &r, &keep);
