@@ -1166,6 +1166,41 @@ static const pt_test_case pipeline_tests[] = {
 };
 
 /* Without a device, a model on cuda:0 is refused at creation, saying why. */
+/* bf16_products_plan: where CUDA is built, the products of a bf16 job
+ * (matmul, Linear, attention) on CUDA tensors plan to their CUDA kernels at
+ * precision bf16 (which round their operands to bf16, test_cuda_bf16_*)
+ * rather than being refused. Planning reads the operands' device only: the
+ * tensors describe device memory that is never touched (no device needed). */
+static bool bf16_products_plan(void)
+{
+	static const pt_op ops[] = {PT_OP_MATMUL, PT_OP_LINEAR_FWD, PT_OP_LINEAR_BWD,
+	                            PT_OP_ATTENTION_FWD, PT_OP_ATTENTION_BWD};
+	pt_storage *s;
+	pt_tensor t;
+	bool ok = true;
+
+	if (!pt_backend_compiled(PT_DEV_CUDA))
+		return true;
+	if (pt_storage_wrap(&s, (void *)(uintptr_t)4096, 4096, GPU) != PT_OK ||
+	    pt_tensor_init_on(&t, s, 0, PT_F32, 2, (int64_t[]){16, 16}) != PT_OK) {
+		fprintf(stderr, "bf16 plan: %s\n", pt_last_error());
+		return false;
+	}
+	pt_storage_release(s);
+	for (size_t i = 0; i < sizeof(ops) / sizeof(ops[0]); i++) {
+		pt_op_call c = {.op = ops[i], .n_in = 1, .n_out = 1, .prec = PT_PREC_BF16};
+		c.in[0] = &t;
+		c.out[0] = &t;
+		if (pt_backend_plan(&c) != PT_OK || c.kernel == NULL) {
+			fprintf(stderr, "%s at bf16 on cuda:0 does not plan: %s\n",
+			        pt_op_name(ops[i]), pt_last_error());
+			ok = false;
+		}
+	}
+	pt_tensor_fini(&t);
+	return ok;
+}
+
 static bool device_model_refused(void)
 {
 	pt_model_config cfg = {.batch = 2, .input = fx_digits_in, .n_slots = 1, .device = GPU};
@@ -1241,7 +1276,7 @@ int main(void)
 	int n = 0;
 	pt_err rv = pt_backend_device_count(PT_DEV_CUDA, &n);
 	int server_rc = pipeserver_device(rv == PT_OK && n >= 1);
-	if (server_rc == 1)
+	if (server_rc == 1 || !bf16_products_plan())
 		return 1;
 	if (rv != PT_OK || n < 1) {
 		char why[512];

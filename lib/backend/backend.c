@@ -177,14 +177,6 @@ pt_err pt_backend_plan(pt_op_call *c)
 	if (dev.kind != PT_DEV_CUDA)
 		return pt_set_error(PT_ERR_UNSUPPORTED, "%s: no kernel for device kind %d",
 		                    pt_op_name(c->op), (int)dev.kind);
-	/* bf16 matrix products (cuBLAS GemmEx) are not built for CUDA yet:
-	 * refused rather than computed in fp32 under a bf16 label. */
-	if (c->prec == PT_PREC_BF16 &&
-	    (c->op == PT_OP_MATMUL || c->op == PT_OP_LINEAR_FWD || c->op == PT_OP_LINEAR_BWD ||
-	     c->op == PT_OP_ATTENTION_FWD || c->op == PT_OP_ATTENTION_BWD))
-		return pt_set_error(PT_ERR_UNSUPPORTED,
-		                    "%s: precision bf16 on CUDA is not built yet",
-		                    pt_op_name(c->op));
 	c->kernel = cuda_op_kernel(c->op);
 	c->workspace = 0;
 	return c->kernel
