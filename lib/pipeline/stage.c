@@ -580,7 +580,8 @@ static pt_err send_to(pt_stage *s, int dst, pt_msg_kind kind, int64_t step, int3
 			pt_tensor_view(&m.tensor, t);
 		m.has_tensor = true;
 		m.writable = give || m.tensor.storage != t->storage;
-		/* bf16 between stages (the coordinator gets f32). */
+		/* bf16 between stages (the coordinator gets f32); a device tensor
+		 * over NCCL stays f32, unrounded (no bf16 tensors on devices). */
 		if (dst != 0 && s->cfg.precision == PT_PREC_BF16 && m.tensor.dtype == PT_F32 &&
 		    pt_tensor_device(&m.tensor).kind == PT_DEV_CPU) {
 			pt_tensor h;

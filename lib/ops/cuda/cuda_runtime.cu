@@ -210,6 +210,15 @@ extern "C" int ptc_device_probe(int dev)
 		return ptc_cuda_fail("cudaDeviceGetAttribute", e);
 	if (mode == cudaComputeModeProhibited)
 		return ptc_fail("cudaDeviceGetAttribute", "compute mode is prohibited");
+	/* The build carries sm_80 and sm_90 code (and compute_90 PTX): an older
+	 * GPU would fail every launch with "no kernel image"; bf16 needs 8.0. */
+	if (major < 8) {
+		char msg[96];
+		snprintf(msg, sizeof(msg),
+		         "compute capability %d.x: this build needs 8.0 or newer (sm_80, sm_90)",
+		         major);
+		return ptc_fail("cuda device", msg);
+	}
 	return 0;
 }
 
@@ -218,8 +227,14 @@ extern "C" int ptc_alloc(int dev, size_t n, void **out)
 	PTC_STREAM(dev, s);
 	*out = NULL;
 	PTC_CUDA(cudaMallocAsync(out, n ? n : 1, s));
-	if (n)
-		PTC_CUDA(cudaMemsetAsync(*out, 0, n, s));
+	if (n) {
+		cudaError_t e = cudaMemsetAsync(*out, 0, n, s);
+		if (e != cudaSuccess) { /* the caller sees no block: free it here */
+			cudaFreeAsync(*out, s);
+			*out = NULL;
+			return ptc_cuda_fail("cudaMemsetAsync", e);
+		}
+	}
 	return 0;
 }
 
