@@ -526,6 +526,7 @@ static pt_err nccl_send(pt_comm *base, int dst, const pt_msg *m)
 	 * NCCL, a device copy for oneself. */
 	if (tr.route == P_CONTROL || tr.route == P_CONTROL_DEVICE) {
 		out.has_tensor = true;
+		out.writable = on_device || m->writable; /* a host copy is the receiver's */
 		if (on_device)
 			rv = host_copy(&out.tensor, t);
 		else
@@ -640,6 +641,7 @@ static pt_err receive_payload(nccl_comm *c, peer *p, int src, const trailer *tr,
 		}
 		m->tensor = it->t;
 		m->has_tensor = true;
+		m->writable = true; /* a device copy of its own */
 		free(it);
 		return PT_OK;
 	}
@@ -676,6 +678,7 @@ static pt_err receive_payload(nccl_comm *c, peer *p, int src, const trailer *tr,
 	if (rv != PT_OK)
 		return rv;
 	m->has_tensor = true;
+	m->writable = true; /* a fresh buffer */
 	rv = transfer(c, false, p->rx, p->rx_stream, pt_tensor_data(&m->tensor), tr->nbytes,
 	              tr->route == P_NCCL_HOST, src);
 	if (tr->route == P_NCCL_DEVICE) {
@@ -788,8 +791,10 @@ static void handle(nccl_comm *c, pt_msg *m)
 			rv = pt_set_error(PT_ERR_FORMAT,
 			                  "rank %d: tensor from rank %d differs from its trailer",
 			                  c->base.rank, src);
-		else if (tr.route == P_CONTROL_DEVICE && c->gpu)
+		else if (tr.route == P_CONTROL_DEVICE && c->gpu) {
 			rv = to_device(c, &m->tensor);
+			m->writable = true; /* the device copy is this rank's */
+		}
 		break;
 	default:
 		if (m->has_tensor)
@@ -1017,6 +1022,11 @@ static pt_err hello(nccl_comm *c, int timeout_ms)
 		c->peers[r].fingerprint = got.dev_kind == PT_DEV_CUDA ? got.seq : 0;
 	}
 	return PT_OK;
+}
+
+bool pt_nccl_built(void)
+{
+	return true;
 }
 
 pt_err pt_nccl_comm_create(pt_comm **out, pt_comm *control, pt_device dev, int timeout_ms)

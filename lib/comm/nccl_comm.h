@@ -70,6 +70,10 @@
  * builds without CUDA or NCCL, and for a CUDA device that is not present. */
 pt_err pt_nccl_comm_create(pt_comm **out, pt_comm *control, pt_device dev, int timeout_ms);
 
+/* pt_nccl_built: whether this build has the NCCL communicator (false: the
+ * stub, which refuses every call). */
+bool pt_nccl_built(void);
+
 /* pt_nccl_comm_create_group makes the NCCL communicators of n ranks of this
  * process together (one thread each, as creation is collective): comms[i],
  * rank i's control communicator, becomes its NCCL communicator on devs[i].

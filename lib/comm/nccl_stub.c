@@ -7,8 +7,13 @@ pt_err pt_nccl_comm_create(pt_comm **out, pt_comm *control, pt_device dev, int t
 	if (out != NULL)
 		*out = NULL;
 	return pt_set_error(PT_ERR_UNSUPPORTED,
-	                    "NCCL communicator: this build has no NCCL (needs CUDA and libnccl; "
-	                    "configure with -Dcuda=enabled)");
+	                    "NCCL communicator: this build has no NCCL (it needs CUDA and libnccl "
+	                    "where meson finds them: configure with -Dcuda=enabled)");
+}
+
+bool pt_nccl_built(void)
+{
+	return false;
 }
 
 pt_err pt_nccl_p2p(bool send, void *buf, size_t nbytes, void *comm, void *stream, int peer_rank)

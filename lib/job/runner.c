@@ -29,16 +29,16 @@
  * gradients, activations and optimizer state are device memory, activations
  * and gradients between stages on different GPUs travel over NCCL as device
  * tensors, stages sharing a GPU pass them on the control path (a host copy
- * put back on the device). A server that places the stages on GPUs it
- * owns (pt_job_run_options.stage_gpus) names each stage's device instead.
- * The coordinator stays on the CPU: it sends host
- * batches and loss gradients (each stage copies them to its device) and gets
- * host outputs, norms, parameters and state, so the loss, metrics,
- * evaluation (the runner's full model is a CPU model) and checkpoints are
- * host code as before. use_graphs is ignored on device stages (eager; see
- * stage.c). None of this has run on a GPU yet: it is compiled, linked and
- * its tests (test_cuda) skip without a device. Limits: jobs on
- * placement.workers with a CUDA device are refused.
+ * put back on the device); in a build without NCCL all of them do. A
+ * server that places the stages on GPUs it owns
+ * (pt_job_run_options.stage_gpus) names each stage's device instead. The
+ * coordinator stays on the CPU: it sends host batches and loss gradients
+ * (each stage copies them to its device) and gets host outputs, norms,
+ * parameters and state, so the loss, metrics, evaluation (the runner's full
+ * model is a CPU model) and checkpoints are host code as before. use_graphs
+ * is ignored on device stages (eager; see stage.c). Without a device its
+ * tests (test_cuda) skip. Limits: jobs on placement.workers with a CUDA
+ * device are refused.
  *
  * Lost workers: the first `stages` URLs of placement.workers serve the
  * stages, the rest are spares. A worker that refuses or cannot be reached
@@ -316,9 +316,12 @@ static pt_err models_up(runner *r)
 	}
 }
 
-/* nccl_up makes every rank's local communicator the control channel of an
- * NCCL communicator: the coordinator on the CPU, stage s on
- * devs[s] = cuda:((dev + s - 1) mod devices), where that stage then computes. */
+/* nccl_up places stage s on devs[s] = cuda:((dev + s - 1) mod devices),
+ * where that stage then computes (the coordinator on the CPU), and makes
+ * every rank's local communicator the control channel of an NCCL
+ * communicator. In a build without NCCL the local communicators stay:
+ * tensors between stages then cross as host copies, as they reach the
+ * coordinator. */
 static pt_err nccl_up(runner *r, pt_device dev, pt_device *devs)
 {
 	int n = 0;
@@ -329,6 +332,13 @@ static pt_err nccl_up(runner *r, pt_device dev, pt_device *devs)
 		devs[i] = r->o->n_stage_gpus > 0
 		              ? (pt_device){PT_DEV_CUDA, r->o->stage_gpus[(i - 1) % r->ranks]}
 		              : (pt_device){PT_DEV_CUDA, (dev.index + i - 1) % n};
+	if (!pt_nccl_built()) {
+		if (r->p > 1)
+			pt_info("job %s: this build has no NCCL: tensors between its stages cross "
+			        "through host memory",
+			        r->s->name ? r->s->name : "");
+		return PT_OK;
+	}
 	return pt_nccl_comm_create_group(r->comms, devs, r->p + 1, -1);
 }
 

@@ -17,6 +17,7 @@
  */
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cuda_bf16.h>
@@ -63,6 +64,45 @@ int ptc_blas_fail(const char *what, cublasStatus_t s)
 	return ptc_fail(what, msg);
 }
 
+/* capable: whether a GPU of compute capability major.x runs this build (it
+ * carries sm_80 and sm_90 code and compute_90 PTX: an older GPU would fail
+ * every launch with "no kernel image"; bf16 needs 8.0); 0 or a failure. */
+static int capable(int major)
+{
+	char msg[96];
+	if (major >= 8)
+		return 0;
+	snprintf(msg, sizeof(msg),
+	         "compute capability %d.x: this build needs 8.0 or newer (sm_80, sm_90)", major);
+	return ptc_fail("cuda device", msg);
+}
+
+/* pool_peers makes dev's pool (where every tensor of dev comes from)
+ * readable and writable by each GPU that can reach dev peer to peer. NCCL
+ * between two GPUs of one process reads and writes the other GPU's buffers
+ * directly, and stream-ordered pool memory, unlike cudaMalloc's, is mapped
+ * only for its own GPU until it is granted. Where a grant fails, NCCL is told
+ * to copy through its own buffers instead (NCCL_P2P_DIRECT_DISABLE, read when
+ * a communicator is made), so no transfer faults. */
+static void pool_peers(int dev, cudaMemPool_t pool)
+{
+	int n = 0;
+	if (cudaGetDeviceCount(&n) != cudaSuccess)
+		n = 0;
+	for (int d = 0; d < n; d++) {
+		int can = 0;
+		cudaMemAccessDesc a = {};
+		if (d == dev || cudaDeviceCanAccessPeer(&can, d, dev) != cudaSuccess || !can)
+			continue;
+		a.location.type = cudaMemLocationTypeDevice;
+		a.location.id = d;
+		a.flags = cudaMemAccessFlagsProtReadWrite;
+		if (cudaMemPoolSetAccess(pool, &a, 1) != cudaSuccess)
+			setenv("NCCL_P2P_DIRECT_DISABLE", "1", 0);
+	}
+	(void)cudaGetLastError(); /* what failed above is handled: not the next call's */
+}
+
 /* pool_threshold is the release threshold for a device of total bytes. */
 static uint64_t pool_threshold(size_t total)
 {
@@ -77,8 +117,13 @@ static int init_device(int dev, ptc_device_state *d)
 	cudaMemPool_t pool;
 	size_t free_b = 0, total_b = 0;
 	uint64_t keep;
+	int major = 0;
 	cublasStatus_t bs;
 	cudaError_t e;
+	/* A device too old for this build is refused at its first use. */
+	PTC_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+	if (capable(major) != 0)
+		return 1;
 	PTC_CUDA(cudaStreamCreateWithFlags(&d->stream, cudaStreamNonBlocking));
 	if ((e = cudaMemGetInfo(&free_b, &total_b)) != cudaSuccess) {
 		cudaStreamDestroy(d->stream);
@@ -91,6 +136,7 @@ static int init_device(int dev, ptc_device_state *d)
 		cudaStreamDestroy(d->stream);
 		return ptc_cuda_fail("default memory pool", e);
 	}
+	pool_peers(dev, pool);
 	if ((bs = cublasCreate(&d->blas)) != CUBLAS_STATUS_SUCCESS) {
 		cudaStreamDestroy(d->stream);
 		return ptc_blas_fail("cublasCreate", bs);
@@ -210,16 +256,7 @@ extern "C" int ptc_device_probe(int dev)
 		return ptc_cuda_fail("cudaDeviceGetAttribute", e);
 	if (mode == cudaComputeModeProhibited)
 		return ptc_fail("cudaDeviceGetAttribute", "compute mode is prohibited");
-	/* The build carries sm_80 and sm_90 code (and compute_90 PTX): an older
-	 * GPU would fail every launch with "no kernel image"; bf16 needs 8.0. */
-	if (major < 8) {
-		char msg[96];
-		snprintf(msg, sizeof(msg),
-		         "compute capability %d.x: this build needs 8.0 or newer (sm_80, sm_90)",
-		         major);
-		return ptc_fail("cuda device", msg);
-	}
-	return 0;
+	return capable(major);
 }
 
 extern "C" int ptc_alloc(int dev, size_t n, void **out)
