@@ -18,10 +18,16 @@
  *    PT_MSG_COMMAND with tag PT_NCCL_ID_TAG, consumed here, never delivered),
  *    and both sides call ncclCommInitRankConfig (non-blocking, so a timeout
  *    can abort it). A direction carries sends one way only, so the sender's
- *    and receiver's streams never wait on each other in a cycle (two ranks
- *    sending to each other at once cannot deadlock), ranks without a GPU
- *    (PT_CPU: the coordinator) can be members, and two ranks on one GPU
- *    (which NCCL refuses in one communicator) simply use the control path.
+ *    and receiver's streams never wait on each other in a cycle, ranks
+ *    without a GPU (PT_CPU: the coordinator) can be members, and two ranks
+ *    on one GPU (which NCCL refuses in one communicator) simply use the
+ *    control path. Open risk: a middle stage's GPU then runs operations of
+ *    up to four communicators at once (and a set-up of one beside another's
+ *    transfer), which NCCL's documentation says to avoid ("Using multiple
+ *    NCCL communicators concurrently"): blocking NCCL kernels of two
+ *    communicators can wait on each other. Making every pair's communicators
+ *    before any traffic, or one communicator per pair of GPUs, would remove
+ *    the set-up case; two GPUs have never run this (see README).
  *  - An I/O thread takes every control message in arrival order (per source
  *    that is send order), posts the matching ncclRecv at once, waits for it,
  *    and queues the whole message in this rank's mailbox (mailbox.h), so
