@@ -10,8 +10,11 @@
 # install-deps.sh with apt's message.
 #
 #   docker build -t pipetrain:0.1.0 .
-#   docker run --gpus all -v pipetrain-data:/var/lib/pipetrain \
+#   docker run --gpus all -e PIPETRAIN_DEVICES=all --stop-timeout 300 \
+#     -v pipetrain-data:/var/lib/pipetrain \
 #     -v "$PWD/token:/run/secrets/pipetrain-token:ro" -p 7600:7600 -p 8080:8080 pipetrain:0.1.0
+# (PIPETRAIN_DEVICES=all: jobs run on the GPUs, not the image's default cpu;
+# --stop-timeout: SIGTERM's drain writes checkpoints, Docker's 10 s would cut it.)
 # A worker: the same image with PIPETRAIN_WORKER=true PIPETRAIN_LISTEN=tcp://0.0.0.0:7700.
 # deploy/README.md says more.
 ARG CUDA_VERSION=13.0.1

@@ -7,8 +7,12 @@
   workloads and named ports; the StatefulSet's Service is headless; volumes
   name claims and secrets that exist; the server's liveness probe is GET
   /healthz and its readiness probe GET /readyz on the port of PIPETRAIN_HTTP;
-  workers' probes open the port of PIPETRAIN_LISTEN; workers request
-  nvidia.com/gpu.
+  workers' probes open the port of PIPETRAIN_LISTEN; workers request no
+  nvidia.com/gpu (their stages run on their CPUs: a job on a CUDA device is
+  not placed on workers, so a GPU would sit idle and hold the pod Pending
+  where none is free).
+- systemd units set neither PrivateDevices= nor ProtectClock= nor
+  DeviceAllow= (each closes the device policy and hides /dev/nvidia*).
 - docker-compose.yml: a server and two or more workers, secrets and volumes
   defined; the servers' PIPETRAIN_POOL names the compose and Kubernetes
   workers (host names, ports, counts); the shipped job files name no workers
@@ -148,6 +152,9 @@ for path in sorted(glob.glob(os.path.join(ROOT, "deploy/*.service"))):
     text = read(path)
     if "pipeserver" not in text:
         continue
+    for key in ("PrivateDevices", "ProtectClock", "DeviceAllow"):
+        if re.search(rf"^{key}=", text, re.MULTILINE):
+            bad(path, f"{key}= closes the device policy: /dev/nvidia* would be hidden")
     m = re.search(r"^LimitNOFILE=(\d+)(?::(\d+))?\s*$", text, re.MULTILINE)
     if not m:
         bad(path, "no LimitNOFILE=N (pipeserver raises its soft limit to it)")
@@ -324,8 +331,9 @@ for path, w in workloads:
                               f"(workers serve no HTTP)")
                 elif probe_port(path, who, p, ports) != listen:
                     bad(path, f"{who}: {kind} probe is not on PIPETRAIN_LISTEN's port {listen}")
-            if not gpus:
-                bad(path, f"{who}: worker requests no nvidia.com/gpu")
+            if gpus:
+                bad(path, f"{who}: worker requests nvidia.com/gpu, which its stages "
+                          f"cannot use (jobs on CUDA are not placed on workers)")
             if w["kind"] == "StatefulSet":
                 worker_sets.append((w, env, listen))
         else:
