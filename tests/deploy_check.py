@@ -12,7 +12,8 @@
   not placed on workers, so a GPU would sit idle and hold the pod Pending
   where none is free).
 - systemd units set neither PrivateDevices= nor ProtectClock= nor
-  DeviceAllow= (each closes the device policy and hides /dev/nvidia*).
+  DeviceAllow= nor DevicePolicy=closed|strict (each closes the device policy
+  and hides /dev/nvidia*).
 - docker-compose.yml: a server and two or more workers, secrets and volumes
   defined; the servers' PIPETRAIN_POOL names the compose and Kubernetes
   workers (host names, ports, counts); the shipped job files name no workers
@@ -155,6 +156,8 @@ for path in sorted(glob.glob(os.path.join(ROOT, "deploy/*.service"))):
     for key in ("PrivateDevices", "ProtectClock", "DeviceAllow"):
         if re.search(rf"^{key}=", text, re.MULTILINE):
             bad(path, f"{key}= closes the device policy: /dev/nvidia* would be hidden")
+    if re.search(r"^DevicePolicy=(closed|strict)", text, re.MULTILINE):
+        bad(path, "DevicePolicy=closed or strict hides /dev/nvidia*")
     m = re.search(r"^LimitNOFILE=(\d+)(?::(\d+))?\s*$", text, re.MULTILINE)
     if not m:
         bad(path, "no LimitNOFILE=N (pipeserver raises its soft limit to it)")

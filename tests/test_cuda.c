@@ -1165,7 +1165,6 @@ static const pt_test_case pipeline_tests[] = {
     {NULL, NULL},
 };
 
-/* Without a device, a model on cuda:0 is refused at creation, saying why. */
 /* bf16_products_plan: where CUDA is built, the products of a bf16 job
  * (matmul, Linear, attention) on CUDA tensors plan to their CUDA kernels at
  * precision bf16 (which round their operands to bf16, test_cuda_bf16_*)
@@ -1201,6 +1200,7 @@ static bool bf16_products_plan(void)
 	return ok;
 }
 
+/* Without a device, a model on cuda:0 is refused at creation, saying why. */
 static bool device_model_refused(void)
 {
 	pt_model_config cfg = {.batch = 2, .input = fx_digits_in, .n_slots = 1, .device = GPU};

@@ -864,6 +864,31 @@ static void test_pipeline_corrupt_message_is_reported(void)
 	fx_data_down(&d);
 }
 
+/* An output the coordinator did not get from the last stage (here a forged
+ * one from stage 1's communicator, with the right shape and generation)
+ * fails the step, naming the rank; the next step trains. */
+static void test_pipeline_output_from_another_stage_is_refused(void)
+{
+	rig r;
+	fx_data d;
+	pt_pipe_step_result res;
+	pt_msg fake = {.meta = {.kind = PT_MSG_OUTPUT, .step = 0, .microbatch = 0}};
+	rig_up(&r, 2, 2, PT_MODE_SEMI_ASYNC, false, NULL);
+	fx_data_up(&d, 2);
+	PT_CHECK_OK(pt_tensor_init(&fake.tensor, PT_F32, 2, (int64_t[]){FX_MB, 10}));
+	fake.has_tensor = true;
+	fake.writable = true;
+	PT_CHECK_OK(pt_comm_send(r.comms[1], 0, &fake));
+	pt_msg_fini(&fake);
+	fx_data_next(&d, 0);
+	PT_CHECK_ERR_MSG(pt_coordinator_step(r.coord, &d.x, &d.y, 0, &res), PT_ERR_STATE,
+	                 "from rank 1: only the last stage (rank 2) sends outputs");
+	PT_CHECK_OK(pt_coordinator_step(r.coord, &d.x, &d.y, 1, &res));
+	CU_ASSERT(isfinite(res.loss) && res.loss > 0.0);
+	rig_down(&r);
+	fx_data_down(&d);
+}
+
 static void test_pipeline_bad_batch_is_refused(void)
 {
 	rig r;
@@ -1249,6 +1274,8 @@ static const pt_test_case tests[] = {
     {"test_pipeline_semi_async_equals_sync_with_fewer_activations",
      test_pipeline_semi_async_equals_sync_with_fewer_activations},
     {"test_pipeline_recompute_is_bitwise_equal", test_pipeline_recompute_is_bitwise_equal},
+    {"test_pipeline_output_from_another_stage_is_refused",
+     test_pipeline_output_from_another_stage_is_refused},
     {"test_pipeline_loss_gradient_overwrites_only_a_dead_output",
      test_pipeline_loss_gradient_overwrites_only_a_dead_output},
     {"test_pipeline_zbh1_order_and_memory", test_pipeline_zbh1_order_and_memory},

@@ -147,6 +147,11 @@ void *pt_backend_stream(pt_device dev)
 	return dev.kind == PT_DEV_CUDA ? ptc_stream(dev.index) : NULL;
 }
 
+bool pt_backend_peer_direct(pt_device a, pt_device b)
+{
+	return a.kind == PT_DEV_CUDA && b.kind == PT_DEV_CUDA && ptc_peer_direct(a.index, b.index);
+}
+
 pt_err pt_backend_device_ready(pt_device dev)
 {
 	PT_TRY(pt_backend_check_device(dev));
@@ -234,6 +239,11 @@ pt_err pt_backend_sync(pt_device dev)
 void *pt_backend_stream(pt_device dev)
 {
 	return NULL;
+}
+
+bool pt_backend_peer_direct(pt_device a, pt_device b)
+{
+	return false;
 }
 
 pt_err pt_backend_device_ready(pt_device dev)

@@ -100,4 +100,11 @@ pt_err pt_backend_plan(pt_op_call *c);
  * CUDA) for code that must order its own work after the kernels, or NULL. */
 void *pt_backend_stream(pt_device dev);
 
+/* pt_backend_peer_direct: whether two CUDA devices' tensors may be read and
+ * written by each other's kernels (NCCL between GPUs of one process does
+ * so): false when granting one's memory pool to the other failed, or
+ * without CUDA. Devices that cannot reach each other at all need no grant
+ * (NCCL then copies through the host) and give true. */
+bool pt_backend_peer_direct(pt_device a, pt_device b);
+
 #endif

@@ -517,7 +517,7 @@ static pt_err nccl_send(pt_comm *base, int dst, const pt_msg *m)
 		if (dst == base->rank)
 			tr.route = on_device ? P_SELF : P_CONTROL;
 		else if (c->gpu && p->dev.kind == PT_DEV_CUDA && p->fingerprint != c->fingerprint &&
-		         nbytes > 0)
+		         nbytes > 0 && pt_backend_peer_direct(c->dev, p->dev))
 			tr.route = on_device ? P_NCCL_DEVICE : P_NCCL_HOST;
 		else
 			tr.route = on_device ? P_CONTROL_DEVICE : P_CONTROL;

@@ -231,11 +231,14 @@ pt_err pt_job_memory_estimate(const pt_job_spec *s, const pt_job_data_shape *d, 
 	}
 	/* The coordinator: the full model (parameters, gradients, one slot of
 	 * one microbatch, work arena), every stage's gathered state, the data,
-	 * the last stage's outputs and loss gradients of m microbatches. */
+	 * the last stage's outputs of m microbatches and, where an output cannot
+	 * take its own loss gradient (its last layer's backward reads it: not a
+	 * Linear, and no recompute, which sends a copy), as many gradients. */
 	model_bytes(s, in, 0, s->n_layers, B, &fp, &fslot, &fwork, &fin, &fout);
-	out->coordinator =
-	    to_bytes(fp * 8 + fslot + fwork + total_params * 4 * (1 + opt_copies) +
-	             data_bytes(s, d) + 2 * (double)m * fout * 4 + RUNTIME_JOB_BYTES);
+	bool in_place = s->layers[s->n_layers - 1].kind == PT_LAYER_LINEAR || s->recompute;
+	out->coordinator = to_bytes(fp * 8 + fslot + fwork + total_params * 4 * (1 + opt_copies) +
+	                            data_bytes(s, d) + (in_place ? 1 : 2) * (double)m * fout * 4 +
+	                            RUNTIME_JOB_BYTES);
 	out->host = to_bytes(host + (double)out->coordinator);
 	return PT_OK;
 }

@@ -14,6 +14,7 @@
 
 typedef struct inflight {
 	bool used;
+	bool got_output; /* its output came (a second one is refused) */
 	int64_t step;
 	int32_t mb;
 	pt_tensor x, y;  /* async: the coordinator's own copies; else views of the batch */
@@ -283,6 +284,15 @@ static pt_err on_output(pt_coordinator *c, pt_msg *m, float scale)
 	if (f == NULL || !m->has_tensor)
 		return pt_set_error(PT_ERR_STATE, "output for unknown microbatch %d of step %ld",
 		                    m->meta.microbatch, (long)m->meta.step);
+	if (m->meta.source != c->p)
+		return pt_set_error(PT_ERR_STATE,
+		                    "output of microbatch %d from rank %d: only the last stage "
+		                    "(rank %d) sends outputs",
+		                    m->meta.microbatch, m->meta.source, c->p);
+	if (f->got_output)
+		return pt_set_error(PT_ERR_STATE, "a second output of microbatch %d of step %ld",
+		                    m->meta.microbatch, (long)m->meta.step);
+	f->got_output = true;
 	for (int i = 0; same && i < nd; i++)
 		same = m->tensor.shape[i] == shape[i];
 	if (same && m->writable && m->tensor.dtype == PT_F32 &&
@@ -356,6 +366,7 @@ static pt_err flush_step(pt_coordinator *c, const pt_tensor *x, const pt_tensor 
 	for (int k = 0; k < c->m; k++) {
 		inflight *f = &c->fl[k];
 		f->used = true;
+		f->got_output = false;
 		f->step = step;
 		f->mb = k;
 		if ((rv = pt_tensor_narrow(&f->x, x, 0, k * c->cfg.microbatch,
@@ -506,6 +517,7 @@ static pt_err async_feed(pt_coordinator *c, const pt_tensor *x, const pt_tensor 
 	    (rv = pt_copy(&f->x, &xv)) != PT_OK || (rv = pt_copy(&f->y, &yv)) != PT_OK)
 		goto out;
 	f->used = true;
+	f->got_output = false;
 	f->step = step;
 	f->mb = k;
 	c->live++;

@@ -46,6 +46,10 @@ int ptc_device_describe(int dev, char *buf, size_t cap);
  * any thread. */
 int ptc_device_probe(int dev);
 
+/* ptc_peer_direct: 1 unless granting a's memory pool to b or b's to a
+ * failed (pool_peers, when each device was first used). */
+int ptc_peer_direct(int a, int b);
+
 /* ptc_alloc allocates n bytes (zeroed) on dev from the device's caching pool
  * (CUDA's stream-ordered allocator; it keeps freed memory cached up to the
  * device's memory less a reserve), ordered on dev's compute stream. */

@@ -17,7 +17,6 @@
  */
 #include <pthread.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include <cuda_bf16.h>
@@ -77,19 +76,22 @@ static int capable(int major)
 	return ptc_fail("cuda device", msg);
 }
 
+/* grant_failed[a][b]: granting device b access to a's pool failed. */
+static bool grant_failed[PTC_MAX_DEVICES][PTC_MAX_DEVICES];
+
 /* pool_peers makes dev's pool (where every tensor of dev comes from)
  * readable and writable by each GPU that can reach dev peer to peer. NCCL
  * between two GPUs of one process reads and writes the other GPU's buffers
  * directly, and stream-ordered pool memory, unlike cudaMalloc's, is mapped
- * only for its own GPU until it is granted. Where a grant fails, NCCL is told
- * to copy through its own buffers instead (NCCL_P2P_DIRECT_DISABLE, read when
- * a communicator is made), so no transfer faults. */
+ * only for its own GPU until it is granted. A grant that fails is recorded:
+ * the NCCL communicator then sends that pair's tensors on its control path
+ * (host copies, ptc_peer_direct), so no transfer faults. */
 static void pool_peers(int dev, cudaMemPool_t pool)
 {
 	int n = 0;
 	if (cudaGetDeviceCount(&n) != cudaSuccess)
 		n = 0;
-	for (int d = 0; d < n; d++) {
+	for (int d = 0; d < n && d < PTC_MAX_DEVICES; d++) {
 		int can = 0;
 		cudaMemAccessDesc a = {};
 		if (d == dev || cudaDeviceCanAccessPeer(&can, d, dev) != cudaSuccess || !can)
@@ -98,9 +100,17 @@ static void pool_peers(int dev, cudaMemPool_t pool)
 		a.location.id = d;
 		a.flags = cudaMemAccessFlagsProtReadWrite;
 		if (cudaMemPoolSetAccess(pool, &a, 1) != cudaSuccess)
-			setenv("NCCL_P2P_DIRECT_DISABLE", "1", 0);
+			__atomic_store_n(&grant_failed[dev][d], true, __ATOMIC_RELEASE);
 	}
 	(void)cudaGetLastError(); /* what failed above is handled: not the next call's */
+}
+
+extern "C" int ptc_peer_direct(int a, int b)
+{
+	if (a < 0 || b < 0 || a >= PTC_MAX_DEVICES || b >= PTC_MAX_DEVICES)
+		return 0;
+	return !__atomic_load_n(&grant_failed[a][b], __ATOMIC_ACQUIRE) &&
+	       !__atomic_load_n(&grant_failed[b][a], __ATOMIC_ACQUIRE);
 }
 
 /* pool_threshold is the release threshold for a device of total bytes. */
