@@ -374,10 +374,9 @@ static int64_t operand_span(int64_t rows, int64_t cols, int64_t ld, int64_t stri
 /* gemm_bf16 is ptc_gemm_batched's bf16 path: A and B rounded to bf16 into
  * scratch from the device's pool (stream-ordered, so freed after the GEMM
  * reads them), C stays f32, accumulation f32. */
-static int gemm_bf16(int dev, cublasHandle_t h, bool ta, bool tb, int M, int N, int K,
-                     float alpha, const float *A, int lda, int64_t strideA, const float *B,
-                     int ldb, int64_t strideB, float beta, float *C, int ldc, int64_t strideC,
-                     int batch)
+static int gemm_bf16(int dev, cublasHandle_t h, bool ta, bool tb, int M, int N, int K, float alpha,
+                     const float *A, int lda, int64_t strideA, const float *B, int ldb,
+                     int64_t strideB, float beta, float *C, int ldc, int64_t strideC, int batch)
 {
 	int64_t na = operand_span(ta ? K : M, ta ? M : K, lda, strideA, batch);
 	int64_t nb = operand_span(tb ? N : K, tb ? K : N, ldb, strideB, batch);
@@ -438,8 +437,9 @@ extern "C" int ptc_gemm_batched(int dev, bool ta, bool tb, int64_t M, int64_t N,
 		return ptc_fail("cublasSgemm", "negative batch stride");
 	/* K == 0 multiplies nothing: C = beta C in any math. */
 	if (gemm_math == PTC_MATH_BF16 && K > 0)
-		return gemm_bf16(dev, h, ta, tb, (int)M, (int)N, (int)K, alpha, A, (int)lda, strideA,
-		                 B, (int)ldb, strideB, beta, C, (int)ldc, strideC, (int)batch);
+		return gemm_bf16(dev, h, ta, tb, (int)M, (int)N, (int)K, alpha, A, (int)lda,
+		                 strideA, B, (int)ldb, strideB, beta, C, (int)ldc, strideC,
+		                 (int)batch);
 	/* Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T. */
 	cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
 	cublasOperation_t opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
