@@ -696,6 +696,16 @@ static void test_comm_recv_timeout(void)
 	CU_ASSERT(now_ms() - t0 < 100);
 	/* The poll (timeout 0) that found nothing is not counted. */
 	CU_ASSERT_EQUAL(pt_comm_get_stats(g.c[1]).timeouts, 1);
+	/* Nor are the empty slices of a wait its caller bounds (a coordinator
+	 * waiting out a long step), though each takes its time. */
+	t0 = now_ms();
+	for (int i = 0; i < 3; i++)
+		PT_CHECK_ERR(pt_comm_recv_slice(g.c[1], PT_ANY_RANK, PT_CH_ANY, 30, &r),
+		             PT_ERR_TIMEOUT);
+	CU_ASSERT(now_ms() - t0 >= 60);
+	CU_ASSERT_EQUAL(pt_comm_get_stats(g.c[1]).timeouts, 1);
+	PT_CHECK_ERR(pt_comm_recv(g.c[1], 0, PT_CH_FORWARD, 10, &r), PT_ERR_TIMEOUT);
+	CU_ASSERT_EQUAL(pt_comm_get_stats(g.c[1]).timeouts, 2);
 	group_free(&g);
 }
 

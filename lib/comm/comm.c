@@ -86,6 +86,14 @@ pt_err pt_comm_recv(pt_comm *c, int src, pt_channel ch, int timeout_ms, pt_msg *
 	return c->ops->recv(c, src, ch, timeout_ms < 0 ? c->timeout_ms : timeout_ms, out);
 }
 
+pt_err pt_comm_recv_slice(pt_comm *c, int src, pt_channel ch, int slice_ms, pt_msg *out)
+{
+	pt_err rv = pt_comm_recv(c, src, ch, slice_ms, out);
+	if (rv == PT_ERR_TIMEOUT && c != NULL && (slice_ms < 0 ? c->timeout_ms : slice_ms) != 0)
+		__atomic_fetch_add(&c->slice_timeouts, 1, __ATOMIC_RELAXED);
+	return rv;
+}
+
 pt_err pt_comm_barrier(pt_comm *c, int timeout_ms)
 {
 	if (c == NULL)
@@ -107,8 +115,14 @@ void pt_comm_destroy(pt_comm *c)
 
 pt_comm_stats pt_comm_get_stats(const pt_comm *c)
 {
-	pt_comm_stats none = {0};
-	return c && c->ops->stats ? c->ops->stats(c) : none;
+	pt_comm_stats st = {0};
+	if (c && c->ops->stats) {
+		uint64_t slices = __atomic_load_n(&c->slice_timeouts, __ATOMIC_RELAXED);
+		st = c->ops->stats(c);
+		/* Slices are counted here after the communicator's own count. */
+		st.timeouts -= slices < st.timeouts ? slices : st.timeouts;
+	}
+	return st;
 }
 
 static pt_err send_tensor(pt_comm *c, int dst, const pt_tensor *t, pt_msg_kind kind, int64_t step,

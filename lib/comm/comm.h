@@ -142,6 +142,9 @@ struct pt_comm {
 	const pt_comm_ops *ops;
 	int rank, world;
 	int timeout_ms; /* default receive timeout */
+	/* Empty slices of pt_comm_recv_slice (atomic; zero from the maker's
+	 * calloc): not timeouts, taken off the counter pt_comm_get_stats gives. */
+	uint64_t slice_timeouts;
 };
 
 static inline int pt_comm_rank(const pt_comm *c)
@@ -162,6 +165,11 @@ static inline int pt_comm_world(const pt_comm *c)
  * receivers always get contiguous tensors. */
 pt_err pt_comm_send(pt_comm *c, int dst, pt_msg *m);
 pt_err pt_comm_recv(pt_comm *c, int src, pt_channel ch, int timeout_ms, pt_msg *out);
+/* pt_comm_recv_slice is pt_comm_recv for one slice of a longer wait that its
+ * caller bounds itself (a loop that also watches for lost peers or a
+ * cancellation): a slice that finds nothing returns PT_ERR_TIMEOUT but is
+ * not counted in the stats' timeouts, which count real timeouts only. */
+pt_err pt_comm_recv_slice(pt_comm *c, int src, pt_channel ch, int slice_ms, pt_msg *out);
 pt_err pt_comm_barrier(pt_comm *c, int timeout_ms);
 void pt_comm_close(pt_comm *c);
 void pt_comm_destroy(pt_comm *c); /* NULL-safe */

@@ -841,7 +841,7 @@ static void *io_main(void *arg)
 		cudaSetDevice(c->dev.index);
 	while (!atomic_load(&c->closed)) {
 		pt_msg m;
-		pt_err rv = pt_comm_recv(c->control, PT_ANY_RANK, PT_CH_ANY, IO_POLL_MS, &m);
+		pt_err rv = pt_comm_recv_slice(c->control, PT_ANY_RANK, PT_CH_ANY, IO_POLL_MS, &m);
 		if (atomic_load(&c->closed)) {
 			if (rv == PT_OK)
 				pt_msg_fini(&m);

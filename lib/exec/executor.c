@@ -165,7 +165,7 @@ static pt_err run_recv(pt_async_op *op, pt_channel ch)
 				free(e);
 				return PT_OK;
 			}
-		rv = pt_comm_recv(ex->comm, op->peer, ch, RECV_SLICE_MS, &m);
+		rv = pt_comm_recv_slice(ex->comm, op->peer, ch, RECV_SLICE_MS, &m);
 		if (rv == PT_OK && !msg_matches(&m, op, ch)) {
 			stash_entry *e = malloc(sizeof(*e));
 			if (e == NULL) {

@@ -172,7 +172,7 @@ static pt_err wait_any(pt_coordinator *c, pt_msg *m, const char *waiting_for)
 	double deadline = pt_now() + timeout_of(c) / 1000.0;
 	for (;;) {
 		bool got = false;
-		pt_err rv = pt_comm_recv(c->comm, PT_ANY_RANK, PT_CH_ANY, POLL_MS, m);
+		pt_err rv = pt_comm_recv_slice(c->comm, PT_ANY_RANK, PT_CH_ANY, POLL_MS, m);
 		if (rv == PT_ERR_TIMEOUT) {
 			if ((rv = probe_stages(c, m, &got)) != PT_OK)
 				return rv;
@@ -207,7 +207,7 @@ static pt_err wait_reply(pt_coordinator *c, int s, pt_reply *r, pt_msg *keep)
 	double deadline = pt_now() + timeout_of(c) / 1000.0;
 	for (;;) {
 		pt_msg m = {0};
-		pt_err rv = pt_comm_recv(c->comm, s, PT_CH_CONTROL, POLL_MS, &m);
+		pt_err rv = pt_comm_recv_slice(c->comm, s, PT_CH_CONTROL, POLL_MS, &m);
 		if (rv == PT_ERR_TIMEOUT) {
 			if (pt_now() > deadline)
 				return pt_set_error(PT_ERR_TIMEOUT,
