@@ -158,9 +158,27 @@ static int compare(const char *name, int which, const pt_tensor *h, const pt_ten
 	return bad == 0;
 }
 
+/* max_error is the largest |a - b| / (1 + |a|) between two host f32
+ * tensors of one shape (compare's measure). */
+static double max_error(const pt_tensor *a, const pt_tensor *b)
+{
+	double worst = 0.0;
+	for (int64_t i = 0; i < pt_tensor_numel(a); i++) {
+		double x = pt_tensor_f32(a)[i], y = pt_tensor_f32(b)[i];
+		worst = fmax(worst, fabs(x - y) / (1.0 + fabs(x)));
+	}
+	return worst;
+}
+
 /* run_case runs cs on the CPU and the GPU and compares; twice: also a second
- * GPU run from equal data, whose outputs must match the first bitwise. */
-static void run_case_twice(const op_case *cs, bool twice)
+ * GPU run from equal data, whose outputs must match the first bitwise;
+ * calibrate (a precision other than fp32): the tolerance grows to three
+ * times the distance that precision puts between the CPU's own fp32 and
+ * emulated results on this data, when that is larger (a GPU that truncates
+ * its operands errs by up to 2^-10 each where the emulation's nearest even
+ * errs by 2^-11: its distance from the emulation is bounded by 3 times the
+ * emulation's from fp32). */
+static void run_case_full(const op_case *cs, bool twice, bool calibrate)
 {
 	pt_tensor hi[PT_OP_MAX_IN], di[PT_OP_MAX_IN], ho[PT_OP_MAX_OUT], dout[PT_OP_MAX_OUT];
 	pt_op_call hc = {.op = cs->op, .p = cs->p}, dc = {.op = cs->op, .p = cs->p};
@@ -193,11 +211,35 @@ static void run_case_twice(const op_case *cs, bool twice)
 			}
 		PT_CHECK_OK(pt_dispatch(&ac));
 	}
-	PT_CHECK_OK(pt_dispatch(&hc));
+	double tol = cs->tol;
+	if (calibrate) {
+		pt_tensor hf[PT_OP_MAX_OUT];
+		pt_op_call fc = hc;
+		pt_precision prec = pt_get_precision();
+		memset(hf, 0, sizeof(hf));
+		for (int i = 0; i < PT_OP_MAX_OUT; i++)
+			if (cs->out[i].ndim > 0) {
+				PT_CHECK_OK(pt_tensor_init(&hf[i], cs->out[i].dt, cs->out[i].ndim,
+				                           cs->out[i].shape));
+				PT_CHECK_OK(pt_copy(&hf[i], &ho[i]));
+				fc.out[i] = &hf[i];
+			}
+		pt_set_precision(PT_PREC_FP32);
+		PT_CHECK_OK(pt_dispatch(&fc));
+		pt_set_precision(prec);
+		PT_CHECK_OK(pt_dispatch(&hc));
+		for (int i = 0; i < PT_OP_MAX_OUT; i++)
+			if (cs->out[i].ndim > 0) {
+				tol = fmax(tol, 3.0 * max_error(&ho[i], &hf[i]));
+				pt_tensor_fini(&hf[i]);
+			}
+		printf("(%s: tolerance %.3g) ", cs->name, tol);
+	} else
+		PT_CHECK_OK(pt_dispatch(&hc));
 	PT_CHECK_OK(pt_dispatch(&dc));
 	for (int i = 0; i < PT_OP_MAX_OUT; i++)
 		if (cs->out[i].ndim > 0)
-			CU_ASSERT_TRUE(compare(cs->name, i, &ho[i], &dout[i], cs->tol));
+			CU_ASSERT_TRUE(compare(cs->name, i, &ho[i], &dout[i], tol));
 	for (int i = 0; twice && i < PT_OP_MAX_OUT; i++)
 		if (cs->out[i].ndim > 0) {
 			size_t nb = pt_tensor_nbytes(&dout[i]);
@@ -223,9 +265,14 @@ static void run_case_twice(const op_case *cs, bool twice)
 	}
 }
 
+static void run_case_twice(const op_case *cs, bool twice)
+{
+	run_case_full(cs, twice, false);
+}
+
 static void run_case(const op_case *cs)
 {
-	run_case_twice(cs, false);
+	run_case_full(cs, false, false);
 }
 
 #define F32(...)                                                                                   \
@@ -451,12 +498,16 @@ static const op_case cases[] = {
 enum { WIDE = 1000, LONG_T = 300, MANY = 70000 };
 static const op_case big_cases[] = {
     {"softmax_fwd_wide", PT_OP_SOFTMAX_FWD, {F32(5, WIDE)}, {F32(5, WIDE)}, {{0}}, 1e-5},
+    /* y and dy are normal draws, not probabilities: the row's sum of y dy
+     * (1000 terms, up to ~100) in another order moves dx by y times its
+     * rounding (1.1e-5 on the H200 run of 2026-11-27 against a CPU that
+     * picked AVX-512 kernels). */
     {"softmax_bwd_wide",
      PT_OP_SOFTMAX_BWD,
      {F32(5, WIDE), F32(5, WIDE)},
      {F32(5, WIDE)},
      {{0}},
-     1e-5},
+     5e-5},
     {"softmax_fwd_many_rows", PT_OP_SOFTMAX_FWD, {F32(MANY, 3)}, {F32(MANY, 3)}, {{0}}, 1e-5},
     {"layernorm_fwd_wide",
      PT_OP_LAYERNORM_FWD,
@@ -482,12 +533,15 @@ static const op_case big_cases[] = {
      {F32(1, LONG_T, 32), F32(1, 2, LONG_T)},
      {.attention = {2, false}},
      1e-4},
+    /* Random log-sum-exp statistics leave the probabilities unnormalised:
+     * sums over 300 keys of large terms (1.05e-4 on the H200 run of
+     * 2026-11-27). */
     {"attention_bwd_long",
      PT_OP_ATTENTION_BWD,
      {F32(1, LONG_T, 32), F32(1, LONG_T, 3 * 32), POS(1, 2, LONG_T)},
      {F32(1, LONG_T, 3 * 32)},
      {.attention = {2, false}},
-     1e-4},
+     3e-4},
     {"squared_norm_3m",
      PT_OP_SQNORM,
      {F32(3000, 1000)},
@@ -696,8 +750,8 @@ static void test_cuda_every_op_matches_cpu(void)
 
 /* The matrix-product ops (matmul, linear, attention forward and backward) at
  * precision prec on the GPU against the CPU's emulation of it, within tol
- * (|a - b| / (1 + |a|)). */
-static void products_match_cpu(pt_precision prec, double tol)
+ * (|a - b| / (1 + |a|)); calibrate: see run_case_full. */
+static void products_match_cpu(pt_precision prec, double tol, bool calibrate)
 {
 	int n = 0;
 	pt_set_precision(prec);
@@ -708,7 +762,7 @@ static void products_match_cpu(pt_precision prec, double tol)
 		    cs.op != PT_OP_ATTENTION_BWD)
 			continue;
 		cs.tol = tol;
-		run_case(&cs);
+		run_case_full(&cs, false, calibrate);
 		n++;
 	}
 	pt_set_precision(PT_PREC_FP32);
@@ -716,11 +770,15 @@ static void products_match_cpu(pt_precision prec, double tol)
 }
 
 /* precision tf32: cuBLAS's TF32 compute type against operands rounded to
- * TF32 (nearest even); the GPU converts its own way, so within 1e-2 rather
- * than bitwise. */
+ * TF32 (nearest even). The GPU converts its own way, so its rounding is as
+ * far from the emulation's as from none: within 1e-2, or 3 times TF32's own
+ * effect on the CPU where that is larger. That is the attention backward:
+ * its random log-sum-exp statistics leave the probabilities unnormalised
+ * (gradients up to 1e4) and TF32 alone moves its outputs by 0.02-0.08 on
+ * the CPU (the H200 run of 2026-11-27 was 0.04 from the emulation). */
 static void test_cuda_tf32_matches_cpu_emulation(void)
 {
-	products_match_cpu(PT_PREC_TF32, 1e-2);
+	products_match_cpu(PT_PREC_TF32, 1e-2, true);
 }
 
 /* precision bf16: both sides round the operands to bf16 the same way
@@ -730,7 +788,7 @@ static void test_cuda_tf32_matches_cpu_emulation(void)
  * values (2^-8 apart): 1e-2. */
 static void test_cuda_bf16_matches_cpu_emulation(void)
 {
-	products_match_cpu(PT_PREC_BF16, 1e-2);
+	products_match_cpu(PT_PREC_BF16, 1e-2, false);
 }
 
 /* bf16 products are really bf16: a product whose operands need more than

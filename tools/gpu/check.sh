@@ -13,6 +13,7 @@
 # Every step's output is OUT/<step>.log; OUT/summary.txt holds one line per
 # step (exit code, seconds) and the lines that matter. The whole run stops
 # starting steps after SECONDS (default 900); a step not started says so.
+# CHECK_SKIP="racecheck gpu_bench" leaves the steps it names out.
 set -uo pipefail
 build=${1:-build}
 out=${2:-/tmp/gpu-out}
@@ -29,6 +30,10 @@ say() { echo "$*" | tee -a "$summary"; }
 step() {
 	local name=$1 limit=$2 left rc t0
 	shift 2
+	if [[ " ${CHECK_SKIP:-} " == *" $name "* ]]; then
+		say "== $name: skipped (CHECK_SKIP)"
+		return 1
+	fi
 	left=$((budget - ($(date +%s) - t_start)))
 	if [ "$left" -lt 20 ]; then
 		say "== $name: not run (budget spent)"
@@ -43,7 +48,7 @@ step() {
 }
 # The lines of a CUnit run that say what happened.
 cunit_lines() {
-	grep -E '^(Run Summary|  *(suites|tests|asserts) )|FAILED|Test: .*\.\.\.(FAILED)|skip:|CUDA device|^[0-9]+\. ' \
+	grep -E '^(Run Summary|  *(suites|tests|asserts) )|FAILED|tolerance|skip:|CUDA device|^[0-9]+\. ' \
 		"$out/$1.log" | head -n 60 >>"$summary"
 }
 
@@ -78,13 +83,29 @@ else
 	export PIPETRAIN_SERVER=$url
 	"$pc" info >"$out/info.log" 2>&1
 	grep -iE 'device|cuda|kernel' "$out/info.log" | head -n 8 >>"$summary"
+	# The same two examples at precision bf16 (issue 13, item 2: the GPT's
+	# held-out loss within 3 % of fp32's, 4-stage digits at >= 97 %).
 	for ex in digits gpt; do
-		if step "submit_$ex" 90 "$pc" submit "examples/$ex.json" --follow; then
+		python3 -c 'import json, sys; s = json.load(open(sys.argv[1])); s["precision"] = "bf16"
+s["name"] += "-bf16"; json.dump(s, open(sys.argv[2], "w"))' "examples/$ex.json" "$data/${ex}_bf16.json"
+	done
+	for ex in digits gpt digits_bf16 gpt_bf16; do
+		spec=examples/$ex.json
+		[ "${ex%_bf16}" != "$ex" ] && spec=$data/$ex.json
+		if step "submit_$ex" 90 "$pc" submit "$spec" --follow; then
 			job=$("$pc" list | awk 'NR > 1 { id = $1 } END { print id }')
 			"$pc" status "$job" --json >"$out/status_$ex.json" 2>&1
 			"$pc" status "$job" >>"$out/submit_$ex.log" 2>&1
 			tail -n 12 "$out/submit_$ex.log" >>"$summary"
-			if "$pc" checkpoint "$job" -o "$data/$ex.safetensors" >/dev/null 2>&1; then
+			if [ "$spec" != "examples/$ex.json" ]; then
+				python3 -c 'import json, sys
+b, f = (json.load(open(p))["last"] for p in sys.argv[1:3])
+l, a = "eval_loss", "eval_accuracy"
+print("%s bf16 vs fp32 on the GPU: held-out loss %.6f vs %.6f (rel %.4f), accuracy %.4f vs %.4f"
+      % (sys.argv[3], b[l], f[l], abs(b[l] - f[l]) / f[l], b[a], f[a]))' \
+					"$out/status_$ex.json" "$out/status_${ex%_bf16}.json" \
+					"${ex%_bf16}" >>"$summary" 2>&1
+			elif "$pc" checkpoint "$job" -o "$data/$ex.safetensors" >/dev/null 2>&1; then
 				PYTHONPATH=$root/client/python step "eval_$ex" 120 python3 tools/gpu/eval_checkpoint.py \
 					"examples/$ex.json" "$data/$ex.safetensors" "$out/status_$ex.json" "$root"
 				tail -n 3 "$out/eval_$ex.log" >>"$summary"
