@@ -84,6 +84,7 @@ void *ptc_stream(int dev);
  * accumulation and f32 results). */
 enum { PTC_MATH_FP32 = 0, PTC_MATH_TF32 = 1, PTC_MATH_BF16 = 2 };
 void ptc_set_math(int math);
+int ptc_get_math(void);
 
 /* ptc_gemm: row-major C (M, N) = alpha op(A) op(B) + beta C through cuBLAS,
  * in the calling thread's math (ptc_set_math): sgemm; TF32 compute type on
@@ -100,6 +101,19 @@ int ptc_gemm_batched(int dev, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
                      const float *A, int64_t lda, int64_t strideA, const float *B, int64_t ldb,
                      int64_t strideB, float beta, float *C, int64_t ldc, int64_t strideC,
                      int64_t batch);
+
+/* ptc_round_bf16 rounds n floats at s to bf16 (nearest even, as ptc_gemm's
+ * bf16 math) into d (2n bytes) on dev's stream. */
+int ptc_round_bf16(int dev, void *d, const float *s, int64_t n);
+
+/* ptc_gemm_bf16 is ptc_gemm_batched over operands its caller has already
+ * rounded to bf16 (A and B point at bf16 elements; ptc_round_bf16), with f32
+ * accumulation into the f32 C, whatever the thread's math: a caller that
+ * reads one operand in several products rounds it once. */
+int ptc_gemm_bf16(int dev, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
+                  const void *A, int64_t lda, int64_t strideA, const void *B, int64_t ldb,
+                  int64_t strideB, float beta, float *C, int64_t ldc, int64_t strideC,
+                  int64_t batch);
 
 /* ---- element-wise (cuda_elementwise.cu) ---- */
 

@@ -356,11 +356,33 @@ extern "C" void ptc_set_math(int math)
 	gemm_math = math;
 }
 
+extern "C" int ptc_get_math(void)
+{
+	return gemm_math;
+}
+
 /* to_bf16 rounds n floats to bf16, nearest even (the CPU emulation's rule). */
 __global__ static void to_bf16(__nv_bfloat16 *d, const float *s, int64_t n)
 {
 	PTC_FOR(i, n)
 	d[i] = __float2bfloat16_rn(s[i]);
+}
+
+static int round_bf16_on(cudaStream_t s, __nv_bfloat16 *d, const float *src, int64_t n)
+{
+	cudaError_t e;
+	if (n <= 0)
+		return 0;
+	to_bf16<<<ptc_blocks(n, 256), 256, 0, s>>>(d, src, n);
+	if ((e = cudaGetLastError()) != cudaSuccess)
+		return ptc_cuda_fail("rounding operands to bf16", e);
+	return 0;
+}
+
+extern "C" int ptc_round_bf16(int dev, void *d, const float *s, int64_t n)
+{
+	PTC_STREAM(dev, st);
+	return round_bf16_on(st, (__nv_bfloat16 *)d, s, n);
 }
 
 /* operand_span counts the elements from the first to the last one a
@@ -369,6 +391,41 @@ __global__ static void to_bf16(__nv_bfloat16 *d, const float *s, int64_t n)
 static int64_t operand_span(int64_t rows, int64_t cols, int64_t ld, int64_t stride, int64_t batch)
 {
 	return (batch - 1) * stride + (rows - 1) * ld + cols;
+}
+
+/* gemm_dims_ok: cuBLAS takes 32-bit sizes and non-negative strides. */
+static int gemm_dims_ok(const char *what, int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldb,
+                        int64_t ldc, int64_t strideA, int64_t strideB, int64_t batch)
+{
+	if (M > INT32_MAX || N > INT32_MAX || K > INT32_MAX || lda > INT32_MAX || ldb > INT32_MAX ||
+	    ldc > INT32_MAX || batch > INT32_MAX)
+		return ptc_fail(what, "dimension beyond 32 bits");
+	if (strideA < 0 || strideB < 0)
+		return ptc_fail(what, "negative batch stride");
+	return 0;
+}
+
+/* gemm16 multiplies bf16 operands into the f32 C (f32 accumulation).
+ * Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T. */
+static int gemm16(cublasHandle_t h, bool ta, bool tb, int M, int N, int K, float alpha,
+                  const __nv_bfloat16 *A, int lda, int64_t strideA, const __nv_bfloat16 *B, int ldb,
+                  int64_t strideB, float beta, float *C, int ldc, int64_t strideC, int batch)
+{
+	cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+	cublasOperation_t opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+	cublasStatus_t st;
+	if (batch == 1)
+		st = cublasGemmEx(h, opb, opa, N, M, K, &alpha, B, CUDA_R_16BF, ldb, A, CUDA_R_16BF,
+		                  lda, &beta, C, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F,
+		                  CUBLAS_GEMM_DEFAULT);
+	else
+		st = cublasGemmStridedBatchedEx(h, opb, opa, N, M, K, &alpha, B, CUDA_R_16BF, ldb,
+		                                strideB, A, CUDA_R_16BF, lda, strideA, &beta, C,
+		                                CUDA_R_32F, ldc, strideC, batch, CUBLAS_COMPUTE_32F,
+		                                CUBLAS_GEMM_DEFAULT);
+	if (st != CUBLAS_STATUS_SUCCESS)
+		return ptc_blas_fail("cublasGemmEx (bf16)", st);
+	return 0;
 }
 
 /* gemm_bf16 is ptc_gemm_batched's bf16 path: A and B rounded to bf16 into
@@ -381,10 +438,8 @@ static int gemm_bf16(int dev, cublasHandle_t h, bool ta, bool tb, int M, int N, 
 	int64_t na = operand_span(ta ? K : M, ta ? M : K, lda, strideA, batch);
 	int64_t nb = operand_span(tb ? N : K, tb ? K : N, ldb, strideB, batch);
 	__nv_bfloat16 *a16 = NULL, *b16 = NULL;
-	cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
-	cublasOperation_t opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
-	cublasStatus_t st;
 	cudaError_t e;
+	int rc;
 	PTC_STREAM(dev, s);
 
 	if ((e = cudaMallocAsync((void **)&a16, (size_t)na * sizeof(*a16), s)) != cudaSuccess)
@@ -393,29 +448,35 @@ static int gemm_bf16(int dev, cublasHandle_t h, bool ta, bool tb, int M, int N, 
 		cudaFreeAsync(a16, s);
 		return ptc_cuda_fail("bf16 operand scratch", e);
 	}
-	to_bf16<<<ptc_blocks(na, 256), 256, 0, s>>>(a16, A, na);
-	to_bf16<<<ptc_blocks(nb, 256), 256, 0, s>>>(b16, B, nb);
-	if ((e = cudaGetLastError()) != cudaSuccess) {
-		cudaFreeAsync(a16, s);
-		cudaFreeAsync(b16, s);
-		return ptc_cuda_fail("rounding operands to bf16", e);
-	}
-	if (batch == 1)
-		st = cublasGemmEx(h, opb, opa, N, M, K, &alpha, b16, CUDA_R_16BF, ldb, a16,
-		                  CUDA_R_16BF, lda, &beta, C, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F,
-		                  CUBLAS_GEMM_DEFAULT);
-	else
-		st = cublasGemmStridedBatchedEx(h, opb, opa, N, M, K, &alpha, b16, CUDA_R_16BF, ldb,
-		                                strideB, a16, CUDA_R_16BF, lda, strideA, &beta, C,
-		                                CUDA_R_32F, ldc, strideC, batch, CUBLAS_COMPUTE_32F,
-		                                CUBLAS_GEMM_DEFAULT);
+	rc = round_bf16_on(s, a16, A, na);
+	if (rc == 0)
+		rc = round_bf16_on(s, b16, B, nb);
+	if (rc == 0)
+		rc = gemm16(h, ta, tb, M, N, K, alpha, a16, lda, strideA, b16, ldb, strideB, beta,
+		            C, ldc, strideC, batch);
 	/* Queued after the GEMM on the same stream: the blocks are reused only
 	 * once it has read them. */
 	cudaFreeAsync(a16, s);
 	cudaFreeAsync(b16, s);
-	if (st != CUBLAS_STATUS_SUCCESS)
-		return ptc_blas_fail("cublasGemmEx (bf16)", st);
-	return 0;
+	return rc;
+}
+
+extern "C" int ptc_gemm_bf16(int dev, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
+                             float alpha, const void *A, int64_t lda, int64_t strideA,
+                             const void *B, int64_t ldb, int64_t strideB, float beta, float *C,
+                             int64_t ldc, int64_t strideC, int64_t batch)
+{
+	cublasHandle_t h = ptc_blas_of(dev);
+	if (h == NULL)
+		return 1;
+	if (M == 0 || N == 0 || batch == 0)
+		return 0;
+	if (gemm_dims_ok("cublasGemmEx (bf16)", M, N, K, lda, ldb, ldc, strideA, strideB, batch) !=
+	    0)
+		return 1;
+	return gemm16(h, ta, tb, (int)M, (int)N, (int)K, alpha, (const __nv_bfloat16 *)A, (int)lda,
+	              strideA, (const __nv_bfloat16 *)B, (int)ldb, strideB, beta, C, (int)ldc,
+	              strideC, (int)batch);
 }
 
 extern "C" int ptc_gemm_batched(int dev, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
@@ -430,11 +491,8 @@ extern "C" int ptc_gemm_batched(int dev, bool ta, bool tb, int64_t M, int64_t N,
 		return 1;
 	if (M == 0 || N == 0 || batch == 0)
 		return 0;
-	if (M > INT32_MAX || N > INT32_MAX || K > INT32_MAX || lda > INT32_MAX || ldb > INT32_MAX ||
-	    ldc > INT32_MAX || batch > INT32_MAX)
-		return ptc_fail("cublasSgemm", "dimension beyond 32 bits");
-	if (strideA < 0 || strideB < 0)
-		return ptc_fail("cublasSgemm", "negative batch stride");
+	if (gemm_dims_ok("cublasSgemm", M, N, K, lda, ldb, ldc, strideA, strideB, batch) != 0)
+		return 1;
 	/* K == 0 multiplies nothing: C = beta C in any math. */
 	if (gemm_math == PTC_MATH_BF16 && K > 0)
 		return gemm_bf16(dev, h, ta, tb, (int)M, (int)N, (int)K, alpha, A, (int)lda,
