@@ -86,11 +86,21 @@ pt_err pt_comm_recv(pt_comm *c, int src, pt_channel ch, int timeout_ms, pt_msg *
 	return c->ops->recv(c, src, ch, timeout_ms < 0 ? c->timeout_ms : timeout_ms, out);
 }
 
+/* Set while this thread is in pt_comm_recv_slice. */
+static _Thread_local bool in_slice;
+
+bool pt_comm_timeout_counts(int timeout_ms)
+{
+	return timeout_ms != 0 && !in_slice;
+}
+
 pt_err pt_comm_recv_slice(pt_comm *c, int src, pt_channel ch, int slice_ms, pt_msg *out)
 {
-	pt_err rv = pt_comm_recv(c, src, ch, slice_ms, out);
-	if (rv == PT_ERR_TIMEOUT && c != NULL && (slice_ms < 0 ? c->timeout_ms : slice_ms) != 0)
-		__atomic_fetch_add(&c->slice_timeouts, 1, __ATOMIC_RELAXED);
+	bool was = in_slice;
+	pt_err rv;
+	in_slice = true;
+	rv = pt_comm_recv(c, src, ch, slice_ms, out);
+	in_slice = was;
 	return rv;
 }
 
@@ -115,14 +125,8 @@ void pt_comm_destroy(pt_comm *c)
 
 pt_comm_stats pt_comm_get_stats(const pt_comm *c)
 {
-	pt_comm_stats st = {0};
-	if (c && c->ops->stats) {
-		uint64_t slices = __atomic_load_n(&c->slice_timeouts, __ATOMIC_RELAXED);
-		st = c->ops->stats(c);
-		/* Slices are counted here after the communicator's own count. */
-		st.timeouts -= slices < st.timeouts ? slices : st.timeouts;
-	}
-	return st;
+	pt_comm_stats none = {0};
+	return c && c->ops->stats ? c->ops->stats(c) : none;
 }
 
 static pt_err send_tensor(pt_comm *c, int dst, const pt_tensor *t, pt_msg_kind kind, int64_t step,

@@ -104,8 +104,9 @@ typedef struct pt_comm pt_comm;
  * communicator copies nothing and counts the logical bytes (tensor + blob).
  * errors: failed sends, malformed arrivals and (nng) frames dropped because
  * they failed authentication or replayed an earlier one; timeouts: receives and barriers
- * that timed out (a receive with timeout 0 is a poll: finding nothing is not
- * a timeout); reconnects: connections to a peer made again after the
+ * that timed out (a receive with timeout 0 is a poll, and one in
+ * pt_comm_recv_slice a slice of a longer wait: finding nothing in either is
+ * not a timeout); reconnects: connections to a peer made again after the
  * first one (nng; a dropped connection still marks the peer lost). */
 typedef struct pt_comm_stats {
 	uint64_t msgs_sent, msgs_recv, bytes_sent, bytes_recv, bytes_raw_sent, errors, timeouts;
@@ -142,9 +143,6 @@ struct pt_comm {
 	const pt_comm_ops *ops;
 	int rank, world;
 	int timeout_ms; /* default receive timeout */
-	/* Empty slices of pt_comm_recv_slice (atomic; zero from the maker's
-	 * calloc): not timeouts, taken off the counter pt_comm_get_stats gives. */
-	uint64_t slice_timeouts;
 };
 
 static inline int pt_comm_rank(const pt_comm *c)
@@ -170,6 +168,10 @@ pt_err pt_comm_recv(pt_comm *c, int src, pt_channel ch, int timeout_ms, pt_msg *
  * cancellation): a slice that finds nothing returns PT_ERR_TIMEOUT but is
  * not counted in the stats' timeouts, which count real timeouts only. */
 pt_err pt_comm_recv_slice(pt_comm *c, int src, pt_channel ch, int slice_ms, pt_msg *out);
+/* pt_comm_timeout_counts tells a communicator's recv whether its empty
+ * return after timeout_ms counts in the stats' timeouts: not for a poll
+ * (0) nor within pt_comm_recv_slice (a per-thread flag). */
+bool pt_comm_timeout_counts(int timeout_ms);
 pt_err pt_comm_barrier(pt_comm *c, int timeout_ms);
 void pt_comm_close(pt_comm *c);
 void pt_comm_destroy(pt_comm *c); /* NULL-safe */

@@ -214,7 +214,7 @@ static pt_err local_recv(pt_comm *base, int src, pt_channel ch, int timeout_ms, 
 		atomic_fetch_add(&c->n.bytes_recv,
 		                 out->blob_len +
 		                     (out->has_tensor ? pt_tensor_nbytes(&out->tensor) : 0));
-	} else if (rv == PT_ERR_TIMEOUT && timeout_ms != 0) {
+	} else if (rv == PT_ERR_TIMEOUT && pt_comm_timeout_counts(timeout_ms)) {
 		atomic_fetch_add(&c->n.timeouts, 1); /* an empty poll is not a timeout */
 	}
 	return rv;

@@ -877,7 +877,7 @@ static pt_err nccl_recv(pt_comm *base, int src, pt_channel ch, int timeout_ms, p
 		                 out->blob_len +
 		                     (out->has_tensor ? pt_tensor_nbytes(&out->tensor) : 0));
 	} else if (rv == PT_ERR_TIMEOUT) {
-		if (timeout_ms != 0) /* an empty poll is not a timeout */
+		if (pt_comm_timeout_counts(timeout_ms)) /* an empty poll is not a timeout */
 			atomic_fetch_add(&c->n.timeouts, 1);
 		return pt_set_error(rv, "rank %d: no message within %d ms", base->rank, timeout_ms);
 	}

@@ -1096,7 +1096,7 @@ static pt_err nng_comm_recv(pt_comm *base, int src, pt_channel ch, int timeout_m
 	if (atomic_load(&c->closed))
 		return pt_set_error(PT_ERR_CLOSED, "rank %d's communicator is closed", base->rank);
 	rv = pt_mailbox_pop(c->mb, src, ch, timeout_ms, out);
-	if (rv == PT_ERR_TIMEOUT && timeout_ms != 0)
+	if (rv == PT_ERR_TIMEOUT && pt_comm_timeout_counts(timeout_ms))
 		atomic_fetch_add(&c->n.timeouts, 1); /* an empty poll is not a timeout */
 	return rv;
 }

@@ -1079,8 +1079,9 @@ static bool on_command(pt_stage *s, pt_msg *m)
 static pt_err zb_next(pt_stage *s, pt_msg *m)
 {
 	bool fwd = s->zb_f - s->zb_b < s->zb_warm && s->zb_f < s->cfg.n_microbatches;
-	return pt_comm_recv(s->comm, PT_ANY_RANK,
-	                    fwd ? PT_CH_FORWARD_OR_CONTROL : PT_CH_BACKWARD_OR_CONTROL, -1, m);
+	return pt_comm_recv_slice(s->comm, PT_ANY_RANK,
+	                          fwd ? PT_CH_FORWARD_OR_CONTROL : PT_CH_BACKWARD_OR_CONTROL, -1,
+	                          m);
 }
 
 /* Backward first, then control, then forward; block when all are empty
@@ -1089,10 +1090,10 @@ static pt_err next_message(pt_stage *s, pt_msg *m)
 {
 	static const pt_channel order[] = {PT_CH_BACKWARD, PT_CH_CONTROL, PT_CH_FORWARD};
 	if (s->il)
-		return pt_comm_recv(s->comm, PT_ANY_RANK,
-		                    s->il_order[s->il_pos] ? PT_CH_BACKWARD_OR_CONTROL
-		                                           : PT_CH_FORWARD_OR_CONTROL,
-		                    -1, m);
+		return pt_comm_recv_slice(s->comm, PT_ANY_RANK,
+		                          s->il_order[s->il_pos] ? PT_CH_BACKWARD_OR_CONTROL
+		                                                 : PT_CH_FORWARD_OR_CONTROL,
+		                          -1, m);
 	if (s->ordered && s->zb_f > 0)
 		return zb_next(s, m);
 	for (int k = 0; k < 3; k++) {
@@ -1100,7 +1101,7 @@ static pt_err next_message(pt_stage *s, pt_msg *m)
 		if (rv != PT_ERR_TIMEOUT)
 			return rv;
 	}
-	return pt_comm_recv(s->comm, PT_ANY_RANK, PT_CH_ANY, -1, m);
+	return pt_comm_recv_slice(s->comm, PT_ANY_RANK, PT_CH_ANY, -1, m);
 }
 
 static pt_err loop(pt_stage *s);

@@ -20,6 +20,7 @@ out=${2:-/tmp/gpu-out}
 budget=${3:-900}
 root=$(pwd)
 mkdir -p "$out"
+rm -f "$out"/*.log "$out"/status_*.json # nothing from an earlier run is read
 summary=$out/summary.txt
 t_start=$(date +%s)
 : >"$summary"
@@ -97,7 +98,9 @@ s["name"] += "-bf16"; json.dump(s, open(sys.argv[2], "w"))' "examples/$ex.json" 
 			"$pc" status "$job" --json >"$out/status_$ex.json" 2>&1
 			"$pc" status "$job" >>"$out/submit_$ex.log" 2>&1
 			tail -n 12 "$out/submit_$ex.log" >>"$summary"
-			if [ "$spec" != "examples/$ex.json" ]; then
+			if [ "$spec" != "examples/$ex.json" ] && [ ! -s "$out/status_${ex%_bf16}.json" ]; then
+				say "== $ex: no fp32 run to compare with"
+			elif [ "$spec" != "examples/$ex.json" ]; then
 				python3 -c 'import json, sys
 b, f = (json.load(open(p))["last"] for p in sys.argv[1:3])
 l, a = "eval_loss", "eval_accuracy"

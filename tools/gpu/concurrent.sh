@@ -43,10 +43,14 @@ run() {
 		ids+=("$("$pc" submit "$data/$n.json" | awk '{ print $NF }')")
 	done
 	for i in "${!ids[@]}"; do
-		while :; do
+		for ((k = 0; ; k++)); do
 			st=$("$pc" status "${ids[$i]}" --json 2>/dev/null)
 			python3 -c 'import json, sys; s = json.loads(sys.argv[1])
-sys.exit(0 if s["state"] in ("Succeeded", "Failed", "Cancelled") else 1)' "$st" && break
+sys.exit(0 if s["state"] in ("Succeeded", "Failed", "Cancelled") else 1)' "$st" 2>/dev/null && break
+			if [ $k -ge 600 ] || ! kill -0 $server 2>/dev/null; then
+				echo "job ${ids[$i]} did not end (server $(kill -0 $server 2>/dev/null && echo up || echo gone))" >&2
+				exit 1
+			fi
 			sleep 0.2
 		done
 		python3 -c 'import json, sys; s = json.loads(sys.argv[1]); l = s.get("last", {})
@@ -61,9 +65,10 @@ for n in digits gpt gpt_bf16; do
 	line=$(run "$n" | cut -d' ' -f1-4)
 	echo "alone:        $line" | tee -a "$sum"
 	alone[$n]=$line
+	[ "${line##* }" = Succeeded ] || fail=1 # a job failing both ways is no match
 done
 check() { # check LABEL NAME...
-	local label=$1 full line n lo=0 hi=1e18
+	local label=$1 full line n lo=0 hi=1e18 got=0
 	shift
 	while read -r full; do
 		line=$(cut -d' ' -f1-4 <<<"$full")
@@ -71,6 +76,7 @@ check() { # check LABEL NAME...
 		lo=$(awk -v a="$lo" -v b="$t0" 'BEGIN { print (b > a ? b : a) }')
 		hi=$(awk -v a="$hi" -v b="$t1" 'BEGIN { print (b < a ? b : a) }')
 		n=${line%% *}
+		got=$((got + 1))
 		if [ "$line" = "${alone[$n]}" ]; then
 			echo "$label $line: equal" | tee -a "$sum"
 		else
@@ -78,6 +84,10 @@ check() { # check LABEL NAME...
 			fail=1
 		fi
 	done < <(run "$@")
+	if [ "$got" -ne $# ]; then
+		echo "$label $got of $# jobs ended" | tee -a "$sum"
+		fail=1
+	fi
 	echo "$label all ran together for $(awk -v a="$lo" -v b="$hi" 'BEGIN { printf "%.1f", b - a }') s" |
 		tee -a "$sum"
 }

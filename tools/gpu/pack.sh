@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # pack.sh [BUILD] [DEST] - the binaries tools/gpu/check.sh runs, with the
-# shared libraries they need beyond glibc, OpenSSL and CUDA (which the GPU machine
+# shared libraries they need beyond glibc, libcrypto and CUDA (which the GPU machine
 # has), in one archive (default .gpu/pack.tar.xz, git-ignored) to carry to a
 # machine with a GPU that can install nothing. There:
 #   mkdir -p /tmp/g && tar -xJf .gpu/pack.tar.xz -C /tmp/g
@@ -20,7 +20,7 @@ for b in "${bins[@]}"; do
 done
 cp -L "$build"/client/libpipeclient.so.0 "$stage/build/client/"
 ldd "${bins[@]/#/$build/}" | awk '$2 == "=>" && $3 ~ /^\// { print $3 }' | sort -u |
-	grep -vE '/(libcrypto|libc|libm|libdl|libpthread|librt|libstdc\+\+|libgcc_s)\.so|/usr/local/cuda|pipeclient' |
+	{ grep -vE '/(libcrypto|libc|libm|libdl|libpthread|librt|libstdc\+\+|libgcc_s)\.so|/usr/local/cuda|pipeclient' || true; } |
 	while read -r l; do cp -L "$l" "$stage/lib/"; done
 mkdir -p "$(dirname "$dest")"
 tar -cJf "$dest" -C "$stage" build lib
