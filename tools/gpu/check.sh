@@ -19,6 +19,7 @@ build=${1:-build}
 out=${2:-/tmp/gpu-out}
 budget=${3:-900}
 root=$(pwd)
+. "$(dirname "$0")/lib.sh"
 mkdir -p "$out"
 rm -f "$out"/*.log "$out"/status_*.json # nothing from an earlier run is read
 summary=$out/summary.txt
@@ -68,15 +69,7 @@ grep -E 'skip|Run Summary|  *(tests|asserts) |FAILED' "$out/test_nccl.log" | hea
 # pipeserver on cuda:0, the two shipped examples through pipeclient.
 pc=$build/client/pipeclient
 data=$(mktemp -d /tmp/pt-gpu.XXXXXX)
-"$build/server/pipeserver" --device cuda:0 --listen tcp://127.0.0.1:0 --data-dir "$data/d" \
-	--files-root "$root" >"$data/server.out" 2>"$out/server.log" &
-server=$!
-url=
-for _ in $(seq 300); do
-	url=$(sed -n 's/^pipeserver listening on //p' "$data/server.out" | head -n 1)
-	[ -n "$url" ] || ! kill -0 $server 2>/dev/null && break
-	sleep 0.1
-done
+start_server "$build" "$data" "$out/server.log" --device cuda:0 --files-root "$root"
 if [ -z "$url" ]; then
 	say "== pipeserver --device cuda:0 did not start:"
 	tail -n 20 "$out/server.log" >>"$summary"
@@ -87,8 +80,7 @@ else
 	# The same two examples at precision bf16 (issue 13, item 2: the GPT's
 	# held-out loss within 3 % of fp32's, 4-stage digits at >= 97 %).
 	for ex in digits gpt; do
-		python3 -c 'import json, sys; s = json.load(open(sys.argv[1])); s["precision"] = "bf16"
-s["name"] += "-bf16"; json.dump(s, open(sys.argv[2], "w"))' "examples/$ex.json" "$data/${ex}_bf16.json"
+		bf16_spec "examples/$ex.json" "$data/${ex}_bf16.json"
 	done
 	for ex in digits gpt digits_bf16 gpt_bf16; do
 		spec=examples/$ex.json

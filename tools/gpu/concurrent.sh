@@ -9,6 +9,7 @@
 # job's precision, so one job's math must never reach another's.
 # Summary in OUT/concurrent.txt; exit 0 when every job matched.
 set -uo pipefail
+. "$(dirname "$0")/lib.sh"
 build=${1:-build}
 out=${2:-/tmp/gpu-out}
 device=${3:-cuda:0}
@@ -20,18 +21,10 @@ data=$(mktemp -d /tmp/pt-conc.XXXXXX)
 trap 'kill -TERM $server 2>/dev/null; wait $server 2>/dev/null; rm -rf "$data"' EXIT
 for ex in digits gpt; do
 	cp "examples/$ex.json" "$data/$ex.json"
-	python3 -c 'import json, sys; s = json.load(open(sys.argv[1])); s["precision"] = "bf16"
-s["name"] += "-bf16"; json.dump(s, open(sys.argv[2], "w"))' "examples/$ex.json" "$data/${ex}_bf16.json"
+	bf16_spec "examples/$ex.json" "$data/${ex}_bf16.json"
 done
-"$build/server/pipeserver" --device "$device" --max-jobs 3 --listen tcp://127.0.0.1:0 \
-	--data-dir "$data/d" --files-root "$(pwd)" >"$data/server.out" 2>"$out/concurrent_server.log" &
-server=$!
-url=
-for _ in $(seq 300); do
-	url=$(sed -n 's/^pipeserver listening on //p' "$data/server.out" | head -n 1)
-	[ -n "$url" ] || ! kill -0 $server 2>/dev/null && break
-	sleep 0.1
-done
+start_server "$build" "$data" "$out/concurrent_server.log" --device "$device" --max-jobs 3 \
+	--files-root "$(pwd)"
 [ -n "$url" ] || { echo "pipeserver did not start" | tee -a "$sum"; exit 1; }
 export PIPETRAIN_SERVER=$url
 
