@@ -1328,7 +1328,10 @@ static void test_server_watch_points_cap(void)
 	spec.stages = 1;
 	spec.microbatches = 1;
 	CU_ASSERT_EQUAL_FATAL(submit(&c, &spec, &id, &r), PT_API_OK);
-	CU_ASSERT_EQUAL(watch_until(&c, id, 10050, 300, &ended), 10050);
+	/* Watch until the job has ended, not just its last point: the replies
+	 * below expect `ended` (the last point comes before the job's end). */
+	CU_ASSERT_EQUAL(watch_until(&c, id, INT64_MAX, 300, &ended), 10050);
+	CU_ASSERT_TRUE(ended);
 	for (int k = 0; k < 3; k++) {
 		static const int32_t ask[] = {20000, 20000, 0};
 		static const int64_t from[] = {-1, 10000, -1};
