@@ -22,6 +22,7 @@ packages=(
 	python3-yaml           # tests/deploy_check.py reads the deploy/ YAML files
 	iproute2               # ip netns, veth and tc: tests/test_netns, bench/overlap_bench
 	time shellcheck        # /usr/bin/time: deploy_client_linkage's RSS; shellcheck: deploy_lint
+	gdb                    # thread stacks of a test's server that did not stop (tests/pt_test.c)
 	clang libclang-rt-dev libomp-dev  # tests/fuzz: libFuzzer (libclang_rt.fuzzer), OpenMP for clang
 )
 # Debian only (Ubuntu's chromium is a snap, so the Docker image, built on

@@ -4,10 +4,17 @@
 #include "job.h"
 #include "safetensors.h"
 
+#include <errno.h>
 #include <limits.h>
 #include <nng/nng.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 void pt_test_report(int rv, const char *expr, const char *file, int line)
@@ -24,6 +31,66 @@ const char *pt_test_path(const char *rel)
 	char *buf = bufs[next++ % 8];
 	snprintf(buf, sizeof(bufs[0]), "%s/%s", PT_SOURCE_ROOT, rel);
 	return buf;
+}
+
+static void print_stacks(int pid);
+
+/* The program's watchdog: PT_TEST_TIMEOUT_S (meson's timeout for this
+ * program, set in tests/meson.build; four times as long in a sanitizer
+ * build, as the Makefile's --timeout-multiplier) less a margin. A program
+ * still running then prints the test it is in and its threads' stacks and
+ * aborts: a hang is named in the log instead of meson's bare TIMEOUT. */
+static double watchdog_s;
+static atomic_bool program_done;
+
+static void *watchdog_main(void *arg)
+{
+	struct timespec t0, t;
+	(void)arg;
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	for (;;) {
+		sleep(1);
+		if (atomic_load(&program_done))
+			return NULL;
+		clock_gettime(CLOCK_MONOTONIC, &t);
+		if ((double)(t.tv_sec - t0.tv_sec) > watchdog_s)
+			break;
+	}
+	CU_pTest cur = CU_get_current_test();
+	fprintf(stderr,
+	        "\n    test program hung: still running after %.0f s, in %s; its threads:\n",
+	        watchdog_s, cur && cur->pName ? cur->pName : "(no test)");
+	print_stacks((int)getpid());
+	fflush(NULL);
+	abort();
+	return NULL;
+}
+
+static void watchdog_start(void)
+{
+	const char *v = getenv("PT_TEST_TIMEOUT_S");
+	pthread_t t;
+	double s = v ? atof(v) : 0;
+	if (s <= 0)
+		return;
+#if defined(__SANITIZE_ADDRESS__)
+	s *= 4;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+	s *= 4;
+#endif
+#endif
+	watchdog_s = s > 120 ? s - 30 : s * 0.75;
+	(void)prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY); /* gdb may read our stacks */
+	if (pthread_create(&t, NULL, watchdog_main, NULL) == 0)
+		pthread_detach(t);
+}
+
+static void *fini_main(void *arg)
+{
+	(void)arg;
+	nng_fini();
+	return NULL;
 }
 
 /* Whether name contains one of the comma-separated substrings of list. */
@@ -56,6 +123,7 @@ int pt_test_main(const pt_test_suite *suites)
 		}
 	}
 	CU_basic_set_mode(CU_BRM_VERBOSE);
+	watchdog_start();
 	CU_basic_run_tests();
 	failed = CU_get_number_of_tests_failed() + CU_get_number_of_suites_failed() +
 	         CU_get_number_of_failures();
@@ -64,8 +132,23 @@ int pt_test_main(const pt_test_suite *suites)
 	 * exiting before that finishes makes LeakSanitizer report them (seen
 	 * once in test_server, a client dropped for an oversized request and
 	 * closed just before). nng_fini waits for it; every test is done and
-	 * no thread of ours uses nng any more. */
-	nng_fini();
+	 * no thread of ours uses nng any more. Bounded: nng 1.5.2's reaper can
+	 * wait for ever on a pipe closed while a reply was blocked (the same bug
+	 * server/main.c's exit_watchdog bounds), and then the program exits
+	 * without LeakSanitizer's check rather than hang. */
+	pthread_t fini;
+	if (pthread_create(&fini, NULL, fini_main, NULL) == 0) {
+		struct timespec until;
+		clock_gettime(CLOCK_REALTIME, &until);
+		until.tv_sec += 30;
+		if (pthread_timedjoin_np(fini, NULL, &until) != 0) {
+			fprintf(stderr, "nng_fini did not return in 30 s (nng's reaper); exiting "
+			                "without the leak check\n");
+			fflush(NULL);
+			_exit(failed ? 1 : 0);
+		}
+	}
+	atomic_store(&program_done, true);
 	return failed ? 1 : 0;
 }
 
@@ -95,6 +178,91 @@ bool pt_test_tmpdir(const char *name, char *dir, size_t cap)
 {
 	snprintf(dir, cap, "/tmp/%s.XXXXXX", name);
 	return mkdtemp(dir) != NULL;
+}
+
+/* print_stacks prints one line per thread of pid, its name and its frames
+ * functions, from gdb (when installed; else the threads' names and kernel
+ * wait channels): short enough for the tail of a CI log. gdb writes to a
+ * file, not a pipe: pid may be this process, stopped while gdb prints. */
+static void print_stacks(int pid)
+{
+	char cmd[512], line[1024], out[2048] = "", path[64];
+	FILE *f = NULL;
+	int fd;
+
+	snprintf(path, sizeof(path), "/tmp/pt-stacks.XXXXXX");
+	if ((fd = mkstemp(path)) >= 0) {
+		close(fd);
+		snprintf(cmd, sizeof(cmd),
+		         "command -v gdb >/dev/null && timeout 60 gdb -p %d -batch -nx "
+		         "-ex 'thread apply all bt 30' >%s 2>/dev/null",
+		         pid, path);
+		if (system(cmd) == 0)
+			f = fopen(path, "r");
+		unlink(path);
+	}
+	if (f == NULL) {
+		snprintf(cmd, sizeof(cmd),
+		         "grep -H . /proc/%d/task/*/comm /proc/%d/task/*/wchan >&2", pid, pid);
+		if (system(cmd) != 0)
+			fprintf(stderr, "    (no stacks)\n");
+		return;
+	}
+	while (fgets(line, sizeof(line), f) != NULL) {
+		char a[256], b[256], c[256];
+		size_t n = strlen(out);
+		if (strncmp(line, "Thread ", 7) == 0) {
+			const char *q = strchr(line, '"');
+			if (n > 0)
+				fprintf(stderr, "%s\n", out);
+			snprintf(out, sizeof(out),
+			         "    %.*s:", q ? (int)strcspn(q + 1, "\"") + 2 : 0, q ? q : "");
+		} else if (line[0] == '#' && sscanf(line, "%*s %255s %255s %255s", a, b, c) >= 1 &&
+		           n + 2 < sizeof(out)) {
+			/* "#k  0xADDR in fn (...)" or "#k  fn (...) at file:line" */
+			snprintf(out + n, sizeof(out) - n, " %s", strcmp(b, "in") == 0 ? c : a);
+		}
+	}
+	if (out[0])
+		fprintf(stderr, "%s\n", out);
+	fclose(f);
+}
+
+int pt_test_wait_exit(int pid, double timeout_s, const char *log)
+{
+	struct timespec t0, t;
+	char cmd[PATH_MAX + 200];
+	int st = 0;
+
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	for (;;) {
+		pid_t r = waitpid(pid, &st, WNOHANG);
+		if (r == pid)
+			return st;
+		if (r < 0 && errno != EINTR)
+			return -1;
+		clock_gettime(CLOCK_MONOTONIC, &t);
+		if ((double)(t.tv_sec - t0.tv_sec) + (double)(t.tv_nsec - t0.tv_nsec) * 1e-9 >
+		    timeout_s)
+			break;
+		usleep(20000);
+	}
+	fprintf(stderr,
+	        "\n    process %d did not stop in %.0f s; its threads (innermost frame first):\n",
+	        pid, timeout_s);
+	print_stacks(pid);
+	if (log != NULL) {
+		snprintf(
+		    cmd, sizeof(cmd),
+		    "echo '    last lines of %s:' >&2; tail -n 20 '%s' | sed 's/^/    | /' >&2",
+		    log, log);
+		if (system(cmd) != 0)
+			fprintf(stderr, "    (no log)\n");
+	}
+	kill(pid, SIGKILL);
+	while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
+		;
+	return -1;
 }
 
 int pt_test_tmpdir_done(const char *dir, int rc)

@@ -58,6 +58,13 @@ bool pt_test_tmpdir(const char *name, char *dir, size_t cap);
  * else says where the files were kept; returns rc. */
 int pt_test_tmpdir_done(const char *dir, int rc);
 
+/* pt_test_wait_exit waits up to timeout_s for child pid to end and returns
+ * its waitpid status. A child still running then is a hang: it prints the
+ * threads' stacks (gdb, when installed) and the last lines of log (may be
+ * NULL), kills it and returns -1, so that a test fails naming the hang
+ * instead of waiting out meson's timeout. */
+int pt_test_wait_exit(int pid, double timeout_s, const char *log);
+
 /* pt_test_write_file writes len bytes to path (asserting success). */
 void pt_test_write_file(const char *path, const void *data, size_t len);
 

@@ -120,9 +120,9 @@ static bool server_start(server *s)
 
 static int server_stop(server *s)
 {
-	int st = 0;
+	int st;
 	kill(s->pid, SIGTERM);
-	if (waitpid(s->pid, &st, 0) != s->pid)
+	if ((st = pt_test_wait_exit(s->pid, 120, s->log)) == -1)
 		return -2;
 	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }

@@ -22,6 +22,7 @@
 #include <limits.h>
 #include <math.h>
 #include <pthread.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -99,6 +100,14 @@ static bool server_start(server *s, const char *data_dir, const char *const *ext
 		_exit(127);
 	}
 	close(out[1]);
+	/* Bounded: a server that never announces itself fails the test. */
+	if (poll(&(struct pollfd){.fd = out[0], .events = POLLIN}, 1, 120000) != 1) {
+		fprintf(stderr, "pipeserver printed no line in 120 s\n");
+		close(out[0]);
+		kill(s->pid, SIGKILL);
+		pt_test_wait_exit(s->pid, 120, logpath);
+		return false;
+	}
 	f = fdopen(out[0], "r");
 	if (f == NULL || fgets(line, sizeof(line), f) == NULL) {
 		fprintf(stderr, "pipeserver printed no line (see %s)\n", logpath);
@@ -118,9 +127,12 @@ static bool server_start(server *s, const char *data_dir, const char *const *ext
 /* server_stop sends sig and returns the exit status (-1: killed by a signal). */
 static int server_stop(server *s, int sig)
 {
-	int st = 0;
+	char logpath[600];
+	int st;
+	snprintf(logpath, sizeof(logpath), "%s/server.log", tmpdir);
 	kill(s->pid, sig);
-	if (waitpid(s->pid, &st, 0) != s->pid)
+	st = pt_test_wait_exit(s->pid, 120, logpath);
+	if (st == -1)
 		return -2;
 	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }

@@ -7,7 +7,7 @@ log="${1:?build dir}/meson-logs/testlog.txt"
 [ -r "$log" ] || exit 0
 pattern=$(
 	cat <<'PAT'
-^test: |^result: |had failures:|^ +[0-9]+\. .+:[0-9]+ +- |ERROR: AddressSanitizer|runtime error:|SUMMARY: |Assertion .* failed|lacks|expected +"|expected, |returned [0-9.]+ s after|still '|did not stop|job [A-Z0-9]* ?(failed|ended|waits|after the kill)|refused: |pooled |restart note
+^test: |^result: |^  Test: |did not stop in|^    "|last lines of|^    \| |had failures:|^ +[0-9]+\. .+:[0-9]+ +- |ERROR: AddressSanitizer|runtime error:|SUMMARY: |Assertion .* failed|lacks|expected +"|expected, |returned [0-9.]+ s after|still '|did not stop|job [A-Z0-9]* ?(failed|ended|waits|after the kill)|refused: |pooled |restart note
 PAT
 )
 echo "=== what failed (from $log) ==="
