@@ -1676,6 +1676,22 @@ pt_err pt_jobs_create(pt_jobs **out, const pt_jobs_config *cfg)
 	return PT_OK;
 }
 
+/* join_logged joins a thread that is finishing its job's last step and
+ * checkpoint, saying every 30 s that shutdown still waits for it (a job that
+ * ignores its stop would otherwise hang the server's exit without a word). */
+static void join_logged(pthread_t t, const char *what, const char *name)
+{
+	for (int waited = 30;; waited += 30) {
+		struct timespec until;
+		clock_gettime(CLOCK_REALTIME, &until);
+		until.tv_sec += 30;
+		if (pthread_timedjoin_np(t, NULL, &until) != ETIMEDOUT)
+			return;
+		pt_warn("shutdown: still waiting for %s %s after %d s", what, name ? name : "?",
+		        waited);
+	}
+}
+
 void pt_jobs_shutdown(pt_jobs *m)
 {
 	if (m == NULL)
@@ -1696,7 +1712,7 @@ void pt_jobs_shutdown(pt_jobs *m)
 	pthread_mutex_unlock(&m->mu);
 	for (size_t i = 0; i < m->n_runners; i++)
 		if (m->runners[i].started) {
-			pthread_join(m->runners[i].thread, NULL);
+			join_logged(m->runners[i].thread, "the runner of", m->runners[i].device);
 			m->runners[i].started = false;
 		}
 	/* Pooled runs: stopping keeps place_queue from starting more. */
@@ -1706,7 +1722,9 @@ void pt_jobs_shutdown(pt_jobs *m)
 	pthread_mutex_unlock(&m->mu);
 	while (runs != NULL) {
 		pool_run *next = runs->next;
-		pthread_join(runs->thread, NULL);
+		char id[32];
+		snprintf(id, sizeof(id), "%" PRIu64, runs->jb ? runs->jb->id : 0);
+		join_logged(runs->thread, "the pooled run of job", id);
 		free(runs);
 		runs = next;
 	}

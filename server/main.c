@@ -429,6 +429,7 @@ int main(int argc, char **argv)
 	http = NULL;
 	pt_api_server_drain(srv);
 	pt_jobs_shutdown(jobs);
+	pt_info("jobs stopped; closing the API socket");
 	{
 		pthread_t wd;
 		if (pthread_create(&wd, NULL, exit_watchdog, NULL) == 0)
