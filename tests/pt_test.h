@@ -9,6 +9,7 @@
 
 #include <CUnit/Basic.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -64,6 +65,12 @@ int pt_test_tmpdir_done(const char *dir, int rc);
  * NULL), kills it and returns -1, so that a test fails naming the hang
  * instead of waiting out meson's timeout. */
 int pt_test_wait_exit(int pid, double timeout_s, const char *log);
+
+/* pt_test_nng_close closes an nng socket (its id) on a helper thread and
+ * waits up to 20 s: nng 1.5.2's close can wait for ever on a pipe's reap
+ * (nanomsg/nng#1543). A close still blocked then is left behind with a note,
+ * so the test goes on; the program's exit bounds nng_fini the same way. */
+void pt_test_nng_close(uint32_t sock_id);
 
 /* pt_test_write_file writes len bytes to path (asserting success). */
 void pt_test_write_file(const char *path, const void *data, size_t len);

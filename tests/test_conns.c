@@ -313,7 +313,7 @@ static void client_close(client *c)
 {
 	if (c->last)
 		nng_msg_free(c->last);
-	nng_close(c->sock);
+	pt_test_nng_close(c->sock.id);
 	pt_fb_builder_fini(&c->b);
 }
 

@@ -1022,7 +1022,7 @@ static int suite_init(void)
 
 static int suite_fini(void)
 {
-	nng_close(api);
+	pt_test_nng_close(api.id);
 	pt_fb_builder_fini(&fbb);
 	return server_stop(&srv) == 0 ? 0 : 1;
 }

@@ -145,7 +145,7 @@ void wf_hs_close(wf_hs *c)
 {
 	if (c->last)
 		nng_msg_free(c->last);
-	nng_close(c->sock);
+	pt_test_nng_close(c->sock.id);
 	pt_fb_builder_fini(&c->b);
 }
 
@@ -240,7 +240,7 @@ void wf_api_close(wf_api *a)
 {
 	if (a->reply)
 		nng_msg_free(a->reply);
-	nng_close(a->sock);
+	pt_test_nng_close(a->sock.id);
 	pt_fb_builder_fini(&a->b);
 }
 
