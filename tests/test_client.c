@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -462,10 +463,15 @@ static bool server_start(server *s, const char *name, const char *listen, const 
 	for (int i = 0; extra && extra[i] && n < 31; i++)
 		argv[n++] = extra[i];
 	argv[n] = NULL;
+	pid_t parent = getpid();
 	s->pid = fork();
 	if (s->pid < 0)
 		return false;
 	if (s->pid == 0) {
+		/* Dies with the test program (a fatal assertion, the watchdog). */
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		if (getppid() != parent)
+			_exit(127);
 		int fd = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
 		if (fd < 0)
 			_exit(127);

@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -92,7 +93,12 @@ static bool server_start(server *s)
 		snprintf(s->log, sizeof(s->log), "%s/server.log", tmpdir);
 	if (pipe(out) != 0)
 		return false;
+	pid_t parent = getpid();
 	if ((s->pid = fork()) == 0) {
+		/* Dies with the test program (a fatal assertion, the watchdog). */
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		if (getppid() != parent)
+			_exit(127);
 		int fd = open(s->log, O_WRONLY | O_CREAT | O_APPEND, 0644);
 		dup2(out[1], 1);
 		if (fd >= 0)
