@@ -37,9 +37,10 @@ static void print_stacks(int pid);
 
 /* The program's watchdog: PT_TEST_TIMEOUT_S (meson's timeout for this
  * program, set in tests/meson.build; four times as long in a sanitizer
- * build, as the Makefile's --timeout-multiplier) less a margin. A program
- * still running then prints the test it is in and its threads' stacks and
- * aborts: a hang is named in the log instead of meson's bare TIMEOUT. */
+ * build, as the Makefile's --timeout-multiplier) less 30 s (a quarter of a
+ * limit under 120 s), time for gdb. A program still running then prints the
+ * test it is in and its threads' stacks and aborts: a hang is named in the
+ * log instead of meson's bare TIMEOUT. */
 static double watchdog_s;
 static atomic_bool program_done;
 
@@ -80,7 +81,7 @@ static void watchdog_start(void)
 	s *= 4;
 #endif
 #endif
-	watchdog_s = s > 120 ? s - 30 : s * 0.75;
+	watchdog_s = s >= 120 ? s - 30 : s * 0.75;       /* time left for gdb */
 	(void)prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY); /* gdb may read our stacks */
 	if (pthread_create(&t, NULL, watchdog_main, NULL) == 0)
 		pthread_detach(t);
