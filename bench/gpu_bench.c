@@ -38,13 +38,13 @@
 
 #define GPU ((pt_device){PT_DEV_CUDA, 0})
 
+#ifdef PT_HAVE_CUDA
 static void die(const char *what)
 {
 	fprintf(stderr, "gpu_bench: %s: %s\n", what, pt_last_error());
 	exit(1);
 }
 
-#ifdef PT_HAVE_CUDA
 /* A device tensor of n x n normal values. */
 static void random_square(pt_tensor *t, int64_t n, uint64_t seed)
 {
@@ -254,6 +254,8 @@ int main(int argc, char **argv)
 		printf("bench gpu_w2_vs_torch %.3f\n", ours / torch);
 	if (torch_bf16 > 0.0 && bf16 > 0.0)
 		printf("bench gpu_w2_bf16_vs_torch_bf16 %.3f\n", bf16 / torch_bf16);
+#else
+	(void)script; /* a build without CUDA never gets here: no device */
 #endif
 	return 0;
 }
