@@ -87,6 +87,26 @@ static void watchdog_start(void)
 		pthread_detach(t);
 }
 
+/* run_bounded runs fn(arg) on a thread of its own and waits up to seconds
+ * for it; a run still going then is left behind (detached) and false is
+ * returned. Where no thread can be made, fn runs here. */
+static bool run_bounded(void *(*fn)(void *), void *arg, int seconds)
+{
+	struct timespec until;
+	pthread_t t;
+
+	if (pthread_create(&t, NULL, fn, arg) != 0) {
+		fn(arg);
+		return true;
+	}
+	clock_gettime(CLOCK_REALTIME, &until);
+	until.tv_sec += seconds;
+	if (pthread_timedjoin_np(t, NULL, &until) == 0)
+		return true;
+	pthread_detach(t);
+	return false;
+}
+
 static void *fini_main(void *arg)
 {
 	(void)arg;
@@ -96,7 +116,6 @@ static void *fini_main(void *arg)
 
 typedef struct closer {
 	nng_socket sock;
-	atomic_bool done;
 	struct closer *next; /* abandoned closes, kept reachable */
 } closer;
 
@@ -104,26 +123,20 @@ static closer *abandoned;
 
 static void *closer_main(void *arg)
 {
-	closer *c = arg;
-	nng_close(c->sock);
-	atomic_store(&c->done, true);
+	nng_close(((closer *)arg)->sock);
 	return NULL;
 }
 
 void pt_test_nng_close(uint32_t sock_id)
 {
 	closer *c = calloc(1, sizeof(*c));
-	pthread_t t;
 
-	if (c == NULL || (c->sock.id = sock_id, pthread_create(&t, NULL, closer_main, c)) != 0) {
+	if (c == NULL) {
 		nng_close((nng_socket){.id = sock_id});
-		free(c);
 		return;
 	}
-	for (int i = 0; i < 2000 && !atomic_load(&c->done); i++)
-		usleep(10000);
-	if (atomic_load(&c->done)) {
-		pthread_join(t, NULL);
+	c->sock.id = sock_id;
+	if (run_bounded(closer_main, c, 20)) {
 		free(c);
 		return;
 	}
@@ -131,8 +144,7 @@ void pt_test_nng_close(uint32_t sock_id)
 	        "\n    nng_close of socket %u still blocked after 20 s (nng's reaper, "
 	        "nanomsg/nng#1543); going on without it\n",
 	        sock_id);
-	pthread_detach(t);
-	c->next = abandoned; /* the thread still uses c: never freed */
+	c->next = abandoned; /* the blocked thread still uses c: never freed */
 	abandoned = c;
 }
 
@@ -179,17 +191,11 @@ int pt_test_main(const pt_test_suite *suites)
 	 * wait for ever on a pipe closed while a reply was blocked (the same bug
 	 * server/main.c's exit_watchdog bounds), and then the program exits
 	 * without LeakSanitizer's check rather than hang. */
-	pthread_t fini;
-	if (pthread_create(&fini, NULL, fini_main, NULL) == 0) {
-		struct timespec until;
-		clock_gettime(CLOCK_REALTIME, &until);
-		until.tv_sec += 30;
-		if (pthread_timedjoin_np(fini, NULL, &until) != 0) {
-			fprintf(stderr, "nng_fini did not return in 30 s (nng's reaper); exiting "
-			                "without the leak check\n");
-			fflush(NULL);
-			_exit(failed ? 1 : 0);
-		}
+	if (!run_bounded(fini_main, NULL, 30)) {
+		fprintf(stderr, "nng_fini did not return in 30 s (nng's reaper); exiting without "
+		                "the leak check\n");
+		fflush(NULL);
+		_exit(failed ? 1 : 0);
 	}
 	atomic_store(&program_done, true);
 	return failed ? 1 : 0;
@@ -223,7 +229,7 @@ bool pt_test_tmpdir(const char *name, char *dir, size_t cap)
 	return mkdtemp(dir) != NULL;
 }
 
-/* print_stacks prints one line per thread of pid, its name and its frames
+/* print_stacks prints one line per thread of pid, its name and its frames'
  * functions, from gdb (when installed; else the threads' names and kernel
  * wait channels): short enough for the tail of a CI log. gdb writes to a
  * file, not a pipe: pid may be this process, stopped while gdb prints. */
@@ -269,6 +275,13 @@ static void print_stacks(int pid)
 	if (out[0])
 		fprintf(stderr, "%s\n", out);
 	fclose(f);
+}
+
+void pt_test_child_dies_with(int parent)
+{
+	prctl(PR_SET_PDEATHSIG, SIGKILL);
+	if (getppid() != parent)
+		_exit(127);
 }
 
 int pt_test_wait_exit(int pid, double timeout_s, const char *log)

@@ -66,6 +66,12 @@ int pt_test_tmpdir_done(const char *dir, int rc);
  * instead of waiting out meson's timeout. */
 int pt_test_wait_exit(int pid, double timeout_s, const char *log);
 
+/* pt_test_child_dies_with: called first in a child forked from parent (the
+ * test program's main thread) that runs a server or worker: the child gets
+ * SIGKILL when the test program ends, however it ends (a fatal assertion,
+ * the watchdog's abort), and exits at once if it already has. */
+void pt_test_child_dies_with(int parent);
+
 /* pt_test_nng_close closes an nng socket (its id) on a helper thread and
  * waits up to 20 s: nng 1.5.2's close can wait for ever on a pipe's reap
  * (nanomsg/nng#1543). A close still blocked then is left behind with a note,

@@ -22,7 +22,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -468,10 +467,7 @@ static bool server_start(server *s, const char *name, const char *listen, const 
 	if (s->pid < 0)
 		return false;
 	if (s->pid == 0) {
-		/* Dies with the test program (a fatal assertion, the watchdog). */
-		prctl(PR_SET_PDEATHSIG, SIGKILL);
-		if (getppid() != parent)
-			_exit(127);
+		pt_test_child_dies_with(parent);
 		int fd = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
 		if (fd < 0)
 			_exit(127);

@@ -30,7 +30,6 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
-#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -107,10 +106,7 @@ static bool server_start(server *s, const char *name, long nofile, const char *c
 	snprintf(logpath, sizeof(logpath), "%s/%s.log", tmpdir, name);
 	pid_t parent = getpid();
 	if ((s->pid = fork()) == 0) {
-		/* Dies with the test program (a fatal assertion, the watchdog). */
-		prctl(PR_SET_PDEATHSIG, SIGKILL);
-		if (getppid() != parent)
-			_exit(127);
+		pt_test_child_dies_with(parent);
 		int fd = open(logpath, O_WRONLY | O_CREAT | O_APPEND, 0644);
 		dup2(out[1], 1);
 		if (fd >= 0)

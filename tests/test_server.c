@@ -27,7 +27,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -92,10 +91,7 @@ static bool server_start(server *s, const char *data_dir, const char *const *ext
 	snprintf(logpath, sizeof(logpath), "%s/server.log", tmpdir);
 	pid_t parent = getpid();
 	if ((s->pid = fork()) == 0) {
-		/* Dies with the test program (a fatal assertion, the watchdog). */
-		prctl(PR_SET_PDEATHSIG, SIGKILL);
-		if (getppid() != parent)
-			_exit(127);
+		pt_test_child_dies_with(parent);
 		int fd = open(logpath, O_WRONLY | O_CREAT | O_APPEND, 0644);
 		dup2(out[1], 1);
 		if (fd >= 0)

@@ -7,7 +7,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -29,10 +28,7 @@ bool wf_proc_start(wf_proc *p, const char *const *argv, const char *log)
 	pid_t parent = getpid();
 	if ((p->pid = fork()) == 0) {
 		int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
-		/* A test that stops on a fatal assertion leaves no process behind. */
-		prctl(PR_SET_PDEATHSIG, SIGKILL);
-		if (getppid() != parent)
-			_exit(127);
+		pt_test_child_dies_with(parent);
 		dup2(out[1], 1);
 		if (fd >= 0)
 			dup2(fd, 2);
