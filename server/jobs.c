@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "backend.h"
+#include "checkpoint.h"
 #include "fileio.h"
 #include "job/job.h"
 #include "log.h"
@@ -629,6 +630,8 @@ static void remove_temp_files(const char *jdir)
 			unlink(path);
 		}
 	closedir(d);
+	if (pt_checkpoint_remove_orphans(dir) > 0)
+		pt_info("removed checkpoint states without their weights in %s", dir);
 }
 
 /* refresh_checkpoints rescans jb's checkpoint directory and swaps the list. */
@@ -1615,6 +1618,9 @@ static pt_err memory_limit_init(pt_jobs *m)
 	else
 		PT_TRY(pt_job_memory_host_limit(&m->mem_limit, &source));
 	pt_job_memory_format(text, sizeof(text), m->mem_limit);
+	/* Data files are read whole at submit and at run time: none may be
+	 * larger than a job's share (checked before it is read). */
+	pt_job_set_file_limit(m->mem_limit / (uint64_t)(m->cfg.max_jobs > 1 ? m->cfg.max_jobs : 1));
 	if (m->cfg.max_jobs > 1) {
 		char each[64];
 		pt_job_memory_format(each, sizeof(each), m->mem_limit / (uint64_t)m->cfg.max_jobs);

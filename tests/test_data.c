@@ -345,6 +345,11 @@ static void test_data_npy_malformed(void)
 	    {1, "{'descr': '<f4', 'fortran_order': False, 'shape': (2,), } junk", -1, 8,
 	     "text after the dict"},
 	    {4, "{'descr': '<f4', 'fortran_order': False, 'shape': (2,), }", -1, 8, "version 4.0"},
+	    /* No values, but strides of 2^124: once a signed overflow. */
+	    {1,
+	     "{'descr': '<f4', 'fortran_order': False, 'shape': (0, 4611686018427387904, "
+	     "4611686018427387904), }",
+	     -1, 0, "npy shape overflows"},
 	};
 	unsigned char buf[512];
 	const char *path = tmp_path("bad.npy");

@@ -427,7 +427,11 @@ static void test_job_spec_validation_names_fields(void)
 	EXPECT(NULL, NULL,
 	       "\"optimizer\": {\"lr\": 0.1}, \"batch_size\": 64, \"steps\": 1, \"checkpoint\": "
 	       "{\"keep\": 0}",
-	       PT_ERR_RANGE, "checkpoint.keep: 0 must be >= 1");
+	       PT_ERR_RANGE, "checkpoint.keep: 0 must be in [1, 1000]");
+	EXPECT(NULL, NULL,
+	       "\"optimizer\": {\"lr\": 0.1}, \"batch_size\": 64, \"steps\": 1, \"checkpoint\": "
+	       "{\"keep\": 1001}",
+	       PT_ERR_RANGE, "checkpoint.keep: 1001 must be in [1, 1000]");
 	/* Optimizer fields (pt_optim_validate, named as the Optimizer table does). */
 	EXPECT(NULL, NULL, "\"optimizer\": {\"lr\": 0}, \"batch_size\": 64, \"steps\": 1",
 	       PT_ERR_RANGE, "optimizer.lr must be > 0");
@@ -572,6 +576,15 @@ static void test_job_spec_validation_of_data_files(void)
 	       "\"optimizer\": {\"lr\": 0.1}, \"batch_size\": 128, \"steps\": 1", PT_ERR_RANGE,
 	       "data: 90 training samples (100, 0.1 held out) are fewer than batch_size 128");
 	EXPECT(NULL, NPY("x64.npy", "missing.npy"), rest, PT_ERR_IO, "data.labels: cannot open '");
+	/* A file larger than a job's memory share is refused before it is read
+	 * (x64.npy is 25728 bytes). */
+	pt_job_set_file_limit(25727);
+	EXPECT(NULL, NPY("x64.npy", "y.npy"), rest, PT_ERR_RANGE,
+	       "data.features: 'x64.npy' is 25.1 KiB (25728 bytes), more than a job's share of "
+	       "the server's memory (25.1 KiB (25727 bytes), --memory-limit)");
+	pt_job_set_file_limit(25728);
+	EXPECT(NULL, NPY("x64.npy", "y.npy"), rest, PT_OK, "");
+	pt_job_set_file_limit(0);
 #undef NPY
 	snprintf(data, sizeof(data),
 	         "{\"format\": \"Tokens16\", \"tokens\": \"%s\", \"seq_len\": 32}", "few.u16");

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "checkpoint.h"
@@ -405,12 +406,56 @@ static void test_checkpoint_save_pair(void)
 	CU_ASSERT_EQUAL(rmdir(dir), 0);
 }
 
+/* A pair whose weights cannot be written (a directory has their name)
+ * leaves no .state behind; pt_checkpoint_remove_orphans deletes a .state
+ * without its weights and nothing else. */
+static void test_checkpoint_pair_failure_leaves_no_state(void)
+{
+	char dir[] = "/tmp/pt_orphXXXXXX", path[256], spath[300], other[300];
+	pt_tensor w;
+	pt_st_tensor wt, stt;
+	pt_checkpoint_info info = {.step = 3};
+	struct stat sb;
+
+	CU_ASSERT_PTR_NOT_NULL_FATAL(mkdtemp(dir));
+	PT_CHECK_OK(pt_tensor_init(&w, PT_F32, 1, (int64_t[]){1000}));
+	memset(pt_tensor_data(&w), 0, pt_tensor_nbytes(&w));
+	wt = (pt_st_tensor){"w", &w};
+	stt = (pt_st_tensor){"stage0.state", &w};
+	snprintf(path, sizeof(path), "%s/step-3.safetensors", dir);
+	snprintf(spath, sizeof(spath), "%s.state", path);
+	CU_ASSERT_EQUAL_FATAL(mkdir(path, 0700), 0);
+	CU_ASSERT_NOT_EQUAL(
+	    pt_checkpoint_save_pair(path, &wt, 1, &info, &stt, 1, NULL, 0, NULL, NULL), PT_OK);
+	CU_ASSERT_NOT_EQUAL(stat(spath, &sb), 0); /* gone with the failure */
+	CU_ASSERT_EQUAL(rmdir(path), 0);
+
+	/* step-4: an orphan .state; step-5: a whole pair; a stranger file. */
+	snprintf(other, sizeof(other), "%s/step-4.safetensors.state", dir);
+	pt_test_write_file(other, "x", 1);
+	snprintf(path, sizeof(path), "%s/step-5.safetensors", dir);
+	PT_CHECK_OK(pt_checkpoint_save_pair(path, &wt, 1, &info, &stt, 1, NULL, 0, NULL, NULL));
+	snprintf(spath, sizeof(spath), "%s/notes.state", dir);
+	pt_test_write_file(spath, "x", 1);
+	CU_ASSERT_EQUAL(pt_checkpoint_remove_orphans(dir), 1);
+	CU_ASSERT_NOT_EQUAL(stat(other, &sb), 0);
+	CU_ASSERT_EQUAL(stat(path, &sb), 0);
+	snprintf(other, sizeof(other), "%s.state", path);
+	CU_ASSERT_EQUAL(stat(other, &sb), 0);
+	CU_ASSERT_EQUAL(stat(spath, &sb), 0);
+	CU_ASSERT_EQUAL(pt_checkpoint_remove_orphans(dir), 0);
+	unlink(path), unlink(other), unlink(spath);
+	CU_ASSERT_EQUAL(rmdir(dir), 0);
+	pt_tensor_fini(&w);
+}
+
 static const pt_test_case tests[] = {
     {"test_model_param_overflow", test_model_param_overflow},
     {"test_model_state_dict_names", test_model_state_dict_names},
     {"test_model_stage_weights_match_full_model", test_model_stage_weights_match_full_model},
     {"test_model_checkpoint_roundtrip_and_resume", test_model_checkpoint_roundtrip_and_resume},
     {"test_checkpoint_save_pair", test_checkpoint_save_pair},
+    {"test_checkpoint_pair_failure_leaves_no_state", test_checkpoint_pair_failure_leaves_no_state},
     {"test_model_split_backward_matches_fused", test_model_split_backward_matches_fused},
     {NULL, NULL},
 };

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -307,6 +308,15 @@ static void test_safetensors_malformed(void)
 	     "metadata value of 'k' is a number, not a string"},
 	    {"{\"__metadata__\":[\"k\"]," ENTRY_A "}", 8, "__metadata__ is not an object"},
 	    {"{\"__metadata__\":{\"data_sha256\":\"xyz\"}," ENTRY_A "}", 8, "not 64 hex digits"},
+	    /* Another key to the parser, "__metadata__" to strcmp: once a heap
+	     * overflow (four values counted, one slot made for the second). */
+	    {"{\"__metadata__\":{\"a\":\"1\",\"b\":\"2\",\"c\":\"3\",\"d\":\"4\"},"
+	     "\"__metadata__\\u0000x\":{\"e\":\"5\"}," ENTRY_A "}",
+	     8, "a header key contains a NUL character"},
+	    /* No values, but strides of 2^124: once a signed overflow. */
+	    {"{\"a\":{\"dtype\":\"F32\",\"shape\":[0,4611686018427387904,4611686018427387904],"
+	     "\"data_offsets\":[0,0]}}",
+	     0, "entry 'a': shape overflows"},
 	};
 	const char *path = tmp_path("bad.safetensors");
 	pt_safetensors *st = (pt_safetensors *)1;
@@ -325,6 +335,36 @@ static void test_safetensors_malformed(void)
 	write_st(path, "{}", 200000000, 0);
 	PT_CHECK_ERR_MSG(pt_safetensors_open(&st, path), PT_ERR_FORMAT,
 	                 "header length 200000000 is absurd");
+	/* A header of many small values is refused by count, not parsed into
+	 * a gigabyte of nodes. */
+	{
+		size_t n = PT_SAFETENSORS_MAX_VALUES + 16, at = 0;
+		char *h = malloc(2 * n + 16);
+		CU_ASSERT_PTR_NOT_NULL_FATAL(h);
+		at += (size_t)sprintf(h, "{\"x\":[");
+		for (size_t i = 0; i < n; i++)
+			at += (size_t)sprintf(h + at, i ? ",0" : "0");
+		sprintf(h + at, "]}");
+		write_st(path, h, 0, 0);
+		free(h);
+		PT_CHECK_ERR_MSG(pt_safetensors_open(&st, path), PT_ERR_FORMAT,
+		                 "more than 1048576 values");
+	}
+	/* The header's length is checked before the file is read: a 3 GB
+	 * (sparse) file with an absurd length costs no memory. */
+	{
+		struct rusage r0, r1;
+		int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+		CU_ASSERT_FATAL(fd >= 0);
+		CU_ASSERT_EQUAL(write(fd, "\xff\xff\xff\xff\xff\xff\xff\x7f", 8), 8);
+		CU_ASSERT_EQUAL(ftruncate(fd, (off_t)3 << 30), 0);
+		close(fd);
+		getrusage(RUSAGE_SELF, &r0);
+		PT_CHECK_ERR_MSG(pt_safetensors_open(&st, path), PT_ERR_FORMAT, "is absurd");
+		getrusage(RUSAGE_SELF, &r1);
+		CU_ASSERT(r1.ru_maxrss - r0.ru_maxrss < 256 * 1024); /* KiB */
+		unlink(path);
+	}
 	write_st(path, "{}   ", 0, 0); /* empty but valid, padded header */
 	PT_CHECK_OK(pt_safetensors_open(&st, path));
 	CU_ASSERT_EQUAL(pt_safetensors_count(st), 0);

@@ -437,6 +437,13 @@ static void test_tensor_error_codes(void)
 	             PT_ERR_SHAPE);
 	PT_CHECK_ERR(pt_tensor_init(&t, PT_F32, 2, (int64_t[]){INT64_C(1) << 40, INT64_C(1) << 40}),
 	             PT_ERR_OVERFLOW);
+	/* No values, but its strides would overflow (2^124). */
+	PT_CHECK_ERR(
+	    pt_tensor_init(&t, PT_F32, 3, (int64_t[]){0, INT64_C(1) << 62, INT64_C(1) << 62}),
+	    PT_ERR_OVERFLOW);
+	PT_CHECK_OK(pt_tensor_init(&t, PT_F32, 3, (int64_t[]){0, 1 << 20, 1 << 20}));
+	CU_ASSERT_EQUAL(pt_tensor_numel(&t), 0);
+	CU_ASSERT_EQUAL(t.strides[0], INT64_C(1) << 40);
 	pt_tensor_fini(&t);
 
 	PT_CHECK_OK(pt_storage_create(&s, 16, PT_CPU));

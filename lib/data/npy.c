@@ -223,7 +223,7 @@ static pt_err read_header(int fd, size_t size, const char *path, npy_header *h, 
                           size_t *data_off)
 {
 	unsigned char pre[12];
-	size_t hstart, hlen, payload, nbytes;
+	size_t hstart, hlen, payload, nbytes, span;
 	char *header = NULL;
 	pt_err rv;
 
@@ -268,9 +268,13 @@ static pt_err read_header(int fd, size_t size, const char *path, npy_header *h, 
 		                  path);
 		goto done;
 	}
-	nbytes = pt_dtype_size(*dt);
+	nbytes = span = pt_dtype_size(*dt);
 	for (int i = 0; i < h->ndim; i++) {
-		if (__builtin_mul_overflow(nbytes, (size_t)h->shape[i], &nbytes)) {
+		/* span leaves the zero dimensions out: strides must fit even when
+		 * the array holds no values (pt_tensor's check_shape). */
+		if (__builtin_mul_overflow(nbytes, (size_t)h->shape[i], &nbytes) ||
+		    __builtin_mul_overflow(span, (size_t)(h->shape[i] ? h->shape[i] : 1), &span) ||
+		    span > (size_t)INT64_MAX / 16) {
 			rv = pt_set_error(PT_ERR_FORMAT, "%s: npy shape overflows", path);
 			goto done;
 		}

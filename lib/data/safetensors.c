@@ -103,7 +103,7 @@ static bool parse_uint(const pt_json *v, int64_t *out)
 static pt_err parse_entry(const pt_safetensors *st, const pt_json_member *m, st_entry *e)
 {
 	const pt_json *v = &m->value, *f;
-	size_t need;
+	size_t need, span;
 	int64_t b, x;
 
 	e->name = m->key;
@@ -121,11 +121,16 @@ static pt_err parse_entry(const pt_safetensors *st, const pt_json_member *m, st_
 		                f->len, PT_MAX_DIMS);
 	e->ndim = (int)f->len;
 	need = pt_dtype_size(e->dtype);
+	span = need;
 	for (int i = 0; i < e->ndim; i++) {
 		if (!parse_uint(&f->items[i], &e->shape[i]))
 			return st_error(st, "entry '%s': shape[%d] is not a non-negative integer",
 			                e->name, i);
-		if (__builtin_mul_overflow(need, (size_t)e->shape[i], &need))
+		/* span: with the zero dimensions left out, so a tensor of no values
+		 * still has strides that fit (0 x 2^62 x 2^62 is refused). */
+		if (__builtin_mul_overflow(need, (size_t)e->shape[i], &need) ||
+		    __builtin_mul_overflow(span, (size_t)(e->shape[i] ? e->shape[i] : 1), &span) ||
+		    span > (size_t)INT64_MAX / 16)
 			return st_error(st, "entry '%s': shape overflows", e->name);
 	}
 	if ((f = pt_json_get(v, "data_offsets")) == NULL)
@@ -159,6 +164,8 @@ static pt_err parse_metadata(pt_safetensors *st, const pt_json *v)
 {
 	if (v->type != PT_JSON_OBJECT)
 		return st_error(st, "__metadata__ is not an object");
+	if (st->meta != NULL)
+		return st_error(st, "a second __metadata__ object");
 	st->meta = malloc((v->len ? v->len : 1) * sizeof(*st->meta));
 	if (st->meta == NULL)
 		return pt_set_error(PT_ERR_NOMEM, "%s: metadata", st->path);
@@ -244,7 +251,8 @@ static pt_err parse_header(pt_safetensors *st)
 {
 	const char *text = (const char *)st->bytes->data + 8;
 	const pt_json *root = &st->header;
-	pt_json_limits lim = {.max_bytes = PT_SAFETENSORS_MAX_HEADER};
+	pt_json_limits lim = {.max_bytes = PT_SAFETENSORS_MAX_HEADER,
+	                      .max_values = PT_SAFETENSORS_MAX_VALUES};
 	pt_err rv;
 
 	if ((rv = pt_json_parse(&st->header, text, st->data_start - 8, &lim)) != PT_OK)
@@ -258,12 +266,14 @@ static pt_err parse_header(pt_safetensors *st)
 		return pt_set_error(PT_ERR_NOMEM, "%s: %zu header entries", st->path, root->len);
 	for (size_t i = 0; i < root->len; i++) {
 		const pt_json_member *m = &root->members[i];
+		/* Before any name is compared: "__metadata__\u0000x" is another key
+		 * to the parser but the same C string. */
+		if (m->key_len != strlen(m->key))
+			return st_error(st, "a header key contains a NUL character");
 		if (strcmp(m->key, META_KEY) == 0) {
 			PT_TRY(parse_metadata(st, &m->value));
 			continue;
 		}
-		if (m->key_len != strlen(m->key))
-			return st_error(st, "a tensor name contains a NUL character");
 		PT_TRY(parse_entry(st, m, &st->entries[st->n]));
 		st->by_name[st->n] = st->n;
 		st->n++;
@@ -291,6 +301,7 @@ pt_err pt_safetensors_open_fd(pt_safetensors **out, int fd, const char *path)
 	pt_safetensors *st;
 	size_t size;
 	uint64_t hlen = 0;
+	unsigned char len8[8];
 	pt_err rv;
 
 	*out = NULL;
@@ -300,15 +311,15 @@ pt_err pt_safetensors_open_fd(pt_safetensors **out, int fd, const char *path)
 		free(st);
 		return pt_set_error(PT_ERR_NOMEM, "%s: safetensors object", path);
 	}
-	if (size < 8) {
+	/* The header's length is checked before the file is read. */
+	if (size < 8)
 		rv = st_error(st, "truncated: %zu bytes, no header length", size);
-	} else if ((rv = pt_storage_create(&st->bytes, size, PT_CPU)) == PT_OK) {
-		rv = pt_read_full(fd, st->bytes->data, size, 0, path);
-	}
+	else
+		rv = pt_read_full(fd, len8, 8, 0, path);
 	if (rv != PT_OK)
 		goto fail;
 	for (int i = 0; i < 8; i++)
-		hlen |= (uint64_t)((unsigned char *)st->bytes->data)[i] << (8 * i);
+		hlen |= (uint64_t)len8[i] << (8 * i);
 	if (hlen > PT_SAFETENSORS_MAX_HEADER) {
 		rv = st_error(st, "header length %" PRIu64 " is absurd (limit %u bytes)", hlen,
 		              PT_SAFETENSORS_MAX_HEADER);
@@ -321,6 +332,9 @@ pt_err pt_safetensors_open_fd(pt_safetensors **out, int fd, const char *path)
 	}
 	st->data_start = 8 + (size_t)hlen;
 	st->data_len = size - st->data_start;
+	if ((rv = pt_storage_create(&st->bytes, size, PT_CPU)) != PT_OK ||
+	    (rv = pt_read_full(fd, st->bytes->data, size, 0, path)) != PT_OK)
+		goto fail;
 	if ((rv = parse_header(st)) != PT_OK)
 		goto fail;
 	*out = st;

@@ -27,6 +27,8 @@
 
 /* Header lengths above this are refused as absurd (the reference reader's limit). */
 #define PT_SAFETENSORS_MAX_HEADER 100000000u
+/* JSON values a header may hold (about ten a tensor). */
+#define PT_SAFETENSORS_MAX_VALUES (1u << 20)
 
 /* A named tensor to write (both borrowed). */
 typedef struct pt_st_tensor {

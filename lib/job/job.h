@@ -18,6 +18,9 @@
 /* How long a silent worker may stay silent before it counts as lost. */
 #define PT_JOB_WORKER_TIMEOUT_MS 10000
 
+/* checkpoint.keep at most this: checkpoints a job keeps on disk. */
+#define PT_JOB_MAX_KEEP 1000
+
 /* Tokens16/Tokens32: raw uint16/uint32 tokens or an llm.c .bin of that width;
  * Auto: tokens of the width an llm.c header says, else raw uint16 (nanoGPT). */
 typedef enum pt_data_format {
@@ -95,6 +98,12 @@ pt_precision pt_job_spec_precision(const pt_job_spec *s);
  * leaves it is PT_ERR_INVALID "data.features: " PT_FILE_OUTSIDE_ROOT, the
  * same answer whether or not it exists. */
 pt_err pt_job_spec_validate(const pt_job_spec *s, const char *files_root, bool any_path);
+
+/* pt_job_set_file_limit caps every data file a job opens (features, labels,
+ * tokens, init_from: all read whole): a larger one is PT_ERR_RANGE, naming
+ * the field, before it is read. 0 (the default) sets no cap. The server sets
+ * a job's share of its --memory-limit. */
+void pt_job_set_file_limit(uint64_t bytes);
 
 /* pt_job_data_describe writes one line on a validated spec's data for the
  * job's status: for token jobs what the file's header said (and that Auto

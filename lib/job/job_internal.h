@@ -18,7 +18,8 @@ pt_err pt_job_optim_error(pt_err rv);
 
 /* pt_job_open_data opens the data file a spec field names (field: "data.tokens")
  * with pt_file_open_under(root, path, any_path): confined beneath root unless
- * any_path; errors are prefixed with the field. The caller closes *fd. */
+ * any_path, and refused when larger than pt_job_set_file_limit's cap; errors
+ * are prefixed with the field. The caller closes *fd. */
 pt_err pt_job_open_data(const char *field, const char *path, const char *root, bool any_path,
                         int *fd);
 

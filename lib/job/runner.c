@@ -633,7 +633,9 @@ static int cmp_desc(const void *a, const void *b)
 	return x < y ? 1 : x > y ? -1 : 0;
 }
 
-/* prune deletes all but the newest `keep` step-N.safetensors pairs in dir. */
+/* prune deletes all but the newest `keep` step-N.safetensors pairs in dir
+ * (names as the writer spells them: "step-05" is no step), and any .state
+ * left without its weights. */
 static void prune(const char *dir, int keep)
 {
 	DIR *d = opendir(dir);
@@ -649,7 +651,8 @@ static void prune(const char *dir, int keep)
 			continue;
 		errno = 0;
 		v = strtoll(e->d_name + 5, &end, 10);
-		if (errno != 0 || strcmp(end, ".safetensors") != 0)
+		if (errno != 0 || strcmp(end, ".safetensors") != 0 ||
+		    (e->d_name[5] == '0' && end != e->d_name + 6))
 			continue;
 		if (n == cap) {
 			int64_t *grown = realloc(steps, sizeof(int64_t) * (cap ? 2 * cap : 16));
@@ -671,6 +674,7 @@ static void prune(const char *dir, int keep)
 		unlink(path);
 	}
 	free(steps);
+	pt_checkpoint_remove_orphans(dir);
 }
 
 /* A checkpoint's snapshot: the gathered stage states (moved out of the

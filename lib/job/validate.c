@@ -30,16 +30,40 @@ pt_act_shape pt_job_spec_input_shape(const pt_job_spec *s, int64_t n_features)
 
 /* ---------------------------------------------------------- data files -- */
 
+static _Atomic uint64_t file_limit; /* pt_job_set_file_limit; 0: none */
+
+void pt_job_set_file_limit(uint64_t bytes)
+{
+	file_limit = bytes;
+}
+
 pt_err pt_job_open_data(const char *field, const char *path, const char *root, bool any_path,
                         int *fd)
 {
+	uint64_t limit = file_limit;
+	size_t size;
 	pt_err rv = pt_file_open_under(root, path, any_path, fd);
 	if (rv != PT_OK) {
 		char why[600];
 		snprintf(why, sizeof(why), "%s", pt_last_error());
 		return pt_set_error(rv, "%s: %s", field, why);
 	}
-	return PT_OK;
+	/* Data files are read whole: one larger than a job's memory is refused
+	 * before a byte of it is read. */
+	if (limit > 0 && (rv = pt_file_fd_size(*fd, path, &size)) == PT_OK && size > limit) {
+		char a[32], b[32];
+		pt_job_memory_format(a, sizeof(a), size);
+		pt_job_memory_format(b, sizeof(b), limit);
+		rv = pt_set_error(PT_ERR_RANGE,
+		                  "%s: '%s' is %s, more than a job's share of the server's memory "
+		                  "(%s, --memory-limit)",
+		                  field, path, a, b);
+	}
+	if (rv != PT_OK) {
+		close(*fd);
+		*fd = -1;
+	}
+	return rv;
 }
 
 /* read_npy reads the .npy file a field names, confined as pt_job_open_data. */
@@ -567,9 +591,9 @@ pt_err pt_job_spec_validate(const pt_job_spec *s, const char *files_root, bool a
 	if (s->checkpoint_every < 0)
 		return pt_set_error(PT_ERR_RANGE, "checkpoint.every_steps: %ld must be >= 0",
 		                    (long)s->checkpoint_every);
-	if (s->checkpoint_keep < 1)
-		return pt_set_error(PT_ERR_RANGE, "checkpoint.keep: %d must be >= 1",
-		                    s->checkpoint_keep);
+	if (s->checkpoint_keep < 1 || s->checkpoint_keep > PT_JOB_MAX_KEEP)
+		return pt_set_error(PT_ERR_RANGE, "checkpoint.keep: %d must be in [1, %d]",
+		                    s->checkpoint_keep, PT_JOB_MAX_KEEP);
 
 	/* Optimizer, device, loss. */
 	if ((rv = pt_optim_validate(&s->optim)) != PT_OK)

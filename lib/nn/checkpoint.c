@@ -1,11 +1,15 @@
 /* checkpoint.c - weights and training state to and from safetensors. */
 #include "checkpoint.h"
 
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "fileio.h"
 #include "safetensors.h"
@@ -155,9 +159,14 @@ pt_err pt_checkpoint_save_pair(const char *path, const pt_st_tensor *entries, si
 	digest_hex(&st, shex);
 	digest_hex(&wf, fhex);
 	if ((rv = pt_st_plan_header(&ps, shex)) == PT_OK &&
-	    (rv = pt_st_plan_write(&ps, NULL, NULL)) == PT_OK &&
-	    (rv = pt_st_plan_write(&pw, NULL, file_size)) == PT_OK && file_hex != NULL)
-		memcpy(file_hex, fhex, PT_SHA256_HEX);
+	    (rv = pt_st_plan_write(&ps, NULL, NULL)) == PT_OK) {
+		/* A .state without its weights is no checkpoint (a full disk
+		 * fails the second file): it goes, and takes its space along. */
+		if ((rv = pt_st_plan_write(&pw, NULL, file_size)) != PT_OK)
+			unlink(spath);
+		else if (file_hex != NULL)
+			memcpy(file_hex, fhex, PT_SHA256_HEX);
+	}
 out:
 	pt_st_plan_fini(&ps);
 	pt_st_plan_fini(&pw);
@@ -248,4 +257,29 @@ pt_err pt_checkpoint_load(const char *path, pt_model *m, pt_optimizer *o, pt_che
 	if (rv == PT_OK && o != NULL)
 		rv = load_state(path, m, o);
 	return rv;
+}
+
+int pt_checkpoint_remove_orphans(const char *dir)
+{
+	static const char suffix[] = ".safetensors.state";
+	const size_t ls = sizeof(suffix) - 1, lw = sizeof(".state") - 1;
+	DIR *d = opendir(dir);
+	struct dirent *e;
+	int removed = 0;
+
+	if (d == NULL)
+		return 0;
+	while ((e = readdir(d)) != NULL) {
+		char weights[NAME_MAX + 1];
+		size_t n = strlen(e->d_name);
+		if (n <= ls || strcmp(e->d_name + n - ls, suffix) != 0)
+			continue;
+		memcpy(weights, e->d_name, n - lw);
+		weights[n - lw] = '\0';
+		if (faccessat(dirfd(d), weights, F_OK, AT_SYMLINK_NOFOLLOW) != 0 &&
+		    errno == ENOENT && unlinkat(dirfd(d), e->d_name, 0) == 0)
+			removed++;
+	}
+	closedir(d);
+	return removed;
 }

@@ -43,11 +43,18 @@ pt_err pt_checkpoint_save_tensors(const char *path, const pt_st_tensor *entries,
  * (pt_sha256_update2): the .state's data beside the weights', then beside
  * the weights file's. Where the weights are the first bytes of the states
  * (one stage: the parameters lead its state), their hash is a copy of the
- * .state's taken on the way. Blocking. */
+ * .state's taken on the way. When the weights cannot be written, the .state
+ * just written is deleted. Blocking. */
 pt_err pt_checkpoint_save_pair(const char *path, const pt_st_tensor *entries, size_t n,
                                const pt_checkpoint_info *info, const pt_st_tensor *states,
                                size_t n_states, const pt_st_meta *smeta, size_t n_smeta,
                                char file_hex[65], uint64_t *file_size);
+
+/* pt_checkpoint_remove_orphans deletes each NAME.safetensors.state in dir
+ * that has no NAME.safetensors beside it (a write that failed or was cut off
+ * between the two files) and returns how many it deleted. Not while a pair
+ * is being written into dir. */
+int pt_checkpoint_remove_orphans(const char *dir);
 
 /* pt_checkpoint_load reads weights from PATH into m (every parameter must be
  * present with its exact shape) and, when o is not NULL, the training state

@@ -168,16 +168,20 @@ static void set_contiguous(pt_tensor *t)
 	}
 }
 
+/* check_shape bounds the product of the dimensions with the zero ones left
+ * out (span): the strides are products of dimensions, and a tensor of no
+ * values (0 x 2^62 x 2^62) must still have strides that fit. */
 static pt_err check_shape(int ndim, const int64_t *shape, int64_t *numel)
 {
-	int64_t n = 1;
+	int64_t n = 1, span = 1;
 	if (ndim < 0 || ndim > PT_MAX_DIMS)
 		return pt_set_error(PT_ERR_SHAPE, "%d dimensions (at most %d)", ndim, PT_MAX_DIMS);
 	for (int i = 0; i < ndim; i++) {
 		if (shape[i] < 0)
 			return pt_set_error(PT_ERR_SHAPE, "negative dimension %" PRId64, shape[i]);
-		if (shape[i] != 0 && n > INT64_MAX / 16 / shape[i])
+		if (shape[i] != 0 && span > INT64_MAX / 16 / shape[i])
 			return pt_set_error(PT_ERR_OVERFLOW, "tensor too large");
+		span *= shape[i] != 0 ? shape[i] : 1;
 		n *= shape[i];
 	}
 	*numel = n;
