@@ -32,7 +32,7 @@
 #include "runtime.h"
 
 #define MAX_PATH         4096
-#define JOURNAL_MAX      (1u << 30) /* a journal over 1 GiB is not replayed whole */
+#define JOURNAL_PIECE    (4u << 20) /* a journal is replayed this many bytes at a time */
 #define MAX_WATCH_POINTS 10000
 
 /* Journal records. REC_DEATHS holds how many runs in a row died with the
@@ -1377,17 +1377,22 @@ static pt_err ensure_runner(pt_jobs *m, const char *dev)
 
 /* ------------------------------------------------------------ recovery -- */
 
-static void replay(job *jb, const uint8_t *d, size_t n, size_t *good)
+static void replay(job *jb, const uint8_t *d, size_t n, size_t *good, bool *torn)
 {
 	size_t off = 0;
 
+	*torn = false;
 	while (off + 8 <= n) {
 		uint32_t len, crc;
 		const uint8_t *p;
 		memcpy(&len, d + off, 4);
 		memcpy(&crc, d + off + 4, 4);
-		if (len < 1 || len > n - off - 8 || crc32(d + off + 8, len) != crc)
+		if (len > n - off - 8 && len >= 1 && len <= JOURNAL_PIECE - 8)
+			break; /* whole, perhaps, past n: the next piece has it */
+		if (len < 1 || len > n - off - 8 || crc32(d + off + 8, len) != crc) {
+			*torn = true;
 			break;
+		}
 		p = d + off + 8;
 		if (p[0] == REC_STATE && len >= 20) {
 			int64_t step;
@@ -1445,11 +1450,56 @@ static void replay(job *jb, const uint8_t *d, size_t n, size_t *good)
 	*good = off;
 }
 
+/* replay_file replays the journal at path a piece at a time (a long job's
+ * journal may be larger than memory should hold) and cuts off a torn tail:
+ * a record that is cut short or fails its checksum, and all after it. */
+static pt_err replay_file(job *jb, const char *path)
+{
+	uint8_t *buf;
+	size_t have = 0, good, done = 0;
+	uint64_t size = 0;
+	bool torn = false, eof = false;
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+
+	if (fd < 0)
+		return PT_OK; /* no journal: no record, which the caller reports */
+	if ((buf = malloc(JOURNAL_PIECE)) == NULL) {
+		close(fd);
+		return pt_set_error(PT_ERR_NOMEM, "job %" PRIu64 ": journal", jb->id);
+	}
+	while (!torn && !eof) {
+		ssize_t r = read(fd, buf + have, JOURNAL_PIECE - have);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r < 0) {
+			pt_warn("job %" PRIu64 ": journal: read: %s", jb->id, strerror(errno));
+			break;
+		}
+		eof = r == 0;
+		have += (size_t)r;
+		size += (uint64_t)r;
+		replay(jb, buf, have, &good, &torn);
+		done += good;
+		memmove(buf, buf + good, have - good);
+		have -= good;
+	}
+	free(buf);
+	close(fd);
+	if (torn || have > 0) {
+		pt_warn("job %" PRIu64 ": journal has a torn tail (%zu of %" PRIu64
+		        "+ bytes good); cutting it off",
+		        jb->id, done, size);
+		if (truncate(path, (off_t)done) != 0)
+			pt_warn("truncate %s: %s", path, strerror(errno));
+	}
+	return PT_OK;
+}
+
 static pt_err recover_job(pt_jobs *m, uint64_t id, job **out)
 {
 	char path[MAX_PATH + 32];
 	void *buf = NULL;
-	size_t len = 0, good = 0;
+	size_t len = 0;
 	job *jb;
 	pt_err rv;
 
@@ -1470,17 +1520,8 @@ static pt_err recover_job(pt_jobs *m, uint64_t id, job **out)
 		goto fail;
 	}
 	snprintf(path, sizeof(path), "%s/journal", jb->dir);
-	if (pt_file_read(path, JOURNAL_MAX, &buf, &len) == PT_OK) {
-		replay(jb, buf, len, &good);
-		free(buf);
-		if (good < len) {
-			pt_warn("job %" PRIu64 ": journal has a torn tail (%zu of %zu bytes good); "
-			        "cutting it off",
-			        id, good, len);
-			if (truncate(path, (off_t)good) != 0)
-				pt_warn("truncate %s: %s", path, strerror(errno));
-		}
-	}
+	if ((rv = replay_file(jb, path)) != PT_OK)
+		goto fail;
 	if (jb->submitted == 0) {
 		/* spec.job without its Queued record: the submit was never acknowledged. */
 		rv = pt_set_error(PT_ERR_NOTFOUND, "job %" PRIu64 ": no journal record", id);
@@ -2474,9 +2515,11 @@ pt_err pt_jobs_replay_journal(const uint8_t *journal, size_t n, size_t *good, pt
 	job *jb;
 	pt_err rv;
 
+	bool torn;
+
 	if ((jb = job_new(&m, 1)) == NULL)
 		return pt_set_error(PT_ERR_NOMEM, "job");
-	replay(jb, journal, n, good);
+	replay(jb, journal, n, good, &torn);
 	fill_info(&m, jb, &ji, false, NULL);
 	pt_api_response_init(&r, 0, PT_API_OK, PT_API_LIST_JOBS);
 	r.jobs = &ji;

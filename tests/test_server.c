@@ -1496,6 +1496,68 @@ static void test_server_journal_long_message(void)
 	CU_ASSERT_EQUAL(server_stop(&s, SIGTERM), 0);
 }
 
+/* A journal larger than the piece replay reads at a time (4 MiB; a long
+ * job's) is replayed whole, its last whole record deciding, and a torn tail
+ * after it is cut off: 6000 records of 920 bytes, then half a record. */
+static void test_server_journal_replayed_in_pieces(void)
+{
+	char dir[512], path[700], msg[900];
+	server s;
+	client c;
+	pt_job_spec spec;
+	pt_api_job_info ji;
+	pt_fb_builder b;
+	pt_fb_ref ref;
+	const uint8_t *data;
+	size_t size;
+	long good;
+	struct stat st;
+	FILE *f;
+
+	make_dir("journal_pieces", dir, sizeof(dir));
+	snprintf(path, sizeof(path), "%s/jobs", dir);
+	mkdir(path, 0755);
+	snprintf(path, sizeof(path), "%s/jobs/1", dir);
+	mkdir(path, 0755);
+	snprintf(path, sizeof(path), "%s/jobs/1/checkpoints", dir);
+	mkdir(path, 0755);
+	digits_spec(&spec, 5, 0, true);
+	PT_CHECK_OK(pt_fb_builder_init(&b, 0));
+	PT_CHECK_OK(pt_job_spec_build(&b, &spec, &ref));
+	PT_CHECK_OK(pt_fb_finish(&b, ref, NULL, &data, &size));
+	snprintf(path, sizeof(path), "%s/jobs/1/spec.job", dir);
+	pt_test_write_file(path, data, size);
+	pt_fb_builder_fini(&b);
+	pt_job_spec_fini(&spec);
+
+	snprintf(path, sizeof(path), "%s/jobs/1/journal", dir);
+	f = fopen(path, "wb");
+	CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+	put_state_record(f, PT_JOB_QUEUED, 0, "", 0);
+	memset(msg, 'A', sizeof(msg));
+	for (int i = 0; i < 6000; i++) {
+		char head[16];
+		int k = snprintf(head, sizeof(head), "m%05d", i);
+		memcpy(msg, head, (size_t)k);
+		put_state_record(f, PT_JOB_FAILED, sizeof(msg), msg, sizeof(msg));
+	}
+	good = ftell(f);
+	CU_ASSERT(good > 5 << 20);
+	put_state_record(f, PT_JOB_FAILED, 4, "torn", 4);
+	fclose(f);
+	CU_ASSERT_EQUAL_FATAL(truncate(path, good + 14), 0); /* half the last record */
+
+	CU_ASSERT_TRUE_FATAL(server_start(&s, dir, NULL));
+	client_open(&c, &s, 30000);
+	CU_ASSERT_EQUAL(job_state(&c, 1, &ji), PT_JOB_FAILED);
+	CU_ASSERT_PTR_NOT_NULL_FATAL(ji.message);
+	CU_ASSERT_EQUAL(strncmp(ji.message, "m05999", 6), 0);
+	client_close(&c);
+	CU_ASSERT_EQUAL(server_stop(&s, SIGTERM), 0);
+	CU_ASSERT_EQUAL(stat(path, &st), 0);
+	CU_ASSERT_EQUAL(st.st_size, good);
+}
+
 /* A job whose run dies with the server (kill -9 while it trains) is
  * re-queued once; when its run dies with the server a second time in a
  * row it is Failed, not re-queued a third time (a job that kills the
@@ -1781,6 +1843,7 @@ static const pt_test_case server_tests[] = {
     {"test_server_watch_points_cap", test_server_watch_points_cap},
     {"test_server_sigterm", test_server_sigterm},
     {"test_server_journal_long_message", test_server_journal_long_message},
+    {"test_server_journal_replayed_in_pieces", test_server_journal_replayed_in_pieces},
     {"test_server_died_twice", test_server_died_twice},
     {"test_server_died_not_in_a_row", test_server_died_not_in_a_row},
     {"test_server_admission", test_server_admission},
