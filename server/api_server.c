@@ -340,6 +340,8 @@ static pt_err h_plan(srv_ctx *c, const uint8_t **data, size_t *size, bool *parke
 	                       &plans, &n)) != PT_OK) {
 		if (rv == PT_ERR_NOMEM)
 			c->code = PT_API_INTERNAL;
+		else if (rv == PT_ERR_BUSY) /* another plan runs */
+			c->code = PT_API_UNAVAILABLE;
 		return rv;
 	}
 	if (n > 0 && (v = calloc((size_t)n, sizeof(*v))) == NULL) {

@@ -282,6 +282,8 @@ static void put(wbuf *w, const void *p, size_t n)
 	}
 }
 
+static int job_threads(const pt_jobs *m, bool resolved);
+
 static pt_err journal_open(job *jb)
 {
 	char path[MAX_PATH + 16];
@@ -1065,10 +1067,7 @@ static void run_one(pt_jobs *m, job *jb)
 	o.any_path = m->cfg.any_path;
 	o.worker_allow = m->cfg.worker_allow;
 	o.resume_from = jb->resume_from;
-	o.threads = m->cfg.threads;
-	if (o.threads <= 0 && m->cfg.max_jobs > 1) /* the cores, split between the jobs */
-		o.threads =
-		    pt_num_cores() / m->cfg.max_jobs > 0 ? pt_num_cores() / m->cfg.max_jobs : 1;
+	o.threads = job_threads(m, false);
 	o.worker_token = m->cfg.worker_token;
 	o.advertise_host = m->cfg.advertise_host;
 	o.worker_tls = m->cfg.worker_tls;
@@ -1881,6 +1880,36 @@ static pt_err check_gpu_named(pt_jobs *m, const pt_job_spec *s)
  * devices with --devices none and no pool, more stages than the pool has
  * workers and no local devices to fall back to, or more stages than the
  * GPUs (one stage a GPU) and the pool's workers. */
+/* job_threads: a job's thread budget: --threads, else the cores split
+ * between --max-jobs (0 when neither is set and !resolved: the runner's
+ * default, all the cores). */
+static int job_threads(const pt_jobs *m, bool resolved)
+{
+	int cores = pt_num_cores();
+	if (m->cfg.threads > 0)
+		return m->cfg.threads;
+	if (m->cfg.max_jobs > 1)
+		return cores / m->cfg.max_jobs > 0 ? cores / m->cfg.max_jobs : 1;
+	return resolved ? cores : 0;
+}
+
+/* check_threads: a job's stages in this process, each with its own team of
+ * placement.threads_per_stage threads, stay within the job's budget (at
+ * least one thread a stage): thousands of threads only oversubscribe the
+ * cores, and can exhaust the process's threads. */
+static pt_err check_threads(const pt_jobs *m, const pt_job_spec *s)
+{
+	int budget = job_threads(m, true);
+	int64_t want = (int64_t)s->threads_per_stage * s->stages;
+	if (s->threads_per_stage <= 0 || s->n_workers > 0 || want <= budget ||
+	    s->threads_per_stage == 1)
+		return PT_OK;
+	return pt_set_error(PT_ERR_RANGE,
+	                    "placement.threads_per_stage: %d threads for each of %d stages is %ld, "
+	                    "more than this server gives a job (%d: --threads, --max-jobs)",
+	                    s->threads_per_stage, s->stages, (long)want, budget);
+}
+
 static pt_err check_fit(pt_jobs *m, const pt_job_spec *s)
 {
 	char names[256];
@@ -1962,7 +1991,7 @@ pt_err pt_jobs_submit(pt_jobs *m, const uint8_t *spec_table, uint64_t *id)
 	}
 	if ((rv = pt_job_spec_check_workers(&jb->spec, m->cfg.worker_allow)) != PT_OK)
 		goto fail;
-	if ((rv = check_fit(m, &jb->spec)) != PT_OK)
+	if ((rv = check_fit(m, &jb->spec)) != PT_OK || (rv = check_threads(m, &jb->spec)) != PT_OK)
 		goto fail;
 	/* With max_jobs running at once, each has its share of the memory. */
 	if ((rv = pt_job_admit(&jb->spec, m->files_root, m->cfg.any_path,
@@ -2046,18 +2075,19 @@ pt_err pt_jobs_plan(pt_jobs *m, const uint8_t *spec_table, const int32_t *stages
 	/* One plan at a time: measuring layers takes the CPU a job would get.
 	 * What a plan builds is admitted as the job itself would be. */
 	static pthread_mutex_t plan_mu = PTHREAD_MUTEX_INITIALIZER;
-	pthread_mutex_lock(&plan_mu);
+	/* A second plan is turned away, not queued: waiting plans would hold
+	 * the API's worker threads, and every other request behind them. */
+	if (pthread_mutex_trylock(&plan_mu) != 0)
+		return pt_set_error(PT_ERR_BUSY, "another plan is running; try again when it ends");
 	if ((rv = pt_job_spec_read(spec_table, &spec)) == PT_OK &&
 	    (rv = pt_job_spec_validate(&spec, m->files_root, m->cfg.any_path)) == PT_OK &&
+	    (rv = check_threads(m, &spec)) == PT_OK &&
 	    (rv = pt_job_admit(&spec, m->files_root, m->cfg.any_path,
 	                       m->mem_limit / (uint64_t)(m->cfg.max_jobs > 1 ? m->cfg.max_jobs : 1),
 	                       NULL)) == PT_OK) {
 		pt_job_plan_options o = {.files_root = m->files_root,
 		                         .any_path = m->cfg.any_path,
-		                         .threads = m->cfg.threads > 0 ? m->cfg.threads
-		                                    : m->cfg.max_jobs > 1
-		                                        ? pt_num_cores() / m->cfg.max_jobs
-		                                        : 0,
+		                         .threads = job_threads(m, false),
 		                         .stages = n_stages > 0 ? ps : NULL,
 		                         .n_stages = n_stages < 8 ? n_stages : 8,
 		                         .microbatches = n_microbatches > 0 ? ms : NULL,

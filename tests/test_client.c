@@ -1309,6 +1309,72 @@ static void test_client_plan(void)
 	CU_ASSERT_EQUAL(run_cli(NULL, "status", "1", "--stages", "2", NULL), CLI_USAGE);
 }
 
+static int plan_rc = -1;
+
+/* long_plan plans the big job, again while the test's short plans hold the
+ * planner (Unavailable), and leaves the last exit status in plan_rc. */
+static void *long_plan(void *arg)
+{
+	int rc = CLI_CONNECT;
+	for (int i = 0; i < 100 && rc == CLI_CONNECT; i++) {
+		if (i > 0)
+			usleep(20000);
+		rc = run_cli(NULL, "--server", srv.url, "plan", (const char *)arg, "--stages",
+		             "1,2,4,8", "--microbatches", "1,2,4,8", NULL);
+	}
+	__atomic_store_n(&plan_rc, rc, __ATOMIC_RELEASE);
+	return NULL;
+}
+
+/* One plan at a time: while a long plan measures its layers, another is
+ * answered at once with Unavailable (exit 3), not queued on the API's
+ * worker threads; the long one completes. */
+static void test_client_plan_busy(void)
+{
+	const char *path = tpath("bigplan.json");
+	char text[8192];
+	size_t at = 0;
+	bool busy = false;
+	pthread_t th;
+	FILE *f;
+
+	at += (size_t)snprintf(text + at, sizeof(text) - at,
+	                       "{ \"name\": \"bigplan\", \"model\": [ { \"kind\": \"Linear\", "
+	                       "\"in_features\": 64, \"out_features\": 1024 },");
+	for (int i = 0; i < 20; i++)
+		at += (size_t)snprintf(text + at, sizeof(text) - at,
+		                       " { \"kind\": \"Linear\", \"in_features\": 1024, "
+		                       "\"out_features\": 1024 }, { \"kind\": \"ReLU\" },");
+	snprintf(text + at, sizeof(text) - at,
+	         " { \"kind\": \"Linear\", \"in_features\": 1024, \"out_features\": 10 } ],"
+	         " \"data\": { \"format\": \"Npy\", \"features\": \"digits_x.npy\","
+	         " \"labels\": \"digits_y.npy\" },"
+	         " \"optimizer\": { \"lr\": 0.01 }, \"batch_size\": 256, \"steps\": 1 }");
+	f = fopen(path, "w");
+	CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+	fputs(text, f);
+	fclose(f);
+	plan_rc = -1;
+	CU_ASSERT_EQUAL_FATAL(pthread_create(&th, NULL, long_plan, (void *)path), 0);
+	/* Each short plan waits first, so the long one (retrying every 20 ms)
+	 * gets the planner between them. */
+	for (int i = 0; i < 100 && !busy && __atomic_load_n(&plan_rc, __ATOMIC_ACQUIRE) < 0; i++) {
+		char *out = NULL, *err = NULL;
+		int rc;
+		usleep(200000);
+		rc = run_cli_err(&out, &err, "--server", srv.url, "plan", job_json, "--stages", "1",
+		                 NULL);
+		busy = rc == CLI_CONNECT && err != NULL &&
+		       strstr(err, "another plan is running; try again when it ends") != NULL;
+		free(out);
+		free(err);
+	}
+	pthread_join(th, NULL);
+	CU_ASSERT_TRUE(busy);
+	CU_ASSERT_EQUAL(plan_rc, CLI_OK);
+	unlink(path);
+}
+
 static void test_client_rejected(void)
 {
 	pipeclient *c = connect_lib();
@@ -2126,6 +2192,7 @@ int main(void)
 	    {"test_client_names_escaped", test_client_names_escaped},
 	    {"test_client_rejected", test_client_rejected},
 	    {"test_client_plan", test_client_plan},
+	    {"test_client_plan_busy", test_client_plan_busy},
 	    {"test_client_interleaved_timeline", test_client_interleaved_timeline},
 	    {"test_client_job_file_syntax_error", test_client_job_file_syntax_error},
 	    {"test_client_cancel", test_client_cancel},

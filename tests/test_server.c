@@ -757,6 +757,37 @@ static void test_server_reject_log(void)
 	free(log);
 }
 
+/* A job name is the client's: a newline in it must not start a forged log
+ * line (text format: control characters become '?'). */
+static void test_server_log_one_line_per_event(void)
+{
+	char dir[512], *log;
+	long off = log_size();
+	pt_api_response r;
+	pt_job_spec spec;
+	uint64_t id;
+	bool ended;
+	server s;
+	client c;
+
+	make_dir("logline", dir, sizeof(dir));
+	CU_ASSERT_TRUE_FATAL(server_start(&s, dir, NULL));
+	client_open(&c, &s, 30000);
+	digits_spec(&spec, 2, 0, false);
+	free(spec.name);
+	spec.name = strdup("evil\n2026-01-01T00:00:00.000Z error FORGED\r\x1b[2J");
+	CU_ASSERT_EQUAL_FATAL(submit(&c, &spec, &id, &r), PT_API_OK);
+	watch_until(&c, id, INT64_MAX, 60, &ended);
+	CU_ASSERT_TRUE(ended);
+	pt_job_spec_fini(&spec);
+	client_close(&c);
+	CU_ASSERT_EQUAL(server_stop(&s, SIGTERM), 0);
+	log = log_since(off);
+	CU_ASSERT_PTR_NOT_NULL(strstr(log, "(evil?2026-01-01T00:00:00.000Z error FORGED??[2J)"));
+	CU_ASSERT_PTR_NULL(strstr(log, "\n2026-01-01T00:00:00.000Z error FORGED"));
+	free(log);
+}
+
 static void test_server_auth(void)
 {
 	char dir[512], tok[600];
@@ -1684,6 +1715,20 @@ static void test_server_admission(void)
 	CU_ASSERT_NOT_EQUAL(stat(path, &st), 0);
 	pt_job_spec_fini(&spec);
 
+	/* Threads: 2 stages of 1024 OpenMP threads each (once 2,000 threads in
+	 * the server, and with a pids limit its end) are refused, naming the
+	 * field; one thread a stage always fits. */
+	digits_spec(&spec, 5, 0, true);
+	spec.stages = 2;
+	spec.threads_per_stage = 1024;
+	CU_ASSERT_EQUAL(submit(&c, &spec, &big, &r), PT_API_INVALID_JOB);
+	CU_ASSERT_PTR_NOT_NULL(
+	    r.message ? strstr(r.message, "placement.threads_per_stage: 1024 threads for each of 2 "
+	                                  "stages is 2048, more than this server gives a job")
+	              : NULL);
+	CU_ASSERT_NOT_EQUAL(stat(path, &st), 0);
+	pt_job_spec_fini(&spec);
+
 	/* The digits example (about 15 MiB) fits. */
 	digits_spec(&spec, 5, 0, true);
 	CU_ASSERT_EQUAL_FATAL(submit(&c, &spec, &id, &r), PT_API_OK);
@@ -1835,6 +1880,7 @@ static const pt_test_case server_tests[] = {
     {"test_server_cancel", test_server_cancel},
     {"test_server_bad_input", test_server_bad_input},
     {"test_server_reject_log", test_server_reject_log},
+    {"test_server_log_one_line_per_event", test_server_log_one_line_per_event},
     {"test_server_auth", test_server_auth},
     {"test_server_data_paths", test_server_data_paths},
     {"test_server_worker_allow", test_server_worker_allow},

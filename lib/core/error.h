@@ -26,7 +26,8 @@
 	X(PT_ERR_CLOSED, "object is closed")                                                       \
 	X(PT_ERR_BACKEND, "backend failure")                                                       \
 	X(PT_ERR_OVERFLOW, "size overflow")                                                        \
-	X(PT_ERR_NUMERIC, "non-finite value")
+	X(PT_ERR_NUMERIC, "non-finite value")                                                      \
+	X(PT_ERR_BUSY, "busy: try again later")
 
 typedef enum pt_err {
 #define PT_ERR_ENUM(name, msg) name,

@@ -139,5 +139,10 @@ void pt_log_write(pt_log_level level, const char *fmt, ...)
 		        ts.tv_nsec / 1000000, tags[level], esc, ids);
 		return;
 	}
+	/* One event, one line: a job name or path a client chose may hold a
+	 * newline that would forge the next line (JSON escapes them above). */
+	for (char *p = msg; *p; p++)
+		if ((unsigned char)*p < 0x20 || *p == 0x7f)
+			*p = '?';
 	fprintf(stderr, "%s.%03ldZ %s %s\n", stamp, ts.tv_nsec / 1000000, tags[level], msg);
 }

@@ -1109,7 +1109,10 @@ static pt_err loop(pt_stage *s);
 pt_err pt_stage_run(pt_stage *s)
 {
 	pt_err rv;
-	pt_set_num_threads(s->cfg.threads > 0 ? s->cfg.threads : 1);
+	/* No more threads than cores: a configuration that asks for 1024 (a
+	 * worker takes it from the wire) would only oversubscribe them. */
+	int threads = s->cfg.threads > 0 ? s->cfg.threads : 1;
+	pt_set_num_threads(threads < pt_num_cores() ? threads : pt_num_cores());
 	pt_set_precision(s->cfg.precision);
 	rv = loop(s);
 	if (s->turn)
