@@ -601,7 +601,10 @@ static void handle(pt_worker *w, nng_msg *req)
 	if (pt_handshake_encode_reply(&w->b, kind, &r, &data, &size) == PT_OK &&
 	    nng_msg_alloc(&rep, size) == 0) {
 		memcpy(nng_msg_body(rep), data, size);
-		if (nng_sendmsg(w->sock, rep, 0) != 0)
+		/* Never wait on a peer: one that sends requests and reads no
+		 * replies would stall this thread, and with it every job's
+		 * heartbeats and joins. Its replies are dropped instead. */
+		if (nng_sendmsg(w->sock, rep, NNG_FLAG_NONBLOCK) != 0)
 			nng_msg_free(rep);
 	}
 	free(copy);

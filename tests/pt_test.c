@@ -4,6 +4,7 @@
 #include "job.h"
 #include "safetensors.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <limits.h>
 #include <nng/nng.h>
@@ -12,7 +13,10 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
+#include <netinet/in.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -431,4 +435,86 @@ bool pt_test_same_state_split(const char *a_w, const char *a, const char *b)
 	pt_safetensors_destroy(f[0]);
 	pt_safetensors_destroy(f[1]);
 	return same;
+}
+
+/* ------------------------------------------------------ raw SP over TCP -- */
+
+bool pt_test_write_all(int fd, const void *p, size_t n)
+{
+	const char *c = p;
+	while (n > 0) {
+		ssize_t w = send(fd, c, n, MSG_NOSIGNAL);
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w <= 0)
+			return false;
+		c += w;
+		n -= (size_t)w;
+	}
+	return true;
+}
+
+int pt_test_read_all(int fd, void *p, size_t n, int timeout_ms)
+{
+	char *c = p;
+	struct timespec ts;
+	double end;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	end = (double)ts.tv_sec + ts.tv_nsec * 1e-9 + timeout_ms / 1000.0;
+	while (n > 0) {
+		struct pollfd pfd = {fd, POLLIN, 0};
+		int left;
+		ssize_t r;
+		clock_gettime(CLOCK_MONOTONIC, &ts);
+		left = (int)((end - (double)ts.tv_sec - ts.tv_nsec * 1e-9) * 1000);
+		if (left <= 0 || poll(&pfd, 1, left) == 0)
+			return -2;
+		r = recv(fd, c, n, 0);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r == 0)
+			return 0;
+		if (r < 0)
+			return -1;
+		c += r;
+		n -= (size_t)r;
+	}
+	return 1;
+}
+
+int pt_test_sp_connect(int port, int rcvbuf, unsigned proto, unsigned peer)
+{
+	const uint8_t hdr[8] = {0, 'S', 'P', 0, (uint8_t)(proto >> 8), (uint8_t)proto, 0, 0};
+	const uint8_t want[6] = {0, 'S', 'P', 0, (uint8_t)(peer >> 8), (uint8_t)peer};
+	uint8_t got[8];
+	struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+	if (fd < 0)
+		return -1;
+	if (rcvbuf > 0)
+		setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof(rcvbuf));
+	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	if (connect(fd, (struct sockaddr *)&a, sizeof(a)) != 0 || !pt_test_write_all(fd, hdr, 8) ||
+	    pt_test_read_all(fd, got, 8, 10000) != 1 || memcmp(got, want, 6) != 0) {
+		close(fd);
+		return -1;
+	}
+	return fd;
+}
+
+bool pt_test_sp_request(int fd, uint32_t id, const uint8_t *body, size_t len)
+{
+	uint8_t h[12];
+	uint64_t total = len + 4;
+
+	for (int i = 0; i < 8; i++)
+		h[i] = (uint8_t)(total >> (56 - 8 * i));
+	id |= 0x80000000u;
+	h[8] = (uint8_t)(id >> 24);
+	h[9] = (uint8_t)(id >> 16);
+	h[10] = (uint8_t)(id >> 8);
+	h[11] = (uint8_t)id;
+	return pt_test_write_all(fd, h, 12) && pt_test_write_all(fd, body, len);
 }

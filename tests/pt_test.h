@@ -78,6 +78,24 @@ void pt_test_child_dies_with(int parent);
  * so the test goes on; the program's exit bounds nng_fini the same way. */
 void pt_test_nng_close(uint32_t sock_id);
 
+/* Raw SP (nng's wire protocol) over TCP, for peers that misbehave. */
+
+/* pt_test_write_all writes n bytes (MSG_NOSIGNAL); false on any failure. */
+bool pt_test_write_all(int fd, const void *p, size_t n);
+
+/* pt_test_read_all reads n bytes within timeout_ms: 1 ok, 0 EOF, -1 error,
+ * -2 timeout. */
+int pt_test_read_all(int fd, void *p, size_t n, int timeout_ms);
+
+/* pt_test_sp_connect opens a TCP connection to 127.0.0.1:port and completes
+ * the SP handshake as protocol `proto` against `peer` (REQ 0x30 to REP 0x31,
+ * PUSH 0x50 to PULL 0x51); rcvbuf > 0 sets SO_RCVBUF first. -1 on failure. */
+int pt_test_sp_connect(int port, int rcvbuf, unsigned proto, unsigned peer);
+
+/* pt_test_sp_request frames one REQ request (id in the SP header, high bit
+ * set) of body. */
+bool pt_test_sp_request(int fd, uint32_t id, const uint8_t *body, size_t len);
+
 /* pt_test_write_file writes len bytes to path (asserting success). */
 void pt_test_write_file(const char *path, const void *data, size_t len);
 

@@ -33,6 +33,7 @@
 #include "nccl_comm.h"
 #include "nh.h"
 #include "pt_test.h"
+#include "runtime.h"
 #include "rxpool.h"
 #include "sha256.h"
 
@@ -1926,6 +1927,48 @@ static void test_comm_bulk_strangers(void)
 	group_free(&g);
 }
 
+/* A stranger on a rank's PULL port that announces a 1 GiB message is cut
+ * off as the length arrives (the receive cap is one fragment and its
+ * header, not max_msg_bytes): the bytes it goes on sending are refused,
+ * none held. Once, 1 GiB a connection stayed pinned until it closed. */
+static void test_comm_oversized_message_cut_off(void)
+{
+	pt_nng_options o = {.listen_url = "tcp://127.0.0.1:0",
+	                    .world = 2,
+	                    .rank = 0,
+	                    .timeout_ms = 500,
+	                    .no_auth = true};
+	uint8_t hdr[8], *chunk = calloc(1, 1 << 20);
+	uint64_t len = (uint64_t)1 << 30;
+	const char *url, *colon;
+	pt_comm *c;
+	int fd, mib = 0;
+	double t0;
+
+	if (cur->kind != IMPL_NNG || strcmp(cur->scheme, "tcp") != 0) {
+		printf("(nng tcp only) ");
+		free(chunk);
+		return;
+	}
+	PT_CHECK_OK(pt_nng_comm_create(&c, &o));
+	url = pt_nng_comm_url(c);
+	colon = strrchr(url, ':');
+	CU_ASSERT_PTR_NOT_NULL_FATAL(colon);
+	fd = pt_test_sp_connect(atoi(colon + 1), 0, 0x50, 0x51); /* PUSH to PULL */
+	CU_ASSERT_FATAL(fd >= 0);
+	for (int i = 0; i < 8; i++)
+		hdr[i] = (uint8_t)(len >> (56 - 8 * i));
+	t0 = pt_now();
+	CU_ASSERT(pt_test_write_all(fd, hdr, 8));
+	for (; mib < 256 && pt_test_write_all(fd, chunk, 1 << 20); mib++)
+		;
+	printf("(cut off after %d MiB, %.2f s) ", mib, pt_now() - t0);
+	CU_ASSERT(mib < 256);
+	close(fd);
+	free(chunk);
+	pt_comm_destroy(c);
+}
+
 /* Slots: world - 1 + 8 silent connections fill a rank's bulk slots; the next
  * one is closed at once, and rank 1, refused a lane, sends as messages (lane
  * 1) and loses nothing. The silent ones are closed after the hello time
@@ -2660,6 +2703,7 @@ static const test_def tests[] = {
     {"test_comm_bulk_localhost", test_comm_bulk_localhost, false},
     {"test_comm_bulk_strangers", test_comm_bulk_strangers, false},
     {"test_comm_bulk_slots", test_comm_bulk_slots, false},
+    {"test_comm_oversized_message_cut_off", test_comm_oversized_message_cut_off, false},
     {"test_comm_bulk_tamper", test_comm_bulk_tamper, false},
     {"test_comm_bulk_bad_records", test_comm_bulk_bad_records, false},
     {"test_comm_nh", test_comm_nh, false},

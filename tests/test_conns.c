@@ -184,83 +184,10 @@ static bool log_has(const char *name, const char *text)
 
 /* ------------------------------------------------------ raw SP over TCP -- */
 
-static bool write_all(int fd, const void *p, size_t n)
-{
-	const char *c = p;
-	while (n > 0) {
-		ssize_t w = send(fd, c, n, MSG_NOSIGNAL);
-		if (w < 0 && errno == EINTR)
-			continue;
-		if (w <= 0)
-			return false;
-		c += w;
-		n -= (size_t)w;
-	}
-	return true;
-}
-
-/* read_all reads n bytes within timeout_ms; 1 ok, 0 EOF, -1 error, -2 timeout. */
-static int read_all(int fd, void *p, size_t n, int timeout_ms)
-{
-	char *c = p;
-	double end = now_s() + timeout_ms / 1000.0;
-
-	while (n > 0) {
-		struct pollfd pfd = {fd, POLLIN, 0};
-		int left = (int)((end - now_s()) * 1000);
-		ssize_t r;
-		if (left <= 0 || poll(&pfd, 1, left) == 0)
-			return -2;
-		r = recv(fd, c, n, 0);
-		if (r < 0 && errno == EINTR)
-			continue;
-		if (r == 0)
-			return 0;
-		if (r < 0)
-			return -1;
-		c += r;
-		n -= (size_t)r;
-	}
-	return 1;
-}
-
-/* raw_connect opens a TCP connection and completes the SP handshake as a
- * REQ peer (protocol 0x30 against REP 0x31); -1 on failure. rcvbuf > 0 sets
- * SO_RCVBUF first. */
+/* raw_connect: a REQ peer (0x30) of the API's REP socket (0x31). */
 static int raw_connect(int port, int rcvbuf)
 {
-	static const uint8_t hdr[8] = {0, 'S', 'P', 0, 0x00, 0x30, 0, 0};
-	uint8_t got[8];
-	struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-
-	if (fd < 0)
-		return -1;
-	if (rcvbuf > 0)
-		setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof(rcvbuf));
-	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-	if (connect(fd, (struct sockaddr *)&a, sizeof(a)) != 0 || !write_all(fd, hdr, 8) ||
-	    read_all(fd, got, 8, 10000) != 1 || memcmp(got, "\0SP\0\x00\x31", 6) != 0) {
-		close(fd);
-		return -1;
-	}
-	return fd;
-}
-
-/* raw_request frames one request (id in the SP header, high bit set). */
-static bool raw_request(int fd, uint32_t id, const uint8_t *body, size_t len)
-{
-	uint8_t h[12];
-	uint64_t total = len + 4;
-
-	for (int i = 0; i < 8; i++)
-		h[i] = (uint8_t)(total >> (56 - 8 * i));
-	id |= 0x80000000u;
-	h[8] = (uint8_t)(id >> 24);
-	h[9] = (uint8_t)(id >> 16);
-	h[10] = (uint8_t)(id >> 8);
-	h[11] = (uint8_t)id;
-	return write_all(fd, h, 12) && write_all(fd, body, len);
+	return pt_test_sp_connect(port, rcvbuf, 0x30, 0x31);
 }
 
 /* raw_reply reads one reply into *buf (malloc'd, the 4-byte id stripped);
@@ -272,14 +199,14 @@ static int raw_reply(int fd, uint8_t **buf, size_t *len, int timeout_ms)
 	int rv;
 
 	*buf = NULL;
-	if ((rv = read_all(fd, h, 8, timeout_ms)) != 1)
+	if ((rv = pt_test_read_all(fd, h, 8, timeout_ms)) != 1)
 		return rv;
 	for (int i = 0; i < 8; i++)
 		n = n << 8 | h[i];
 	if (n < 4 || n > (1u << 26))
 		return -1;
 	*buf = malloc(n);
-	if ((rv = read_all(fd, *buf, n, timeout_ms)) != 1) {
+	if ((rv = pt_test_read_all(fd, *buf, n, timeout_ms)) != 1) {
 		free(*buf);
 		*buf = NULL;
 		return rv;
@@ -639,10 +566,10 @@ static void test_conns_idle_timeout(void)
 	q.wait_ms = 3000;
 	PT_CHECK_OK(pt_api_build_request(&b, &q, &d, &n));
 	t0 = now_s();
-	CU_ASSERT_TRUE(raw_request(watcher, 1, d, n));
+	CU_ASSERT_TRUE(pt_test_sp_request(watcher, 1, d, n));
 
 	/* The idle one: EOF after 1 s (+ the 250 ms check period). */
-	CU_ASSERT_EQUAL(read_all(idle, &byte, 1, 5000), 0);
+	CU_ASSERT_EQUAL(pt_test_read_all(idle, &byte, 1, 5000), 0);
 	printf("\n    idle connection closed after %.2f s\n", now_s() - t0);
 	CU_ASSERT(now_s() - t0 >= 0.9 && now_s() - t0 < 2.5);
 	/* The watcher's reply comes after its 3 s wait. */
@@ -657,7 +584,7 @@ static void test_conns_idle_timeout(void)
 	}
 	/* Then idle itself: closed about 1 s later. */
 	t0 = now_s();
-	CU_ASSERT_EQUAL(read_all(watcher, &byte, 1, 5000), 0);
+	CU_ASSERT_EQUAL(pt_test_read_all(watcher, &byte, 1, 5000), 0);
 	CU_ASSERT(now_s() - t0 >= 0.9 && now_s() - t0 < 2.5);
 	close(idle);
 	close(watcher);

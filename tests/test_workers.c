@@ -30,9 +30,11 @@
 #include <pthread.h>
 #include <nng/protocol/pipeline0/push.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -735,6 +737,65 @@ static void test_workers_idle_is_quiet(void)
 	printf("\n    idle worker: %.2f %% of a core", 100.0 * (double)(t1 - t0) / (4.0 * hz));
 	CU_ASSERT(t0 >= 0 && t1 >= t0);
 	CU_ASSERT(t1 - t0 <= 4 * hz / 100);
+	CU_ASSERT_EQUAL(wf_proc_stop(&w), 0);
+}
+
+/* A peer that sends pings and reads no replies (its receive buffer 1 KiB)
+ * does not stall the worker: after 1.5 s of such a flood another client's
+ * ping is answered within 2 s (the worker's one reply thread once blocked
+ * its 5 s send timeout on each reply, and jobs lost their heartbeats). */
+typedef struct flood {
+	int fd, sent;
+	const uint8_t *req;
+	size_t len;
+	atomic_bool stop;
+} flood;
+
+static void *flood_main(void *arg)
+{
+	flood *f = arg;
+	for (uint32_t id = 1; !atomic_load(&f->stop); id++) {
+		if (!pt_test_sp_request(f->fd, id, f->req, f->len))
+			break;
+		f->sent++;
+	}
+	return NULL;
+}
+
+static void test_workers_unread_replies_do_not_stall(void)
+{
+	wf_proc w;
+	wf_hs a;
+	pt_worker_request ping = {.kind = PT_WORKER_PING};
+	pt_worker_reply r;
+	pt_fb_builder b;
+	flood f = {0};
+	pthread_t th;
+	const char *colon;
+	double t0, t1;
+
+	CU_ASSERT_FATAL(worker_start(&w, NULL));
+	colon = strrchr(w.url, ':');
+	CU_ASSERT_PTR_NOT_NULL_FATAL(colon);
+	PT_CHECK_OK(pt_fb_builder_init(&b, 0));
+	PT_CHECK_OK(pt_handshake_encode_request(&b, &ping, &f.req, &f.len));
+	f.fd = pt_test_sp_connect(atoi(colon + 1), 1024, 0x30, 0x31);
+	CU_ASSERT_FATAL(f.fd >= 0);
+	CU_ASSERT_EQUAL_FATAL(pthread_create(&th, NULL, flood_main, &f), 0);
+	usleep(1500 * 1000);
+	wf_hs_open(&a, w.url);
+	t0 = pt_now();
+	wf_hs_call(&a, &ping, &r);
+	t1 = pt_now();
+	atomic_store(&f.stop, true);
+	shutdown(f.fd, SHUT_RDWR); /* a flood blocked in send ends */
+	pthread_join(th, NULL);
+	close(f.fd);
+	printf("\n    %d unread pings; another ping answered in %.3f s", f.sent, t1 - t0);
+	CU_ASSERT(r.ok);
+	CU_ASSERT(t1 - t0 < 2.0);
+	wf_hs_close(&a);
+	pt_fb_builder_fini(&b);
 	CU_ASSERT_EQUAL(wf_proc_stop(&w), 0);
 }
 
@@ -1810,6 +1871,7 @@ static const pt_test_case worker_tests[] = {
     {"test_workers_shutdown_bounded", test_workers_shutdown_bounded},
     {"test_workers_stuck_closes_bounded", test_workers_stuck_closes_bounded},
     {"test_workers_idle_is_quiet", test_workers_idle_is_quiet},
+    {"test_workers_unread_replies_do_not_stall", test_workers_unread_replies_do_not_stall},
     {"test_workers_restart_on_spare", test_workers_restart_on_spare},
     {"test_workers_silent_coordinator_abandoned", test_workers_silent_coordinator_abandoned},
     {"test_workers_join_waits_for_dead_session", test_workers_join_waits_for_dead_session},

@@ -49,8 +49,10 @@
  * 64 KiB and more borrow their bytes from a small pool (rxpool.h).
  *
  * Limits: destroy drops messages nng has not transmitted yet (nng 1.5 has no
- * linger); receive caps at max_msg_bytes, also on the decompressed size; only
- * contiguous tensors go on the wire (strided ones are packed first).
+ * linger); a received tensor caps at max_msg_bytes, also on the decompressed
+ * size, and a single nng message at one fragment and its header
+ * (MSG_RECV_MAX); only contiguous tensors go on the wire (strided ones are
+ * packed first).
  */
 #include <limits.h>
 #include <lz4.h>
@@ -103,12 +105,18 @@
  * each: buffers stay below glibc's mmap threshold (32 MiB) and are reused
  * instead of page-faulted in afresh, the receiver copies fragment k while k+1
  * is on the wire, and no side holds a second whole copy of a huge tensor. */
-#define FRAG_BYTES  ((size_t)8 << 20)
-#define MAC_MAGIC   "PTMC"
-#define MAC_TAG     16
-#define MAC_NONCE   12
-#define MAC_TRAILER (4 + MAC_NONCE + MAC_TAG)
-#define MAC_WARN_MS 1000 /* rejected frames are logged at most this often */
+#define FRAG_BYTES ((size_t)8 << 20)
+/* The largest nng message a peer sends: one fragment (lz4's bound over it),
+ * its header and blob (control payloads, well under 4 MiB) and the MAC
+ * trailer. The receive cap: a stranger that announces a bigger message is
+ * cut off when its length arrives, before any of it is held (max_msg bounds
+ * a whole tensor, which arrives in fragments). */
+#define MSG_RECV_MAX (FRAG_BYTES + FRAG_BYTES / 255 + 16 + ((size_t)4 << 20))
+#define MAC_MAGIC    "PTMC"
+#define MAC_TAG      16
+#define MAC_NONCE    12
+#define MAC_TRAILER  (4 + MAC_NONCE + MAC_TAG)
+#define MAC_WARN_MS  1000 /* rejected frames are logged at most this often */
 /* Received tensors of at least this many bytes are authenticated while their
  * payload is copied out (rx_verify_copy); smaller ones are hashed, then
  * copied. */
@@ -777,6 +785,11 @@ static void out_fini(out_msg *o)
 }
 
 /* out_prepare readies m for sending, as fragments or (bulk) one record. */
+static size_t recv_cap(const nng_comm *c)
+{
+	return c->max_msg < MSG_RECV_MAX ? c->max_msg : MSG_RECV_MAX;
+}
+
 static pt_err out_prepare(nng_comm *c, const pt_msg *m, bool bulk, out_msg *o)
 {
 	pt_err rv;
@@ -2673,7 +2686,7 @@ pt_err pt_nng_comm_create(pt_comm **out, const pt_nng_options *opt)
 		goto fail;
 	}
 	c->pull_open = true;
-	if ((nrv = nng_socket_set_size(c->pull, NNG_OPT_RECVMAXSZ, c->max_msg)) != 0 ||
+	if ((nrv = nng_socket_set_size(c->pull, NNG_OPT_RECVMAXSZ, recv_cap(c))) != 0 ||
 	    (nrv = nng_pipe_notify(c->pull, NNG_PIPE_EV_REM_POST, pull_pipe_cb, c)) != 0) {
 		rv = nng_fail(nrv, "%s: %s", "pull socket options");
 		goto fail;
@@ -2684,7 +2697,7 @@ pt_err pt_nng_comm_create(pt_comm **out, const pt_nng_options *opt)
 		rv = nng_fail(nrv, "%s: %s", what);
 		goto fail;
 	}
-	if (nng_listener_set_size(c->listener, NNG_OPT_RECVMAXSZ, c->max_msg) != 0)
+	if (nng_listener_set_size(c->listener, NNG_OPT_RECVMAXSZ, recv_cap(c)) != 0)
 		pt_debug("listener of %s takes the socket's receive cap", opt->listen_url);
 	if (is_tls(opt->listen_url) && (rv = listen_tls(c)) != PT_OK)
 		goto fail;
