@@ -340,8 +340,6 @@ static pt_err h_plan(srv_ctx *c, const uint8_t **data, size_t *size, bool *parke
 	                       &plans, &n)) != PT_OK) {
 		if (rv == PT_ERR_NOMEM)
 			c->code = PT_API_INTERNAL;
-		else if (rv == PT_ERR_BUSY) /* another plan runs */
-			c->code = PT_API_UNAVAILABLE;
 		return rv;
 	}
 	if (n > 0 && (v = calloc((size_t)n, sizeof(*v))) == NULL) {
@@ -550,6 +548,7 @@ static void finish(srv_ctx *c, pt_err rv, const uint8_t *data, size_t size)
 		                   : rv == PT_ERR_NOTFOUND ? PT_API_NOT_FOUND
 		                   : rv == PT_ERR_STATE    ? PT_API_CONFLICT
 		                   : rv == PT_ERR_CLOSED   ? PT_API_UNAVAILABLE
+		                   : rv == PT_ERR_BUSY     ? PT_API_UNAVAILABLE
 		                                           : c->h->err_code;
 		char msg[1200];
 		snprintf(msg, sizeof(msg), "%s",
@@ -978,6 +977,21 @@ static void handle_request(srv_ctx *c)
 	}
 	rv = c->h->fn(c, &data, &size, &parked);
 	if (rv == PT_OK && parked) {
+		/* A parked watch needs the request's numbers only: its message
+		 * (up to --max-request-mb, padding included) goes now, not when
+		 * the watch is answered. */
+		pt_api_request keep;
+		pt_api_request_init(&keep, c->r.kind);
+		keep.id = c->r.id;
+		keep.job = c->r.job;
+		keep.cursor = c->r.cursor;
+		keep.wait_ms = c->r.wait_ms;
+		keep.max_points = c->r.max_points;
+		c->r = keep;
+		nng_msg_free(c->req);
+		c->req = NULL;
+		free(c->copy);
+		c->copy = NULL;
 		pthread_mutex_lock(&c->mu);
 		c->state = CTX_PARK;
 		c->sleeping = true;

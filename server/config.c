@@ -245,6 +245,9 @@ static const opt_desc options[] = {
     {"max_jobs", OPT_INT, F(max_jobs), "1", 1, 64, NULL,
      "jobs that run at once on each device, first come first served; each is admitted "
      "against memory_limit / max_jobs"},
+    {"max_queued", OPT_INT, F(max_queued), "1000", 1, 1000000, NULL,
+     "jobs waiting to run at most, all devices together; a submit beyond it is refused "
+     "(Unavailable) until one starts or is cancelled"},
     {"memory_limit", OPT_STRING, F(memory_limit), "", 0, 0, valid_memory,
      "host memory a job may need (bytes, or K/M/G/T suffixes); a submitted job whose "
      "estimated peak exceeds it is refused (empty: the cgroup's memory.max or "

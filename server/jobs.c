@@ -1626,6 +1626,7 @@ static pt_err recover(pt_jobs *m)
 			}
 			apply_state(jb, PT_JOB_QUEUED, jb->step, t, msg);
 			journal_state(jb, PT_JOB_QUEUED, jb->step, t, msg);
+			journal_flush_close(jb);
 			pt_info("job %" PRIu64 ": %s", jb->id, msg);
 		}
 		if (jb->state == PT_JOB_QUEUED) {
@@ -1948,6 +1949,23 @@ static pt_err check_fit(pt_jobs *m, const pt_job_spec *s)
 	return PT_OK;
 }
 
+/* queue_full refuses a submit while --max-queued jobs wait (m->mu held):
+ * each holds its directory, its spec and a place in memory. */
+static pt_err queue_full(pt_jobs *m)
+{
+	int q = 0;
+	if (m->cfg.max_queued <= 0)
+		return PT_OK;
+	for (size_t i = 0; i < m->n_jobs; i++)
+		q += m->jobs[i]->state == PT_JOB_QUEUED;
+	if (q < m->cfg.max_queued)
+		return PT_OK;
+	return pt_set_error(PT_ERR_BUSY,
+	                    "the queue is full: %d jobs wait to run (--max-queued %d); submit "
+	                    "again when one has started or been cancelled",
+	                    q, m->cfg.max_queued);
+}
+
 pt_err pt_jobs_submit(pt_jobs *m, const uint8_t *spec_table, uint64_t *id)
 {
 	char ckdir[MAX_PATH + 16];
@@ -1962,7 +1980,10 @@ pt_err pt_jobs_submit(pt_jobs *m, const uint8_t *spec_table, uint64_t *id)
 		pthread_mutex_unlock(&m->mu);
 		return pt_set_error(PT_ERR_CLOSED, "server is shutting down");
 	}
+	rv = queue_full(m);
 	pthread_mutex_unlock(&m->mu);
+	if (rv != PT_OK)
+		return rv;
 
 	/* The id is taken once the spec is accepted: a refused submission
 	 * consumes none. */
@@ -2020,6 +2041,9 @@ pt_err pt_jobs_submit(pt_jobs *m, const uint8_t *spec_table, uint64_t *id)
 	apply_state(jb, PT_JOB_QUEUED, 0, t, NULL);
 	if ((rv = journal_state(jb, PT_JOB_QUEUED, 0, t, NULL)) != PT_OK)
 		goto fail_io;
+	/* A queued job holds no descriptor: thousands may wait (the journal
+	 * reopens at its next record). */
+	journal_flush_close(jb);
 
 	pthread_mutex_lock(&m->mu);
 	if (m->stopping) {
@@ -2027,7 +2051,7 @@ pt_err pt_jobs_submit(pt_jobs *m, const uint8_t *spec_table, uint64_t *id)
 		rv = pt_set_error(PT_ERR_CLOSED, "server is shutting down");
 		goto fail_io;
 	}
-	if ((rv = insert_job(m, jb)) != PT_OK) {
+	if ((rv = queue_full(m)) != PT_OK || (rv = insert_job(m, jb)) != PT_OK) {
 		pthread_mutex_unlock(&m->mu);
 		goto fail_io;
 	}

@@ -39,6 +39,7 @@ typedef struct pt_jobs_config {
 	const char *worker_allow;   /* --worker-allow list (NULL: any worker URL) */
 	int threads;                /* CPU threads per job (0: all cores / max_jobs) */
 	int max_jobs;               /* jobs running at once per device (<= 1: one) */
+	int max_queued;             /* jobs waiting at most (<= 0: no limit) */
 	int watch_interval_ms;      /* wake parked watchers at most this often */
 	int watch_replies;          /* and a job's at most this many replies a second in all */
 	int metrics_sync_ms;        /* fsync metric records at least this often */

@@ -349,6 +349,7 @@ int main(int argc, char **argv)
 	jc.worker_allow = cfg.worker_allow[0] ? cfg.worker_allow : NULL;
 	jc.threads = cfg.threads;
 	jc.max_jobs = cfg.max_jobs;
+	jc.max_queued = cfg.max_queued;
 	jc.watch_interval_ms = cfg.watch_interval_ms;
 	jc.watch_replies = cfg.watch_replies;
 	jc.metrics_sync_ms = cfg.metrics_sync_ms;

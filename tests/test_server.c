@@ -757,6 +757,64 @@ static void test_server_reject_log(void)
 	free(log);
 }
 
+/* --max-queued: with one job running and 2 waiting, a third waiting one is
+ * refused Unavailable, saying why, and leaves nothing on disk; once a queued
+ * job is cancelled a submit is taken again. A queued job holds no journal
+ * descriptor (thousands of them once ran the server out of descriptors). */
+static void test_server_max_queued(void)
+{
+	const char *extra[] = {"--max-queued", "2", NULL};
+	char dir[512], path[700], fddir[64];
+	uint64_t id[4], none;
+	pt_api_response r;
+	pt_job_spec spec;
+	struct stat st;
+	server s;
+	client c;
+	bool ended;
+	int journals = 0;
+	DIR *d;
+	struct dirent *e;
+
+	make_dir("maxqueued", dir, sizeof(dir));
+	CU_ASSERT_TRUE_FATAL(server_start(&s, dir, extra));
+	client_open(&c, &s, 30000);
+	digits_spec(&spec, 1000000, 0, false);
+	CU_ASSERT_EQUAL_FATAL(submit(&c, &spec, &id[0], &r), PT_API_OK);
+	watch_until(&c, id[0], 1, 60, &ended); /* running: it waits no more */
+	for (int i = 1; i < 3; i++)
+		CU_ASSERT_EQUAL_FATAL(submit(&c, &spec, &id[i], &r), PT_API_OK);
+	CU_ASSERT_EQUAL(submit(&c, &spec, &none, &r), PT_API_UNAVAILABLE);
+	CU_ASSERT_PTR_NOT_NULL(
+	    r.message ? strstr(r.message, "the queue is full: 2 jobs wait to run (--max-queued 2)")
+	              : NULL);
+	snprintf(path, sizeof(path), "%s/jobs/%" PRIu64, dir, id[2] + 1);
+	CU_ASSERT_NOT_EQUAL(stat(path, &st), 0);
+	/* The server's open journals: the running job's only. */
+	snprintf(fddir, sizeof(fddir), "/proc/%d/fd", (int)s.pid);
+	if ((d = opendir(fddir)) != NULL) {
+		while ((e = readdir(d)) != NULL) {
+			char link[700], target[700];
+			ssize_t k;
+			snprintf(link, sizeof(link), "%s/%s", fddir, e->d_name);
+			if ((k = readlink(link, target, sizeof(target) - 1)) > 0) {
+				target[k] = '\0';
+				journals += strstr(target, "/journal") != NULL;
+			}
+		}
+		closedir(d);
+	}
+	CU_ASSERT(journals <= 1); /* the running job's, if open */
+	CU_ASSERT_EQUAL(simple(&c, PT_API_CANCEL_JOB, id[2], &r), PT_API_OK);
+	CU_ASSERT_EQUAL(submit(&c, &spec, &id[3], &r), PT_API_OK);
+	pt_job_spec_fini(&spec);
+	for (int i = 0; i < 4; i++)
+		if (i != 2)
+			simple(&c, PT_API_CANCEL_JOB, id[i], &r);
+	client_close(&c);
+	CU_ASSERT_EQUAL(server_stop(&s, SIGTERM), 0);
+}
+
 /* A job name is the client's: a newline in it must not start a forged log
  * line (text format: control characters become '?'). */
 static void test_server_log_one_line_per_event(void)
@@ -1881,6 +1939,7 @@ static const pt_test_case server_tests[] = {
     {"test_server_bad_input", test_server_bad_input},
     {"test_server_reject_log", test_server_reject_log},
     {"test_server_log_one_line_per_event", test_server_log_one_line_per_event},
+    {"test_server_max_queued", test_server_max_queued},
     {"test_server_auth", test_server_auth},
     {"test_server_data_paths", test_server_data_paths},
     {"test_server_worker_allow", test_server_worker_allow},
