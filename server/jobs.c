@@ -2112,6 +2112,9 @@ pt_err pt_jobs_plan(pt_jobs *m, const uint8_t *spec_table, const int32_t *stages
 		pt_job_plan_options o = {.files_root = m->files_root,
 		                         .any_path = m->cfg.any_path,
 		                         .threads = job_threads(m, false),
+		                         .host_limit =
+		                             m->mem_limit /
+		                             (uint64_t)(m->cfg.max_jobs > 1 ? m->cfg.max_jobs : 1),
 		                         .stages = n_stages > 0 ? ps : NULL,
 		                         .n_stages = n_stages < 8 ? n_stages : 8,
 		                         .microbatches = n_microbatches > 0 ? ms : NULL,

@@ -2141,6 +2141,34 @@ static void test_job_plan(void)
 	o.n_microbatches = 1;
 	PT_CHECK_ERR_MSG(pt_job_plan_run(&s, &o, &plans, &n), PT_ERR_INVALID,
 	                 "microbatches: 3 does not divide batch_size 16");
+	/* Each candidate is admitted before its layers are profiled: with a
+	 * limit between the estimates at 16 and at 1 microbatch (1 stage), 16
+	 * plans and 1 is refused, naming the candidate. */
+	{
+		pt_job_data_shape d;
+		pt_job_memory e16, e1;
+		pt_job_spec t = s;
+		PT_CHECK_OK(pt_job_data_shape_read(&s, PT_SOURCE_ROOT, false, &d));
+		t.stages = 1;
+		t.boundaries = NULL;
+		t.microbatches = 16;
+		PT_CHECK_OK(pt_job_memory_estimate(&t, &d, &e16));
+		t.microbatches = 1;
+		PT_CHECK_OK(pt_job_memory_estimate(&t, &d, &e1));
+		CU_ASSERT_FATAL(e1.host > e16.host);
+		o.host_limit = e16.host + (e1.host - e16.host) / 2;
+		o.stages = (int[]){1};
+		o.n_stages = 1;
+		o.microbatches = (int[]){16};
+		PT_CHECK_OK(pt_job_plan_run(&s, &o, &plans, &n));
+		free(plans);
+		o.microbatches = (int[]){16, 1};
+		o.n_microbatches = 2;
+		PT_CHECK_ERR_MSG(pt_job_plan_run(&s, &o, &plans, &n), PT_ERR_RANGE,
+		                 "memory: 1 stages of 1 microbatches need an estimated ");
+		o.host_limit = 0;
+		o.stages = ps;
+	}
 	s.mode = PT_MODE_ASYNC;
 	PT_CHECK_ERR_MSG(pt_job_plan_run(&s, &o, &plans, &n), PT_ERR_INVALID,
 	                 "mode: Async has its own schedule; plan a Sync or SemiAsync job");

@@ -360,6 +360,8 @@ typedef struct pt_job_plan_options {
 	int n_stages;
 	const int *microbatches; /* candidate microbatch counts (0: the spec's) */
 	int n_microbatches;
+	uint64_t host_limit; /* each candidate admitted against it before it is
+	                      * profiled (0: no limit) */
 } pt_job_plan_options;
 
 /* pt_job_plan_run prices every flushing schedule (gpipe, 1f1b, zb-h1) for

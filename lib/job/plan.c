@@ -1197,6 +1197,32 @@ pt_err pt_job_plan_run(const pt_job_spec *spec, const pt_job_plan_options *o, pt
 				                 m, (long long)spec->batch_size);
 				goto fail;
 			}
+			/* Profiling runs layers at this candidate's microbatch: admitted
+			 * first, as the job itself would be (a spec admitted at 1024
+			 * microbatches once profiled at 1, 26 times the limit). */
+			if (o->host_limit > 0) {
+				pt_job_spec t = *spec;
+				pt_job_memory mem;
+				t.stages = p;
+				t.microbatches = m;
+				t.boundaries = NULL;
+				t.schedule = NULL;
+				t.virtual_stages = 0;
+				if ((rv = pt_job_memory_estimate(&t, &d, &mem)) != PT_OK)
+					goto fail;
+				if (mem.host > o->host_limit) {
+					char need[64], lim[64];
+					pt_job_memory_format(need, sizeof(need), mem.host);
+					pt_job_memory_format(lim, sizeof(lim), o->host_limit);
+					rv = pt_set_error(
+					    PT_ERR_RANGE,
+					    "memory: %d stages of %d microbatches need an "
+					    "estimated %s of host memory, more than the "
+					    "server's limit of %s (--memory-limit)",
+					    p, m, need, lim);
+					goto fail;
+				}
+			}
 			/* v = 1: gpipe, 1f1b, zb-h1; v = 2: interleaved, where it fits. */
 			for (int vs = 1; vs <= 2; vs++) {
 				int nl = p * vs, first[PT_MAX_STAGES + 1];
