@@ -2015,6 +2015,36 @@ static void test_comm_bulk_slots(void)
 	group_free(&g);
 }
 
+/* A bulk connection that sends its hello a byte a second (each read within
+ * the old per-read limit) is closed when the handshake's 5 s are up, not
+ * after the hello's last byte (60 s and more, its slot taken all along). */
+static void test_comm_bulk_slow_hello(void)
+{
+	sclient k;
+	uint8_t ch[20], b = 'P';
+	group g;
+	long long t0, closed = -1;
+
+	if (!bulk_suite()) {
+		printf("(nng tcp with the bulk lane only) ");
+		return;
+	}
+	group_make(&g, 2);
+	sc_open(&k, g.c[0]);
+	t0 = now_ms();
+	CU_ASSERT_EQUAL_FATAL(sc_io(&k, ch, sizeof(ch), false, 5000), 0); /* the challenge */
+	for (int i = 0; i < 15 && closed < 0; i++) {
+		usleep(1000 * 1000);
+		if (sc_io(&k, &b, 1, true, 1000) != 0)
+			closed = now_ms() - t0;
+	}
+	/* Closed at 5 s; a send notices it a second or two later. */
+	printf("(closed after %lld ms) ", closed);
+	CU_ASSERT(closed > 0 && closed < 10000);
+	sc_close(&k);
+	group_free(&g);
+}
+
 /* record_of builds a bulk record of frame f (prefix, header padded to 1 KiB,
  * payload of f->payload bytes, trailer tagged under key for rank 0). */
 static uint8_t *record_of(const fake_frame *f, const uint8_t *key, size_t *len)
@@ -2703,6 +2733,7 @@ static const test_def tests[] = {
     {"test_comm_bulk_localhost", test_comm_bulk_localhost, false},
     {"test_comm_bulk_strangers", test_comm_bulk_strangers, false},
     {"test_comm_bulk_slots", test_comm_bulk_slots, false},
+    {"test_comm_bulk_slow_hello", test_comm_bulk_slow_hello, false},
     {"test_comm_oversized_message_cut_off", test_comm_oversized_message_cut_off, false},
     {"test_comm_bulk_tamper", test_comm_bulk_tamper, false},
     {"test_comm_bulk_bad_records", test_comm_bulk_bad_records, false},

@@ -122,7 +122,7 @@
  * copied. */
 #define FUSE_MIN_BYTES ((size_t)16 << 10)
 /* The bulk lane (see "bulk lane" below). */
-#define BULK_HELLO_MS   5000              /* each step of a lane's handshake, both sides */
+#define BULK_HELLO_MS   5000              /* a lane's whole handshake, each side */
 #define BULK_EXTRA      8                 /* connections admitted beyond one per peer */
 #define BULK_PIECE      ((size_t)1 << 20) /* payload received and hashed this much at a time */
 #define BULK_CHALLENGE  16
@@ -1724,11 +1724,22 @@ static uint64_t load_le64(const uint8_t *p)
 	return (uint64_t)load_le32(p) | (uint64_t)load_le32(p + 4) << 32;
 }
 
-/* bulk_io moves every byte of iov[0..n) over fd (sent, or received into
- * it); fd's send and receive timeouts bound each system call. Returns 0 or
- * an nng error: NNG_ETIMEDOUT, NNG_ECONNSHUT (the stream ended),
+static void bulk_timeouts(int fd, int ms);
+
+static long long mono_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* bulk_io_until moves every byte of iov[0..n) over fd (sent, or received
+ * into it); fd's send and receive timeouts bound each system call and, when
+ * deadline (CLOCK_MONOTONIC ms) is not 0, all of them together: a peer that
+ * trickles a byte at a time cannot hold a handshake past it. Returns 0 or an
+ * nng error: NNG_ETIMEDOUT, NNG_ECONNSHUT (the stream ended),
  * NNG_ECONNRESET, or NNG_ESYSERR with the errno. */
-static int bulk_io(int fd, struct iovec *iov, int n, bool send)
+static int bulk_io_until(int fd, struct iovec *iov, int n, bool send, long long deadline)
 {
 	for (;;) {
 		ssize_t k;
@@ -1738,6 +1749,12 @@ static int bulk_io(int fd, struct iovec *iov, int n, bool send)
 		}
 		if (n == 0)
 			return 0;
+		if (deadline != 0) {
+			long long left = deadline - mono_ms();
+			if (left <= 0)
+				return NNG_ETIMEDOUT;
+			bulk_timeouts(fd, (int)left);
+		}
 		if (send) {
 			struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)n};
 			k = sendmsg(fd, &mh, MSG_NOSIGNAL);
@@ -1766,6 +1783,11 @@ static int bulk_io(int fd, struct iovec *iov, int n, bool send)
 			}
 		}
 	}
+}
+
+static int bulk_io(int fd, struct iovec *iov, int n, bool send)
+{
+	return bulk_io_until(fd, iov, n, send, 0);
 }
 
 /* bulk_timeouts bounds each send and receive on fd by ms (<= 0: none). */
@@ -1865,6 +1887,7 @@ static const char *bulk_open(nng_comm *c, nng_peer *p)
 	char host[256];
 	size_t hn = sizeof(hello);
 	struct iovec v;
+	long long end;
 	int one = 1;
 
 	url_host(p->bulk_url, host, sizeof(host));
@@ -1873,9 +1896,9 @@ static const char *bulk_open(nng_comm *c, nng_peer *p)
 	/* Data flows one way on a lane, so Nagle would hold each small record
 	 * back for the peer's delayed acknowledgement (~40 ms). */
 	(void)setsockopt(p->bulk_fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-	bulk_timeouts(p->bulk_fd, BULK_HELLO_MS);
+	end = mono_ms() + BULK_HELLO_MS;
 	v = (struct iovec){ch, sizeof(ch)};
-	if (bulk_io(p->bulk_fd, &v, 1, false) != 0 || memcmp(ch, "PTBC", 4) != 0)
+	if (bulk_io_until(p->bulk_fd, &v, 1, false, end) != 0 || memcmp(ch, "PTBC", 4) != 0)
 		return "no challenge";
 	memcpy(hello, "PTBH", 4);
 	store_le(hello + 4, (uint32_t)c->base.rank, 4);
@@ -1887,10 +1910,10 @@ static const char *bulk_open(nng_comm *c, nng_peer *p)
 			return "no MAC";
 	}
 	v = (struct iovec){hello, hn};
-	if (bulk_io(p->bulk_fd, &v, 1, true) != 0)
+	if (bulk_io_until(p->bulk_fd, &v, 1, true, end) != 0)
 		return "hello not sent";
 	v = (struct iovec){ack, sizeof(ack)};
-	if (bulk_io(p->bulk_fd, &v, 1, false) != 0 || memcmp(ack, "PTBA", 4) != 0)
+	if (bulk_io_until(p->bulk_fd, &v, 1, false, end) != 0 || memcmp(ack, "PTBA", 4) != 0)
 		return "hello not accepted";
 	bulk_timeouts(p->bulk_fd, c->send_timeout_ms);
 	return NULL;
@@ -1996,17 +2019,18 @@ static int bulk_hello(nng_comm *c, bulk_conn *bc, EVP_CIPHER_CTX *mac)
 	size_t hn = sizeof(h);
 	struct iovec v;
 	uint32_t src, dst;
+	long long end;
 	bool ok;
 
 	memcpy(ch, "PTBC", 4);
 	if (getrandom(ch + 4, BULK_CHALLENGE, 0) != BULK_CHALLENGE)
 		return -1;
-	bulk_timeouts(bc->fd, BULK_HELLO_MS);
+	end = mono_ms() + BULK_HELLO_MS; /* the whole handshake, not each read */
 	v = (struct iovec){ch, sizeof(ch)};
-	if (bulk_io(bc->fd, &v, 1, true) != 0)
+	if (bulk_io_until(bc->fd, &v, 1, true, end) != 0)
 		return -1;
 	v = (struct iovec){h, hn};
-	if (bulk_io(bc->fd, &v, 1, false) != 0) {
+	if (bulk_io_until(bc->fd, &v, 1, false, end) != 0) {
 		atomic_fetch_add(&c->n.errors, 1);
 		pt_debug("rank %d: a bulk connection sent no hello", c->base.rank);
 		return -1;
@@ -2035,7 +2059,7 @@ static int bulk_hello(nng_comm *c, bulk_conn *bc, EVP_CIPHER_CTX *mac)
 		return -1;
 	}
 	v = (struct iovec){(void *)"PTBA", 4};
-	if (bulk_io(bc->fd, &v, 1, true) != 0)
+	if (bulk_io_until(bc->fd, &v, 1, true, end) != 0)
 		return -1;
 	bulk_timeouts(bc->fd, 0); /* records come when they come */
 	return (int)src;
