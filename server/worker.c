@@ -40,6 +40,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <sys/resource.h>
 #include <time.h>
 
 #include <nng/nng.h>
@@ -70,6 +71,20 @@
  * pending the worker takes no new stage (each would add to the pile) and
  * says why. One job's end releases up to PT_WORKER_SEATS at once. */
 #define MAX_CLOSING PT_WORKER_SEATS
+/* Control connections at most (fewer where RLIMIT_NOFILE is low: a quarter
+ * of it). One more closes the stranger idle the longest: a connection that
+ * has never made a request a session or the token vouches for; such a
+ * stranger is also closed after STRANGER_IDLE_S without a request. */
+#define MAX_CONTROL_CONNS 256
+#define STRANGER_IDLE_S   10.0
+
+/* A control connection (a pipe of the REP socket). */
+typedef struct wconn {
+	nng_pipe p;
+	double last;  /* pt_now() of its last request, or of its arrival */
+	bool trusted; /* made a request the token or a live session vouched for */
+	bool kicked;  /* to be closed by rep_main */
+} wconn;
 
 static atomic_int closing; /* close threads running, in this process */
 
@@ -103,6 +118,11 @@ struct pt_worker {
 	bool thread_started, watchdog_started;
 	atomic_bool stopping;
 	pt_fb_builder b;
+
+	pthread_mutex_t cmu;                /* the connection table */
+	wconn conns[MAX_CONTROL_CONNS * 2]; /* room for the kicked, not yet closed */
+	int n_conns, cap_conns;
+	long n_evicted;
 
 	pthread_mutex_t mu;
 	pthread_cond_t cv; /* signalled when a stage thread reaches DONE */
@@ -513,6 +533,91 @@ static void on_peers(pt_worker *w, const pt_worker_request *q, pt_worker_reply *
 	pthread_mutex_unlock(&w->mu);
 }
 
+/* conn_find: the table's entry of pipe id (cmu held), or NULL. */
+static wconn *conn_find(pt_worker *w, int id)
+{
+	for (int i = 0; i < w->n_conns; i++)
+		if (nng_pipe_id(w->conns[i].p) == id)
+			return &w->conns[i];
+	return NULL;
+}
+
+/* pipe_cb keeps the connection table: a new pipe beyond the cap marks the
+ * stranger idle the longest to be closed (rep_main closes it: not from
+ * here), or is refused when every other one is trusted. */
+static void pipe_cb(nng_pipe p, nng_pipe_ev ev, void *arg)
+{
+	pt_worker *w = arg;
+	wconn *x, *victim = NULL;
+	int live = 0;
+	bool refuse = false;
+
+	pthread_mutex_lock(&w->cmu);
+	if (ev == NNG_PIPE_EV_REM_POST) {
+		if ((x = conn_find(w, nng_pipe_id(p))) != NULL)
+			*x = w->conns[--w->n_conns];
+		pthread_mutex_unlock(&w->cmu);
+		return;
+	}
+	for (int i = 0; i < w->n_conns; i++) {
+		x = &w->conns[i];
+		if (x->kicked)
+			continue;
+		live++;
+		if (!x->trusted && (victim == NULL || x->last < victim->last))
+			victim = x;
+	}
+	if (live >= w->cap_conns) {
+		if (victim != NULL) {
+			victim->kicked = true;
+			w->n_evicted++;
+		} else {
+			refuse = true;
+		}
+	}
+	if (!refuse && w->n_conns < (int)(sizeof(w->conns) / sizeof(w->conns[0])))
+		w->conns[w->n_conns++] = (wconn){.p = p, .last = pt_now()};
+	else
+		refuse = true;
+	pthread_mutex_unlock(&w->cmu);
+	if (refuse)
+		nng_pipe_close(p); /* nng's way to refuse a pipe in ADD_PRE */
+}
+
+/* conn_seen notes a request on pipe p, and that the token or a live
+ * session vouched for it when trusted. */
+static void conn_seen(pt_worker *w, nng_pipe p, bool trusted)
+{
+	wconn *x;
+	pthread_mutex_lock(&w->cmu);
+	if ((x = conn_find(w, nng_pipe_id(p))) != NULL) {
+		x->last = pt_now();
+		x->trusted = x->trusted || trusted;
+	}
+	pthread_mutex_unlock(&w->cmu);
+}
+
+/* close_conns closes the kicked connections and the strangers idle for
+ * STRANGER_IDLE_S (outside cmu: nng calls pipe_cb back). */
+static void close_conns(pt_worker *w)
+{
+	nng_pipe kick[MAX_CONTROL_CONNS * 2];
+	int n = 0;
+	double now = pt_now();
+
+	pthread_mutex_lock(&w->cmu);
+	for (int i = 0; i < w->n_conns; i++) {
+		wconn *x = &w->conns[i];
+		if (x->kicked || (!x->trusted && now - x->last > STRANGER_IDLE_S)) {
+			x->kicked = true;
+			kick[n++] = x->p;
+		}
+	}
+	pthread_mutex_unlock(&w->cmu);
+	for (int i = 0; i < n; i++)
+		nng_pipe_close(kick[i]);
+}
+
 /* on_ping keeps a session alive, or (session 0) reports the state. */
 static void on_ping(pt_worker *w, const pt_worker_request *q, pt_worker_reply *r, char *msg,
                     size_t n)
@@ -596,6 +701,12 @@ static void handle(pt_worker *w, nng_msg *req)
 	} else {
 		on_peers(w, &q, &r, msg, sizeof(msg));
 	}
+	/* A join the token admitted, or a request naming a live session,
+	 * vouches for its connection. */
+	conn_seen(w, nng_msg_get_pipe(req),
+	          r.ok && (kind == PT_WORKER_JOIN || q.session != 0 ||
+	                   (w->cfg.auth_token != NULL && q.token != NULL &&
+	                    ct_equal(q.token, w->cfg.auth_token))));
 	if (!r.ok)
 		pt_info("worker: request refused: %s", r.message);
 	if (pt_handshake_encode_reply(&w->b, kind, &r, &data, &size) == PT_OK &&
@@ -628,6 +739,7 @@ static void *rep_main(void *arg)
 		nng_recv_aio(w->sock, w->rx);
 		nng_aio_wait(w->rx);
 		rv = nng_aio_result(w->rx);
+		close_conns(w);
 		if (rv == NNG_ETIMEDOUT) {
 			reap(w);
 			continue;
@@ -709,6 +821,18 @@ static void describe_devices(char *buf, size_t cap)
 		o += (size_t)snprintf(buf + o, cap - o, ", cuda:%d", i);
 }
 
+/* conns_cap: MAX_CONTROL_CONNS, or a quarter of RLIMIT_NOFILE when that is
+ * less (stages need descriptors too), at least 8. */
+static int conns_cap(void)
+{
+	struct rlimit rl;
+	rlim_t q;
+	if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY)
+		return MAX_CONTROL_CONNS;
+	q = rl.rlim_cur / 4;
+	return q < 8 ? 8 : q < MAX_CONTROL_CONNS ? (int)q : MAX_CONTROL_CONNS;
+}
+
 pt_err pt_worker_start(pt_worker **out, const pt_worker_config *cfg, FILE *announce)
 {
 	pt_worker *w;
@@ -721,7 +845,9 @@ pt_err pt_worker_start(pt_worker **out, const pt_worker_config *cfg, FILE *annou
 	w->cfg = *cfg;
 	describe_devices(w->devices, sizeof(w->devices));
 	pthread_mutex_init(&w->mu, NULL);
+	pthread_mutex_init(&w->cmu, NULL);
 	pthread_cond_init(&w->cv, NULL);
+	w->cap_conns = conns_cap();
 	for (int i = 0; i < PT_WORKER_SEATS; i++)
 		w->seats[i].w = w;
 	if ((e = pt_stage_turn_share_create(&w->share)) != PT_OK ||
@@ -739,6 +865,11 @@ pt_err pt_worker_start(pt_worker **out, const pt_worker_config *cfg, FILE *annou
 		goto fail;
 	}
 	nng_aio_set_timeout(w->rx, REAP_MS);
+	if ((rv = nng_pipe_notify(w->sock, NNG_PIPE_EV_ADD_PRE, pipe_cb, w)) != 0 ||
+	    (rv = nng_pipe_notify(w->sock, NNG_PIPE_EV_REM_POST, pipe_cb, w)) != 0) {
+		e = pt_set_error(PT_ERR_IO, "worker socket: %s", nng_strerror(rv));
+		goto fail;
+	}
 	nng_socket_set_ms(w->sock, NNG_OPT_SENDTIMEO, 5000);
 	nng_socket_set_size(w->sock, NNG_OPT_RECVMAXSZ, MAX_REQUEST);
 	for (int i = 0; i < cfg->n_urls && i < MAX_LISTENERS; i++) {
@@ -810,5 +941,6 @@ void pt_worker_destroy(pt_worker *w)
 	pt_fb_builder_fini(&w->b);
 	pthread_cond_destroy(&w->cv);
 	pthread_mutex_destroy(&w->mu);
+	pthread_mutex_destroy(&w->cmu);
 	free(w);
 }

@@ -34,6 +34,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -796,6 +797,53 @@ static void test_workers_unread_replies_do_not_stall(void)
 	CU_ASSERT(t1 - t0 < 2.0);
 	wf_hs_close(&a);
 	pt_fb_builder_fini(&b);
+	CU_ASSERT_EQUAL(wf_proc_stop(&w), 0);
+}
+
+/* A worker with 200 descriptors (RLIMIT_NOFILE) and 300 idle strangers on
+ * its control port still answers another client within 2 s: beyond its cap
+ * (a quarter of the limit) each new connection closes the stranger idle the
+ * longest (once the descriptors ran out and joins timed out). */
+static void test_workers_idle_strangers_capped(void)
+{
+	enum { N = 300 };
+	wf_proc w;
+	wf_hs a;
+	pt_worker_request ping = {.kind = PT_WORKER_PING};
+	pt_worker_reply r;
+	int fd[N], open_n = 0, closed = 0, port;
+	double t0, t1;
+	const char *argv[] = {"/usr/bin/prlimit", "--nofile=200:200",  server_bin, "--worker",
+	                      "--listen",         "tcp://127.0.0.1:0", NULL};
+
+	if (access(argv[0], X_OK) != 0) {
+		printf("(skipped: no %s) ", argv[0]);
+		return;
+	}
+	/* Hard and soft: the server raises its soft limit to the hard one. */
+	CU_ASSERT_FATAL(wf_proc_start(&w, argv, log_path()));
+	port = atoi(strrchr(w.url, ':') + 1);
+	for (int i = 0; i < N; i++)
+		if ((fd[i] = pt_test_sp_connect(port, 0, 0x30, 0x31)) >= 0)
+			open_n++;
+	usleep(1500 * 1000); /* the kicked ones are closed within a second */
+	wf_hs_open(&a, w.url);
+	t0 = pt_now();
+	wf_hs_call(&a, &ping, &r);
+	t1 = pt_now();
+	for (int i = 0; i < N; i++) {
+		uint8_t b;
+		if (fd[i] < 0)
+			continue;
+		closed += pt_test_read_all(fd[i], &b, 1, 10) == 0;
+		close(fd[i]);
+	}
+	printf("\n    %d strangers connected, %d closed by the worker; a ping answered in %.3f s",
+	       open_n, closed, t1 - t0);
+	CU_ASSERT(r.ok);
+	CU_ASSERT(t1 - t0 < 2.0);
+	CU_ASSERT(closed >= N - 60);
+	wf_hs_close(&a);
 	CU_ASSERT_EQUAL(wf_proc_stop(&w), 0);
 }
 
@@ -1872,6 +1920,7 @@ static const pt_test_case worker_tests[] = {
     {"test_workers_stuck_closes_bounded", test_workers_stuck_closes_bounded},
     {"test_workers_idle_is_quiet", test_workers_idle_is_quiet},
     {"test_workers_unread_replies_do_not_stall", test_workers_unread_replies_do_not_stall},
+    {"test_workers_idle_strangers_capped", test_workers_idle_strangers_capped},
     {"test_workers_restart_on_spare", test_workers_restart_on_spare},
     {"test_workers_silent_coordinator_abandoned", test_workers_silent_coordinator_abandoned},
     {"test_workers_join_waits_for_dead_session", test_workers_join_waits_for_dead_session},
