@@ -1530,26 +1530,17 @@ static void put_state_record(FILE *f, pt_api_job_state st, uint16_t ml, const ch
 	free(p);
 }
 
-/* A journal record whose message claims 60,000 bytes (and has them) must not
- * overflow replay's message buffer: the server starts (ASan: no
- * stack-buffer-overflow; release: no crash), the job is listed with its
- * message cut. Its job has no checkpoint: scanning its empty checkpoint
- * directory must not qsort(NULL, 0) (UBSan). */
-static void test_server_journal_long_message(void)
+/* recovered_job_dir makes dir/jobs/1 as a submit leaves it (the digits
+ * spec, an empty checkpoints/), for a test to write its journal. */
+static void recovered_job_dir(const char *dir)
 {
-	char dir[512], path[700];
-	server s;
-	client c;
+	char path[700];
 	pt_job_spec spec;
-	pt_api_job_info ji;
 	pt_fb_builder b;
 	pt_fb_ref ref;
 	const uint8_t *data;
-	size_t size, n = 60000;
-	char *msg = malloc(n);
-	FILE *f;
+	size_t size;
 
-	make_dir("journal", dir, sizeof(dir));
 	snprintf(path, sizeof(path), "%s/jobs", dir);
 	mkdir(path, 0755);
 	snprintf(path, sizeof(path), "%s/jobs/1", dir);
@@ -1564,6 +1555,25 @@ static void test_server_journal_long_message(void)
 	pt_test_write_file(path, data, size);
 	pt_fb_builder_fini(&b);
 	pt_job_spec_fini(&spec);
+}
+
+/* A journal record whose message claims 60,000 bytes (and has them) must not
+ * overflow replay's message buffer: the server starts (ASan: no
+ * stack-buffer-overflow; release: no crash), the job is listed with its
+ * message cut. Its job has no checkpoint: scanning its empty checkpoint
+ * directory must not qsort(NULL, 0) (UBSan). */
+static void test_server_journal_long_message(void)
+{
+	char dir[512], path[700];
+	server s;
+	client c;
+	pt_api_job_info ji;
+	size_t n = 60000;
+	char *msg = malloc(n);
+	FILE *f;
+
+	make_dir("journal", dir, sizeof(dir));
+	recovered_job_dir(dir);
 
 	memset(msg, 'A', n);
 	snprintf(path, sizeof(path), "%s/jobs/1/journal", dir);
@@ -1593,31 +1603,13 @@ static void test_server_journal_replayed_in_pieces(void)
 	char dir[512], path[700], msg[900];
 	server s;
 	client c;
-	pt_job_spec spec;
 	pt_api_job_info ji;
-	pt_fb_builder b;
-	pt_fb_ref ref;
-	const uint8_t *data;
-	size_t size;
 	long good;
 	struct stat st;
 	FILE *f;
 
 	make_dir("journal_pieces", dir, sizeof(dir));
-	snprintf(path, sizeof(path), "%s/jobs", dir);
-	mkdir(path, 0755);
-	snprintf(path, sizeof(path), "%s/jobs/1", dir);
-	mkdir(path, 0755);
-	snprintf(path, sizeof(path), "%s/jobs/1/checkpoints", dir);
-	mkdir(path, 0755);
-	digits_spec(&spec, 5, 0, true);
-	PT_CHECK_OK(pt_fb_builder_init(&b, 0));
-	PT_CHECK_OK(pt_job_spec_build(&b, &spec, &ref));
-	PT_CHECK_OK(pt_fb_finish(&b, ref, NULL, &data, &size));
-	snprintf(path, sizeof(path), "%s/jobs/1/spec.job", dir);
-	pt_test_write_file(path, data, size);
-	pt_fb_builder_fini(&b);
-	pt_job_spec_fini(&spec);
+	recovered_job_dir(dir);
 
 	snprintf(path, sizeof(path), "%s/jobs/1/journal", dir);
 	f = fopen(path, "wb");
