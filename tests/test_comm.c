@@ -2015,6 +2015,52 @@ static void test_comm_bulk_slots(void)
 	group_free(&g);
 }
 
+/* A rank's data port takes world - 1 + 16 connections: 40 strangers after
+ * the peer has connected leave 24 refused (closed as they arrive), and the
+ * peer's frames still arrive (once each stranger kept a descriptor). */
+static void test_comm_data_port_connections_capped(void)
+{
+	enum { N = 40 };
+	int fd[N], closed = 0;
+	const char *url, *colon, *hash;
+	char port[16];
+	uint8_t b;
+	group g;
+	pt_tensor t;
+	pt_msg m;
+
+	if (cur->kind != IMPL_NNG || strcmp(cur->scheme, "tcp") != 0) {
+		printf("(nng tcp only) ");
+		return;
+	}
+	group_make(&g, 2);
+	url = pt_nng_comm_url(g.c[0]);
+	colon = strrchr(url, ':');
+	hash = strchr(colon, '#');
+	snprintf(port, sizeof(port), "%.*s",
+	         (int)(hash ? hash - colon - 1 : (long)strlen(colon + 1)), colon + 1);
+	for (int i = 0; i < N; i++)
+		fd[i] = pt_test_sp_connect(atoi(port), 0, 0x50, 0x51);
+	usleep(200 * 1000);
+	for (int i = 0; i < N; i++) {
+		if (fd[i] < 0)
+			continue;
+		closed += pt_test_read_all(fd[i], &b, 1, 100) == 0;
+	}
+	printf("(%d of %d refused) ", closed, N);
+	CU_ASSERT(closed >= N - 16);
+	make_f32(&t, 1000, 2.0f);
+	PT_CHECK_OK(pt_comm_send_forward(g.c[1], 0, &t, 0, 0));
+	PT_CHECK_OK(pt_comm_recv_forward(g.c[0], 1, -1, &m));
+	CU_ASSERT(same_bytes(&m.tensor, &t));
+	pt_msg_fini(&m);
+	pt_tensor_fini(&t);
+	for (int i = 0; i < N; i++)
+		if (fd[i] >= 0)
+			close(fd[i]);
+	group_free(&g);
+}
+
 /* A bulk connection that sends its hello a byte a second (each read within
  * the old per-read limit) is closed when the handshake's 5 s are up, not
  * after the hello's last byte (60 s and more, its slot taken all along). */
@@ -2735,6 +2781,7 @@ static const test_def tests[] = {
     {"test_comm_bulk_slots", test_comm_bulk_slots, false},
     {"test_comm_bulk_slow_hello", test_comm_bulk_slow_hello, false},
     {"test_comm_oversized_message_cut_off", test_comm_oversized_message_cut_off, false},
+    {"test_comm_data_port_connections_capped", test_comm_data_port_connections_capped, false},
     {"test_comm_bulk_tamper", test_comm_bulk_tamper, false},
     {"test_comm_bulk_bad_records", test_comm_bulk_bad_records, false},
     {"test_comm_nh", test_comm_nh, false},

@@ -111,6 +111,10 @@
  * trailer. The receive cap: a stranger that announces a bigger message is
  * cut off when its length arrives, before any of it is held (max_msg bounds
  * a whole tensor, which arrives in fragments). */
+/* Connections a PULL socket takes beyond one from each peer (reconnects
+ * whose old pipe is not gone yet); more are refused as they arrive, before
+ * they cost more than a descriptor for a moment. */
+#define PULL_EXTRA   16
 #define MSG_RECV_MAX (FRAG_BYTES + FRAG_BYTES / 255 + 16 + ((size_t)4 << 20))
 #define MAC_MAGIC    "PTMC"
 #define MAC_TAG      16
@@ -235,6 +239,11 @@ typedef struct nng_comm {
 	pthread_mutex_t pipe_mu;
 	pipe_entry *pipes;
 	size_t npipes, cap_pipes;
+	/* The PULL socket's open connections (ids; under pipe_mu), at most
+	 * world - 1 + PULL_EXTRA: more are refused as they arrive. */
+	uint32_t *open_ids;
+	int n_open, cap_open;
+	atomic_long n_refused;
 
 	/* Lost-pending marks: ticket (from lost_tickets, 0 = none) and time. */
 	atomic_uint_fast64_t lost_tickets;
@@ -429,13 +438,51 @@ static void pipe_learn(nng_comm *c, uint32_t pipe, int rank)
 	pthread_mutex_unlock(&c->pipe_mu);
 }
 
+/* pull_admit counts a new PULL connection, or refuses it (closing it in
+ * ADD_PRE) when world - 1 + PULL_EXTRA are open: strangers cannot take the
+ * process's descriptors. Peers connect first, at set-up. */
+static void pull_admit(nng_comm *c, nng_pipe p)
+{
+	bool refuse;
+
+	pthread_mutex_lock(&c->pipe_mu);
+	refuse = c->n_open >= c->cap_open;
+	if (!refuse)
+		c->open_ids[c->n_open++] = (uint32_t)nng_pipe_id(p);
+	pthread_mutex_unlock(&c->pipe_mu);
+	if (refuse) {
+		atomic_fetch_add(&c->n_refused, 1);
+		nng_pipe_close(p);
+	}
+}
+
+/* pull_forget uncounts a PULL connection that has gone. */
+static void pull_forget(nng_comm *c, nng_pipe p)
+{
+	uint32_t id = (uint32_t)nng_pipe_id(p);
+	pthread_mutex_lock(&c->pipe_mu);
+	for (int i = 0; i < c->n_open; i++)
+		if (c->open_ids[i] == id) {
+			c->open_ids[i] = c->open_ids[--c->n_open];
+			break;
+		}
+	pthread_mutex_unlock(&c->pipe_mu);
+}
+
 /* Pipe callbacks run on nng threads: they only take short locks. */
 static void pull_pipe_cb(nng_pipe p, nng_pipe_ev ev, void *arg)
 {
 	nng_comm *c = arg;
 	int rank;
 
-	if (ev != NNG_PIPE_EV_REM_POST || atomic_load(&c->stopping))
+	if (ev == NNG_PIPE_EV_ADD_PRE) {
+		pull_admit(c, p);
+		return;
+	}
+	if (ev != NNG_PIPE_EV_REM_POST)
+		return;
+	pull_forget(c, p);
+	if (atomic_load(&c->stopping))
 		return;
 	rank = pipe_lookup(c, nng_pipe_id(p), true);
 	if (rank >= 0)
@@ -2509,6 +2556,9 @@ static void nng_comm_destroy(pt_comm *base)
 	}
 	if (c->tls_server)
 		nng_tls_config_free(c->tls_server);
+	if (atomic_load(&c->n_refused) > 0)
+		pt_info("rank %d: refused %ld connections beyond %d on its data port", base->rank,
+		        (long)atomic_load(&c->n_refused), c->cap_open);
 	pt_mailbox_destroy(c->mb);
 	pt_rx_pool_close(c->pool);
 	pthread_mutex_destroy(&c->connect_mu);
@@ -2522,6 +2572,7 @@ static void nng_comm_destroy(pt_comm *base)
 	pthread_cond_destroy(&c->rx_cv);
 	free(c->peers);
 	free(c->pipes);
+	free(c->open_ids);
 	free(c->lost_ticket);
 	free(c->lost_ms);
 	for (int r = 0; c->asm_of && r < base->world; r++)
@@ -2657,14 +2708,17 @@ pt_err pt_nng_comm_create(pt_comm **out, const pt_nng_options *opt)
 	c->expect_seq = calloc((size_t)world, sizeof(*c->expect_seq));
 	c->asm_of = calloc((size_t)world, sizeof(*c->asm_of));
 	c->bar_arrived = calloc((size_t)world, sizeof(*c->bar_arrived));
+	c->cap_open = world - 1 + PULL_EXTRA;
+	c->open_ids = calloc((size_t)c->cap_open, sizeof(*c->open_ids));
 	c->tls_cert_key = dup_or_null(opt->tls_cert_key_file);
 	c->tls_key = dup_or_null(opt->tls_key_file);
 	c->tls_ca = dup_or_null(opt->tls_ca_file);
 	c->tls_server_name = dup_or_null(opt->tls_server_name);
 	if (c->peers == NULL || c->lost_ticket == NULL || c->lost_ms == NULL ||
 	    c->expect_seq == NULL || c->asm_of == NULL || c->bar_arrived == NULL ||
-	    (opt->tls_cert_key_file && !c->tls_cert_key) || (opt->tls_key_file && !c->tls_key) ||
-	    (opt->tls_ca_file && !c->tls_ca) || (opt->tls_server_name && !c->tls_server_name)) {
+	    c->open_ids == NULL || (opt->tls_cert_key_file && !c->tls_cert_key) ||
+	    (opt->tls_key_file && !c->tls_key) || (opt->tls_ca_file && !c->tls_ca) ||
+	    (opt->tls_server_name && !c->tls_server_name)) {
 		rv = pt_set_error(PT_ERR_NOMEM, "nng communicator of %d ranks", world);
 		goto fail;
 	}
@@ -2711,6 +2765,7 @@ pt_err pt_nng_comm_create(pt_comm **out, const pt_nng_options *opt)
 	}
 	c->pull_open = true;
 	if ((nrv = nng_socket_set_size(c->pull, NNG_OPT_RECVMAXSZ, recv_cap(c))) != 0 ||
+	    (nrv = nng_pipe_notify(c->pull, NNG_PIPE_EV_ADD_PRE, pull_pipe_cb, c)) != 0 ||
 	    (nrv = nng_pipe_notify(c->pull, NNG_PIPE_EV_REM_POST, pull_pipe_cb, c)) != 0) {
 		rv = nng_fail(nrv, "%s: %s", "pull socket options");
 		goto fail;
