@@ -122,7 +122,6 @@ struct pt_worker {
 	pthread_mutex_t cmu;                /* the connection table */
 	wconn conns[MAX_CONTROL_CONNS * 2]; /* room for the kicked, not yet closed */
 	int n_conns, cap_conns;
-	long n_evicted;
 
 	pthread_mutex_t mu;
 	pthread_cond_t cv; /* signalled when a stage thread reaches DONE */
@@ -568,12 +567,10 @@ static void pipe_cb(nng_pipe p, nng_pipe_ev ev, void *arg)
 			victim = x;
 	}
 	if (live >= w->cap_conns) {
-		if (victim != NULL) {
+		if (victim != NULL)
 			victim->kicked = true;
-			w->n_evicted++;
-		} else {
+		else
 			refuse = true;
-		}
 	}
 	if (!refuse && w->n_conns < (int)(sizeof(w->conns) / sizeof(w->conns[0])))
 		w->conns[w->n_conns++] = (wconn){.p = p, .last = pt_now()};

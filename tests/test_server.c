@@ -813,6 +813,12 @@ static void test_server_max_queued(void)
 			simple(&c, PT_API_CANCEL_JOB, id[i], &r);
 	client_close(&c);
 	CU_ASSERT_EQUAL(server_stop(&s, SIGTERM), 0);
+	/* Outside 1..1000000 the server does not start. */
+	{
+		const char *bad[] = {"--max-queued", "0", NULL};
+		CU_ASSERT_FALSE(server_start(&s, dir, bad));
+		CU_ASSERT_EQUAL(server_stop(&s, 0), 2);
+	}
 }
 
 /* A job name is the client's: a newline in it must not start a forged log
