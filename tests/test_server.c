@@ -50,6 +50,7 @@ typedef struct client {
 	pt_fb_builder b;
 	uint64_t next_id;
 	const char *token;
+	bool send_failed; /* raw_call's last failure was the send's */
 } client;
 
 static double now_s(void)
@@ -175,8 +176,10 @@ static int raw_call(client *c, const void *bytes, size_t len, pt_api_response *r
 	if ((rv = nng_msg_alloc(&m, len)) != 0)
 		return rv;
 	memcpy(nng_msg_body(m), bytes, len);
+	c->send_failed = false;
 	if ((rv = nng_sendmsg(c->sock, m, 0)) != 0) {
 		nng_msg_free(m);
+		c->send_failed = true;
 		return rv;
 	}
 	if ((rv = nng_recvmsg(c->sock, &c->last, 0)) != 0)
@@ -1307,26 +1310,42 @@ typedef struct watcher {
 	int replies, failures;
 } watcher;
 
+/* watcher_dial opens c and connects it to w's server; false on failure.
+ * Every call on it is bounded: nng 1.5.2 can lose a pipe's wake-up
+ * (nanomsg/nng#1813, fixed in 1.8), and a REQ send with no ready pipe then
+ * waits for ever without a send timeout. */
+static bool watcher_dial(const watcher *w, client *c)
+{
+	memset(c, 0, sizeof(*c));
+	if (nng_req0_open(&c->sock) != 0)
+		return false;
+	if (pt_fb_builder_init(&c->b, 0) != PT_OK) {
+		pt_test_nng_close(c->sock.id);
+		return false;
+	}
+	nng_socket_set_ms(c->sock, NNG_OPT_RECVTIMEO, 30000);
+	nng_socket_set_ms(c->sock, NNG_OPT_SENDTIMEO, 10000);
+	nng_socket_set_ms(c->sock, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE);
+	nng_socket_set_size(c->sock, NNG_OPT_RECVMAXSZ, 0);
+	if (nng_dial(c->sock, w->s->url, NULL, 0) != 0) {
+		client_close(c);
+		return false;
+	}
+	return true;
+}
+
 static void *watcher_main(void *arg)
 {
 	watcher *w = arg;
 	client c;
 	int64_t cursor = -1;
+	bool redialed = false;
 
-	memset(&c, 0, sizeof(c));
-	if (nng_req0_open(&c.sock) != 0 || pt_fb_builder_init(&c.b, 0) != PT_OK) {
+	if (!watcher_dial(w, &c)) {
 		w->failures++;
 		return NULL;
 	}
-	/* Every call bounded: nng 1.5.2 can lose a pipe's wake-up (seen once in
-	 * CI, closes stuck), and a send with no ready pipe then waits for ever. */
-	nng_socket_set_ms(c.sock, NNG_OPT_RECVTIMEO, 30000);
-	nng_socket_set_ms(c.sock, NNG_OPT_SENDTIMEO, 10000);
-	nng_socket_set_ms(c.sock, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE);
-	nng_socket_set_size(c.sock, NNG_OPT_RECVMAXSZ, 0);
-	if (nng_dial(c.sock, w->s->url, NULL, 0) != 0)
-		w->failures++;
-	while (w->failures == 0 && now_s() < w->until) {
+	while (now_s() < w->until) {
 		pt_api_request q;
 		pt_api_response r;
 		const uint8_t *d;
@@ -1336,8 +1355,24 @@ static void *watcher_main(void *arg)
 		q.job = w->id;
 		q.cursor = cursor;
 		q.wait_ms = 10000;
-		if (pt_api_build_request(&c.b, &q, &d, &n) != PT_OK ||
-		    raw_call(&c, d, n, &r) != 0 || r.code != PT_API_OK) {
+		if (pt_api_build_request(&c.b, &q, &d, &n) != PT_OK) {
+			w->failures++;
+			break;
+		}
+		int rv = raw_call(&c, d, n, &r);
+		if (rv != 0 && c.send_failed && !redialed) {
+			/* The client library's pipe never became ready (the server
+			 * never saw the request): one new connection, once. */
+			fprintf(stderr, "\n    a watcher's send timed out: dialing again");
+			redialed = true;
+			client_close(&c);
+			if (!watcher_dial(w, &c)) {
+				w->failures++;
+				return NULL;
+			}
+			continue;
+		}
+		if (rv != 0 || r.code != PT_API_OK) {
 			w->failures++;
 			break;
 		}
