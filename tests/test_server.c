@@ -24,6 +24,7 @@
 #include <pthread.h>
 #include <poll.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1308,12 +1309,14 @@ typedef struct watcher {
 	uint64_t id;
 	double until, first; /* first: when the first points came (0: none) */
 	int replies, failures;
+	const char *_Atomic phase; /* what it is doing: the report if it hangs */
 } watcher;
 
 /* watcher_dial opens c and connects it to w's server; false on failure.
  * Every call on it is bounded: nng 1.5.2 can lose a pipe's wake-up
  * (nanomsg/nng#1813, fixed in 1.8), and a REQ send with no ready pipe then
- * waits for ever without a send timeout. */
+ * waits for ever without a send timeout. The dial does not wait: the first
+ * send waits for the connection. */
 static bool watcher_dial(const watcher *w, client *c)
 {
 	memset(c, 0, sizeof(*c));
@@ -1327,7 +1330,7 @@ static bool watcher_dial(const watcher *w, client *c)
 	nng_socket_set_ms(c->sock, NNG_OPT_SENDTIMEO, 10000);
 	nng_socket_set_ms(c->sock, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE);
 	nng_socket_set_size(c->sock, NNG_OPT_RECVMAXSZ, 0);
-	if (nng_dial(c->sock, w->s->url, NULL, 0) != 0) {
+	if (nng_dial(c->sock, w->s->url, NULL, NNG_FLAG_NONBLOCK) != 0) {
 		client_close(c);
 		return false;
 	}
@@ -1341,6 +1344,7 @@ static void *watcher_main(void *arg)
 	int64_t cursor = -1;
 	bool redialed = false;
 
+	w->phase = "dialing";
 	if (!watcher_dial(w, &c)) {
 		w->failures++;
 		return NULL;
@@ -1359,12 +1363,14 @@ static void *watcher_main(void *arg)
 			w->failures++;
 			break;
 		}
+		w->phase = "in a request (send 10 s, receive 30 s)";
 		int rv = raw_call(&c, d, n, &r);
 		if (rv != 0 && c.send_failed && !redialed) {
 			/* The client library's pipe never became ready (the server
 			 * never saw the request): one new connection, once. */
 			fprintf(stderr, "\n    a watcher's send timed out: dialing again");
 			redialed = true;
+			w->phase = "closing to dial again";
 			client_close(&c);
 			if (!watcher_dial(w, &c)) {
 				w->failures++;
@@ -1385,7 +1391,9 @@ static void *watcher_main(void *arg)
 		if (r.ended)
 			break;
 	}
+	w->phase = "closing";
 	client_close(&c);
+	w->phase = "done";
 	return NULL;
 }
 
