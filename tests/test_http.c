@@ -998,6 +998,7 @@ static int suite_init(void)
 	if (nng_req0_open(&api) != 0 || nng_dial(api, srv.url, NULL, 0) != 0)
 		return 1;
 	nng_socket_set_ms(api, NNG_OPT_RECVTIMEO, 10000);
+	nng_socket_set_ms(api, NNG_OPT_SENDTIMEO, 10000);
 	nng_socket_set_ms(api, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE);
 	if (pt_fb_builder_init(&fbb, 0) != PT_OK ||
 	    pt_job_spec_load_file(pt_test_path("examples/digits.json"), &buf, &len) != PT_OK)

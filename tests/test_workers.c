@@ -1204,6 +1204,7 @@ static void forge_metric(void *ctx, const pt_job_metric *m)
 		return;
 	CU_ASSERT_FATAL(data_url(f->log, url, sizeof(url)));
 	CU_ASSERT_EQUAL_FATAL(nng_push0_open(&s), 0);
+	nng_socket_set_ms(s, NNG_OPT_SENDTIMEO, 10000);
 	CU_ASSERT_EQUAL_FATAL(nng_dial(s, url, NULL, 0), 0);
 	nng_msg *msgs[] = {
 	    forged_frame(PT_MSG_FORWARD, PT_CH_FORWARD, 1, 1000000, false),

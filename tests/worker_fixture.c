@@ -124,6 +124,7 @@ static void req_open(nng_socket *s, const char *url, int timeout_ms, pt_fb_build
 {
 	CU_ASSERT_EQUAL_FATAL(nng_req0_open(s), 0);
 	nng_socket_set_ms(*s, NNG_OPT_RECVTIMEO, timeout_ms);
+	nng_socket_set_ms(*s, NNG_OPT_SENDTIMEO, timeout_ms); /* no ready pipe: bounded */
 	nng_socket_set_ms(*s, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE);
 	CU_ASSERT_EQUAL_FATAL(nng_dial(*s, url, NULL, 0), 0);
 	PT_CHECK_OK(pt_fb_builder_init(b, 0));
