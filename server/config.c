@@ -223,6 +223,12 @@ static const opt_desc options[] = {
     {"http", OPT_STRING, F(http), "", 0, 0, valid_http,
      "HOST:PORT of the HTTP endpoint (/metrics, /healthz, /readyz, dashboard); empty: off. "
      "A non-loopback address needs an auth token"},
+    {"http_max_connections", OPT_INT, F(http_max_connections), "0", 0, 65536, NULL,
+     "open HTTP connections at most; one more shuts down the one that has waited the longest "
+     "for a request (0: 256, or a quarter of the RLIMIT_NOFILE soft limit when lower)"},
+    {"http_timeout", OPT_INT, F(http_timeout), "10", 1, 3600, NULL,
+     "seconds an HTTP connection may stay silent; a connection that has not sent a whole "
+     "request within twice this is closed (a client trickling bytes)"},
     {"contexts", OPT_INT, F(contexts), "16", 1, 1024, NULL,
      "requests received concurrently (REP contexts)"},
     {"max_contexts", OPT_INT, F(max_contexts), "1024", 1, 65536, NULL,

@@ -35,30 +35,32 @@ typedef struct pt_server_config {
 	char *tls_ca;        /* PEM CA: when set, clients must present a certificate */
 	char *worker_tls_ca; /* PEM CA verifying tls+tcp:// workers and stage data ports */
 	char *log_level;
-	char *log_format;      /* text or json */
-	char *http;            /* --http HOST:PORT of the metrics/dashboard endpoint ("": off) */
-	int contexts;          /* REP contexts receiving at once */
-	int max_contexts;      /* contexts at most (parked long polls included) */
-	int workers;           /* worker threads for blocking requests */
-	int max_request_mb;    /* NNG_OPT_RECVMAXSZ in MiB */
-	int max_connections;   /* open API connections at most (0: from RLIMIT_NOFILE) */
-	int idle_timeout;      /* seconds before an idle API connection is closed (0: never) */
-	int max_outstanding;   /* requests in progress per API connection */
-	int threads;           /* CPU threads per job (0: all cores / max_jobs) */
-	int max_jobs;          /* jobs running at once per device */
-	int max_queued;        /* jobs waiting at most, all devices */
-	int watch_interval_ms; /* parked WatchMetrics are woken at most this often */
-	int watch_replies;     /* a job's parked WatchMetrics get at most this many replies a
-	                        * second in all (0: no budget) */
-	int metrics_sync_ms;   /* metrics are fsynced at least this often */
-	char *memory_limit;    /* admission limit of a job's memory ("": cgroup or MemTotal) */
-	bool worker;           /* --worker: host stages for other servers' jobs (worker.h) */
-	char *advertise_host;  /* --worker: host peers dial for stage data ("": automatic) */
-	char *pool;            /* worker pool: "URL,..." or "@FILE" ("": none) */
-	char *devices;         /* "cpu", "cuda:0,cuda:1", "all" or "none" (pt_server_devices) */
-	bool strict_priority;  /* a job waiting for pool workers holds up those behind it */
-	int close_delay_ms;    /* --worker, tests: an ended stage's sockets close this late */
-	int task_delay_ms;     /* --worker, tests and benchmarks: stage tasks sleep first */
+	char *log_format;         /* text or json */
+	char *http;               /* --http HOST:PORT of the metrics/dashboard endpoint ("": off) */
+	int http_max_connections; /* open HTTP connections at most (0: 256 or RLIMIT_NOFILE / 4) */
+	int http_timeout;         /* HTTP idle timeout, s; a whole request within twice it */
+	int contexts;             /* REP contexts receiving at once */
+	int max_contexts;         /* contexts at most (parked long polls included) */
+	int workers;              /* worker threads for blocking requests */
+	int max_request_mb;       /* NNG_OPT_RECVMAXSZ in MiB */
+	int max_connections;      /* open API connections at most (0: from RLIMIT_NOFILE) */
+	int idle_timeout;         /* seconds before an idle API connection is closed (0: never) */
+	int max_outstanding;      /* requests in progress per API connection */
+	int threads;              /* CPU threads per job (0: all cores / max_jobs) */
+	int max_jobs;             /* jobs running at once per device */
+	int max_queued;           /* jobs waiting at most, all devices */
+	int watch_interval_ms;    /* parked WatchMetrics are woken at most this often */
+	int watch_replies;        /* a job's parked WatchMetrics get at most this many replies a
+	                           * second in all (0: no budget) */
+	int metrics_sync_ms;      /* metrics are fsynced at least this often */
+	char *memory_limit;       /* admission limit of a job's memory ("": cgroup or MemTotal) */
+	bool worker;              /* --worker: host stages for other servers' jobs (worker.h) */
+	char *advertise_host;     /* --worker: host peers dial for stage data ("": automatic) */
+	char *pool;               /* worker pool: "URL,..." or "@FILE" ("": none) */
+	char *devices;            /* "cpu", "cuda:0,cuda:1", "all" or "none" (pt_server_devices) */
+	bool strict_priority;     /* a job waiting for pool workers holds up those behind it */
+	int close_delay_ms;       /* --worker, tests: an ended stage's sockets close this late */
+	int task_delay_ms;        /* --worker, tests and benchmarks: stage tasks sleep first */
 	bool help;
 } pt_server_config;
 

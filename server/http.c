@@ -5,6 +5,16 @@
  * Limits: headers 8 KiB, bodies 1 KiB (GET and HEAD have none), a timeout per
  * connection, and libevent's own connection handling, so a client that
  * trickles bytes only holds its own connection.
+ *
+ * Connections are admitted against a limit, which libevent 2.1 cannot do by
+ * itself: the thread makes each connection's bufferevent (evhttp_set_bevcb)
+ * and keeps a reference to it, so it knows every open connection (the
+ * reference also keeps the descriptor open until the thread drops it: never
+ * reused under a stale bufferevent). One more than max_connections shuts
+ * down the one that has waited the longest for a request; a connection that
+ * has not delivered a whole request within twice the timeout (a client
+ * trickling bytes) is shut down too. evhttp then frees it, and bufferevent_free
+ * clears its callbacks: that is how conn_sweep sees it gone.
  */
 #include "http.h"
 
@@ -17,10 +27,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <event2/buffer.h>
+#include <event2/bufferevent.h>
 #include <event2/event.h>
 #include <event2/http.h>
 #include <event2/keyvalq_struct.h>
@@ -32,10 +45,19 @@
 #define MAX_HEADERS 8192
 #define MAX_BODY    1024
 #define MAX_POINTS  5000
+#define READ_MAX    (64 << 10)
 
 /* The dashboard page, generated from server/dashboard.html at build time. */
 extern const unsigned char pt_dashboard_html[];
 extern const size_t pt_dashboard_html_len;
+
+/* One accepted connection (HTTP thread only). */
+typedef struct conn {
+	struct bufferevent *bev; /* holds one reference of ours */
+	double since;            /* accepted, or its last request read */
+	bool shut;               /* shut down by us; evhttp frees it next */
+	struct conn *next;
+} conn;
 
 struct pt_http {
 	pt_http_config cfg;
@@ -43,6 +65,10 @@ struct pt_http {
 	bool need_token;
 	struct event_base *base;
 	struct evhttp *http;
+	struct event *sweep;
+	conn *conns;
+	int n_conns, n_shut, max_conns;
+	double deadline_s; /* a whole request within this */
 	int port;
 	pthread_t thread;
 	bool started;
@@ -85,10 +111,121 @@ static void reply_text(struct evhttp_request *req, int code, const char *reason,
 
 /* admit checks the method (405 unless GET or HEAD) and the token; false
  * when it already replied. */
+/* ---------------------------------------------------------- connections -- */
+
+static double mono_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* conn_gone: evhttp has freed c's connection (bufferevent_free clears every
+ * callback; a live connection always has evhttp's error callback). */
+static bool conn_gone(const conn *c)
+{
+	bufferevent_data_cb rd, wr;
+	bufferevent_event_cb ev;
+	bufferevent_getcb(c->bev, &rd, &wr, &ev, NULL);
+	return rd == NULL && wr == NULL && ev == NULL;
+}
+
+/* conn_shut ends c: both directions shut down, so evhttp reads the end and
+ * frees the connection. */
+static void conn_shut(pt_http *h, conn *c)
+{
+	evutil_socket_t fd = bufferevent_getfd(c->bev);
+	if (fd >= 0)
+		shutdown(fd, SHUT_RDWR);
+	c->shut = true;
+	h->n_shut++;
+}
+
+/* conn_sweep drops the connections evhttp has freed (closing their
+ * descriptors) and shuts down those without a whole request in deadline_s. */
+static void conn_sweep(pt_http *h, double now)
+{
+	for (conn **pp = &h->conns; *pp != NULL;) {
+		conn *c = *pp;
+		if (conn_gone(c)) {
+			*pp = c->next;
+			h->n_conns--;
+			h->n_shut -= c->shut;
+			bufferevent_decref(c->bev);
+			free(c);
+			continue;
+		}
+		if (!c->shut && now - c->since > h->deadline_s)
+			conn_shut(h, c);
+		pp = &c->next;
+	}
+}
+
+static void on_sweep(evutil_socket_t fd, short what, void *arg)
+{
+	(void)fd;
+	(void)what;
+	conn_sweep(arg, mono_s());
+}
+
+/* make_bev (evhttp's bevcb) gives a new connection its bufferevent and
+ * admits it: beyond max_conns the open connection that has waited the
+ * longest for a request is shut down. */
+static struct bufferevent *make_bev(struct event_base *base, void *arg)
+{
+	pt_http *h = arg;
+	double now = mono_s();
+	struct bufferevent *bev;
+	conn *c;
+
+	conn_sweep(h, now);
+	if ((bev = bufferevent_socket_new(base, -1, BEV_OPT_CLOSE_ON_FREE)) == NULL)
+		return NULL;
+	if ((c = calloc(1, sizeof(*c))) == NULL) {
+		bufferevent_free(bev);
+		return NULL;
+	}
+	/* Reading stops at READ_MAX buffered bytes: evhttp drains far less than
+	 * that per request, and once evhttp has freed the connection nothing
+	 * drains it until the sweep drops our reference. */
+	bufferevent_setwatermark(bev, EV_READ, 0, READ_MAX);
+	bufferevent_incref(bev);
+	c->bev = bev;
+	c->since = now;
+	while (h->n_conns - h->n_shut >= h->max_conns) {
+		conn *old = NULL;
+		for (conn *o = h->conns; o != NULL; o = o->next)
+			if (!o->shut && (old == NULL || o->since < old->since))
+				old = o;
+		if (old == NULL)
+			break;
+		conn_shut(h, old);
+	}
+	c->next = h->conns;
+	h->conns = c;
+	h->n_conns++;
+	return bev;
+}
+
+/* conn_progress: req's connection delivered a whole request now. */
+static void conn_progress(pt_http *h, struct evhttp_request *req)
+{
+	struct evhttp_connection *ec = evhttp_request_get_connection(req);
+	struct bufferevent *bev = ec ? evhttp_connection_get_bufferevent(ec) : NULL;
+	for (conn *c = h->conns; c != NULL && bev != NULL; c = c->next)
+		if (c->bev == bev) {
+			c->since = mono_s();
+			break;
+		}
+}
+
+/* ------------------------------------------------------------- requests -- */
+
 static bool admit(pt_http *h, struct evhttp_request *req, bool needs_token)
 {
 	enum evhttp_cmd_type t = evhttp_request_get_command(req);
 
+	conn_progress(h, req);
 	if (t != EVHTTP_REQ_GET && t != EVHTTP_REQ_HEAD) {
 		evhttp_add_header(evhttp_request_get_output_headers(req), "Allow", "GET, HEAD");
 		reply_text(req, 405, "Method Not Allowed", "method not allowed\n");
@@ -348,6 +485,18 @@ bool pt_http_addr_is_loopback(const char *addr)
 	return addr_host(addr, host, sizeof(host)) && is_loopback(host);
 }
 
+/* default_max_conns: 256, or a quarter of the descriptor limit when that is
+ * lower (at least 4). */
+static int default_max_conns(void)
+{
+	struct rlimit rl;
+	rlim_t q;
+	if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY)
+		return 256;
+	q = rl.rlim_cur / 4;
+	return q < 4 ? 4 : q < 256 ? (int)q : 256;
+}
+
 static pthread_once_t evthread_once = PTHREAD_ONCE_INIT;
 static int evthread_rv;
 
@@ -405,6 +554,17 @@ pt_err pt_http_start(pt_http **out, const pt_http_config *cfg, FILE *announce)
 	evhttp_set_max_headers_size(h->http, MAX_HEADERS);
 	evhttp_set_max_body_size(h->http, MAX_BODY);
 	evhttp_set_timeout(h->http, cfg->timeout_s > 0 ? cfg->timeout_s : 10);
+	h->deadline_s = 2.0 * (cfg->timeout_s > 0 ? cfg->timeout_s : 10);
+	h->max_conns = cfg->max_connections > 0 ? cfg->max_connections : default_max_conns();
+	evhttp_set_bevcb(h->http, make_bev, h);
+	{
+		struct timeval tick = {1, 0};
+		if ((h->sweep = event_new(h->base, -1, EV_PERSIST, on_sweep, h)) == NULL ||
+		    event_add(h->sweep, &tick) != 0) {
+			rv = pt_set_error(PT_ERR_NOMEM, "http: sweep timer");
+			goto fail;
+		}
+	}
 	/* Accept every method libevent parses so that we answer 405, not 501. */
 	evhttp_set_allowed_methods(h->http, EVHTTP_REQ_GET | EVHTTP_REQ_HEAD | EVHTTP_REQ_POST |
 	                                        EVHTTP_REQ_PUT | EVHTTP_REQ_DELETE |
@@ -438,7 +598,8 @@ pt_err pt_http_start(pt_http **out, const pt_http_config *cfg, FILE *announce)
 			fprintf(announce, "pipeserver http on http://%s:%d\n", host, h->port);
 		fflush(announce);
 	}
-	pt_info("http on %s port %d%s", host, h->port, h->need_token ? " (token required)" : "");
+	pt_info("http on %s port %d%s, %d connections at most", host, h->port,
+	        h->need_token ? " (token required)" : "", h->max_conns);
 	*out = h;
 	return PT_OK;
 fail:
@@ -460,7 +621,15 @@ void pt_http_destroy(pt_http *h)
 		pthread_join(h->thread, NULL);
 	}
 	if (h->http)
-		evhttp_free(h->http);
+		evhttp_free(h->http); /* frees every connection: our references remain */
+	while (h->conns != NULL) {
+		conn *c = h->conns;
+		h->conns = c->next;
+		bufferevent_decref(c->bev); /* the last reference: closes the descriptor */
+		free(c);
+	}
+	if (h->sweep)
+		event_free(h->sweep);
 	if (h->base)
 		event_base_free(h->base);
 	free(h->token);

@@ -11,7 +11,8 @@
  *   /api/jobs                     the job list as JSON
  *   /api/jobs/<id>/metrics?after=N  points with step > N as JSON
  * Every other path is 404; URLs never reach the file system. Requests are
- * bounded (header and body size, read/write timeout). When the address is not
+ * bounded (header and body size, read/write timeout, a whole request within
+ * twice the timeout), and so are connections (max_connections). When the address is not
  * loopback (a token is then required to start), every path but /healthz and
  * /readyz needs `Authorization: Bearer <token>` (the API's token): 401 with
  * `WWW-Authenticate: Bearer realm="pipetrain"` (plus error="invalid_token"
@@ -40,7 +41,11 @@ typedef struct pt_http_config {
 	const char *device;     /* "cpu" or "cuda:N": readiness asks the backend */
 	pt_jobs *jobs;          /* not owned */
 	pt_metrics *metrics;    /* not owned */
-	int timeout_s;          /* per-connection read/write timeout (0: 10 s) */
+	int timeout_s;          /* per-connection read/write timeout (0: 10 s); a
+	                         * whole request within twice this */
+	int max_connections;    /* open connections at most; one more shuts down
+	                         * the one waiting longest for a request (0: 256,
+	                         * or RLIMIT_NOFILE / 4 when lower) */
 } pt_http_config;
 
 /* pt_http_addr_is_loopback tells whether "HOST:PORT" names a loopback host

@@ -406,7 +406,9 @@ int main(int argc, char **argv)
 		                     .auth_token = cfg.auth_token,
 		                     .data_dir = cfg.data_dir,
 		                     .device = cfg.device,
-		                     .jobs = jobs};
+		                     .jobs = jobs,
+		                     .timeout_s = cfg.http_timeout,
+		                     .max_connections = cfg.http_max_connections};
 		if (pt_metrics_create(&metrics, &mc) == PT_OK)
 			hc.metrics = metrics;
 		if (metrics == NULL || pt_http_start(&http, &hc, stdout) != PT_OK) {

@@ -17,7 +17,9 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <dirent.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -43,6 +45,7 @@ typedef struct server {
 	char log[600];
 	const char *http_addr;  /* NULL: 127.0.0.1:0 */
 	const char *token_file; /* NULL: no token */
+	const char *extra[5];   /* more arguments, NULL-terminated */
 } server;
 
 static server srv;
@@ -71,22 +74,28 @@ static bool server_start(server *s)
 	int out[2];
 	char line[512];
 	FILE *f;
-	const char *argv[] = {server_bin,
-	                      "--listen",
-	                      "tcp://127.0.0.1:0",
-	                      "--data-dir",
-	                      s->data_dir,
-	                      "--files-root",
-	                      PT_SOURCE_ROOT,
-	                      "--threads",
-	                      "2",
-	                      "--http",
-	                      s->http_addr ? s->http_addr : "127.0.0.1:0",
-	                      "--log-format",
-	                      "json",
-	                      s->token_file ? "--auth-token-file" : NULL,
-	                      s->token_file,
-	                      NULL};
+	const char *argv[24] = {server_bin,
+	                        "--listen",
+	                        "tcp://127.0.0.1:0",
+	                        "--data-dir",
+	                        s->data_dir,
+	                        "--files-root",
+	                        PT_SOURCE_ROOT,
+	                        "--threads",
+	                        "2",
+	                        "--http",
+	                        s->http_addr ? s->http_addr : "127.0.0.1:0",
+	                        "--log-format",
+	                        "json"};
+	int n = 13;
+
+	if (s->token_file) {
+		argv[n++] = "--auth-token-file";
+		argv[n++] = s->token_file;
+	}
+	for (int i = 0; i < 5 && s->extra[i]; i++)
+		argv[n++] = s->extra[i];
+	argv[n] = NULL;
 
 	if (s->log[0] == '\0')
 		snprintf(s->log, sizeof(s->log), "%s/server.log", tmpdir);
@@ -802,6 +811,127 @@ static void test_http_hostile(void)
 	CU_ASSERT_EQUAL(http_get("/healthz", NULL), 200);
 }
 
+/* closed_within: the server has ended fd (end of stream or a reset) within
+ * wait_s seconds. */
+static bool closed_within(int fd, double wait_s)
+{
+	struct pollfd p = {.fd = fd, .events = POLLIN};
+	char c;
+	ssize_t r;
+
+	if (poll(&p, 1, (int)(wait_s * 1000)) <= 0)
+		return false;
+	r = recv(fd, &c, 1, MSG_DONTWAIT);
+	return r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK);
+}
+
+/* fds_of: the descriptors process pid has open (-1: unknown). */
+static int fds_of(pid_t pid)
+{
+	char path[64];
+	int n = 0;
+	DIR *d;
+
+	snprintf(path, sizeof(path), "/proc/%d/fd", (int)pid);
+	if ((d = opendir(path)) == NULL)
+		return -1;
+	for (struct dirent *e; (e = readdir(d)) != NULL;)
+		n += e->d_name[0] != '.';
+	closedir(d);
+	return n;
+}
+
+/* Connections are admitted against --http-max-connections 8: 20 idle ones
+ * and then a request leave 7 of them open (each one more shut down the one
+ * that had waited longest) and the request is answered; the server's
+ * descriptors stay within the limit. */
+static void test_http_connections_capped(void)
+{
+	server t = {.extra = {"--http-max-connections", "8", NULL}};
+	int idle[20], closed = 0, fds0, fds1;
+
+	snprintf(t.data_dir, sizeof(t.data_dir), "%s/data-cap", tmpdir);
+	snprintf(t.log, sizeof(t.log), "%s/server-cap.log", tmpdir);
+	CU_ASSERT_FATAL(server_start(&t));
+	fds0 = fds_of(t.pid);
+	for (int i = 0; i < 20; i++) {
+		idle[i] = http_connect(t.http_port);
+		CU_ASSERT_FATAL(idle[i] >= 0);
+	}
+	CU_ASSERT_EQUAL(http_raw(t.http_port, "GET /healthz HTTP/1.0\r\n\r\n", 25, NULL), 200);
+	usleep(300 * 1000);
+	for (int i = 0; i < 20; i++)
+		closed += closed_within(idle[i], 0);
+	/* The oldest went first: the last seven are the ones still open. */
+	for (int i = 13; i < 20; i++)
+		CU_ASSERT_FALSE(closed_within(idle[i], 0));
+	usleep(1200 * 1000); /* the sweep (every second) drops what evhttp freed */
+	fds1 = fds_of(t.pid);
+	printf("\n    20 idle + 1 request at --http-max-connections 8: %d closed; server "
+	       "descriptors %d -> %d",
+	       closed, fds0, fds1);
+	CU_ASSERT_EQUAL(closed, 13);
+	CU_ASSERT(fds0 > 0 && fds1 <= fds0 + 7);
+	for (int i = 0; i < 20; i++)
+		close(idle[i]);
+	CU_ASSERT_EQUAL(server_stop(&t), 0);
+}
+
+/* At --http-timeout 1 a client that trickles a request (a byte every
+ * 0.25 s, never idle for evhttp) is shut down once it has not delivered a
+ * whole request in 2 s; a keep-alive client sending whole requests every
+ * 0.5 s keeps its connection for 3 s and more. */
+static void test_http_trickle_cut_off(void)
+{
+	static const char req[] = "GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n";
+	static const char slow[] =
+	    "GET /healthz HTTP/1.1\r\nHost: t\r\nX-Pad: aaaaaaaaaaaaaaaaaaaaa";
+	server t = {.extra = {"--http-timeout", "1", NULL}};
+	double t0, took = -1;
+	int fd, answered = 0;
+
+	snprintf(t.data_dir, sizeof(t.data_dir), "%s/data-trickle", tmpdir);
+	snprintf(t.log, sizeof(t.log), "%s/server-trickle.log", tmpdir);
+	CU_ASSERT_FATAL(server_start(&t));
+
+	fd = http_connect(t.http_port);
+	CU_ASSERT_FATAL(fd >= 0);
+	for (int k = 0; k < 7; k++) {
+		char buf[2048];
+		size_t n = 0;
+		ssize_t r;
+		if (send(fd, req, sizeof(req) - 1, MSG_NOSIGNAL) != (ssize_t)(sizeof(req) - 1))
+			break;
+		while (n < sizeof(buf) - 1 && (r = recv(fd, buf + n, sizeof(buf) - 1 - n, 0)) > 0) {
+			n += (size_t)r;
+			buf[n] = '\0';
+			if (strstr(buf, "{\"status\":\"ok\"}\n"))
+				break;
+		}
+		buf[n] = '\0';
+		if (strncmp(buf, "HTTP/1.1 200", 12) != 0 || !strstr(buf, "{\"status\":\"ok\"}\n"))
+			break;
+		answered++;
+		usleep(500 * 1000);
+	}
+	close(fd);
+	CU_ASSERT_EQUAL(answered, 7);
+
+	fd = http_connect(t.http_port);
+	CU_ASSERT_FATAL(fd >= 0);
+	t0 = now_s();
+	for (size_t i = 0; i < sizeof(slow) - 1 && took < 0; i++)
+		if (send(fd, &slow[i], 1, MSG_NOSIGNAL) != 1 || closed_within(fd, 0.25))
+			took = now_s() - t0;
+	close(fd);
+	printf("\n    keep-alive: %d requests over 3.5 s on one connection; a trickled request "
+	       "cut off after %.2f s",
+	       answered, took);
+	CU_ASSERT(took >= 1.9 && took <= 4.5);
+	CU_ASSERT_EQUAL(http_get("/healthz", NULL), 200); /* the main server is untouched */
+	CU_ASSERT_EQUAL(server_stop(&t), 0);
+}
+
 static void test_http_probes(void)
 {
 	char *body = NULL, away[600];
@@ -979,6 +1109,8 @@ static const pt_test_case http_tests[] = {
     {"test_http_dashboard_interleaved", test_http_dashboard_interleaved},
     {"test_http_json_logs", test_http_json_logs},
     {"test_http_token", test_http_token},
+    {"test_http_connections_capped", test_http_connections_capped},
+    {"test_http_trickle_cut_off", test_http_trickle_cut_off},
     {NULL, NULL},
 };
 
