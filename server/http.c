@@ -109,8 +109,6 @@ static void reply_text(struct evhttp_request *req, int code, const char *reason,
 	reply(req, code, reason, "text/plain; charset=utf-8", msg, strlen(msg));
 }
 
-/* admit checks the method (405 unless GET or HEAD) and the token; false
- * when it already replied. */
 /* ---------------------------------------------------------- connections -- */
 
 static double mono_s(void)
@@ -221,6 +219,9 @@ static void conn_progress(pt_http *h, struct evhttp_request *req)
 
 /* ------------------------------------------------------------- requests -- */
 
+/* admit notes that req's connection delivered a request, then checks the
+ * method (405 unless GET or HEAD) and the token; false when it already
+ * replied. */
 static bool admit(pt_http *h, struct evhttp_request *req, bool needs_token)
 {
 	enum evhttp_cmd_type t = evhttp_request_get_command(req);
