@@ -2,19 +2,17 @@
  *
  * One thread runs its own event_base; the exact paths are a table of
  * callbacks and the generic callback serves /api/jobs/<id>/metrics and 404.
- * Limits: headers 8 KiB, bodies 1 KiB (GET and HEAD have none), a timeout per
- * connection, and libevent's own connection handling, so a client that
- * trickles bytes only holds its own connection.
- *
- * Connections are admitted against a limit, which libevent 2.1 cannot do by
- * itself: the thread makes each connection's bufferevent (evhttp_set_bevcb)
- * and keeps a reference to it, so it knows every open connection (the
- * reference also keeps the descriptor open until the thread drops it: never
- * reused under a stale bufferevent). One more than max_connections shuts
- * down the one that has waited the longest for a request; a connection that
- * has not delivered a whole request within twice the timeout (a client
- * trickling bytes) is shut down too. evhttp then frees it, and bufferevent_free
- * clears its callbacks: that is how conn_sweep sees it gone.
+ * Limits: headers 8 KiB, bodies 1 KiB (GET and HEAD have none), an idle
+ * timeout per connection, a whole request within twice it, and a number of
+ * connections - the last two libevent 2.1 cannot do by itself. The thread
+ * makes each connection's bufferevent (evhttp_set_bevcb) and keeps a
+ * reference to it, so it knows every open connection (the reference also
+ * keeps the descriptor open until the thread drops it: never reused under a
+ * stale bufferevent). One more than max_connections shuts down the one that
+ * has waited the longest for a request; a connection without a whole request
+ * within twice the timeout (a client trickling bytes) is shut down too.
+ * evhttp then frees it, and bufferevent_free clears its callbacks: that is
+ * how conn_sweep sees it gone.
  */
 #include "http.h"
 
@@ -118,8 +116,9 @@ static double mono_s(void)
 	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-/* conn_gone: evhttp has freed c's connection (bufferevent_free clears every
- * callback; a live connection always has evhttp's error callback). */
+/* conn_gone: evhttp is done with c's connection: bufferevent_free clears
+ * every callback (evhttp's reset path does too, and closes the descriptor
+ * itself); a live server connection always has evhttp's error callback. */
 static bool conn_gone(const conn *c)
 {
 	bufferevent_data_cb rd, wr;
@@ -517,6 +516,7 @@ pt_err pt_http_start(pt_http **out, const pt_http_config *cfg, FILE *announce)
 	struct evhttp_bound_socket *bs;
 	struct sockaddr_storage ss;
 	socklen_t sl = sizeof(ss);
+	int timeout_s;
 	pt_err rv;
 
 	*out = NULL;
@@ -554,8 +554,9 @@ pt_err pt_http_start(pt_http **out, const pt_http_config *cfg, FILE *announce)
 	}
 	evhttp_set_max_headers_size(h->http, MAX_HEADERS);
 	evhttp_set_max_body_size(h->http, MAX_BODY);
-	evhttp_set_timeout(h->http, cfg->timeout_s > 0 ? cfg->timeout_s : 10);
-	h->deadline_s = 2.0 * (cfg->timeout_s > 0 ? cfg->timeout_s : 10);
+	timeout_s = cfg->timeout_s > 0 ? cfg->timeout_s : 10;
+	evhttp_set_timeout(h->http, timeout_s);
+	h->deadline_s = 2.0 * timeout_s;
 	h->max_conns = cfg->max_connections > 0 ? cfg->max_connections : default_max_conns();
 	evhttp_set_bevcb(h->http, make_bev, h);
 	{

@@ -12,9 +12,10 @@
  *   /api/jobs/<id>/metrics?after=N  points with step > N as JSON
  * Every other path is 404; URLs never reach the file system. Requests are
  * bounded (header and body size, read/write timeout, a whole request within
- * twice the timeout), and so are connections (max_connections). When the address is not
- * loopback (a token is then required to start), every path but /healthz and
- * /readyz needs `Authorization: Bearer <token>` (the API's token): 401 with
+ * twice the timeout), and so are connections (max_connections). When the
+ * address is not loopback (a token is then required to start), every path
+ * but /healthz and /readyz needs `Authorization: Bearer <token>` (the API's
+ * token): 401 with
  * `WWW-Authenticate: Bearer realm="pipetrain"` (plus error="invalid_token"
  * for a wrong one) otherwise, before any routing. The probes stay open:
  * orchestrators' HTTP probes send no credentials and the bodies hold no

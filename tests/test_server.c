@@ -814,11 +814,17 @@ static void test_server_max_queued(void)
 			simple(&c, PT_API_CANCEL_JOB, id[i], &r);
 	client_close(&c);
 	CU_ASSERT_EQUAL(server_stop(&s, SIGTERM), 0);
-	/* Outside 1..1000000 the server does not start. */
+	/* Outside their ranges these limits stop the server at start: --max-queued
+	 * 1..1000000, --http-max-connections 0..65536, --http-timeout 1..3600. */
 	{
-		const char *bad[] = {"--max-queued", "0", NULL};
-		CU_ASSERT_FALSE(server_start(&s, dir, bad));
-		CU_ASSERT_EQUAL(server_stop(&s, 0), 2);
+		const char *bad[][3] = {{"--max-queued", "0", NULL},
+		                        {"--http-max-connections", "-1", NULL},
+		                        {"--http-max-connections", "65537", NULL},
+		                        {"--http-timeout", "0", NULL}};
+		for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+			CU_ASSERT_FALSE(server_start(&s, dir, bad[i]));
+			CU_ASSERT_EQUAL(server_stop(&s, 0), 2);
+		}
 	}
 }
 
