@@ -159,6 +159,37 @@ static void nccl_wrap(group *g)
 }
 
 /* group_make builds `world` connected ranks of the current implementation. */
+/* group_listen creates world nng communicators, listening but not connected
+ * (group_connect connects them). */
+static void group_listen(group *g, int world)
+{
+	memset(g, 0, sizeof(*g));
+	g->world = world;
+	PT_CHECK_OK(pt_comm_key_generate(g->key));
+	if (strcmp(cur->scheme, "ipc") == 0) {
+		snprintf(g->dir, sizeof(g->dir), "/tmp/ptcomm.XXXXXX");
+		CU_ASSERT_PTR_NOT_NULL_FATAL(mkdtemp(g->dir));
+	}
+	for (int r = 0; r < world; r++) {
+		pt_nng_options o;
+		char listen[160];
+		nng_options(&o, g, r, listen, sizeof(listen));
+		PT_CHECK_OK(pt_nng_comm_create(&g->c[r], &o));
+	}
+}
+
+static void group_connect(group *g)
+{
+	const char *urls[MAX_WORLD];
+	char url[MAX_WORLD][160];
+	for (int r = 0; r < g->world; r++) {
+		snprintf(url[r], sizeof(url[r]), "%s", pt_nng_comm_url(g->c[r]));
+		urls[r] = url[r];
+	}
+	for (int r = 0; r < g->world; r++)
+		PT_CHECK_OK(pt_nng_comm_connect(g->c[r], urls));
+}
+
 static void group_make(group *g, int world)
 {
 	memset(g, 0, sizeof(*g));
@@ -173,23 +204,8 @@ static void group_make(group *g, int world)
 			nccl_wrap(g);
 		return;
 	}
-	PT_CHECK_OK(pt_comm_key_generate(g->key));
-	if (strcmp(cur->scheme, "ipc") == 0) {
-		snprintf(g->dir, sizeof(g->dir), "/tmp/ptcomm.XXXXXX");
-		CU_ASSERT_PTR_NOT_NULL_FATAL(mkdtemp(g->dir));
-	}
-	const char *urls[MAX_WORLD];
-	char url[MAX_WORLD][160];
-	for (int r = 0; r < world; r++) {
-		pt_nng_options o;
-		char listen[160];
-		nng_options(&o, g, r, listen, sizeof(listen));
-		PT_CHECK_OK(pt_nng_comm_create(&g->c[r], &o));
-		snprintf(url[r], sizeof(url[r]), "%s", pt_nng_comm_url(g->c[r]));
-		urls[r] = url[r];
-	}
-	for (int r = 0; r < world; r++)
-		PT_CHECK_OK(pt_nng_comm_connect(g->c[r], urls));
+	group_listen(g, world);
+	group_connect(g);
 	if (cur->kind == IMPL_NCCL)
 		nccl_wrap(g);
 }
@@ -2017,17 +2033,55 @@ static void test_comm_bulk_slots(void)
 	group_free(&g);
 }
 
-/* A rank's data port takes world - 1 + 16 connections: 40 strangers after
- * the peer has connected leave 24 refused (closed as they arrive), and the
- * peer's frames still arrive (once each stranger kept a descriptor). */
+/* stranger_flood opens n SP connections to port from src, as PUSH to PULL,
+ * into fd[], and returns how many of them the port closes within 10 s once
+ * `want` have been (refusals can lag under load). */
+static int stranger_flood(const char *src, int port, int *fd, int n, int want)
+{
+	bool gone[64] = {false};
+	int closed = 0;
+	uint8_t b;
+
+	for (int i = 0; i < n; i++)
+		fd[i] = pt_test_sp_connect_from(src, port, 0, 0x50, 0x51);
+	for (long long t0 = now_ms(); closed < want && now_ms() - t0 < 10000;)
+		for (int i = 0; i < n; i++)
+			if (fd[i] >= 0 && !gone[i] && pt_test_read_all(fd[i], &b, 1, 10) == 0) {
+				gone[i] = true;
+				closed++;
+			}
+	return closed;
+}
+
+/* data_port_open waits up to 10 s for c's data port to hold `open`
+ * connections, `strangers` of them strangers'; false if it never does. */
+static bool data_port_open(pt_comm *c, int open, int strangers)
+{
+	int o = -1, st = -1;
+	for (long long t0 = now_ms(); now_ms() - t0 < 10000; usleep(10 * 1000)) {
+		PT_CHECK_OK(pt_nng_comm_data_port(c, &o, &st, NULL));
+		if (o == open && st == strangers)
+			return true;
+	}
+	printf("(%d open, %d strangers: want %d, %d) ", o, st, open, strangers);
+	return false;
+}
+
+/* Strangers cannot take a peer's place on the data port. Connections from
+ * 127.0.0.2 flood rank 0 before connect names its peer: 17 (world - 1 + 16)
+ * are admitted and 23 refused. Connect names the peer (127.0.0.1), so those
+ * 17 become strangers, yet the peer's connection still comes in, frames flow
+ * both ways, and 20 more strangers are all refused. Connections from the
+ * peer's own address share the peer's 17 places: one is the peer's, so 16
+ * more are admitted and 4 of 20 refused (a stranger on a peer's host cannot
+ * be told apart before it sends). */
 static void test_comm_data_port_connections_capped(void)
 {
-	enum { N = 40 };
-	int fd[N], closed = 0;
-	bool gone[N] = {false};
+	enum { N = 40, M = 20 };
+	int fd[N + 2 * M], open = 0;
+	long refused = 0;
 	const char *url, *colon, *hash;
 	char port[16];
-	uint8_t b;
 	group g;
 	pt_tensor t;
 	pt_msg m;
@@ -2036,34 +2090,39 @@ static void test_comm_data_port_connections_capped(void)
 		printf("(nng tcp only) ");
 		return;
 	}
-	group_make(&g, 2);
-	make_f32(&t, 1000, 2.0f);
-	/* A frame through first: rank 0 has added the peer's connection. */
-	PT_CHECK_OK(pt_comm_send_forward(g.c[1], 0, &t, 0, 0));
-	PT_CHECK_OK(pt_comm_recv_forward(g.c[0], 1, -1, &m));
-	pt_msg_fini(&m);
+	group_listen(&g, 2);
 	url = pt_nng_comm_url(g.c[0]);
 	colon = strrchr(url, ':');
 	hash = strchr(colon, '#');
 	snprintf(port, sizeof(port), "%.*s",
 	         (int)(hash ? hash - colon - 1 : (long)strlen(colon + 1)), colon + 1);
-	for (int i = 0; i < N; i++)
-		fd[i] = pt_test_sp_connect(atoi(port), 0, 0x50, 0x51);
-	/* Refusals can lag under load: wait up to 10 s for 24 of them. */
-	for (long long t0 = now_ms(); closed < N - 16 && now_ms() - t0 < 10000;)
-		for (int i = 0; i < N; i++)
-			if (fd[i] >= 0 && !gone[i] && pt_test_read_all(fd[i], &b, 1, 10) == 0) {
-				gone[i] = true;
-				closed++;
-			}
-	printf("(%d of %d refused) ", closed, N);
-	CU_ASSERT_EQUAL(closed, N - 16);
-	PT_CHECK_OK(pt_comm_send_forward(g.c[1], 0, &t, 1, 0));
-	PT_CHECK_OK(pt_comm_recv_forward(g.c[0], 1, -1, &m));
-	CU_ASSERT(same_bytes(&m.tensor, &t));
-	pt_msg_fini(&m);
+	CU_ASSERT_EQUAL(stranger_flood("127.0.0.2", atoi(port), fd, N, N - 17), N - 17);
+	CU_ASSERT(data_port_open(g.c[0], 17, 0));
+	group_connect(&g);
+	/* The peer's PUSH connection is admitted beside 17 strangers. */
+	CU_ASSERT(data_port_open(g.c[0], 18, 17));
+	make_f32(&t, 1000, 2.0f);
+	for (int i = 0; i < 2; i++) {
+		PT_CHECK_OK(pt_comm_send_forward(g.c[1], 0, &t, i, 0));
+		PT_CHECK_OK(pt_comm_recv_forward(g.c[0], 1, -1, &m));
+		CU_ASSERT(same_bytes(&m.tensor, &t));
+		pt_msg_fini(&m);
+		PT_CHECK_OK(pt_comm_send_backward(g.c[0], 1, &t, i, 0));
+		PT_CHECK_OK(pt_comm_recv_backward(g.c[1], 0, -1, &m));
+		CU_ASSERT(same_bytes(&m.tensor, &t));
+		pt_msg_fini(&m);
+		if (i == 0) {
+			CU_ASSERT_EQUAL(stranger_flood("127.0.0.2", atoi(port), fd + N, M, M), M);
+			CU_ASSERT_EQUAL(stranger_flood("127.0.0.1", atoi(port), fd + N + M, M, 4),
+			                4);
+			CU_ASSERT(data_port_open(g.c[0], 34, 17));
+		}
+	}
+	PT_CHECK_OK(pt_nng_comm_data_port(g.c[0], &open, NULL, &refused));
+	printf("(%d open, %ld refused) ", open, refused);
+	CU_ASSERT_EQUAL(refused, (N - 17) + M + 4);
 	pt_tensor_fini(&t);
-	for (int i = 0; i < N; i++)
+	for (int i = 0; i < N + 2 * M; i++)
 		if (fd[i] >= 0)
 			close(fd[i]);
 	/* nng 1.5.2 can free a pipe twice when a socket closes while its peer

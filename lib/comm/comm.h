@@ -264,6 +264,12 @@ pt_comm_stats pt_comm_get_stats(const pt_comm *c);
  * -1 when c is not nng or dst is out of range. Thread-safe. */
 int pt_nng_comm_lane(pt_comm *c, int dst);
 
+/* pt_nng_comm_data_port reports c's data-port (PULL) connections: *open now,
+ * *strangers of them from addresses none of the peers' URLs names, and
+ * *refused since c started (any pointer may be NULL). Thread-safe;
+ * PT_ERR_INVALID when c is not an nng communicator. */
+pt_err pt_nng_comm_data_port(pt_comm *c, int *open, int *strangers, long *refused);
+
 /* pt_nng_comm_test_skip_seq is a test-only fault injection: the next send to
  * dst uses a sequence number `skip` higher than it should (receivers then see
  * a gap). PT_ERR_INVALID when c is not an nng communicator. */

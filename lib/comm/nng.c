@@ -106,15 +106,16 @@
  * instead of page-faulted in afresh, the receiver copies fragment k while k+1
  * is on the wire, and no side holds a second whole copy of a huge tensor. */
 #define FRAG_BYTES ((size_t)8 << 20)
+/* Connections a PULL socket takes beyond one from each peer (reconnects
+ * whose old pipe is not gone yet), and, apart from those, connections from
+ * strangers (addresses that are no peer's); more are refused as they arrive,
+ * before they cost more than a descriptor for a moment. */
+#define PULL_EXTRA 16
 /* The largest nng message a peer sends: one fragment (lz4's bound over it),
  * its header and blob (control payloads, well under 4 MiB) and the MAC
  * trailer. The receive cap: a stranger that announces a bigger message is
  * cut off when its length arrives, before any of it is held (max_msg bounds
  * a whole tensor, which arrives in fragments). */
-/* Connections a PULL socket takes beyond one from each peer (reconnects
- * whose old pipe is not gone yet); more are refused as they arrive, before
- * they cost more than a descriptor for a moment. */
-#define PULL_EXTRA   16
 #define MSG_RECV_MAX (FRAG_BYTES + FRAG_BYTES / 255 + 16 + ((size_t)4 << 20))
 #define MAC_MAGIC    "PTMC"
 #define MAC_TAG      16
@@ -165,6 +166,20 @@ typedef struct nng_peer {
 } nng_peer;
 
 enum { LANE_UNDECIDED = 0, LANE_MSG, LANE_BULK };
+
+/* An IP address (4 or 16 bytes; IPv4-mapped IPv6 stored as IPv4). */
+typedef struct ip_addr {
+	int len; /* 0: none (not an IP connection) */
+	uint8_t b[16];
+} ip_addr;
+
+/* One open PULL connection: its pipe id, address, and whether it counts as
+ * a stranger's. */
+typedef struct open_pipe {
+	uint32_t id;
+	ip_addr ip;
+	bool stranger;
+} open_pipe;
 
 /* One accepted bulk connection (receiving side), served by its own thread. */
 typedef struct bulk_conn {
@@ -239,10 +254,16 @@ typedef struct nng_comm {
 	pthread_mutex_t pipe_mu;
 	pipe_entry *pipes;
 	size_t npipes, cap_pipes;
-	/* The PULL socket's open connections (ids; under pipe_mu), at most
-	 * world - 1 + PULL_EXTRA: more are refused as they arrive. */
-	uint32_t *open_ids;
-	int n_open, cap_open;
+	/* The PULL socket's open connections (under pipe_mu): at most
+	 * world - 1 + PULL_EXTRA from peers' addresses (or any address before
+	 * connect names the peers) and PULL_EXTRA from strangers' (see
+	 * pull_admit); more are refused as they arrive. */
+	open_pipe *open;
+	int n_open, n_strangers, cap_open;
+	/* The peers' IP addresses, from connect's URLs (under pipe_mu). */
+	ip_addr *peer_ips;
+	int n_peer_ips;
+	bool peers_known;
 	atomic_long n_refused;
 
 	/* Lost-pending marks: ticket (from lost_tickets, 0 = none) and time. */
@@ -438,17 +459,67 @@ static void pipe_learn(nng_comm *c, uint32_t pipe, int rank)
 	pthread_mutex_unlock(&c->pipe_mu);
 }
 
+/* ip_of makes an ip_addr of a 4-byte IPv4 or 16-byte IPv6 address (an
+ * IPv4-mapped IPv6 one as its IPv4 address). */
+static ip_addr ip_of(const uint8_t *b, bool v6)
+{
+	static const uint8_t mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+	ip_addr a = {0};
+
+	if (v6 && memcmp(b, mapped, 12) == 0)
+		b += 12, v6 = false;
+	a.len = v6 ? 16 : 4;
+	memcpy(a.b, b, (size_t)a.len);
+	return a;
+}
+
+/* pipe_ip reads the remote IP address of pipe p (len 0: none, as on ipc). */
+static ip_addr pipe_ip(nng_pipe p)
+{
+	ip_addr none = {0};
+	nng_sockaddr sa;
+
+	if (nng_pipe_get_addr(p, NNG_OPT_REMADDR, &sa) != 0)
+		return none;
+	if (sa.s_family == NNG_AF_INET)
+		return ip_of((const uint8_t *)&sa.s_in.sa_addr, false);
+	if (sa.s_family == NNG_AF_INET6)
+		return ip_of(sa.s_in6.sa_addr, true);
+	return none;
+}
+
+/* is_stranger: ip is known, the peers' addresses are, and it is none of
+ * them (pipe_mu held). */
+static bool is_stranger(const nng_comm *c, const ip_addr *ip)
+{
+	if (ip->len == 0 || !c->peers_known)
+		return false;
+	for (int i = 0; i < c->n_peer_ips; i++)
+		if (c->peer_ips[i].len == ip->len && memcmp(c->peer_ips[i].b, ip->b, ip->len) == 0)
+			return false;
+	return true;
+}
+
 /* pull_admit counts a new PULL connection, or refuses it (closing it in
- * ADD_PRE) when world - 1 + PULL_EXTRA are open: strangers cannot take the
- * process's descriptors. Peers connect first, at set-up. */
+ * ADD_PRE): a stranger's when PULL_EXTRA strangers are connected, any other
+ * when world - 1 + PULL_EXTRA others are. Strangers cannot take the process's
+ * descriptors, nor, once connect has named the peers, a peer's place: a flood
+ * from other hosts never refuses a peer (one on a peer's own host still can). */
 static void pull_admit(nng_comm *c, nng_pipe p)
 {
+	open_pipe o = {(uint32_t)nng_pipe_id(p), pipe_ip(p), false};
 	bool refuse;
 
 	pthread_mutex_lock(&c->pipe_mu);
-	refuse = c->n_open >= c->cap_open;
-	if (!refuse)
-		c->open_ids[c->n_open++] = (uint32_t)nng_pipe_id(p);
+	o.stranger = is_stranger(c, &o.ip);
+	refuse = o.stranger ? c->n_strangers >= PULL_EXTRA
+	                    : c->n_open - c->n_strangers >= c->base.world - 1 + PULL_EXTRA;
+	if (!refuse && c->n_open < c->cap_open) {
+		c->open[c->n_open++] = o;
+		c->n_strangers += o.stranger;
+	} else {
+		refuse = true;
+	}
 	pthread_mutex_unlock(&c->pipe_mu);
 	if (refuse) {
 		atomic_fetch_add(&c->n_refused, 1);
@@ -462,10 +533,59 @@ static void pull_forget(nng_comm *c, nng_pipe p)
 	uint32_t id = (uint32_t)nng_pipe_id(p);
 	pthread_mutex_lock(&c->pipe_mu);
 	for (int i = 0; i < c->n_open; i++)
-		if (c->open_ids[i] == id) {
-			c->open_ids[i] = c->open_ids[--c->n_open];
+		if (c->open[i].id == id) {
+			c->n_strangers -= c->open[i].stranger;
+			c->open[i] = c->open[--c->n_open];
 			break;
 		}
+	pthread_mutex_unlock(&c->pipe_mu);
+}
+
+/* learn_peer_ips records the IP addresses of the peers' URLs (host names
+ * resolved) and reclassifies the connections already open: those that came
+ * from elsewhere before the peers were known now count as strangers. A host
+ * that does not resolve names no address: its connections count as
+ * strangers'. */
+static void learn_peer_ips(nng_comm *c, const char *const *urls)
+{
+	ip_addr *ips = NULL;
+	int n = 0, cap = 0;
+
+	for (int r = 0; r < c->base.world; r++) {
+		struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *res = NULL;
+		char host[256];
+		if (r == c->base.rank || !is_tcp(urls[r]))
+			continue;
+		url_host(urls[r], host, sizeof(host));
+		if (getaddrinfo(host, NULL, &hints, &res) != 0)
+			continue;
+		for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
+			const struct sockaddr_in6 *a6 = (const struct sockaddr_in6 *)ai->ai_addr;
+			const struct sockaddr_in *a4 = (const struct sockaddr_in *)ai->ai_addr;
+			bool v6 = ai->ai_family == AF_INET6;
+			ip_addr *g;
+			if (ai->ai_family != AF_INET && !v6)
+				continue;
+			if (n == cap) {
+				int grown = cap ? 2 * cap : 8;
+				if ((g = realloc(ips, (size_t)grown * sizeof(*g))) == NULL)
+					break; /* fewer addresses: those peers count as strangers */
+				ips = g;
+				cap = grown;
+			}
+			ips[n++] =
+			    ip_of(v6 ? a6->sin6_addr.s6_addr : (const uint8_t *)&a4->sin_addr, v6);
+		}
+		freeaddrinfo(res);
+	}
+	pthread_mutex_lock(&c->pipe_mu);
+	free(c->peer_ips);
+	c->peer_ips = ips;
+	c->n_peer_ips = n;
+	c->peers_known = true;
+	c->n_strangers = 0;
+	for (int i = 0; i < c->n_open; i++)
+		c->n_strangers += c->open[i].stranger = is_stranger(c, &c->open[i].ip);
 	pthread_mutex_unlock(&c->pipe_mu);
 }
 
@@ -1130,6 +1250,23 @@ int pt_nng_comm_lane(pt_comm *base, int dst)
 	lane = c->peers[dst].lane;
 	pthread_mutex_unlock(&c->peers[dst].mu);
 	return lane;
+}
+
+pt_err pt_nng_comm_data_port(pt_comm *base, int *open, int *strangers, long *refused)
+{
+	nng_comm *c = (nng_comm *)base;
+
+	if (base == NULL || base->ops != &nng_ops)
+		return pt_set_error(PT_ERR_INVALID, "not an nng communicator");
+	pthread_mutex_lock(&c->pipe_mu);
+	if (open)
+		*open = c->n_open;
+	if (strangers)
+		*strangers = c->n_strangers;
+	pthread_mutex_unlock(&c->pipe_mu);
+	if (refused)
+		*refused = atomic_load(&c->n_refused);
+	return PT_OK;
 }
 
 pt_err pt_nng_comm_test_skip_seq(pt_comm *base, int dst, uint64_t skip)
@@ -2557,8 +2694,10 @@ static void nng_comm_destroy(pt_comm *base)
 	if (c->tls_server)
 		nng_tls_config_free(c->tls_server);
 	if (atomic_load(&c->n_refused) > 0)
-		pt_info("rank %d: refused %ld connections beyond %d on its data port", base->rank,
-		        (long)atomic_load(&c->n_refused), c->cap_open);
+		pt_info("rank %d: refused %ld connections on its data port (places: %d from "
+		        "peers' addresses, %d from strangers')",
+		        base->rank, (long)atomic_load(&c->n_refused), base->world - 1 + PULL_EXTRA,
+		        PULL_EXTRA);
 	pt_mailbox_destroy(c->mb);
 	pt_rx_pool_close(c->pool);
 	pthread_mutex_destroy(&c->connect_mu);
@@ -2572,7 +2711,8 @@ static void nng_comm_destroy(pt_comm *base)
 	pthread_cond_destroy(&c->rx_cv);
 	free(c->peers);
 	free(c->pipes);
-	free(c->open_ids);
+	free(c->open);
+	free(c->peer_ips);
 	free(c->lost_ticket);
 	free(c->lost_ms);
 	for (int r = 0; c->asm_of && r < base->world; r++)
@@ -2708,15 +2848,17 @@ pt_err pt_nng_comm_create(pt_comm **out, const pt_nng_options *opt)
 	c->expect_seq = calloc((size_t)world, sizeof(*c->expect_seq));
 	c->asm_of = calloc((size_t)world, sizeof(*c->asm_of));
 	c->bar_arrived = calloc((size_t)world, sizeof(*c->bar_arrived));
-	c->cap_open = world - 1 + PULL_EXTRA;
-	c->open_ids = calloc((size_t)c->cap_open, sizeof(*c->open_ids));
+	/* Connections admitted before connect named the peers may all turn out
+	 * to be strangers', beside world - 1 + PULL_EXTRA others. */
+	c->cap_open = 2 * (world - 1 + PULL_EXTRA);
+	c->open = calloc((size_t)c->cap_open, sizeof(*c->open));
 	c->tls_cert_key = dup_or_null(opt->tls_cert_key_file);
 	c->tls_key = dup_or_null(opt->tls_key_file);
 	c->tls_ca = dup_or_null(opt->tls_ca_file);
 	c->tls_server_name = dup_or_null(opt->tls_server_name);
 	if (c->peers == NULL || c->lost_ticket == NULL || c->lost_ms == NULL ||
 	    c->expect_seq == NULL || c->asm_of == NULL || c->bar_arrived == NULL ||
-	    c->open_ids == NULL || (opt->tls_cert_key_file && !c->tls_cert_key) ||
+	    c->open == NULL || (opt->tls_cert_key_file && !c->tls_cert_key) ||
 	    (opt->tls_key_file && !c->tls_key) || (opt->tls_ca_file && !c->tls_ca) ||
 	    (opt->tls_server_name && !c->tls_server_name)) {
 		rv = pt_set_error(PT_ERR_NOMEM, "nng communicator of %d ranks", world);
@@ -2891,6 +3033,7 @@ pt_err pt_nng_comm_connect(pt_comm *base, const char *const *urls)
 		return pt_set_error(PT_ERR_STATE, "rank %d is already connected", base->rank);
 	}
 	c->connect_tried = true;
+	learn_peer_ips(c, urls);
 	for (int r = 0; r < base->world && rv == PT_OK; r++)
 		if (r != base->rank)
 			rv = dial_peer(c, &c->peers[r], urls[r]);
