@@ -10,6 +10,7 @@
  * Large-tensor cases (64 MiB, 256 MiB) free their buffers at once: the machine
  * has 2 cores and 24 GiB.
  */
+#include <arpa/inet.h>
 #include <dlfcn.h>
 #include <errno.h>
 #include <netdb.h>
@@ -2131,6 +2132,68 @@ static void test_comm_data_port_connections_capped(void)
 	group_free(&g);
 }
 
+/* tcp_connect_from opens a TCP connection from src to 127.0.0.1:port; -1 on
+ * failure. */
+static int tcp_connect_from(const char *src, int port)
+{
+	struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+	struct sockaddr_in b = {.sin_family = AF_INET};
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	if (fd < 0 || inet_pton(AF_INET, src, &b.sin_addr) != 1 ||
+	    bind(fd, (struct sockaddr *)&b, sizeof(b)) != 0 ||
+	    connect(fd, (struct sockaddr *)&a, sizeof(a)) != 0) {
+		if (fd >= 0)
+			close(fd);
+		return -1;
+	}
+	return fd;
+}
+
+/* Strangers waiting out their bulk hello cannot take a peer's lane: of 20
+ * idle connections from 127.0.0.2 to rank 0's bulk port, 8 (BULK_EXTRA) get
+ * a slot and 12 are closed at once, and rank 1's first send, while the 8
+ * still hold theirs, takes the bulk lane and arrives. */
+static void test_comm_bulk_stranger_flood(void)
+{
+	enum { N = 20 };
+	int fd[N], closed = 0;
+	bool gone[N] = {false};
+	uint8_t b[16];
+	group g;
+	pt_tensor t;
+	pt_msg m;
+
+	if (!bulk_suite()) {
+		printf("(nng tcp with the bulk lane only) ");
+		return;
+	}
+	group_make(&g, 2);
+	for (int i = 0; i < N; i++)
+		CU_ASSERT((fd[i] = tcp_connect_from("127.0.0.2", bulk_port_of(g.c[0]))) >= 0);
+	/* Refused ones are closed at once, admitted ones held for their hello's
+	 * 5 s: count the closes of the first 2 s. */
+	for (long long t0 = now_ms(); now_ms() - t0 < 2000;)
+		for (int i = 0; i < N; i++)
+			if (fd[i] >= 0 && !gone[i] && pt_test_read_all(fd[i], b, 1, 10) == 0) {
+				gone[i] = true;
+				closed++;
+			}
+	CU_ASSERT_EQUAL(closed, N - 8);
+	make_f32(&t, 1000, 3.0f);
+	PT_CHECK_OK(pt_comm_send_forward(g.c[1], 0, &t, 0, 0));
+	CU_ASSERT_EQUAL(pt_nng_comm_lane(g.c[1], 0), 2);
+	PT_CHECK_OK(pt_comm_recv_forward(g.c[0], 1, -1, &m));
+	CU_ASSERT(same_bytes(&m.tensor, &t));
+	pt_msg_fini(&m);
+	pt_tensor_fini(&t);
+	for (int i = 0; i < N; i++)
+		if (fd[i] >= 0)
+			close(fd[i]);
+	group_free(&g);
+}
+
 /* A bulk connection that sends its hello a byte a second (each read within
  * the old per-read limit) is closed when the handshake's 5 s are up, not
  * after the hello's last byte (60 s and more, its slot taken all along). */
@@ -2852,6 +2915,7 @@ static const test_def tests[] = {
     {"test_comm_bulk_slow_hello", test_comm_bulk_slow_hello, false},
     {"test_comm_oversized_message_cut_off", test_comm_oversized_message_cut_off, false},
     {"test_comm_data_port_connections_capped", test_comm_data_port_connections_capped, false},
+    {"test_comm_bulk_stranger_flood", test_comm_bulk_stranger_flood, false},
     {"test_comm_bulk_tamper", test_comm_bulk_tamper, false},
     {"test_comm_bulk_bad_records", test_comm_bulk_bad_records, false},
     {"test_comm_nh", test_comm_nh, false},

@@ -187,6 +187,7 @@ typedef struct bulk_conn {
 	int fd;
 	pthread_t th;
 	atomic_int state; /* BC_FREE, BC_RUNNING, BC_DONE (thread finished, to join) */
+	bool stranger;    /* from an address none of the peers' URLs names */
 } bulk_conn;
 
 enum { BC_FREE = 0, BC_RUNNING, BC_DONE };
@@ -1887,7 +1888,8 @@ static void *io_main(void *arg)
  * BULK_PIECE steps, hashing each step while it is in cache, and delivers it
  * only once the tag is right.
  *
- * Limits. Connections are admitted against world - 1 + BULK_EXTRA threads; one
+ * Limits. Connections are admitted against world - 1 + BULK_EXTRA threads
+ * (BULK_EXTRA more for strangers: addresses none of the peers' URLs names); one
  * that has not passed its hello within BULK_HELLO_MS is closed, and one lane
  * per source rank is ever accepted (the challenge makes a recorded hello
  * useless). A record from a lane is trusted for its size before its tag is
@@ -2434,8 +2436,45 @@ static void bulk_reap(nng_comm *c)
 	}
 }
 
+/* sockaddr_stranger: a connection from sa counts as a stranger's (as on the
+ * PULL socket, is_stranger). */
+static bool sockaddr_stranger(nng_comm *c, const struct sockaddr_storage *sa)
+{
+	ip_addr ip = {0};
+	bool st;
+
+	if (sa->ss_family == AF_INET)
+		ip = ip_of((const uint8_t *)&((const struct sockaddr_in *)sa)->sin_addr, false);
+	else if (sa->ss_family == AF_INET6)
+		ip = ip_of(((const struct sockaddr_in6 *)sa)->sin6_addr.s6_addr, true);
+	pthread_mutex_lock(&c->pipe_mu);
+	st = is_stranger(c, &ip);
+	pthread_mutex_unlock(&c->pipe_mu);
+	return st;
+}
+
+/* bulk_slot finds a free slot for a new connection (bulk_mu held): at most
+ * BULK_EXTRA run for strangers and world - 1 + BULK_EXTRA for the others, so
+ * strangers waiting out their hello cannot take a peer's lane (those that
+ * came before connect named the peers count as others until their hello
+ * fails). NULL: none. */
+static bulk_conn *bulk_slot(nng_comm *c, bool stranger)
+{
+	bulk_conn *free_slot = NULL;
+	int same = 0;
+
+	for (int i = 0; i < c->n_bulk_conns; i++) {
+		bulk_conn *bc = &c->bulk_conns[i];
+		if (atomic_load(&bc->state) == BC_FREE)
+			free_slot = free_slot ? free_slot : bc;
+		else
+			same += bc->stranger == stranger;
+	}
+	return same < (stranger ? 0 : c->base.world - 1) + BULK_EXTRA ? free_slot : NULL;
+}
+
 /* The bulk acceptor: each connection gets a reader thread and a slot, while
- * there are free slots; the others are closed at once. */
+ * its kind has free slots (bulk_slot); the others are closed at once. */
 static void *bulk_accept_main(void *arg)
 {
 	nng_comm *c = arg;
@@ -2443,7 +2482,10 @@ static void *bulk_accept_main(void *arg)
 
 	for (;;) {
 		bulk_conn *bc = NULL;
-		int fd = accept4(c->bulk_lfd, NULL, NULL, SOCK_CLOEXEC);
+		struct sockaddr_storage sa = {0};
+		socklen_t sl = sizeof(sa);
+		int fd = accept4(c->bulk_lfd, (struct sockaddr *)&sa, &sl, SOCK_CLOEXEC);
+		bool stranger;
 		if (atomic_load(&c->stopping)) {
 			if (fd >= 0)
 				close(fd);
@@ -2459,14 +2501,13 @@ static void *bulk_accept_main(void *arg)
 			nanosleep(&pause, NULL); /* out of descriptors: do not spin */
 			continue;
 		}
+		stranger = sockaddr_stranger(c, &sa);
 		pthread_mutex_lock(&c->bulk_mu);
 		bulk_reap(c);
-		for (int i = 0; i < c->n_bulk_conns && bc == NULL; i++)
-			if (atomic_load(&c->bulk_conns[i].state) == BC_FREE)
-				bc = &c->bulk_conns[i];
-		if (bc != NULL) {
+		if ((bc = bulk_slot(c, stranger)) != NULL) {
 			bc->c = c;
 			bc->fd = fd;
+			bc->stranger = stranger;
 			atomic_store(&bc->state, BC_RUNNING);
 			if (pthread_create(&bc->th, NULL, bulk_reader, bc) != 0) {
 				atomic_store(&bc->state, BC_FREE);
@@ -2480,8 +2521,11 @@ static void *bulk_accept_main(void *arg)
 			close(fd);
 			atomic_fetch_add(&c->n.errors, 1);
 			if (now - warned >= MAC_WARN_MS) {
-				pt_warn("rank %d: refused a bulk connection: all %d slots busy",
-				        c->base.rank, c->n_bulk_conns);
+				pt_warn(
+				    "rank %d: refused a bulk connection from %s: all its %d slots "
+				    "busy",
+				    c->base.rank, stranger ? "a stranger" : "a peer's address",
+				    (stranger ? 0 : c->base.world - 1) + BULK_EXTRA);
 				warned = now;
 			}
 		}
@@ -2501,7 +2545,7 @@ static pt_err bulk_listen(nng_comm *c)
 	int rv, e;
 
 	url_host(c->bound_url, host, sizeof(host));
-	c->n_bulk_conns = c->base.world - 1 + BULK_EXTRA;
+	c->n_bulk_conns = c->base.world - 1 + 2 * BULK_EXTRA;
 	if ((c->bulk_conns = calloc((size_t)c->n_bulk_conns, sizeof(*c->bulk_conns))) == NULL ||
 	    (c->bulk_claimed = calloc((size_t)c->base.world, sizeof(bool))) == NULL)
 		return pt_set_error(PT_ERR_NOMEM, "bulk lane slots");
