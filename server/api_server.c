@@ -244,6 +244,8 @@ static pt_err h_fetch(srv_ctx *c, const uint8_t **data, size_t *size, bool *park
 	PT_TRY(pt_jobs_checkpoint(c->srv->cfg.jobs, c->r.job, c->r.step, path, sizeof(path), &step,
 	                          &total, sha));
 	if ((rv = pt_file_open_read(path, &fd, &fsize)) != PT_OK) {
+		if (rv == PT_ERR_BUSY) /* out of descriptors: Unavailable, try again */
+			return rv;
 		c->code = PT_API_NOT_FOUND;
 		return pt_set_error(PT_ERR_NOTFOUND, "checkpoint of step %" PRId64 " was removed",
 		                    step);

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -787,6 +788,43 @@ static void test_job_spec_worker_allow(void)
 	CU_ASSERT(allowed("0.0.0.0/0", "tcp://8.8.8.8:1"));
 	CU_ASSERT(!allowed("0.0.0.0/0", "tcp://[2001:db8::1]:1"));
 	CU_ASSERT(allowed("::/0", "tcp://[2001:db8::1]:1"));
+}
+
+/* A data file that cannot be opened because the process is out of
+ * descriptors is not the spec's fault: PT_ERR_BUSY (the API's Unavailable,
+ * "try again later"), not PT_ERR_IO (InvalidJob); once descriptors are back
+ * the same file opens. */
+static void test_job_data_open_out_of_descriptors(void)
+{
+	struct rlimit old, low;
+	int64_t ys[1] = {100};
+	int fd = -1, held[64], n = 0, top;
+	pt_err rv;
+
+	write_npy(tmp_path("emfile.npy"), PT_I64, 1, ys, fill_label);
+	CU_ASSERT_FATAL(getrlimit(RLIMIT_NOFILE, &old) == 0);
+	/* Fill every descriptor below a limit just above the highest in use. */
+	CU_ASSERT_FATAL((top = dup(0)) >= 0);
+	close(top);
+	low = old;
+	low.rlim_cur = (rlim_t)top + 8;
+	CU_ASSERT_FATAL(low.rlim_cur <= old.rlim_cur);
+	CU_ASSERT_FATAL(setrlimit(RLIMIT_NOFILE, &low) == 0);
+	while (n < 64 && (held[n] = dup(0)) >= 0)
+		n++;
+	CU_ASSERT(n < 64 && errno == EMFILE);
+	rv = pt_job_open_data("data.labels", "emfile.npy", tmpdir, false, &fd);
+	CU_ASSERT_EQUAL(rv, PT_ERR_BUSY);
+	CU_ASSERT_PTR_NOT_NULL(strstr(pt_last_error(), "data.labels: "));
+	CU_ASSERT_PTR_NOT_NULL(strstr(pt_last_error(), "Too many open files"));
+	CU_ASSERT_EQUAL(fd, -1);
+	while (n > 0)
+		close(held[--n]);
+	CU_ASSERT_FATAL(setrlimit(RLIMIT_NOFILE, &old) == 0);
+	PT_CHECK_OK(pt_job_open_data("data.labels", "emfile.npy", tmpdir, false, &fd));
+	CU_ASSERT(fd >= 0);
+	if (fd >= 0)
+		close(fd);
 }
 
 /* Data paths stay beneath the files root, symlinks followed: absolute paths,
@@ -2572,6 +2610,7 @@ static const pt_test_case spec_tests[] = {
     {"test_job_spec_validation_names_fields", test_job_spec_validation_names_fields},
     {"test_job_spec_validation_of_data_files", test_job_spec_validation_of_data_files},
     {"test_job_spec_data_paths_are_confined", test_job_spec_data_paths_are_confined},
+    {"test_job_data_open_out_of_descriptors", test_job_data_open_out_of_descriptors},
     {"test_job_spec_worker_allow", test_job_spec_worker_allow},
     {"test_job_spec_validation_of_c_specs", test_job_spec_validation_of_c_specs},
     {"test_job_spec_json_errors_name_the_path", test_job_spec_json_errors_name_the_path},

@@ -14,6 +14,15 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+/* open_err is the error of an open that failed with errno e: PT_ERR_BUSY
+ * ("busy: try again later") when the process or system ran out of
+ * descriptors or memory - the server's state, not the file's - else
+ * PT_ERR_IO. */
+static pt_err open_err(int e)
+{
+	return e == EMFILE || e == ENFILE || e == ENOMEM || e == ENOBUFS ? PT_ERR_BUSY : PT_ERR_IO;
+}
+
 pt_err pt_read_full(int fd, void *buf, size_t len, size_t off, const char *path)
 {
 	char *p = buf;
@@ -53,7 +62,7 @@ pt_err pt_file_open_read(const char *path, int *fd, size_t *size)
 
 	*fd = open(path, O_RDONLY | O_CLOEXEC);
 	if (*fd < 0)
-		return pt_set_error(PT_ERR_IO, "%s: open: %s", path, strerror(errno));
+		return pt_set_error(open_err(errno), "%s: open: %s", path, strerror(errno));
 	if ((rv = pt_file_fd_size(*fd, path, size)) != PT_OK) {
 		close(*fd);
 		*fd = -1;
@@ -136,7 +145,7 @@ pt_err pt_file_open_under(const char *root, const char *path, bool any_path, int
 	if (!(any_path && path[0] == '/') && root != NULL && root[0] != '\0') {
 		dirfd = open(root, O_PATH | O_DIRECTORY | O_CLOEXEC);
 		if (dirfd < 0)
-			return pt_set_error(PT_ERR_IO, "files root '%s': %s", root,
+			return pt_set_error(open_err(errno), "files root '%s': %s", root,
 			                    strerror(errno));
 	}
 	if (any_path) {
@@ -161,7 +170,7 @@ pt_err pt_file_open_under(const char *root, const char *path, bool any_path, int
 		                    "cannot confine '%s' to the files root: openat2: %s (needs "
 		                    "Linux 5.6; or allow any path)",
 		                    path, strerror(e));
-	return pt_set_error(PT_ERR_IO, "cannot open '%s': %s", path, strerror(e));
+	return pt_set_error(open_err(e), "cannot open '%s': %s", path, strerror(e));
 }
 
 static pt_err write_full(int fd, const void *buf, size_t len, const char *path)

@@ -23,8 +23,9 @@ pt_err pt_read_full(int fd, void *buf, size_t len, size_t off, const char *path)
  * else is PT_ERR_IO "not a regular file"); path is only used in messages. */
 pt_err pt_file_fd_size(int fd, const char *path, size_t *size);
 
-/* pt_file_open_read opens path read-only and returns its descriptor and size.
- * The caller closes *fd. */
+/* pt_file_open_read opens path read-only and returns its descriptor and size
+ * (PT_ERR_BUSY when out of descriptors, as pt_file_open_under). The caller
+ * closes *fd. */
 pt_err pt_file_open_read(const char *path, int *fd, size_t *size);
 
 /* pt_file_read reads a whole file into a new malloc'd buffer (one extra NUL
@@ -47,7 +48,9 @@ pt_err pt_file_read_fd(int fd, const char *path, size_t max_bytes, void **data, 
  * PT_ERR_INVALID PT_FILE_OUTSIDE_ROOT, decided on the text and by the kernel
  * during resolution (openat2 RESOLVE_BENEATH) without opening or looking at
  * anything outside, so that answer never tells whether such a file exists.
- * Errors inside root are PT_ERR_IO "cannot open 'PATH': REASON". The file is
+ * Errors inside root are PT_ERR_IO "cannot open 'PATH': REASON", or
+ * PT_ERR_BUSY when the process or system is out of descriptors or memory
+ * (EMFILE, ENFILE, ENOMEM, ENOBUFS: not the file's fault). The file is
  * opened O_NONBLOCK (a FIFO does not block); check it with pt_file_fd_size.
  * The caller closes *fd. Thread-safe. */
 pt_err pt_file_open_under(const char *root, const char *path, bool any_path, int *fd);
