@@ -488,29 +488,37 @@ int pt_test_sp_connect(int port, int rcvbuf, unsigned proto, unsigned peer)
 	return pt_test_sp_connect_from(NULL, port, rcvbuf, proto, peer);
 }
 
-int pt_test_sp_connect_from(const char *src, int port, int rcvbuf, unsigned proto, unsigned peer)
+int pt_test_tcp_connect(const char *src, int port, int rcvbuf)
 {
-	const uint8_t hdr[8] = {0, 'S', 'P', 0, (uint8_t)(proto >> 8), (uint8_t)proto, 0, 0};
-	const uint8_t want[6] = {0, 'S', 'P', 0, (uint8_t)(peer >> 8), (uint8_t)peer};
-	uint8_t got[8];
 	struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+	struct sockaddr_in b = {.sin_family = AF_INET};
 	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
 
 	if (fd < 0)
 		return -1;
 	if (rcvbuf > 0)
 		setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof(rcvbuf));
-	if (src != NULL) {
-		struct sockaddr_in b = {.sin_family = AF_INET};
-		if (inet_pton(AF_INET, src, &b.sin_addr) != 1 ||
-		    bind(fd, (struct sockaddr *)&b, sizeof(b)) != 0) {
-			close(fd);
-			return -1;
-		}
-	}
 	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-	if (connect(fd, (struct sockaddr *)&a, sizeof(a)) != 0 || !pt_test_write_all(fd, hdr, 8) ||
-	    pt_test_read_all(fd, got, 8, 10000) != 1 || memcmp(got, want, 6) != 0) {
+	if ((src != NULL && (inet_pton(AF_INET, src, &b.sin_addr) != 1 ||
+	                     bind(fd, (struct sockaddr *)&b, sizeof(b)) != 0)) ||
+	    connect(fd, (struct sockaddr *)&a, sizeof(a)) != 0) {
+		close(fd);
+		return -1;
+	}
+	return fd;
+}
+
+int pt_test_sp_connect_from(const char *src, int port, int rcvbuf, unsigned proto, unsigned peer)
+{
+	const uint8_t hdr[8] = {0, 'S', 'P', 0, (uint8_t)(proto >> 8), (uint8_t)proto, 0, 0};
+	const uint8_t want[6] = {0, 'S', 'P', 0, (uint8_t)(peer >> 8), (uint8_t)peer};
+	uint8_t got[8];
+	int fd = pt_test_tcp_connect(src, port, rcvbuf);
+
+	if (fd < 0)
+		return -1;
+	if (!pt_test_write_all(fd, hdr, 8) || pt_test_read_all(fd, got, 8, 10000) != 1 ||
+	    memcmp(got, want, 6) != 0) {
 		close(fd);
 		return -1;
 	}

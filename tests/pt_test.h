@@ -91,6 +91,11 @@ int pt_test_read_all(int fd, void *p, size_t n, int timeout_ms);
  * the SP handshake as protocol `proto` against `peer` (REQ 0x30 to REP 0x31,
  * PUSH 0x50 to PULL 0x51); rcvbuf > 0 sets SO_RCVBUF first. -1 on failure. */
 int pt_test_sp_connect(int port, int rcvbuf, unsigned proto, unsigned peer);
+/* pt_test_tcp_connect opens a TCP connection to 127.0.0.1:port from source
+ * address src (an IPv4 address on this host, 127.0.0.2 say; NULL: the
+ * kernel's pick); rcvbuf > 0 sets SO_RCVBUF first. -1 on failure. */
+int pt_test_tcp_connect(const char *src, int port, int rcvbuf);
+
 /* pt_test_sp_connect_from is pt_test_sp_connect from source address src
  * (an IPv4 address on this host, 127.0.0.2 say; NULL: the kernel's pick). */
 int pt_test_sp_connect_from(const char *src, int port, int rcvbuf, unsigned proto, unsigned peer);

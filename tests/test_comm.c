@@ -10,7 +10,6 @@
  * Large-tensor cases (64 MiB, 256 MiB) free their buffers at once: the machine
  * has 2 cores and 24 GiB.
  */
-#include <arpa/inet.h>
 #include <dlfcn.h>
 #include <errno.h>
 #include <netdb.h>
@@ -2132,25 +2131,6 @@ static void test_comm_data_port_connections_capped(void)
 	group_free(&g);
 }
 
-/* tcp_connect_from opens a TCP connection from src to 127.0.0.1:port; -1 on
- * failure. */
-static int tcp_connect_from(const char *src, int port)
-{
-	struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-	struct sockaddr_in b = {.sin_family = AF_INET};
-	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-
-	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-	if (fd < 0 || inet_pton(AF_INET, src, &b.sin_addr) != 1 ||
-	    bind(fd, (struct sockaddr *)&b, sizeof(b)) != 0 ||
-	    connect(fd, (struct sockaddr *)&a, sizeof(a)) != 0) {
-		if (fd >= 0)
-			close(fd);
-		return -1;
-	}
-	return fd;
-}
-
 /* Strangers waiting out their bulk hello cannot take a peer's lane: of 20
  * idle connections from 127.0.0.2 to rank 0's bulk port, 8 (BULK_EXTRA) get
  * a slot and 12 are closed at once, and rank 1's first send, while the 8
@@ -2171,7 +2151,7 @@ static void test_comm_bulk_stranger_flood(void)
 	}
 	group_make(&g, 2);
 	for (int i = 0; i < N; i++)
-		CU_ASSERT((fd[i] = tcp_connect_from("127.0.0.2", bulk_port_of(g.c[0]))) >= 0);
+		CU_ASSERT((fd[i] = pt_test_tcp_connect("127.0.0.2", bulk_port_of(g.c[0]), 0)) >= 0);
 	/* Refused ones are closed at once, admitted ones held for their hello's
 	 * 5 s: count the closes of the first 2 s. */
 	for (long long t0 = now_ms(); now_ms() - t0 < 2000;)
