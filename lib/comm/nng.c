@@ -98,6 +98,7 @@
 #define LOST_GRACE_MS      1000 /* a lost mark waits at most this for queued arrivals */
 #define RECONNECT_MIN_MS   20
 #define RECONNECT_MAX_MS   500
+#define NO_REDIAL_MS       (24 * 3600 * 1000) /* a lost peer's next dial: out of reach */
 #define HUGE_ALLOC_BYTES   PT_RX_HUGE_BYTES
 #define HUGE_PAGE_BYTES    ((size_t)2 << 20)
 #define COMPRESS_MIN_BYTES 256 /* smaller tensors are not worth an lz4 attempt */
@@ -148,7 +149,8 @@ struct nng_comm;
 typedef struct nng_peer {
 	struct nng_comm *c;
 	int rank;
-	bool open; /* push and dialer exist */
+	bool open;         /* push and dialer exist */
+	bool dial_stopped; /* the dialer was closed (the rank is lost; I/O thread) */
 	nng_socket push;
 	nng_dialer dialer;
 	nng_tls_config *tls;
@@ -617,8 +619,30 @@ static void push_pipe_cb(nng_pipe p, nng_pipe_ev ev, void *arg)
 	(void)p;
 	if (ev == NNG_PIPE_EV_ADD_POST && atomic_fetch_add(&peer->connects, 1) > 0)
 		atomic_fetch_add(&peer->c->n.reconnects, 1);
-	if (ev == NNG_PIPE_EV_REM_POST && !atomic_load(&peer->c->stopping))
+	if (ev == NNG_PIPE_EV_REM_POST && !atomic_load(&peer->c->stopping)) {
+		/* The loss is final, so redialing only hammers a port that may
+		 * refuse us (every 20 ms), and nng 1.5.2's dialer can panic on a
+		 * refused connection. nng arms the redial after this callback:
+		 * put it out of reach now; the I/O thread closes the dialer. */
+		nng_dialer_set_ms(peer->dialer, NNG_OPT_RECONNMAXT, NO_REDIAL_MS);
+		nng_dialer_set_ms(peer->dialer, NNG_OPT_RECONNMINT, NO_REDIAL_MS);
 		mark_lost_pending(peer->c, peer->rank);
+	}
+}
+
+/* stop_lost_dialers closes the dialers of ranks marked lost (I/O thread). */
+static void stop_lost_dialers(nng_comm *c)
+{
+	if (!atomic_load(&c->connected))
+		return;
+	for (int r = 0; r < c->base.world; r++) {
+		nng_peer *p = &c->peers[r];
+		if (r != c->base.rank && p->open && !p->dial_stopped &&
+		    atomic_load(&c->lost_ticket[r]) != 0) {
+			nng_dialer_close(p->dialer);
+			p->dial_stopped = true;
+		}
+	}
 }
 
 /* ---------------------------------------------------------------- MACs -- */
@@ -1836,6 +1860,7 @@ static void *io_main(void *arg)
 		if (!c->rx_done) { /* idle for IO_POLL_MS with a receive armed */
 			pthread_mutex_unlock(&c->rx_mu);
 			promote_lost(c, start_ticket, true);
+			stop_lost_dialers(c);
 			continue;
 		}
 		rv = c->rx_rv;
@@ -1854,6 +1879,7 @@ static void *io_main(void *arg)
 		io_handle(c, msg);
 		pthread_mutex_unlock(&c->io_mu);
 		promote_lost(c, start_ticket, false);
+		stop_lost_dialers(c);
 	}
 	return NULL;
 }
