@@ -2169,11 +2169,21 @@ static void test_job_plan(void)
 	printf("\n    gpt p=4 m=8 predicted: 1f1b %.2f ms, zb-h1 %.2f ms", t1f1b * 1e3, tzb * 1e3);
 	free(plans);
 
-	/* Refusals name the field. */
+	/* Refusals name the field; 0 stages is refused before anything divides
+	 * by it (it was a SIGFPE in the server's PlanJob). */
 	o.stages = (int[]){9};
 	o.n_stages = 1;
 	PT_CHECK_ERR_MSG(pt_job_plan_run(&s, &o, &plans, &n), PT_ERR_RANGE,
 	                 "stages: 9 (1 to 5 for this model)");
+	CU_ASSERT_EQUAL(s.threads_per_stage, 0);
+	o.stages = (int[]){0};
+	PT_CHECK_ERR_MSG(pt_job_plan_run(&s, &o, &plans, &n), PT_ERR_RANGE,
+	                 "stages: 0 (1 to 5 for this model)");
+	o.stages = (int[]){2, -1};
+	o.n_stages = 2;
+	PT_CHECK_ERR_MSG(pt_job_plan_run(&s, &o, &plans, &n), PT_ERR_RANGE,
+	                 "stages: -1 (1 to 5 for this model)");
+	o.n_stages = 1;
 	o.stages = ps;
 	o.microbatches = (int[]){3};
 	o.n_microbatches = 1;

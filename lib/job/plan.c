@@ -1169,6 +1169,18 @@ pt_err pt_job_plan_run(const pt_job_spec *spec, const pt_job_plan_options *o, pt
 			ms[nm++] = o->microbatches[i];
 	else
 		ms[nm++] = spec->microbatches;
+	/* Every candidate is checked before any is measured (and before
+	 * anything divides by its stages). */
+	for (int i = 0; i < np; i++)
+		if (ps[i] < 1 || ps[i] > PT_MAX_STAGES || ps[i] > spec->n_layers)
+			return pt_set_error(
+			    PT_ERR_RANGE, "stages: %d (1 to %d for this model)", ps[i],
+			    spec->n_layers < PT_MAX_STAGES ? spec->n_layers : PT_MAX_STAGES);
+	for (int j = 0; j < nm; j++)
+		if (ms[j] < 1 || spec->batch_size % ms[j] != 0)
+			return pt_set_error(PT_ERR_INVALID,
+			                    "microbatches: %d does not divide batch_size %lld",
+			                    ms[j], (long long)spec->batch_size);
 	if ((v = calloc((size_t)(np * nm * 4), sizeof(*v))) == NULL)
 		return pt_set_error(PT_ERR_NOMEM, "plans");
 	/* How the cores keep their speed with several threads at work: per
@@ -1183,20 +1195,6 @@ pt_err pt_job_plan_run(const pt_job_spec *spec, const pt_job_plan_options *o, pt
 			int p = ps[i], m = ms[j];
 			int tps = spec->threads_per_stage > 0 ? spec->threads_per_stage
 			                                      : (threads / p > 1 ? threads / p : 1);
-			if (p < 1 || p > PT_MAX_STAGES || p > spec->n_layers) {
-				rv = pt_set_error(PT_ERR_RANGE,
-				                  "stages: %d (1 to %d for this model)", p,
-				                  spec->n_layers < PT_MAX_STAGES ? spec->n_layers
-				                                                 : PT_MAX_STAGES);
-				goto fail;
-			}
-			if (m < 1 || spec->batch_size % m != 0) {
-				rv =
-				    pt_set_error(PT_ERR_INVALID,
-				                 "microbatches: %d does not divide batch_size %lld",
-				                 m, (long long)spec->batch_size);
-				goto fail;
-			}
 			/* Profiling runs layers at this candidate's microbatch: admitted
 			 * first, as the job itself would be (a spec admitted at 1024
 			 * microbatches once profiled at 1, 26 times the limit). */
