@@ -129,10 +129,7 @@ struct pt_api_server {
 	uint64_t n_evicted, n_refused, n_idle, n_over; /* closed since the last log line */
 	double logged;                                 /* when that line was written */
 
-	pthread_mutex_t lmu;    /* the rejected-request log's rate limit */
-	double rl_start;        /* when the current one-second window began */
-	int rl_lines;           /* lines logged in it */
-	uint64_t rl_suppressed; /* lines not logged since the last summary */
+	pt_log_limit reject_log; /* the rejected-request log's rate limit */
 
 	pthread_mutex_t hmu; /* housekeeping thread */
 	pthread_cond_t hcv;
@@ -461,15 +458,8 @@ static void peer_name(nng_pipe p, char *out, size_t n)
  * summed up within about a second. */
 static void reject_summary(pt_api_server *s, bool force)
 {
-	double now = now_mono();
-	uint64_t n = 0;
+	uint64_t n = pt_log_limit_suppressed(&s->reject_log, force);
 
-	pthread_mutex_lock(&s->lmu);
-	if (s->rl_suppressed && (force || now - s->rl_start >= 1.0)) {
-		n = s->rl_suppressed;
-		s->rl_suppressed = 0;
-	}
-	pthread_mutex_unlock(&s->lmu);
 	if (n)
 		pt_info("api: suppressed %" PRIu64 " similar lines (BadRequest/InvalidJob replies "
 		        "over %d a second)",
@@ -484,34 +474,19 @@ static void log_reject(srv_ctx *c, uint64_t id, pt_api_code code, const char *ms
 {
 	pt_api_server *s = c->srv;
 	char peer[INET6_ADDRSTRLEN + 16], text[512];
-	double now = now_mono();
-	bool log;
-	size_t i;
+	bool cut;
 
 	if (pt_log_level_get() > PT_LOG_INFO)
 		return;
 	reject_summary(s, false);
-	pthread_mutex_lock(&s->lmu);
-	if (now - s->rl_start >= 1.0) {
-		s->rl_start = now;
-		s->rl_lines = 0;
-	}
-	log = s->rl_lines < REJECT_LOG_PER_S;
-	if (log)
-		s->rl_lines++;
-	else
-		s->rl_suppressed++;
-	pthread_mutex_unlock(&s->lmu);
-	if (!log)
+	if (!pt_log_limit_pass(&s->reject_log))
 		return;
-	for (i = 0; msg[i] && i + 1 < sizeof(text); i++)
-		text[i] = (unsigned char)msg[i] < 0x20 || msg[i] == 0x7f ? '?' : msg[i];
-	text[i] = '\0';
+	cut = pt_log_clean(text, sizeof(text), msg);
 	peer_name(c->pipe, peer, sizeof(peer));
 	pt_info("api: %s reply to request %" PRIu64 " (%s) on connection %d%s%s: %s%s",
 	        pt_api_code_name(code), id,
 	        c->r.kind == PT_API_NONE ? "kind unknown" : pt_api_kind_name(c->r.kind),
-	        nng_pipe_id(c->pipe), peer[0] ? " from " : "", peer, text, msg[i] ? "..." : "");
+	        nng_pipe_id(c->pipe), peer[0] ? " from " : "", peer, text, cut ? "..." : "");
 }
 
 static void send_error(srv_ctx *c, uint64_t id, pt_api_code code, const char *msg)
@@ -1158,7 +1133,7 @@ pt_err pt_api_server_start(pt_api_server **out, const pt_api_server_config *cfg,
 	pthread_mutex_init(&s->dmu, NULL);
 	pthread_mutex_init(&s->cmu, NULL);
 	pthread_mutex_init(&s->hmu, NULL);
-	pthread_mutex_init(&s->lmu, NULL);
+	s->reject_log = (pt_log_limit)PT_LOG_LIMIT_INIT(REJECT_LOG_PER_S);
 	pthread_cond_init(&s->wcv, NULL);
 	{
 		pthread_condattr_t ca;
@@ -1308,7 +1283,7 @@ void pt_api_server_destroy(pt_api_server *s)
 	if (s->tls)
 		nng_tls_config_free(s->tls);
 	reject_summary(s, true); /* no request is handled any more */
-	pthread_mutex_destroy(&s->lmu);
+	pthread_mutex_destroy(&s->reject_log.mu);
 	pthread_mutex_destroy(&s->cmu);
 	pthread_mutex_destroy(&s->hmu);
 	pthread_cond_destroy(&s->hcv);

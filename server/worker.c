@@ -615,6 +615,28 @@ static void close_conns(pt_worker *w)
 		nng_pipe_close(kick[i]);
 }
 
+/* Refused requests are a stranger's doing: at most REFUSED_LOG_PER_S lines a
+ * second are logged, then one line sums up the rest (a flood of junk wrote
+ * 4 MB of log a second). Control characters in the reason become '?'. */
+#define REFUSED_LOG_PER_S 10
+static pt_log_limit refused_log = PT_LOG_LIMIT_INIT(REFUSED_LOG_PER_S);
+
+static void log_refusal(const char *why)
+{
+	uint64_t n = pt_log_limit_suppressed(&refused_log, false);
+	char text[512];
+	bool cut;
+
+	if (n)
+		pt_info("worker: suppressed %" PRIu64 " similar lines (refused requests over %d a "
+		        "second)",
+		        n, REFUSED_LOG_PER_S);
+	if (!pt_log_limit_pass(&refused_log))
+		return;
+	cut = pt_log_clean(text, sizeof(text), why);
+	pt_info("worker: request refused: %s%s", text, cut ? "..." : "");
+}
+
 /* on_ping keeps a session alive, or (session 0) reports the state. */
 static void on_ping(pt_worker *w, const pt_worker_request *q, pt_worker_reply *r, char *msg,
                     size_t n)
@@ -705,7 +727,7 @@ static void handle(pt_worker *w, nng_msg *req)
 	                   (w->cfg.auth_token != NULL && q.token != NULL &&
 	                    ct_equal(q.token, w->cfg.auth_token))));
 	if (!r.ok)
-		pt_info("worker: request refused: %s", r.message);
+		log_refusal(r.message);
 	if (pt_handshake_encode_reply(&w->b, kind, &r, &data, &size) == PT_OK &&
 	    nng_msg_alloc(&rep, size) == 0) {
 		memcpy(nng_msg_body(rep), data, size);

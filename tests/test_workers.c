@@ -27,6 +27,7 @@
 
 #include <limits.h>
 #include <math.h>
+#include <inttypes.h>
 #include <pthread.h>
 #include <nng/protocol/pipeline0/push.h>
 #include <signal.h>
@@ -355,6 +356,71 @@ static void test_workers_interleaved_turns(void)
 }
 
 /* ------------------------------------------------------------ handshake -- */
+
+/* junk_call sends bytes that are no WorkerRequest and expects a refusal. */
+static void junk_call(wf_hs *c)
+{
+	static const char junk[] = "\x10\0\0\0not a flatbuffer\n\x1b[2J";
+	pt_worker_reply r;
+	nng_msg *m;
+
+	CU_ASSERT_EQUAL_FATAL(nng_msg_alloc(&m, sizeof(junk)), 0);
+	memcpy(nng_msg_body(m), junk, sizeof(junk));
+	CU_ASSERT_EQUAL_FATAL(nng_sendmsg(c->sock, m, 0), 0);
+	CU_ASSERT_EQUAL_FATAL(nng_recvmsg(c->sock, &m, 0), 0);
+	PT_CHECK_OK(pt_handshake_decode_reply(nng_msg_body(m), nng_msg_len(m), PT_WORKER_JOIN, &r));
+	CU_ASSERT_FALSE(r.ok);
+	nng_msg_free(m);
+}
+
+/* Refused requests are logged at most 10 a second, then summed up: 500
+ * junk requests (and one more a second later, which brings the summary)
+ * leave a few lines and counts that add up to 501 (a junk flood wrote 4 MB
+ * of log a second). */
+static void test_workers_refusal_log(void)
+{
+	char *log = NULL;
+	size_t len = 0, off = 0;
+	uint64_t sum = 0;
+	int lines;
+	double t0, t1;
+	wf_proc w;
+	wf_hs a;
+	struct stat st;
+
+	if (stat(log_path(), &st) == 0)
+		off = (size_t)st.st_size;
+	CU_ASSERT_FATAL(worker_start(&w, NULL));
+	wf_hs_open(&a, w.url);
+	t0 = wf_mono();
+	for (int i = 0; i < 500; i++)
+		junk_call(&a);
+	t1 = wf_mono();
+	usleep(1100 * 1000);
+	junk_call(&a);
+	wf_hs_close(&a);
+	CU_ASSERT_EQUAL(wf_proc_stop(&w), 0);
+	PT_CHECK_OK(pt_file_read(log_path(), 64 << 20, (void **)&log, &len));
+	CU_ASSERT_FATAL(len >= off);
+	lines = 0;
+	for (const char *p = log + off; (p = strstr(p, "worker: request refused: ")) != NULL; p++) {
+		lines++;
+		CU_ASSERT(strncmp(strchr(p, ':') + 2, "request refused: malformed WorkerRequest",
+		                  40) == 0);
+	}
+	for (const char *p = log + off; (p = strstr(p, "worker: suppressed ")) != NULL; p++) {
+		uint64_t k = 0;
+		sscanf(p, "worker: suppressed %" SCNu64 " similar lines", &k);
+		sum += k;
+	}
+	printf("\n    500 refusals in %.2f s: %d lines, %" PRIu64 " suppressed", t1 - t0, lines,
+	       sum);
+	CU_ASSERT_EQUAL((uint64_t)lines + sum, 501);
+	CU_ASSERT(sum > 0);
+	CU_ASSERT(lines <= 1 + 10 * (int)(t1 - t0 + 2));
+	CU_ASSERT_PTR_NULL(strstr(log + off, "\x1b[2J"));
+	free(log);
+}
 
 static void test_workers_handshake_refusals(void)
 {
@@ -1913,6 +1979,7 @@ static void test_workers_gpu_placement(void)
 static const pt_test_case worker_tests[] = {
     {"test_workers_job_matches_local", test_workers_job_matches_local},
     {"test_workers_handshake_refusals", test_workers_handshake_refusals},
+    {"test_workers_refusal_log", test_workers_refusal_log},
     {"test_workers_job_errors_name_worker", test_workers_job_errors_name_worker},
     {"test_workers_server_job", test_workers_server_job},
     {"test_workers_killed_worker_fails_job", test_workers_killed_worker_fails_job},

@@ -146,3 +146,54 @@ void pt_log_write(pt_log_level level, const char *fmt, ...)
 			*p = '?';
 	fprintf(stderr, "%s.%03ldZ %s %s\n", stamp, ts.tv_nsec / 1000000, tags[level], msg);
 }
+
+static double mono_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+bool pt_log_limit_pass(pt_log_limit *l)
+{
+	double now = mono_s();
+	bool pass;
+
+	pthread_mutex_lock(&l->mu);
+	if (now - l->start >= 1.0) {
+		l->start = now;
+		l->lines = 0;
+	}
+	pass = l->lines < l->per_s;
+	if (pass)
+		l->lines++;
+	else
+		l->suppressed++;
+	pthread_mutex_unlock(&l->mu);
+	return pass;
+}
+
+uint64_t pt_log_limit_suppressed(pt_log_limit *l, bool force)
+{
+	uint64_t n = 0;
+
+	pthread_mutex_lock(&l->mu);
+	if (l->suppressed && (force || mono_s() - l->start >= 1.0)) {
+		n = l->suppressed;
+		l->suppressed = 0;
+	}
+	pthread_mutex_unlock(&l->mu);
+	return n;
+}
+
+bool pt_log_clean(char *out, size_t n, const char *text)
+{
+	size_t i;
+
+	if (n == 0)
+		return text[0] != '\0';
+	for (i = 0; text[i] && i + 1 < n; i++)
+		out[i] = (unsigned char)text[i] < 0x20 || text[i] == 0x7f ? '?' : text[i];
+	out[i] = '\0';
+	return text[i] != '\0';
+}

@@ -11,6 +11,11 @@
 #ifndef PT_LOG_H
 #define PT_LOG_H
 
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
 #include "error.h"
 
 typedef enum pt_log_level {
@@ -50,6 +55,36 @@ void pt_log_write(pt_log_level level, const char *fmt, ...) __attribute__((forma
 		if ((level) >= pt_log_level_get())                                                 \
 			pt_log_write((level), __VA_ARGS__);                                        \
 	} while (0)
+/* A rate limit for a kind of line that strangers can cause (a refused
+ * request): at most per_s such lines a second are written; the others are
+ * counted, and pt_log_limit_suppressed hands over the count once its second
+ * is over, for one summary line. Thread-safe. */
+typedef struct pt_log_limit {
+	pthread_mutex_t mu;
+	int per_s;
+	double start;        /* when the current one-second window began (monotonic s) */
+	int lines;           /* lines written in it */
+	uint64_t suppressed; /* lines held back since the last summary */
+} pt_log_limit;
+
+#define PT_LOG_LIMIT_INIT(n)                                                                       \
+	{                                                                                          \
+		PTHREAD_MUTEX_INITIALIZER, (n), 0.0, 0, 0                                          \
+	}
+
+/* pt_log_limit_pass: true when one more line may be written now (false:
+ * it is counted as suppressed). */
+bool pt_log_limit_pass(pt_log_limit *l);
+
+/* pt_log_limit_suppressed returns the lines held back and resets the count,
+ * once their window is over (force: at once); 0 otherwise. */
+uint64_t pt_log_limit_suppressed(pt_log_limit *l, bool force);
+
+/* pt_log_clean copies text a client chose (a name, a path, an error about
+ * them) into out[n] for a log line: control characters become '?', so it
+ * stays one line. Returns true when it had to be cut short. */
+bool pt_log_clean(char *out, size_t n, const char *text);
+
 #define pt_debug(...) PT_LOG(PT_LOG_DEBUG, __VA_ARGS__)
 #define pt_info(...)  PT_LOG(PT_LOG_INFO, __VA_ARGS__)
 #define pt_warn(...)  PT_LOG(PT_LOG_WARN, __VA_ARGS__)
