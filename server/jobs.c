@@ -34,6 +34,9 @@
 #define MAX_PATH         4096
 #define JOURNAL_PIECE    (4u << 20) /* a journal is replayed this many bytes at a time */
 #define MAX_WATCH_POINTS 10000
+/* A job's metric history in memory: every step up to this many points, then
+ * every 2nd, 4th, ... step (about 600 bytes a point: 10 MB a job at most). */
+#define MAX_POINTS 16384
 
 /* Journal records. REC_DEATHS holds how many runs in a row died with the
  * server (recovery found them Starting or Running): recovery writes n + 1,
@@ -72,6 +75,8 @@ typedef struct job {
 
 	pt_api_metric_point *points; /* steps strictly increasing */
 	size_t n_points, cap_points;
+	int64_t stride;  /* points kept: steps that are multiples of it (see add_point) */
+	bool thin_evals; /* evaluations are thinned too (thin) */
 	/* Per-rank totals for JobInfo.stages: [0] the coordinator, [1 + k]
 	 * stage k. Busy seconds sum the points above; the communicator counters
 	 * are the latest the runner reported (its current run). */
@@ -426,23 +431,63 @@ static void drop_last_point(job *jb)
 	add_busy(jb, &jb->points[--jb->n_points], -1.0);
 }
 
-/* add_point appends p; a step at or below the last one (a resumed run redoing
- * steps after its checkpoint) first drops the points it replaces. */
-static pt_err add_point(job *jb, const pt_api_metric_point *p)
+/* kept: p stays in jb's history (and its journal) once newer points come:
+ * its step is a multiple of the stride, or it carries an evaluation (while
+ * the stride has not outgrown those too, thin). */
+static bool kept(const job *jb, const pt_api_metric_point *p)
 {
+	return p->step % jb->stride == 0 || (!isnan(p->eval_loss) && !jb->thin_evals);
+}
+
+/* thin halves jb's history: the stride doubles and points off it go (the
+ * newest stays); when evaluations alone fill half of MAX_POINTS they are
+ * thinned too from then on. Busy seconds stay counted. */
+static void thin(job *jb)
+{
+	size_t n = 0, evals = 0;
+
+	jb->stride *= 2;
+	for (size_t i = 0; i < jb->n_points; i++)
+		evals += !isnan(jb->points[i].eval_loss);
+	if (evals >= MAX_POINTS / 2)
+		jb->thin_evals = true;
+	for (size_t i = 0; i < jb->n_points; i++)
+		if (kept(jb, &jb->points[i]) || i + 1 == jb->n_points)
+			jb->points[n++] = jb->points[i];
+	jb->n_points = n;
+}
+
+/* add_point appends p; a step at or below the last one (a resumed run redoing
+ * steps after its checkpoint) first drops the points it replaces. The
+ * history is bounded: every step is kept up to MAX_POINTS, then every 2nd,
+ * 4th, ... (thin), the newest point always - one off the stride is replaced
+ * by the next (its busy seconds stay counted). Returns whether p is kept
+ * for good (journal it). */
+static bool add_point(job *jb, const pt_api_metric_point *p)
+{
+	if (jb->stride < 1)
+		jb->stride = 1;
 	while (jb->n_points > 0 && jb->points[jb->n_points - 1].step >= p->step)
 		drop_last_point(jb);
+	if (jb->n_points > 0 && !kept(jb, &jb->points[jb->n_points - 1]))
+		jb->n_points--;
+	if (jb->n_points >= MAX_POINTS)
+		thin(jb);
 	if (jb->n_points == jb->cap_points) {
 		size_t cap = jb->cap_points ? 2 * jb->cap_points : 64;
 		pt_api_metric_point *q = realloc(jb->points, cap * sizeof(*q));
-		if (q == NULL)
-			return pt_set_error(PT_ERR_NOMEM, "job %" PRIu64 ": metrics", jb->id);
-		jb->points = q;
-		jb->cap_points = cap;
+		if (q == NULL) { /* the newest point replaces the last one */
+			if (jb->n_points == 0)
+				return false;
+			jb->n_points--;
+		} else {
+			jb->points = q;
+			jb->cap_points = cap;
+		}
 	}
 	jb->points[jb->n_points++] = *p;
 	add_busy(jb, p, 1.0);
-	return PT_OK;
+	return kept(jb, p);
 }
 
 static void apply_state(job *jb, pt_api_job_state st, int64_t step, double t, const char *msg)
@@ -758,7 +803,7 @@ static void hook_metric(void *ctx, const pt_job_metric *m)
 		jb->timeline = tl;
 		jb->n_timeline = n_tl;
 	}
-	add_point(jb, &p);
+	bool keep = add_point(jb, &p);
 	comm_from_job(jb, m);
 	jb->step = p.step;
 	if (jb->state == PT_JOB_STARTING)
@@ -768,7 +813,8 @@ static void hook_metric(void *ctx, const pt_job_metric *m)
 	else
 		jb->wake_pending = true;
 	pthread_mutex_unlock(&mgr->mu);
-	journal_metric(jb, &p);
+	if (keep)
+		journal_metric(jb, &p);
 }
 
 static bool hook_should_stop(void *ctx)

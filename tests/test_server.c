@@ -1526,6 +1526,81 @@ static void test_server_watch_points_cap(void)
 	CU_ASSERT_EQUAL(server_stop(&s, SIGTERM), 0);
 }
 
+/* watch_all collects a job's points from the start (until it ended) into
+ * steps[cap]; returns how many there were. */
+static size_t watch_all(client *c, uint64_t id, int64_t *steps, size_t cap)
+{
+	pt_api_request q;
+	pt_api_response r;
+	int64_t cursor = -1;
+	size_t n = 0;
+
+	for (int i = 0; i < 10000; i++) {
+		pt_api_request_init(&q, PT_API_WATCH_METRICS);
+		q.job = id;
+		q.cursor = cursor;
+		q.max_points = 10000;
+		CU_ASSERT_EQUAL_FATAL(call(c, &q, &r), 0);
+		CU_ASSERT_EQUAL_FATAL(r.code, PT_API_OK);
+		for (size_t k = 0; k < r.n_points; k++, n++) {
+			pt_api_metric_point p;
+			PT_CHECK_OK(pt_api_response_point(&r, k, &p));
+			if (n < cap)
+				steps[n] = p.step;
+		}
+		cursor = r.cursor;
+		if (r.ended)
+			break;
+	}
+	return n;
+}
+
+/* A job's metric history is bounded: every step up to 16384 points, then
+ * every 2nd, 4th, ... step (a job of 2^62 tiny steps grew the server by 6 MB
+ * a second for ever). A 40000-step job keeps the multiples of 4, 10000
+ * points, and its journal holds what gives them back after a restart. */
+static void test_server_metric_history_bounded(void)
+{
+	enum { STEPS = 40000 };
+	static int64_t steps[STEPS];
+	char dir[512];
+	server s;
+	client c;
+	pt_job_spec spec;
+	pt_api_response r;
+	uint64_t id;
+	bool ended;
+	size_t n;
+
+	make_dir("history", dir, sizeof(dir));
+	CU_ASSERT_TRUE_FATAL(server_start(&s, dir, NULL));
+	client_open(&c, &s, 30000);
+	digits_spec(&spec, STEPS, 0, false);
+	spec.eval_every = 0;
+	spec.stages = 1;
+	spec.microbatches = 1;
+	CU_ASSERT_EQUAL_FATAL(submit(&c, &spec, &id, &r), PT_API_OK);
+	CU_ASSERT_EQUAL(watch_until(&c, id, INT64_MAX, 600, &ended), STEPS);
+	CU_ASSERT_TRUE(ended);
+	for (int run = 0; run < 2; run++) {
+		bool grid = true;
+		n = watch_all(&c, id, steps, STEPS);
+		CU_ASSERT_EQUAL(n, STEPS / 4);
+		for (size_t i = 0; i < n && i < STEPS; i++)
+			grid = grid && steps[i] == 4 * (int64_t)(i + 1);
+		CU_ASSERT_TRUE(grid);
+		if (run == 0) { /* again from the journal */
+			client_close(&c);
+			CU_ASSERT_EQUAL(server_stop(&s, SIGTERM), 0);
+			CU_ASSERT_TRUE_FATAL(server_start(&s, dir, NULL));
+			client_open(&c, &s, 30000);
+		}
+	}
+	pt_job_spec_fini(&spec);
+	client_close(&c);
+	CU_ASSERT_EQUAL(server_stop(&s, SIGTERM), 0);
+}
+
 static void test_server_sigterm(void)
 {
 	char dir[512];
@@ -2005,6 +2080,7 @@ static const pt_test_case server_tests[] = {
     {"test_server_kill9_resume", test_server_kill9_resume},
     {"test_server_watch_budget", test_server_watch_budget},
     {"test_server_watch_points_cap", test_server_watch_points_cap},
+    {"test_server_metric_history_bounded", test_server_metric_history_bounded},
     {"test_server_sigterm", test_server_sigterm},
     {"test_server_journal_long_message", test_server_journal_long_message},
     {"test_server_journal_replayed_in_pieces", test_server_journal_replayed_in_pieces},
