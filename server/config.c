@@ -254,6 +254,9 @@ static const opt_desc options[] = {
     {"max_queued", OPT_INT, F(max_queued), "1000", 1, 1000000, NULL,
      "jobs waiting to run at most, all devices together; a submit beyond it is refused "
      "(Unavailable) until one starts or is cancelled"},
+    {"min_free_mb", OPT_INT, F(min_free_mb), "256", 0, 1000000000, NULL,
+     "a submit is refused (Unavailable) while the data dir's file system has less than "
+     "this many MiB free (checkpoints and journals live there); 0: no check"},
     {"memory_limit", OPT_STRING, F(memory_limit), "", 0, 0, valid_memory,
      "host memory a job may need (bytes, or K/M/G/T suffixes); a submitted job whose "
      "estimated peak exceeds it is refused (empty: the cgroup's memory.max or "

@@ -21,6 +21,7 @@
 #include <string.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -2012,6 +2013,25 @@ static pt_err queue_full(pt_jobs *m)
 	                    q, m->cfg.max_queued);
 }
 
+/* disk_low refuses a submit while the data dir's file system has less than
+ * --min-free-mb free: a job's checkpoints and journal would fill it, and
+ * every job's journal and checkpoints with it. */
+static pt_err disk_low(const pt_jobs *m)
+{
+	struct statvfs v;
+	uint64_t free_mb;
+
+	if (m->cfg.min_free_mb <= 0 || statvfs(m->cfg.data_dir, &v) != 0)
+		return PT_OK;
+	free_mb = (uint64_t)v.f_bavail * (uint64_t)v.f_frsize >> 20;
+	if (free_mb >= (uint64_t)m->cfg.min_free_mb)
+		return PT_OK;
+	return pt_set_error(PT_ERR_BUSY,
+	                    "the data dir has %" PRIu64 " MiB free, under --min-free-mb %d: submit "
+	                    "again when space is freed",
+	                    free_mb, m->cfg.min_free_mb);
+}
+
 pt_err pt_jobs_submit(pt_jobs *m, const uint8_t *spec_table, uint64_t *id)
 {
 	char ckdir[MAX_PATH + 16];
@@ -2075,6 +2095,8 @@ pt_err pt_jobs_submit(pt_jobs *m, const uint8_t *spec_table, uint64_t *id)
 		rv = pt_set_error(PT_ERR_NOMEM, "job");
 		goto fail;
 	}
+	if ((rv = disk_low(m)) != PT_OK)
+		goto fail;
 	pthread_mutex_lock(&m->mu);
 	nid = m->next_id++;
 	pthread_mutex_unlock(&m->mu);

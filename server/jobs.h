@@ -40,6 +40,7 @@ typedef struct pt_jobs_config {
 	int threads;                /* CPU threads per job (0: all cores / max_jobs) */
 	int max_jobs;               /* jobs running at once per device (<= 1: one) */
 	int max_queued;             /* jobs waiting at most (<= 0: no limit) */
+	int min_free_mb;            /* submits refused below this much free disk (0: none) */
 	int watch_interval_ms;      /* wake parked watchers at most this often */
 	int watch_replies;          /* and a job's at most this many replies a second in all */
 	int metrics_sync_ms;        /* fsync metric records at least this often */

@@ -758,6 +758,42 @@ static void test_server_reject_log(void)
 	free(log);
 }
 
+/* --min-free-mb: a data dir with less free space than that refuses submits
+ * (Unavailable, saying why) and keeps nothing of them; 0 turns it off. */
+static void test_server_min_free_disk(void)
+{
+	const char *full[] = {"--min-free-mb", "1000000000", NULL};
+	const char *off[] = {"--min-free-mb", "0", NULL};
+	char dir[512], path[700];
+	pt_api_response r;
+	pt_job_spec spec;
+	struct stat st;
+	uint64_t id;
+	server s;
+	client c;
+
+	make_dir("minfree", dir, sizeof(dir));
+	digits_spec(&spec, 5, 0, false);
+	for (int k = 0; k < 2; k++) {
+		CU_ASSERT_TRUE_FATAL(server_start(&s, dir, k == 0 ? full : off));
+		client_open(&c, &s, 30000);
+		if (k == 0) {
+			CU_ASSERT_EQUAL(submit(&c, &spec, &id, &r), PT_API_UNAVAILABLE);
+			CU_ASSERT_PTR_NOT_NULL(
+			    r.message
+			        ? strstr(r.message, " MiB free, under --min-free-mb 1000000000")
+			        : NULL);
+			snprintf(path, sizeof(path), "%s/jobs/1", dir);
+			CU_ASSERT_NOT_EQUAL(stat(path, &st), 0);
+		} else {
+			CU_ASSERT_EQUAL(submit(&c, &spec, &id, &r), PT_API_OK);
+		}
+		client_close(&c);
+		CU_ASSERT_EQUAL(server_stop(&s, SIGTERM), 0);
+	}
+	pt_job_spec_fini(&spec);
+}
+
 /* --max-queued: with one job running and 2 waiting, a third waiting one is
  * refused Unavailable, saying why, and leaves nothing on disk; once a queued
  * job is cancelled a submit is taken again. A queued job holds no journal
@@ -2074,6 +2110,7 @@ static const pt_test_case server_tests[] = {
     {"test_server_reject_log", test_server_reject_log},
     {"test_server_log_one_line_per_event", test_server_log_one_line_per_event},
     {"test_server_max_queued", test_server_max_queued},
+    {"test_server_min_free_disk", test_server_min_free_disk},
     {"test_server_auth", test_server_auth},
     {"test_server_data_paths", test_server_data_paths},
     {"test_server_worker_allow", test_server_worker_allow},
