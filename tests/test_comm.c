@@ -1693,6 +1693,13 @@ static int bulk_port_of(const pt_comm *c)
 	return u ? atoi(u + 6) : 0;
 }
 
+/* data_port_of: the port of c's data (PULL) socket, from its URL. */
+static int data_port_of(const pt_comm *c)
+{
+	const char *url = pt_nng_comm_url(c), *colon = strrchr(url, ':');
+	return colon ? atoi(colon + 1) : 0;
+}
+
 static void sc_open(sclient *k, const pt_comm *c)
 {
 	char url[64];
@@ -2080,8 +2087,6 @@ static void test_comm_data_port_connections_capped(void)
 	enum { N = 40, M = 20 };
 	int fd[N + 2 * M], open = 0;
 	long refused = 0;
-	const char *url, *colon, *hash;
-	char port[16];
 	group g;
 	pt_tensor t;
 	pt_msg m;
@@ -2091,12 +2096,7 @@ static void test_comm_data_port_connections_capped(void)
 		return;
 	}
 	group_listen(&g, 2);
-	url = pt_nng_comm_url(g.c[0]);
-	colon = strrchr(url, ':');
-	hash = strchr(colon, '#');
-	snprintf(port, sizeof(port), "%.*s",
-	         (int)(hash ? hash - colon - 1 : (long)strlen(colon + 1)), colon + 1);
-	CU_ASSERT_EQUAL(stranger_flood("127.0.0.2", atoi(port), fd, N, N - 17), N - 17);
+	CU_ASSERT_EQUAL(stranger_flood("127.0.0.2", data_port_of(g.c[0]), fd, N, N - 17), N - 17);
 	CU_ASSERT(data_port_open(g.c[0], 17, 0));
 	group_connect(&g);
 	/* The peer's PUSH connection is admitted beside 17 strangers. */
@@ -2112,9 +2112,10 @@ static void test_comm_data_port_connections_capped(void)
 		CU_ASSERT(same_bytes(&m.tensor, &t));
 		pt_msg_fini(&m);
 		if (i == 0) {
-			CU_ASSERT_EQUAL(stranger_flood("127.0.0.2", atoi(port), fd + N, M, M), M);
-			CU_ASSERT_EQUAL(stranger_flood("127.0.0.1", atoi(port), fd + N + M, M, 4),
-			                4);
+			CU_ASSERT_EQUAL(
+			    stranger_flood("127.0.0.2", data_port_of(g.c[0]), fd + N, M, M), M);
+			CU_ASSERT_EQUAL(
+			    stranger_flood("127.0.0.1", data_port_of(g.c[0]), fd + N + M, M, 4), 4);
 			CU_ASSERT(data_port_open(g.c[0], 34, 17));
 		}
 	}
@@ -2142,8 +2143,6 @@ static void test_comm_lost_peer_not_redialed(void)
 	enum { N = 17 };
 	int fd[N];
 	long r1 = 0, r2 = 0;
-	const char *url, *colon, *hash;
-	char port[16];
 	group g;
 	pt_tensor t;
 	pt_err rv = PT_OK;
@@ -2153,12 +2152,7 @@ static void test_comm_lost_peer_not_redialed(void)
 		return;
 	}
 	group_listen(&g, 2);
-	url = pt_nng_comm_url(g.c[0]);
-	colon = strrchr(url, ':');
-	hash = strchr(colon, '#');
-	snprintf(port, sizeof(port), "%.*s",
-	         (int)(hash ? hash - colon - 1 : (long)strlen(colon + 1)), colon + 1);
-	CU_ASSERT_EQUAL(stranger_flood("127.0.0.1", atoi(port), fd, N, 0), 0);
+	CU_ASSERT_EQUAL(stranger_flood("127.0.0.1", data_port_of(g.c[0]), fd, N, 0), 0);
 	CU_ASSERT(data_port_open(g.c[0], 17, 0));
 	group_connect(&g);
 	make_f32(&t, 100, 1.0f);
