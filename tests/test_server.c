@@ -1997,6 +1997,7 @@ static void test_server_admission(void)
  * that the caller always unmounts. */
 static void full_disk_body(const char *dir)
 {
+	const char *no_floor[] = {"--min-free-mb", "0", NULL};
 	char path[700], fill[700];
 	server s;
 	client c;
@@ -2006,8 +2007,22 @@ static void full_disk_body(const char *dir)
 	struct stat st;
 	int fd;
 
+	/* With the default --min-free-mb (256) the 1 MiB file system refuses a
+	 * submit at once; without a floor the writes themselves fail. */
 	if (!server_start(&s, dir, NULL)) {
 		CU_FAIL("pipeserver did not start");
+		return;
+	}
+	client_open(&c, &s, 30000);
+	digits_spec(&spec, 5, 0, true);
+	CU_ASSERT_EQUAL(submit(&c, &spec, &id, &r), PT_API_UNAVAILABLE);
+	CU_ASSERT_PTR_NOT_NULL(r.message ? strstr(r.message, " MiB free, under --min-free-mb 256")
+	                                 : NULL);
+	client_close(&c);
+	CU_ASSERT_EQUAL(server_stop(&s, SIGTERM), 0);
+	if (!server_start(&s, dir, no_floor)) {
+		CU_FAIL("pipeserver did not start");
+		pt_job_spec_fini(&spec);
 		return;
 	}
 	client_open(&c, &s, 30000);
@@ -2023,7 +2038,6 @@ static void full_disk_body(const char *dir)
 			;
 	}
 	close(fd);
-	digits_spec(&spec, 5, 0, true);
 	CU_ASSERT_EQUAL(submit(&c, &spec, &id, &r), PT_API_INTERNAL);
 	CU_ASSERT_PTR_NOT_NULL(r.message ? strstr(r.message, "No space left on device") : NULL);
 	snprintf(path, sizeof(path), "%s/jobs/1", dir);
