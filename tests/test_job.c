@@ -529,6 +529,12 @@ static void test_job_spec_validation_names_fields(void)
 	       PT_ERR_INVALID, "loss: MSE needs float targets; token data gives integer labels");
 	EXPECT(NULL, GPT_DATA, "\"optimizer\": {\"lr\": 0.1}, \"batch_size\": 4, \"steps\": 1",
 	       PT_ERR_INVALID, "model[0] (linear): token data needs an embedding");
+	EXPECT("[{\"kind\": \"Embedding\", \"vocab\": 256, \"dim\": 32, \"max_seq\": 64}, "
+	       "{\"kind\": \"TransformerBlock\", \"dim\": 32, \"n_head\": 4, \"mlp_hidden\": "
+	       "-1}, {\"kind\": \"Linear\", \"in_features\": 32, \"out_features\": 256}]",
+	       GPT_DATA, "\"optimizer\": {\"lr\": 0.1}, \"batch_size\": 4, \"steps\": 1",
+	       PT_ERR_RANGE,
+	       "model[1] (transformer_block): transformer_block: mlp_hidden -1 is negative");
 	EXPECT(GPT_MODEL, GPT_DATA, "\"optimizer\": {\"lr\": 0.1}, \"batch_size\": 4, \"steps\": 1",
 	       PT_OK, "");
 }

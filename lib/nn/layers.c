@@ -521,6 +521,11 @@ static pt_err block_infer(const pt_layer_spec *s, pt_act_shape in, pt_act_shape 
 {
 	PT_TRY(attn_check(s, in, "transformer_block"));
 	PT_TRY(eps_check(s, "transformer_block"));
+	if (s->mlp_hidden < 0)
+		return pt_set_error(PT_ERR_RANGE,
+		                    "transformer_block: mlp_hidden %" PRId64
+		                    " is negative (0: 4 x dim, else the MLP's width)",
+		                    s->mlp_hidden);
 	return no_saved_shape(in, out);
 }
 
