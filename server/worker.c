@@ -84,6 +84,7 @@ typedef struct wconn {
 	double last;  /* pt_now() of its last request, or of its arrival */
 	bool trusted; /* made a request the token or a live session vouched for */
 	bool kicked;  /* to be closed by rep_main */
+	bool unread;  /* a reply to it could not be sent: its replies are dropped */
 } wconn;
 
 static atomic_int closing; /* close threads running, in this process */
@@ -594,6 +595,41 @@ static void conn_seen(pt_worker *w, nng_pipe p, bool trusted)
 	pthread_mutex_unlock(&w->cmu);
 }
 
+/* conn_unread reads (set < 0) or sets whether pipe p's peer leaves its
+ * replies unread. */
+static bool conn_unread(pt_worker *w, nng_pipe p, int set)
+{
+	wconn *x;
+	bool v = false;
+	pthread_mutex_lock(&w->cmu);
+	if ((x = conn_find(w, nng_pipe_id(p))) != NULL) {
+		if (set >= 0)
+			x->unread = set;
+		v = x->unread;
+	}
+	pthread_mutex_unlock(&w->cmu);
+	return v;
+}
+
+/* send_reply sends rep on the REP socket without stalling on a peer that
+ * reads no replies. A peer that has read its replies so far may wait up to
+ * REPLY_WAIT_MS (the socket's send timeout): its previous reply's send can
+ * still be finishing when its next request is answered, and a reply dropped
+ * then cost a well-behaved client its whole receive timeout. A reply not
+ * sent in that time is dropped and marks the peer unread: its replies go
+ * without waiting (dropped when they cannot) until one goes through. */
+#define REPLY_WAIT_MS 20
+static void send_reply(pt_worker *w, nng_pipe p, nng_msg *rep)
+{
+	bool unread = conn_unread(w, p, -1);
+	int rv = nng_sendmsg(w->sock, rep, unread ? NNG_FLAG_NONBLOCK : 0);
+
+	if (rv != 0)
+		nng_msg_free(rep);
+	if ((rv == 0) == unread)
+		conn_unread(w, p, rv != 0);
+}
+
 /* close_conns closes the kicked connections and the strangers idle for
  * STRANGER_IDLE_S (outside cmu: nng calls pipe_cb back). */
 static void close_conns(pt_worker *w)
@@ -731,11 +767,9 @@ static void handle(pt_worker *w, nng_msg *req)
 	if (pt_handshake_encode_reply(&w->b, kind, &r, &data, &size) == PT_OK &&
 	    nng_msg_alloc(&rep, size) == 0) {
 		memcpy(nng_msg_body(rep), data, size);
-		/* Never wait on a peer: one that sends requests and reads no
-		 * replies would stall this thread, and with it every job's
-		 * heartbeats and joins. Its replies are dropped instead. */
-		if (nng_sendmsg(w->sock, rep, NNG_FLAG_NONBLOCK) != 0)
-			nng_msg_free(rep);
+		/* Never wait on a peer that reads no replies: it would stall this
+		 * thread, and with it every job's heartbeats and joins. */
+		send_reply(w, nng_msg_get_pipe(req), rep);
 	}
 	free(copy);
 	nng_msg_free(req);
@@ -889,7 +923,7 @@ pt_err pt_worker_start(pt_worker **out, const pt_worker_config *cfg, FILE *annou
 		e = pt_set_error(PT_ERR_IO, "worker socket: %s", nng_strerror(rv));
 		goto fail;
 	}
-	nng_socket_set_ms(w->sock, NNG_OPT_SENDTIMEO, 5000);
+	nng_socket_set_ms(w->sock, NNG_OPT_SENDTIMEO, REPLY_WAIT_MS); /* send_reply */
 	nng_socket_set_size(w->sock, NNG_OPT_RECVMAXSZ, MAX_REQUEST);
 	for (int i = 0; i < cfg->n_urls && i < MAX_LISTENERS; i++) {
 		const char *url = cfg->urls[i];
