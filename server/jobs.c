@@ -36,7 +36,8 @@
 #define JOURNAL_PIECE    (4u << 20) /* a journal is replayed this many bytes at a time */
 #define MAX_WATCH_POINTS 10000
 /* A job's metric history in memory: every step up to this many points, then
- * every 2nd, 4th, ... step (about 600 bytes a point: 10 MB a job at most). */
+ * every 2nd, 4th, ... step (a point is about 90 bytes and 8 a stage: about
+ * 1.6 MB a job at most for one stage, 5.8 MB for 64). */
 #define MAX_POINTS 16384
 
 /* Journal records. REC_DEATHS holds how many runs in a row died with the
@@ -56,6 +57,18 @@ typedef struct ckpt {
 	char sha256[PT_SHA256_HEX];
 } ckpt;
 
+/* One point of a job's metric history: a pt_api_metric_point without its
+ * fixed 64-entry stage_busy array (most of its ~600 bytes), whose n_stages
+ * values lie in the job's busy array from `busy` on. */
+typedef struct mpoint {
+	int64_t step;
+	double loss, grad_norm, samples_per_second, tokens_per_second, bubble;
+	double eval_loss, eval_accuracy, time_unix;
+	float learning_rate;
+	int n_stages;
+	size_t busy;
+} mpoint;
+
 typedef struct job {
 	uint64_t id;
 	char dir[MAX_PATH];
@@ -74,8 +87,10 @@ typedef struct job {
 	int gpus[PT_MAX_STAGES]; /* the server's GPUs of its current run: stage s on gpus[s-1] */
 	int n_gpus;
 
-	pt_api_metric_point *points; /* steps strictly increasing */
+	mpoint *points; /* steps strictly increasing */
 	size_t n_points, cap_points;
+	double *busy; /* the points' per-stage busy seconds, point after point */
+	size_t n_busy, cap_busy;
 	int64_t stride;  /* points kept: steps that are multiples of it (see add_point) */
 	bool thin_evals; /* evaluations are thinned too (thin) */
 	/* Per-rank totals for JobInfo.stages: [0] the coordinator, [1 + k]
@@ -245,6 +260,7 @@ static void job_free(job *jb)
 	free(jb->device);
 	free(jb->resume_from);
 	free(jb->points);
+	free(jb->busy);
 	free(jb->ckpts);
 	free(jb->timeline);
 	if (jb->jfd >= 0)
@@ -411,10 +427,11 @@ static pt_err journal_metric(job *jb, const pt_api_metric_point *p)
 
 /* ------------------------------------------------------ in-memory state -- */
 
-/* add_busy adds sign * p's per-stage busy seconds to jb's stage totals. */
-static void add_busy(job *jb, const pt_api_metric_point *p, double sign)
+/* add_busy adds sign * the per-stage busy seconds busy[0..n) to jb's stage
+ * totals. */
+static void add_busy(job *jb, int n_stages, const double *busy, double sign)
 {
-	size_t n = 1 + (size_t)p->n_stages;
+	size_t n = 1 + (size_t)n_stages;
 
 	for (size_t i = jb->n_stages; i < n; i++) {
 		memset(&jb->stages[i], 0, sizeof(jb->stages[i]));
@@ -422,22 +439,51 @@ static void add_busy(job *jb, const pt_api_metric_point *p, double sign)
 	}
 	if (n > jb->n_stages)
 		jb->n_stages = n;
-	for (int k = 0; k < p->n_stages; k++)
-		jb->stages[1 + k].busy_seconds += sign * p->stage_busy[k];
+	for (int k = 0; k < n_stages; k++)
+		jb->stages[1 + k].busy_seconds += sign * busy[k];
+}
+
+/* pop_point forgets jb's newest point; its busy seconds stay counted unless
+ * uncount (the step is to be trained again). */
+static void pop_point(job *jb, bool uncount)
+{
+	mpoint *q = &jb->points[--jb->n_points];
+	if (uncount)
+		add_busy(jb, q->n_stages, jb->busy + q->busy, -1.0);
+	jb->n_busy = q->busy;
 }
 
 /* drop_last_point forgets jb's newest point and its busy seconds. */
 static void drop_last_point(job *jb)
 {
-	add_busy(jb, &jb->points[--jb->n_points], -1.0);
+	pop_point(jb, true);
 }
 
-/* kept: p stays in jb's history (and its journal) once newer points come:
- * its step is a multiple of the stride, or it carries an evaluation (while
- * the stride has not outgrown those too, thin). */
-static bool kept(const job *jb, const pt_api_metric_point *p)
+/* expand writes history point q as the API's point. */
+static void expand(const job *jb, const mpoint *q, pt_api_metric_point *p)
 {
-	return p->step % jb->stride == 0 || (!isnan(p->eval_loss) && !jb->thin_evals);
+	memset(p, 0, sizeof(*p));
+	p->step = q->step;
+	p->loss = q->loss;
+	p->learning_rate = q->learning_rate;
+	p->grad_norm = q->grad_norm;
+	p->samples_per_second = q->samples_per_second;
+	p->tokens_per_second = q->tokens_per_second;
+	p->bubble = q->bubble;
+	p->n_stages = q->n_stages;
+	memcpy(p->stage_busy, jb->busy + q->busy, sizeof(double) * (size_t)q->n_stages);
+	p->eval_loss = q->eval_loss;
+	p->eval_accuracy = q->eval_accuracy;
+	p->time_unix = q->time_unix;
+}
+
+/* kept: a point of step and eval_loss stays in jb's history (and its
+ * journal) once newer points come: its step is a multiple of the stride, or
+ * it carries an evaluation (while the stride has not outgrown those too,
+ * thin). */
+static bool kept(const job *jb, int64_t step, double eval_loss)
+{
+	return step % jb->stride == 0 || (!isnan(eval_loss) && !jb->thin_evals);
 }
 
 /* thin halves jb's history: the stride doubles and points off it go (the
@@ -445,17 +491,42 @@ static bool kept(const job *jb, const pt_api_metric_point *p)
  * thinned too from then on. Busy seconds stay counted. */
 static void thin(job *jb)
 {
-	size_t n = 0, evals = 0;
+	size_t n = 0, nb = 0, evals = 0;
 
 	jb->stride *= 2;
 	for (size_t i = 0; i < jb->n_points; i++)
 		evals += !isnan(jb->points[i].eval_loss);
 	if (evals >= MAX_POINTS / 2)
 		jb->thin_evals = true;
-	for (size_t i = 0; i < jb->n_points; i++)
-		if (kept(jb, &jb->points[i]) || i + 1 == jb->n_points)
-			jb->points[n++] = jb->points[i];
+	for (size_t i = 0; i < jb->n_points; i++) {
+		mpoint q = jb->points[i];
+		if (!kept(jb, q.step, q.eval_loss) && i + 1 < jb->n_points)
+			continue;
+		memmove(jb->busy + nb, jb->busy + q.busy, sizeof(double) * (size_t)q.n_stages);
+		q.busy = nb;
+		nb += (size_t)q.n_stages;
+		jb->points[n++] = q;
+	}
 	jb->n_points = n;
+	jb->n_busy = nb;
+}
+
+/* grow makes room for one more of size bytes in *v (capacity *cap, in use
+ * n); false when there is no memory. */
+static bool grow(void **v, size_t *cap, size_t n, size_t more, size_t size)
+{
+	size_t c = *cap ? *cap : 64;
+	void *g;
+
+	while (c < n + more)
+		c *= 2;
+	if (c == *cap)
+		return true;
+	if ((g = realloc(*v, c * size)) == NULL)
+		return false;
+	*v = g;
+	*cap = c;
+	return true;
 }
 
 /* add_point appends p; a step at or below the last one (a resumed run redoing
@@ -466,29 +537,45 @@ static void thin(job *jb)
  * for good (journal it). */
 static bool add_point(job *jb, const pt_api_metric_point *p)
 {
+	int ns = p->n_stages < 0                   ? 0
+	         : p->n_stages > PT_API_MAX_STAGES ? PT_API_MAX_STAGES
+	                                           : p->n_stages;
+	mpoint q = {p->step,
+	            p->loss,
+	            p->grad_norm,
+	            p->samples_per_second,
+	            p->tokens_per_second,
+	            p->bubble,
+	            p->eval_loss,
+	            p->eval_accuracy,
+	            p->time_unix,
+	            p->learning_rate,
+	            ns,
+	            0};
+
 	if (jb->stride < 1)
 		jb->stride = 1;
 	while (jb->n_points > 0 && jb->points[jb->n_points - 1].step >= p->step)
 		drop_last_point(jb);
-	if (jb->n_points > 0 && !kept(jb, &jb->points[jb->n_points - 1]))
-		jb->n_points--;
+	if (jb->n_points > 0) {
+		const mpoint *last = &jb->points[jb->n_points - 1];
+		if (!kept(jb, last->step, last->eval_loss))
+			pop_point(jb, false);
+	}
 	if (jb->n_points >= MAX_POINTS)
 		thin(jb);
-	if (jb->n_points == jb->cap_points) {
-		size_t cap = jb->cap_points ? 2 * jb->cap_points : 64;
-		pt_api_metric_point *q = realloc(jb->points, cap * sizeof(*q));
-		if (q == NULL) { /* the newest point replaces the last one */
-			if (jb->n_points == 0)
-				return false;
-			jb->n_points--;
-		} else {
-			jb->points = q;
-			jb->cap_points = cap;
-		}
+	while (!grow((void **)&jb->points, &jb->cap_points, jb->n_points, 1, sizeof(mpoint)) ||
+	       !grow((void **)&jb->busy, &jb->cap_busy, jb->n_busy, (size_t)ns, sizeof(double))) {
+		if (jb->n_points == 0) /* no memory: the newest point replaces the last */
+			return false;
+		pop_point(jb, false);
 	}
-	jb->points[jb->n_points++] = *p;
-	add_busy(jb, p, 1.0);
-	return kept(jb, p);
+	q.busy = jb->n_busy;
+	memcpy(jb->busy + jb->n_busy, p->stage_busy, sizeof(double) * (size_t)ns);
+	jb->n_busy += (size_t)ns;
+	jb->points[jb->n_points++] = q;
+	add_busy(jb, ns, p->stage_busy, 1.0);
+	return kept(jb, q.step, q.eval_loss);
 }
 
 static void apply_state(job *jb, pt_api_job_state st, int64_t step, double t, const char *msg)
@@ -2378,7 +2465,7 @@ static void fill_info(const pt_jobs *m, const job *jb, pt_api_job_info *ji, bool
 	ji->finished_unix = jb->finished;
 	if (jb->n_points > 0) {
 		ji->has_last = true;
-		ji->last = jb->points[jb->n_points - 1];
+		expand(jb, &jb->points[jb->n_points - 1], &ji->last);
 	}
 	ji->spec = with_spec ? &jb->spec : NULL;
 	ji->stages = jb->stages;
@@ -2516,8 +2603,8 @@ pt_err pt_jobs_reply_watch(pt_jobs *m, const pt_api_request *q, pt_jobs_waiter *
 		pthread_mutex_unlock(&m->mu);
 		return pt_set_error(PT_ERR_NOMEM, "%zu metric points", n);
 	}
-	if (n)
-		memcpy(copy, jb->points + lo, n * sizeof(*copy));
+	for (size_t i = 0; i < n; i++)
+		expand(jb, &jb->points[lo + i], &copy[i]);
 	pt_api_response_init(&r, q->id, PT_API_OK, PT_API_WATCH_METRICS);
 	r.points = copy;
 	r.n_points = n;
