@@ -13,6 +13,9 @@
  *   bench attn_blocked_bf16_ms  the blocked kernel in bf16 precision, W2
  *   bench attn_bf16_over_fp32   its time over fp32's, measured beside it
  *   bench attn_blocked_bf16_w3_ms, attn_bf16_over_fp32_w3  the same at W3
+ *   bench attn_tiles_vs_sgemm(_w3)  the fp32 kernel's strips on its AVX-512
+ *         register tiles over the same on sgemm calls (PIPETRAIN_ATTN_KERNELS),
+ *         W2 and W3, only where the CPU has AVX-512
  */
 #include <math.h>
 #include <omp.h>
@@ -201,6 +204,16 @@ int main(int argc, char **argv)
 	printf("bench attn_dense_ms %.2f\n", d2 * 1e3);
 	printf("bench attn_causal_speedup %.2f\n", d2 / b2);
 	printf("bench attn_causal_speedup_w3 %.2f\n", d3 / b3);
+	if (strcmp(pt_cpu_attention_kernel(), "avx512f") == 0) {
+		/* fp32's AVX-512 register tiles over its sgemm strips */
+		double t2 = blocked_at(&w2, PT_PREC_FP32), t3 = blocked_at(&w3, PT_PREC_FP32), s2, s3;
+		pt_cpu_attention_select(false);
+		s2 = blocked_at(&w2, PT_PREC_FP32);
+		s3 = blocked_at(&w3, PT_PREC_FP32);
+		pt_cpu_attention_select(true);
+		printf("bench attn_tiles_vs_sgemm %.2f\n", s2 / t2);
+		printf("bench attn_tiles_vs_sgemm_w3 %.2f\n", s3 / t3);
+	}
 	{ /* bf16 precision: the same products on operands rounded to bf16 */
 		double f = blocked_at(&w2, PT_PREC_FP32), h = blocked_at(&w2, PT_PREC_BF16);
 		printf("bench attn_blocked_bf16_ms %.2f\n", h * 1e3);

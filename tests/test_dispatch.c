@@ -1181,11 +1181,12 @@ static double rel_err_ref(const pt_tensor *a, const double *ref)
  * below, at and across its 32-row strips, with and without accumulation
  * into dqkv: within 1e-5 (relative, Frobenius; measured about 1e-7). One
  * thread and two give the same bits. */
-static void test_dispatch_attention_matches_definition(void)
+/* attention_vs_definition runs the kernel for B = 2 and each length against
+ * attn_ref (see test_dispatch_attention_matches_definition). */
+static void attention_vs_definition(int64_t C, int NH, const int64_t *lens, size_t nlens)
 {
-	enum { B = 2, C = 24, NH = 3 };
-	const int64_t lens[] = {1, 5, 32, 33, 100};
-	for (size_t n = 0; n < sizeof(lens) / sizeof(lens[0]); n++) {
+	enum { B = 2 };
+	for (size_t n = 0; n < nlens; n++) {
 		int64_t T = lens[n], BTC = B * T * C;
 		pt_tensor qkv, dout, out, lse, dq, out1, lse1, dq1;
 		double *ro = calloc((size_t)BTC, sizeof(double));
@@ -1214,7 +1215,7 @@ static void test_dispatch_attention_matches_definition(void)
 		CU_ASSERT(rel_err_ref(&out, ro) < 1e-5);
 		CU_ASSERT(rel_err_ref(&lse, rl) < 1e-5);
 		CU_ASSERT(rel_err_ref(&dq, rd) < 1e-5);
-		printf("\n    T %3" PRId64 ": out %.1e, lse %.1e, dqkv %.1e", T,
+		printf("\n    hs %2" PRId64 ", T %3" PRId64 ": out %.1e, lse %.1e, dqkv %.1e", C / NH, T,
 		       rel_err_ref(&out, ro), rel_err_ref(&lse, rl), rel_err_ref(&dq, rd));
 
 		/* without accumulation: the same less the 0.5, on one thread */
@@ -1235,6 +1236,63 @@ static void test_dispatch_attention_matches_definition(void)
 		free(rl);
 		free(rd);
 	}
+}
+
+static void test_dispatch_attention_matches_definition(void)
+{
+	const int64_t lens[] = {1, 5, 32, 33, 100};
+	attention_vs_definition(24, 3, lens, sizeof(lens) / sizeof(lens[0]));
+}
+
+/* The fp32 kernel's AVX-512 register tiles (cpu_attn512.c; heads a multiple
+ * of 16 wide) against the definition as above: heads 16, 64 and 96 wide (a
+ * 64-column panel and a 32-column one), lengths across the 4-row tiles, the
+ * 32-row strips, the 16-float vectors and the 64-key blocks (1 to 130), and
+ * W2's shape (context 128, heads 64 wide). Then against the sgemm strips
+ * (PIPETRAIN_ATTN_KERNELS=sgemm) at W2's shape: within 1e-6, not bitwise
+ * (other sums in other orders; relative, Frobenius). Skips without AVX-512. */
+static void test_dispatch_attention_avx512_tiles(void)
+{
+	const int64_t lens[] = {1, 3, 17, 33, 64, 65, 100, 130}, w2[] = {128};
+	enum { B = 2, T = 128, C = 256, NH = 4 };
+	pt_tensor qkv, dout, out[2], lse[2], dq[2];
+
+	if (strcmp(pt_cpu_attention_kernel(), "avx512f") != 0) {
+		printf("\n    skip: no AVX-512 here (attention runs %s)", pt_cpu_attention_kernel());
+		return;
+	}
+	attention_vs_definition(32, 2, lens, sizeof(lens) / sizeof(lens[0]));
+	attention_vs_definition(64, 1, lens, sizeof(lens) / sizeof(lens[0]));
+	attention_vs_definition(192, 2, lens, sizeof(lens) / sizeof(lens[0]));
+	attention_vs_definition(C, NH, w2, 1);
+
+	PT_CHECK_OK(pt_tensor_init(&qkv, PT_F32, 3, (int64_t[]){B, T, 3 * C}));
+	PT_CHECK_OK(pt_tensor_init(&dout, PT_F32, 3, (int64_t[]){B, T, C}));
+	fill_uniform(&qkv, 41);
+	fill_uniform(&dout, 42);
+	for (int k = 0; k < 2; k++) {
+		PT_CHECK_OK(pt_tensor_init(&out[k], PT_F32, 3, (int64_t[]){B, T, C}));
+		PT_CHECK_OK(pt_tensor_init(&lse[k], PT_F32, 3, (int64_t[]){B, NH, T}));
+		PT_CHECK_OK(pt_tensor_init(&dq[k], PT_F32, 3, (int64_t[]){B, T, 3 * C}));
+		pt_cpu_attention_select(k == 0);
+		CU_ASSERT_STRING_EQUAL(pt_cpu_attention_kernel(), k == 0 ? "avx512f" : "sgemm");
+		PT_CHECK_OK(pt_attention_forward(&out[k], &lse[k], &qkv, NH));
+		PT_CHECK_OK(pt_attention_backward(&dq[k], &dout, &qkv, &lse[k], NH, false));
+	}
+	pt_cpu_attention_select(true);
+	CU_ASSERT(rel_err(&out[0], &out[1]) < 1e-6);
+	CU_ASSERT(rel_err(&lse[0], &lse[1]) < 1e-6);
+	CU_ASSERT(rel_err(&dq[0], &dq[1]) < 1e-6);
+	printf("\n    tiles vs sgemm (W2 shape): out %.1e, lse %.1e, dqkv %.1e",
+	       rel_err(&out[0], &out[1]), rel_err(&lse[0], &lse[1]),
+	       rel_err(&dq[0], &dq[1]));
+	for (int k = 0; k < 2; k++) {
+		pt_tensor_fini(&out[k]);
+		pt_tensor_fini(&lse[k]);
+		pt_tensor_fini(&dq[k]);
+	}
+	pt_tensor_fini(&qkv);
+	pt_tensor_fini(&dout);
 }
 
 /* An attention tape captured on a one-thread budget and replayed on a
@@ -1462,6 +1520,7 @@ static const pt_test_case eager_tests[] = {
     {"test_dispatch_eager_runs_at_once", test_dispatch_eager_runs_at_once},
     {"test_dispatch_eager_failure_reports", test_dispatch_eager_failure_reports},
     {"test_dispatch_attention_matches_definition", test_dispatch_attention_matches_definition},
+    {"test_dispatch_attention_avx512_tiles", test_dispatch_attention_avx512_tiles},
     {"test_dispatch_attention_replayed_on_more_threads",
      test_dispatch_attention_replayed_on_more_threads},
     {"test_dispatch_gemm_padding_is_bitwise", test_dispatch_gemm_padding_is_bitwise},

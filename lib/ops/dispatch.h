@@ -167,6 +167,15 @@ bool pt_cpu_bf16_native(const char **impl);
  * "unavailable" when it cannot make one, and sgemm then runs them). */
 const char *pt_cpu_f32_gemm_impl(void);
 
+/* The fp32 attention kernel's strip products (lib/ops/cpu/cpu_attention.c):
+ * AVX-512 register tiles (cpu_attn512.c) where the CPU has AVX-512 and a
+ * head is a multiple of 16 wide, else one sgemm call each.
+ * PIPETRAIN_ATTN_KERNELS=sgemm in the environment, or
+ * pt_cpu_attention_select(false) (tests, benchmarks), keeps sgemm;
+ * pt_cpu_attention_kernel names what runs: "avx512f" or "sgemm". */
+void pt_cpu_attention_select(bool avx512);
+const char *pt_cpu_attention_kernel(void);
+
 /* pt_cpu_activation_isa names the build the activation kernels run here:
  * "avx512f" where the CPU has it, else the baseline's. */
 const char *pt_cpu_activation_isa(void);

@@ -23,10 +23,18 @@
  * NATIVE_ROWS rows) on oneDNN's
  * bf16 matmul (cpu_bf16_gemm_packed): the same rounded operands, the sums
  * in another order. Softmax and its backward stay f32.
+ *
+ * fp32 on a CPU with AVX-512, heads a multiple of 16 wide: the strips'
+ * products run in registers (cpu_attn512.c) and stop at each 4-row tile's
+ * causal edge; the head's k (and in the backward v) is first transposed
+ * into the workspace (hs x Tp, Tp = T rounded up to 16) so scores read
+ * whole vectors of keys.
  */
 #include <inttypes.h>
 #include <math.h>
 #include <omp.h>
+#include <stdatomic.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cpu_kernels.h"
@@ -46,7 +54,40 @@ typedef struct {
 	float scale;
 	pt_precision prec;
 	bool native; /* bf16 on the native kernels */
+	bool fast;   /* fp32 on the AVX-512 tiles */
+	bool vec;    /* softmax and its backward on AVX-512 */
 } attn_dims;
+
+static atomic_int attn_choice = -1; /* -1: the environment's, 0: sgemm, 1: avx512 */
+
+void pt_cpu_attention_select(bool avx512)
+{
+	atomic_store(&attn_choice, avx512 ? 1 : 0);
+}
+
+/* avx512_on: the AVX-512 tiles are allowed (the environment or the
+ * selection); the CPU and head size decide the rest. */
+static bool avx512_on(void)
+{
+	int c = atomic_load(&attn_choice);
+	if (c < 0) {
+		const char *env = getenv("PIPETRAIN_ATTN_KERNELS");
+		c = env != NULL && strcmp(env, "sgemm") == 0 ? 0 : 1;
+		atomic_store(&attn_choice, c);
+	}
+	return c == 1;
+}
+
+const char *pt_cpu_attention_kernel(void)
+{
+	return avx512_on() && cpu_attn512_usable(16) ? "avx512f" : "sgemm";
+}
+
+/* padded: T rounded up to whole vectors of 16 floats. */
+static int64_t padded(int64_t T)
+{
+	return (T + 15) / 16 * 16;
+}
 
 static attn_dims dims_of(const pt_op_call *c, const pt_tensor *qkv)
 {
@@ -59,6 +100,8 @@ static attn_dims dims_of(const pt_op_call *c, const pt_tensor *qkv)
 	d.scale = 1.0f / sqrtf((float)d.hs);
 	d.prec = (pt_precision)c->prec;
 	d.native = d.prec == PT_PREC_BF16 && d.T <= NATIVE_MAX_T && pt_cpu_bf16_native(NULL);
+	d.fast = d.prec == PT_PREC_FP32 && avx512_on() && cpu_attn512_usable(d.hs);
+	d.vec = avx512_on() && cpu_attn512_cpu();
 	return d;
 }
 
@@ -78,7 +121,8 @@ static int64_t thread_floats(const attn_dims *d)
 	int64_t emu = 2 * strip_floats(d->T, PT_ATTN_ROWS) + 4 * d->T * d->hs;
 	int64_t nat = 3 * strip_floats(d->T, NATIVE_ROWS) + 2 * d->T * d->hs;
 	if (d->prec == PT_PREC_FP32)
-		return 2 * strip_floats(d->T, PT_ATTN_ROWS);
+		return 2 * strip_floats(d->T, PT_ATTN_ROWS) +
+		       (d->fast ? 2 * d->hs * padded(d->T) : 0);
 	return emu > nat ? emu : nat;
 }
 
@@ -144,6 +188,12 @@ static void round_row(const attn_dims *d, float *row, int64_t n)
 static void strip_softmax(const attn_dims *d, float *s, float *lse, int64_t r0, int64_t n,
                           int64_t kn, bool round)
 {
+	if (d->vec) {
+		cpu_attn512_softmax(s, lse + r0, r0, n, kn);
+		for (int64_t i = 0; i < n && round; i++)
+			round_row(d, s + i * kn, r0 + i + 1);
+		return;
+	}
 	for (int64_t i = 0; i < n; i++) {
 		float *row = s + i * kn, mx, sum;
 		int64_t len = r0 + i + 1;
@@ -161,6 +211,14 @@ static void strip_softmax(const attn_dims *d, float *s, float *lse, int64_t r0, 
 static void strip_grads(const attn_dims *d, float *p, float *dp, const float *lse, int64_t r0,
                         int64_t n, int64_t kn, bool round)
 {
+	if (d->vec) {
+		cpu_attn512_grads(p, dp, lse + r0, r0, n, kn, d->scale);
+		for (int64_t i = 0; i < n && round; i++) {
+			round_row(d, p + i * kn, r0 + i + 1);
+			round_row(d, dp + i * kn, r0 + i + 1);
+		}
+		return;
+	}
 	for (int64_t i = 0; i < n; i++) {
 		float *pr = p + i * kn, *dr = dp + i * kn, l = lse[r0 + i], dot = 0.0f;
 		int64_t len = r0 + i + 1;
@@ -225,15 +283,89 @@ static pt_err head_forward_native(const attn_dims *d, const float *qkv, float *o
 	return PT_OK;
 }
 
+/* transpose_head writes the head's T x hs columns at x (rows C3 apart) to
+ * xt as hs x Tp, zeros past T. */
+static void transpose_head(const attn_dims *d, const float *x, float *xt)
+{
+	int64_t Tp = padded(d->T);
+	/* 16 positions at a time, each row of xt a whole cache line per
+	 * column: rows of xt 1 KB apart (T 256) share 4 of L1's 64 sets, and
+	 * filling them a float at a time evicts them before they are full */
+	for (int64_t t0 = 0; t0 < Tp; t0 += 16)
+		for (int64_t c = 0; c < d->hs; c++) {
+			float *dst = xt + c * Tp + t0;
+			for (int64_t t = 0; t < 16; t++)
+				dst[t] = t0 + t < d->T ? x[(t0 + t) * d->C3 + c] : 0.0f;
+		}
+}
+
+/* prefetch_rows asks for rows [r0, r0 + n) of a head's columns at x (hs
+ * floats, rows ld apart) ahead of their use, into L2; for writing when
+ * write. The next head's rows go while this one's strips compute: rows
+ * 3 KB and more apart defeat the hardware's prefetch, and a cold head
+ * otherwise waits on each row in turn. */
+static void prefetch_rows(const attn_dims *d, const float *x, int64_t ld, int64_t r0, int64_t n,
+                          int64_t width, bool write)
+{
+	if (x == NULL)
+		return;
+	for (int64_t t = r0; t < r0 + n; t++)
+		for (int64_t c = 0; c < width; c += 16) {
+			if (write)
+				__builtin_prefetch(x + t * ld + c, 1, 2);
+			else
+				__builtin_prefetch(x + t * ld + c, 0, 2);
+		}
+}
+
+/* prefetch_qkv: prefetch_rows for a head's q, k and v columns at x. */
+static void prefetch_qkv(const attn_dims *d, const float *x, int64_t r0, int64_t n, bool write)
+{
+	for (int i = 0; x != NULL && i < 3; i++)
+		prefetch_rows(d, x + i * d->C, d->C3, r0, n, d->hs, write);
+}
+
+/* The next head's operands, for the fast kernels to prefetch. */
+typedef struct {
+	const float *qkv, *dout;
+	float *dqkv;
+} head_next;
+
+/* head_forward_fast is head_forward on the AVX-512 tiles; ws holds a strip,
+ * another (unused here) and k transposed; next (or NULL) is the next head's
+ * q, prefetched. */
+static void head_forward_fast(const attn_dims *d, const float *qkv, float *o, float *lse,
+                              float *ws, const float *next)
+{
+	float *s = ws, *kt = ws + 2 * strip_floats(d->T, PT_ATTN_ROWS);
+	int64_t Tp = padded(d->T);
+
+	transpose_head(d, qkv + d->C, kt);
+	for (int64_t r0 = 0; r0 < d->T; r0 += PT_ATTN_ROWS) {
+		int64_t n = d->T - r0 < PT_ATTN_ROWS ? d->T - r0 : PT_ATTN_ROWS, kn = r0 + n;
+		prefetch_qkv(d, next, r0, n, false);
+		cpu_attn512_scores(n, r0, d->hs, d->scale, qkv + r0 * d->C3, d->C3, kt, Tp, s, kn);
+		strip_softmax(d, s, lse, r0, n, kn, false);
+		cpu_attn512_acc(n, kn, d->hs, s, kn, 1, qkv + 2 * d->C, d->C3, o + r0 * d->C, d->C,
+		                false, CPU_ATTN_QUERY_ROWS, r0);
+	}
+}
+
 /* One (batch, head): out rows and lse for q, k, v at stride C3; ws holds
- * two strips and the rounded operands. */
-static pt_err head_forward(const attn_dims *d, const float *qkv, float *o, float *lse, float *ws)
+ * two strips and the rounded operands; next (or NULL) is the next head's
+ * q, for the fast kernel to prefetch. */
+static pt_err head_forward(const attn_dims *d, const float *qkv, float *o, float *lse, float *ws,
+                           const float *next)
 {
 	const float *q, *k, *v;
 	float *s = ws;
 	int64_t ld;
 	if (d->native)
 		return head_forward_native(d, qkv, o, lse, ws);
+	if (d->fast) {
+		head_forward_fast(d, qkv, o, lse, ws, next);
+		return PT_OK;
+	}
 	head_operands(d, qkv, ws + 2 * strip_floats(d->T, PT_ATTN_ROWS), &q, &k, &v, &ld);
 	for (int64_t r0 = 0; r0 < d->T; r0 += PT_ATTN_ROWS) {
 		int64_t n = d->T - r0 < PT_ATTN_ROWS ? d->T - r0 : PT_ATTN_ROWS, kn = r0 + n;
@@ -262,8 +394,10 @@ pt_err cpu_attention_forward(const pt_op_call *c, void *ws)
 	for (int64_t bh = 0; bh < B * d.NH; bh++) {
 		int64_t b = bh / d.NH, h = bh % d.NH;
 		float *s = (float *)ws + (size_t)omp_get_thread_num() * (size_t)per;
+		int64_t nb = (bh + 1) / d.NH, nh = (bh + 1) % d.NH;
 		pt_err e = head_forward(&d, qkv + b * T * d.C3 + h * d.hs,
-		                        out + b * T * d.C + h * d.hs, lse + bh * T, s);
+		                        out + b * T * d.C + h * d.hs, lse + bh * T, s,
+		                        bh + 1 < B * d.NH ? qkv + nb * T * d.C3 + nh * d.hs : NULL);
 		if (e != PT_OK) {
 #pragma omp critical
 			err = e;
@@ -306,11 +440,49 @@ static pt_err head_backward_native(const attn_dims *d, const float *qkv, const f
 	return PT_OK;
 }
 
+/* head_backward_fast is head_backward on the AVX-512 tiles; ws holds two
+ * strips, k and v transposed. */
+static void head_backward_fast(const attn_dims *d, const float *qkv, const float *dout,
+                               const float *lse, float *dq, bool accum, float *ws,
+                               const head_next *next)
+{
+	int64_t sf = strip_floats(d->T, PT_ATTN_ROWS), Tp = padded(d->T);
+	float *p = ws, *dp = ws + sf, *kt = ws + 2 * sf, *vt = kt + d->hs * Tp;
+	const float *k = qkv + d->C;
+	float *dk = dq + d->C, *dv = dq + 2 * d->C;
+
+	transpose_head(d, k, kt);
+	transpose_head(d, qkv + 2 * d->C, vt);
+	if (!accum)
+		zero_dkv(d, dq);
+	for (int64_t r0 = 0; r0 < d->T; r0 += PT_ATTN_ROWS) {
+		int64_t n = d->T - r0 < PT_ATTN_ROWS ? d->T - r0 : PT_ATTN_ROWS, kn = r0 + n;
+		const float *qs = qkv + r0 * d->C3, *gs = dout + r0 * d->C;
+		if (next != NULL) {
+			prefetch_qkv(d, next->qkv, r0, n, false);
+			prefetch_rows(d, next->dout, d->C, r0, n, d->hs, false);
+			prefetch_qkv(d, next->dqkv, r0, n, true);
+		}
+		/* p = exp(scale q k^T - lse) on the causal part; dp = dout v^T */
+		cpu_attn512_scores(n, r0, d->hs, d->scale, qs, d->C3, kt, Tp, p, kn);
+		cpu_attn512_scores(n, r0, d->hs, 1.0f, gs, d->C, vt, Tp, dp, kn);
+		strip_grads(d, p, dp, lse, r0, n, kn, false);
+		/* dv += p^T dout ; dq = ds k ; dk += ds^T q */
+		cpu_attn512_acc(kn, n, d->hs, p, 1, kn, gs, d->C, dv, d->C3, true, CPU_ATTN_KEY_ROWS,
+		                r0);
+		cpu_attn512_acc(n, kn, d->hs, dp, kn, 1, k, d->C3, dq + r0 * d->C3, d->C3, accum,
+		                CPU_ATTN_QUERY_ROWS, r0);
+		cpu_attn512_acc(kn, n, d->hs, dp, 1, kn, qs, d->C3, dk, d->C3, true,
+		                CPU_ATTN_KEY_ROWS, r0);
+	}
+}
+
 /* One (batch, head): dq, dk, dv (stride C3) from dout (stride C) and lse;
  * ws holds two strips and the rounded operands. dk and dv gather over
  * strips, so they start from zero unless accumulating. */
 static pt_err head_backward(const attn_dims *d, const float *qkv, const float *dout_c,
-                            const float *lse, float *dq, bool accum, float *ws)
+                            const float *lse, float *dq, bool accum, float *ws,
+                            const head_next *next)
 {
 	const float *q, *k, *v, *dout = dout_c;
 	float *dk = dq + d->C, *dv = dq + 2 * d->C, *p = ws,
@@ -321,6 +493,10 @@ static pt_err head_backward(const attn_dims *d, const float *qkv, const float *d
 
 	if (d->native)
 		return head_backward_native(d, qkv, dout_c, lse, dq, accum, ws);
+	if (d->fast) {
+		head_backward_fast(d, qkv, dout_c, lse, dq, accum, ws, next);
+		return PT_OK;
+	}
 	head_operands(d, qkv, rounded, &q, &k, &v, &ld);
 	if (d->prec != PT_PREC_FP32) {
 		float *r = rounded + 3 * d->T * d->hs;
@@ -365,9 +541,13 @@ pt_err cpu_attention_backward(const pt_op_call *c, void *ws)
 	for (int64_t bh = 0; bh < B * d.NH; bh++) {
 		int64_t b = bh / d.NH, h = bh % d.NH;
 		float *w = (float *)ws + (size_t)omp_get_thread_num() * (size_t)per;
+		int64_t nb = (bh + 1) / d.NH, nh = (bh + 1) % d.NH;
+		head_next next = {qkv + nb * T * d.C3 + nh * d.hs, dout + nb * T * d.C + nh * d.hs,
+		                  dqkv + nb * T * d.C3 + nh * d.hs};
 		pt_err e =
 		    head_backward(&d, qkv + b * T * d.C3 + h * d.hs, dout + b * T * d.C + h * d.hs,
-		                  lse + bh * T, dqkv + b * T * d.C3 + h * d.hs, accum, w);
+		                  lse + bh * T, dqkv + b * T * d.C3 + h * d.hs, accum, w,
+		                  bh + 1 < B * d.NH ? &next : NULL);
 		if (e != PT_OK) {
 #pragma omp critical
 			err = e;

@@ -46,6 +46,32 @@ PT_CPU_KERNELS(PT_CPU_DECL)
 /* cpu_attention_workspace returns the bytes attention backward needs. */
 size_t cpu_attention_workspace(const pt_op_call *c);
 
+/* The fp32 attention kernel's strip products on AVX-512 (cpu_attn512.c).
+ * cpu_attn512_usable: this CPU has AVX-512 and hs is a multiple of 16.
+ * cpu_attn512_scores: S[i][j] = alpha sum_d A[i][d] Bt[d][j] for the n rows
+ * of a strip starting at query r0, j below r0 + i + 1 at least (tiles of 4
+ * rows stop at their last row's key, and at lds); Bt's rows are whole
+ * vectors of 16 readable floats. cpu_attn512_acc: C (m x hs) (+)= A B over
+ * k in [0, K), A(r, k) at A[r ars + k acs], skipping what the causal mask
+ * zeroes: CPU_ATTN_QUERY_ROWS, C's rows are queries r0 + i (k, a key, up
+ * to the query); CPU_ATTN_KEY_ROWS, C's rows are keys j (k, a strip row,
+ * from j - r0). */
+/* cpu_attn512_cpu: the CPU has AVX-512 (softmax and its backward on 16
+ * lanes). cpu_attn512_softmax is the strip's causal softmax in place (rows
+ * of strip_softmax in cpu_attention.c, lse[i] for row i);
+ * cpu_attn512_grads its backward (strip_grads, lse[i] for row i). */
+bool cpu_attn512_cpu(void);
+void cpu_attn512_softmax(float *s, float *lse, int64_t r0, int64_t n, int64_t kn);
+void cpu_attn512_grads(float *p, float *dp, const float *lse, int64_t r0, int64_t n,
+                       int64_t kn, float scale);
+typedef enum { CPU_ATTN_DENSE, CPU_ATTN_QUERY_ROWS, CPU_ATTN_KEY_ROWS } cpu_attn_causal;
+bool cpu_attn512_usable(int64_t hs);
+void cpu_attn512_scores(int64_t n, int64_t r0, int64_t hs, float alpha, const float *A,
+                        int64_t lda, const float *Bt, int64_t ldbt, float *S, int64_t lds);
+void cpu_attn512_acc(int64_t m, int64_t K, int64_t hs, const float *A, int64_t ars, int64_t acs,
+                     const float *B, int64_t ldb, float *C, int64_t ldc, bool accumulate,
+                     cpu_attn_causal causal, int64_t r0);
+
 /* cpu_gemm: row-major C (M, N) = alpha op(A) op(B) + beta C through oneDNN. */
 pt_err cpu_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
                 int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
