@@ -1299,9 +1299,9 @@ static void test_dispatch_attention_avx512_tiles(void)
  * four-thread one, with exactly the workspace the tape asks for: the kernel
  * starts no more threads than that workspace holds scores for (ASan sees
  * any write past it) and gives the captured run's bits. */
-static void test_dispatch_attention_replayed_on_more_threads(void)
+static void attention_replayed(int64_t C, int NH)
 {
-	enum { B = 2, T = 70, C = 24, NH = 3 };
+	enum { B = 2, T = 70 };
 	pt_dispatcher *d = pt_dispatcher_current();
 	pt_tensor qkv, dout, out, lse, dq, o0, l0, d0;
 	pt_op_tape *tape;
@@ -1343,6 +1343,12 @@ static void test_dispatch_attention_replayed_on_more_threads(void)
 	pt_tensor *t[] = {&qkv, &dout, &out, &lse, &dq, &o0, &l0, &d0};
 	for (int k = 0; k < 8; k++)
 		pt_tensor_fini(t[k]);
+}
+
+static void test_dispatch_attention_replayed_on_more_threads(void)
+{
+	attention_replayed(24, 3);
+	attention_replayed(64, 2); /* heads 32 wide: the AVX-512 tiles where the CPU has them */
 }
 
 /* Attention in bf16 (its four products; softmax in f32): output and input
