@@ -50,6 +50,7 @@ typedef struct pt_server_config {
 	int max_jobs;             /* jobs running at once per device */
 	int max_queued;           /* jobs waiting at most, all devices */
 	int min_free_mb;          /* submits refused below this much free disk (0: no check) */
+	int keep_jobs;            /* ended jobs kept (0: all) */
 	int watch_interval_ms;    /* parked WatchMetrics are woken at most this often */
 	int watch_replies;        /* a job's parked WatchMetrics get at most this many replies a
 	                           * second in all (0: no budget) */

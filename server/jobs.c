@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <ftw.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
@@ -103,6 +104,7 @@ typedef struct job {
 	pt_api_task_span *timeline; /* the last flushing step's tasks (GetJob) */
 	size_t n_timeline;
 
+	int held;               /* under mgr->mu: threads using it unlocked (its runner) */
 	atomic_int stop;        /* STOP_* */
 	pt_jobs_waiter waiters; /* list head */
 	int n_waiters;          /* parked on waiters */
@@ -1303,6 +1305,80 @@ static void run_one(pt_jobs *m, job *jb)
 	        last, msg[0] ? ": " : "", msg);
 }
 
+/* ----------------------------------------------------------- retention -- */
+
+/* job_ended: a job that will not run again (an interrupted one is resumed
+ * when the server starts again). */
+static bool job_ended(const job *jb)
+{
+	return jb->state == PT_JOB_SUCCEEDED || jb->state == PT_JOB_FAILED ||
+	       jb->state == PT_JOB_CANCELLED;
+}
+
+static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *f)
+{
+	(void)st;
+	(void)f;
+	if ((flag == FTW_DP ? rmdir(path) : unlink(path)) != 0 && errno != ENOENT)
+		pt_warn("keep-jobs: removing %s: %s", path, strerror(errno));
+	return 0;
+}
+
+static int by_end(const void *a, const void *b)
+{
+	const job *x = *(job *const *)a, *y = *(job *const *)b;
+	if (x->finished != y->finished)
+		return x->finished < y->finished ? -1 : 1;
+	return x->id < y->id ? -1 : x->id > y->id;
+}
+
+/* prune deletes the jobs that ended first, their folders (journal,
+ * checkpoints) with them, while more than --keep-jobs have ended (m->mu
+ * held). A job a thread still uses unlocked (held) or a watcher waits on is
+ * passed over until a later prune; nothing is pruned while the server
+ * stops. */
+static void prune(pt_jobs *m)
+{
+	size_t n_ended = 0, n_free = 0, drop, k = 0;
+	job **v;
+
+	if (m->cfg.keep_jobs <= 0 || m->stopping)
+		return;
+	for (size_t i = 0; i < m->n_jobs; i++)
+		n_ended += job_ended(m->jobs[i]);
+	if (n_ended <= (size_t)m->cfg.keep_jobs || (v = malloc(n_ended * sizeof(*v))) == NULL)
+		return;
+	for (size_t i = 0; i < m->n_jobs; i++) {
+		job *jb = m->jobs[i];
+		if (job_ended(jb) && jb->held == 0 && jb->n_waiters == 0)
+			v[n_free++] = jb;
+	}
+	qsort(v, n_free, sizeof(*v), by_end);
+	drop = n_ended - (size_t)m->cfg.keep_jobs;
+	drop = drop < n_free ? drop : n_free;
+	for (size_t i = 0; i < drop; i++) {
+		job *jb = v[i];
+		pt_info("job %" PRIu64 " (%s, %s) deleted: %zu jobs ended, --keep-jobs %d", jb->id,
+		        jb->spec.name ? jb->spec.name : "", pt_api_job_state_name(jb->state),
+		        n_ended - i, m->cfg.keep_jobs);
+		if (jb->jfd >= 0) {
+			close(jb->jfd);
+			jb->jfd = -1;
+		}
+		if (nftw(jb->dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS) != 0 && errno != ENOENT)
+			pt_warn("keep-jobs: removing %s: %s", jb->dir, strerror(errno));
+		jb->held = -1; /* marks it for the sweep below */
+	}
+	for (size_t i = 0; i < m->n_jobs; i++) {
+		if (m->jobs[i]->held == -1)
+			job_free(m->jobs[i]);
+		else
+			m->jobs[k++] = m->jobs[i];
+	}
+	m->n_jobs = k;
+	free(v);
+}
+
 static void *runner_main(void *arg)
 {
 	runner *r = arg;
@@ -1317,9 +1393,12 @@ static void *runner_main(void *arg)
 			continue;
 		}
 		set_state(jb, PT_JOB_STARTING, NULL, now_unix());
+		jb->held++;
 		pthread_mutex_unlock(&m->mu);
 		run_one(m, jb);
 		pthread_mutex_lock(&m->mu);
+		jb->held--;
+		prune(m);
 	}
 	pthread_mutex_unlock(&m->mu);
 	return NULL;
@@ -1346,6 +1425,8 @@ static void *pool_run_main(void *arg)
 	jb->pool_urls = NULL;
 	jb->n_pool = 0;
 	release_gpus(m, jb);
+	jb->held--;
+	prune(m);
 	place_queue(m); /* before done: it reaps ended runs, never this one */
 	pr->done = true;
 	pthread_cond_broadcast(&m->cv);
@@ -1436,7 +1517,9 @@ static void place_queue(pt_jobs *m)
 		pr->jb = jb;
 		pr->mgr = m;
 		set_state(jb, PT_JOB_STARTING, NULL, now_unix());
+		jb->held++;
 		if (pthread_create(&pr->thread, NULL, pool_run_main, pr) != 0) {
+			jb->held--;
 			if (via_pool)
 				pt_pool_release(m->pool, jb->id);
 			for (int k = 0; k < n_urls; k++)
@@ -1845,8 +1928,10 @@ pt_err pt_jobs_create(pt_jobs **out, const pt_jobs_config *cfg)
 	}
 	pthread_mutex_lock(&m->mu);
 	rv = recover(m);
-	if (rv == PT_OK)
+	if (rv == PT_OK) {
+		prune(m);
 		place_queue(m);
+	}
 	pthread_mutex_unlock(&m->mu);
 	if (rv != PT_OK) {
 		pt_jobs_destroy(m);
@@ -2217,15 +2302,22 @@ pt_err pt_jobs_submit(pt_jobs *m, const uint8_t *spec_table, uint64_t *id)
 		char msg[300];
 		snprintf(msg, sizeof(msg), "no runner: %s", pt_last_error());
 		set_state(jb, PT_JOB_FAILED, msg, now_unix());
+		jb->held++; /* ended: --keep-jobs may delete it once the record is written */
 		pthread_mutex_unlock(&m->mu);
 		journal_state(jb, PT_JOB_FAILED, 0, now_unix(), msg);
+		pthread_mutex_lock(&m->mu);
+		jb->held--;
+		prune(m);
+		pthread_mutex_unlock(&m->mu);
 		*id = nid;
 		return PT_OK;
 	}
-	pthread_cond_broadcast(&m->cv);
-	pthread_mutex_unlock(&m->mu);
+	/* Logged under the lock: once it is released the job may be cancelled
+	 * and deleted (--keep-jobs) at any time. */
 	pt_info("job %" PRIu64 " (%s) queued on %s", nid, jb->spec.name ? jb->spec.name : "",
 	        jb->device);
+	pthread_cond_broadcast(&m->cv);
+	pthread_mutex_unlock(&m->mu);
 	*id = nid;
 	return PT_OK;
 fail_io:
@@ -2425,9 +2517,14 @@ pt_err pt_jobs_cancel(pt_jobs *m, uint64_t id, pt_api_job_state *state)
 		t = now_unix();
 		set_state(jb, PT_JOB_CANCELLED, "cancelled while queued", t);
 		*state = PT_JOB_CANCELLED;
+		jb->held++;
 		pthread_mutex_unlock(&m->mu);
 		journal_state(jb, PT_JOB_CANCELLED, jb->step, t, "cancelled while queued");
 		journal_flush_close(jb);
+		pthread_mutex_lock(&m->mu);
+		jb->held--;
+		prune(m);
+		pthread_mutex_unlock(&m->mu);
 		return PT_OK;
 	}
 	/* Its runner sees the flag between steps; whatever it was doing, the
@@ -2619,11 +2716,14 @@ void pt_jobs_unwatch(pt_jobs *m, pt_jobs_waiter *w)
 {
 	pthread_mutex_lock(&m->mu);
 	if (w->linked) {
-		((job *)w->job)->n_waiters--;
+		job *jb = w->job;
+		jb->n_waiters--;
 		w->prev->next = w->next;
 		w->next->prev = w->prev;
 		w->next = w->prev = NULL;
 		w->linked = false;
+		if (jb->n_waiters == 0 && job_ended(jb))
+			prune(m); /* it may have waited for this watcher to leave */
 	}
 	pthread_mutex_unlock(&m->mu);
 }

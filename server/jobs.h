@@ -41,6 +41,7 @@ typedef struct pt_jobs_config {
 	int max_jobs;               /* jobs running at once per device (<= 1: one) */
 	int max_queued;             /* jobs waiting at most (<= 0: no limit) */
 	int min_free_mb;            /* submits refused below this much free disk (0: none) */
+	int keep_jobs;              /* ended jobs kept, the earliest ended deleted (<= 0: all) */
 	int watch_interval_ms;      /* wake parked watchers at most this often */
 	int watch_replies;          /* and a job's at most this many replies a second in all */
 	int metrics_sync_ms;        /* fsync metric records at least this often */

@@ -351,6 +351,7 @@ int main(int argc, char **argv)
 	jc.max_jobs = cfg.max_jobs;
 	jc.max_queued = cfg.max_queued;
 	jc.min_free_mb = cfg.min_free_mb;
+	jc.keep_jobs = cfg.keep_jobs;
 	jc.watch_interval_ms = cfg.watch_interval_ms;
 	jc.watch_replies = cfg.watch_replies;
 	jc.metrics_sync_ms = cfg.metrics_sync_ms;

@@ -794,6 +794,103 @@ static void test_server_min_free_disk(void)
 	pt_job_spec_fini(&spec);
 }
 
+/* list_ids fills ids (up to cap) with the listed jobs' ids; returns how many. */
+static size_t list_ids(client *c, uint64_t *ids, size_t cap)
+{
+	pt_api_response r;
+	pt_api_job_info ji;
+	size_t n = 0;
+	CU_ASSERT_EQUAL_FATAL(simple(c, PT_API_LIST_JOBS, 0, &r), PT_API_OK);
+	for (size_t i = 0; i < r.n_jobs && n < cap; i++) {
+		PT_CHECK_OK(pt_api_response_job(&r, i, &ji));
+		ids[n++] = ji.id;
+	}
+	return n;
+}
+
+/* until_listed waits (up to 20 s) until ListJobs gives exactly want[0..n). */
+static bool until_listed(client *c, const uint64_t *want, size_t n)
+{
+	uint64_t ids[16];
+	double t0 = now_s();
+	do {
+		size_t k = list_ids(c, ids, 16);
+		if (k == n && memcmp(ids, want, n * sizeof(*ids)) == 0)
+			return true;
+		usleep(20000);
+	} while (now_s() - t0 < 20);
+	return false;
+}
+
+static bool job_dir_exists(const char *dir, uint64_t id)
+{
+	char path[700];
+	struct stat st;
+	snprintf(path, sizeof(path), "%s/jobs/%" PRIu64, dir, id);
+	return stat(path, &st) == 0;
+}
+
+/* --keep-jobs 2: once a third job has ended, the one that ended first is
+ * deleted - gone from ListJobs (GetJob: NotFound) and its folder with its
+ * checkpoints removed - whether it ended by itself or was cancelled while
+ * queued; running and queued jobs are never counted. A restart with
+ * --keep-jobs 1 keeps only the job that ended last. */
+static void test_server_keep_jobs(void)
+{
+	const char *two[] = {"--keep-jobs", "2", NULL}, *one[] = {"--keep-jobs", "1", NULL};
+	char dir[512], path[800];
+	uint64_t id[6];
+	pt_api_response r;
+	pt_job_spec spec;
+	struct stat st;
+	server s;
+	client c;
+	bool ended;
+
+	make_dir("keepjobs", dir, sizeof(dir));
+	CU_ASSERT_TRUE_FATAL(server_start(&s, dir, two));
+	client_open(&c, &s, 30000);
+	digits_spec(&spec, 3, 3, false); /* a checkpoint at step 3 */
+	for (int i = 0; i < 4; i++) {
+		CU_ASSERT_EQUAL_FATAL(submit(&c, &spec, &id[i], &r), PT_API_OK);
+		watch_until(&c, id[i], 1000, 60, &ended);
+		CU_ASSERT_TRUE(ended);
+	}
+	CU_ASSERT_TRUE(until_listed(&c, (uint64_t[]){id[2], id[3]}, 2));
+	CU_ASSERT_EQUAL(simple(&c, PT_API_GET_JOB, id[0], &r), PT_API_NOT_FOUND);
+	CU_ASSERT_EQUAL(simple(&c, PT_API_LIST_CHECKPOINTS, id[1], &r), PT_API_NOT_FOUND);
+	CU_ASSERT_FALSE(job_dir_exists(dir, id[0]));
+	CU_ASSERT_FALSE(job_dir_exists(dir, id[1]));
+	snprintf(path, sizeof(path), "%s/jobs/%" PRIu64 "/checkpoints/step-3.safetensors", dir,
+	         id[2]);
+	CU_ASSERT_EQUAL(stat(path, &st), 0);
+
+	/* One running, one cancelled while queued: the queued one ends first. */
+	spec.steps = 1000000;
+	spec.checkpoint_every = 0;
+	CU_ASSERT_EQUAL_FATAL(submit(&c, &spec, &id[4], &r), PT_API_OK);
+	watch_until(&c, id[4], 1, 60, &ended);
+	CU_ASSERT_EQUAL_FATAL(submit(&c, &spec, &id[5], &r), PT_API_OK);
+	CU_ASSERT_TRUE(until_listed(&c, (uint64_t[]){id[2], id[3], id[4], id[5]}, 4));
+	CU_ASSERT_EQUAL(simple(&c, PT_API_CANCEL_JOB, id[5], &r), PT_API_OK);
+	CU_ASSERT_TRUE(until_listed(&c, (uint64_t[]){id[3], id[4], id[5]}, 3));
+	CU_ASSERT_FALSE(job_dir_exists(dir, id[2]));
+	CU_ASSERT_EQUAL(simple(&c, PT_API_CANCEL_JOB, id[4], &r), PT_API_OK);
+	CU_ASSERT_TRUE(until_listed(&c, (uint64_t[]){id[4], id[5]}, 2));
+	CU_ASSERT_FALSE(job_dir_exists(dir, id[3]));
+	client_close(&c);
+	CU_ASSERT_EQUAL(server_stop(&s, SIGTERM), 0);
+
+	CU_ASSERT_TRUE_FATAL(server_start(&s, dir, one));
+	client_open(&c, &s, 30000);
+	CU_ASSERT_TRUE(until_listed(&c, (uint64_t[]){id[4]}, 1));
+	CU_ASSERT_FALSE(job_dir_exists(dir, id[5]));
+	CU_ASSERT_TRUE(job_dir_exists(dir, id[4]));
+	client_close(&c);
+	CU_ASSERT_EQUAL(server_stop(&s, SIGTERM), 0);
+	pt_job_spec_fini(&spec);
+}
+
 /* --max-queued: with one job running and 2 waiting, a third waiting one is
  * refused Unavailable, saying why, and leaves nothing on disk; once a queued
  * job is cancelled a submit is taken again. A queued job holds no journal
@@ -2124,6 +2221,7 @@ static const pt_test_case server_tests[] = {
     {"test_server_reject_log", test_server_reject_log},
     {"test_server_log_one_line_per_event", test_server_log_one_line_per_event},
     {"test_server_max_queued", test_server_max_queued},
+    {"test_server_keep_jobs", test_server_keep_jobs},
     {"test_server_min_free_disk", test_server_min_free_disk},
     {"test_server_auth", test_server_auth},
     {"test_server_data_paths", test_server_data_paths},
