@@ -1181,6 +1181,20 @@ static double rel_err_ref(const pt_tensor *a, const double *ref)
  * below, at and across its 32-row strips, with and without accumulation
  * into dqkv: within 1e-5 (relative, Frobenius; measured about 1e-7). One
  * thread and two give the same bits. */
+/* attn_pair_fini frees an attention comparison's inputs and its two runs'
+ * outputs. */
+static void attn_pair_fini(pt_tensor *qkv, pt_tensor *dout, pt_tensor out[2], pt_tensor lse[2],
+                           pt_tensor dq[2])
+{
+	for (int k = 0; k < 2; k++) {
+		pt_tensor_fini(&out[k]);
+		pt_tensor_fini(&lse[k]);
+		pt_tensor_fini(&dq[k]);
+	}
+	pt_tensor_fini(qkv);
+	pt_tensor_fini(dout);
+}
+
 /* attention_vs_definition runs the kernel for B = 2 and each length against
  * attn_ref (see test_dispatch_attention_matches_definition). */
 static void attention_vs_definition(int64_t C, int NH, const int64_t *lens, size_t nlens)
@@ -1286,13 +1300,7 @@ static void test_dispatch_attention_avx512_tiles(void)
 	printf("\n    tiles vs sgemm (W2 shape): out %.1e, lse %.1e, dqkv %.1e",
 	       rel_err(&out[0], &out[1]), rel_err(&lse[0], &lse[1]),
 	       rel_err(&dq[0], &dq[1]));
-	for (int k = 0; k < 2; k++) {
-		pt_tensor_fini(&out[k]);
-		pt_tensor_fini(&lse[k]);
-		pt_tensor_fini(&dq[k]);
-	}
-	pt_tensor_fini(&qkv);
-	pt_tensor_fini(&dout);
+	attn_pair_fini(&qkv, &dout, out, lse, dq);
 }
 
 /* An attention tape captured on a one-thread budget and replayed on a
@@ -1377,13 +1385,7 @@ static void test_bf16_attention(void)
 	CU_ASSERT(rel_err(&dq[1], &dq[0]) < 2e-2);
 	printf("\n    attention bf16 vs fp32: out %.2e, lse %.2e, dqkv %.2e",
 	       rel_err(&out[1], &out[0]), rel_err(&att[1], &att[0]), rel_err(&dq[1], &dq[0]));
-	for (int k = 0; k < 2; k++) {
-		pt_tensor_fini(&out[k]);
-		pt_tensor_fini(&att[k]);
-		pt_tensor_fini(&dq[k]);
-	}
-	pt_tensor_fini(&qkv);
-	pt_tensor_fini(&dout);
+	attn_pair_fini(&qkv, &dout, out, att, dq);
 }
 
 /* Attention's native bf16 strips against the emulation: the same rounded
