@@ -1332,6 +1332,40 @@ static int by_end(const void *a, const void *b)
 	return x->id < y->id ? -1 : x->id > y->id;
 }
 
+/* save_last_id writes the last id handed out to data_dir/last_id (m->mu
+ * held): once a deletion may remove the newest job's folder, recovery
+ * cannot find it there, and a client must never see an id twice. */
+static void save_last_id(pt_jobs *m)
+{
+	char path[MAX_PATH + 16], tmp[MAX_PATH + 24], text[32];
+	int fd, n = snprintf(text, sizeof(text), "%" PRIu64 "\n", m->next_id - 1);
+
+	snprintf(path, sizeof(path), "%s/last_id", m->data_dir);
+	snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+	if ((fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)) < 0 ||
+	    write(fd, text, (size_t)n) != n || fsync(fd) != 0 || close(fd) != 0 ||
+	    rename(tmp, path) != 0) {
+		pt_warn("keep-jobs: writing %s: %s", path, strerror(errno));
+		if (fd >= 0)
+			close(fd);
+	}
+}
+
+/* load_last_id: ids below what data_dir/last_id holds are taken. */
+static void load_last_id(pt_jobs *m)
+{
+	char path[MAX_PATH + 16];
+	unsigned long long id;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "%s/last_id", m->data_dir);
+	if ((f = fopen(path, "r")) == NULL)
+		return;
+	if (fscanf(f, "%llu", &id) == 1 && id < UINT64_MAX && id + 1 > m->next_id)
+		m->next_id = id + 1;
+	fclose(f);
+}
+
 /* prune deletes the jobs that ended first, their folders (journal,
  * checkpoints) with them, while more than --keep-jobs have ended (m->mu
  * held). A job a thread still uses unlocked (held) or a watcher waits on is
@@ -1356,6 +1390,8 @@ static void prune(pt_jobs *m)
 	qsort(v, n_free, sizeof(*v), by_end);
 	drop = n_ended - (size_t)m->cfg.keep_jobs;
 	drop = drop < n_free ? drop : n_free;
+	if (drop > 0)
+		save_last_id(m);
 	for (size_t i = 0; i < drop; i++) {
 		job *jb = v[i];
 		pt_info("job %" PRIu64 " (%s, %s) deleted: %zu jobs ended, --keep-jobs %d", jb->id,
@@ -1792,6 +1828,7 @@ static pt_err recover(pt_jobs *m)
 		}
 	}
 	closedir(d);
+	load_last_id(m);
 
 	for (size_t i = 0; i < m->n_jobs; i++) {
 		job *jb = m->jobs[i];

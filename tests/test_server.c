@@ -834,7 +834,8 @@ static bool job_dir_exists(const char *dir, uint64_t id)
  * deleted - gone from ListJobs (GetJob: NotFound) and its folder with its
  * checkpoints removed - whether it ended by itself or was cancelled while
  * queued; running and queued jobs are never counted. A restart with
- * --keep-jobs 1 keeps only the job that ended last. */
+ * --keep-jobs 1 keeps only the job that ended last, and the next job does
+ * not take the id of the newest one deleted. */
 static void test_server_keep_jobs(void)
 {
 	const char *two[] = {"--keep-jobs", "2", NULL}, *one[] = {"--keep-jobs", "1", NULL};
@@ -886,6 +887,14 @@ static void test_server_keep_jobs(void)
 	CU_ASSERT_TRUE(until_listed(&c, (uint64_t[]){id[4]}, 1));
 	CU_ASSERT_FALSE(job_dir_exists(dir, id[5]));
 	CU_ASSERT_TRUE(job_dir_exists(dir, id[4]));
+	client_close(&c);
+	CU_ASSERT_EQUAL(server_stop(&s, SIGTERM), 0);
+	/* The newest job's folder is gone; its id is not free again. */
+	CU_ASSERT_TRUE_FATAL(server_start(&s, dir, one));
+	client_open(&c, &s, 30000);
+	CU_ASSERT_EQUAL_FATAL(submit(&c, &spec, &id[0], &r), PT_API_OK);
+	CU_ASSERT_EQUAL(id[0], id[5] + 1);
+	CU_ASSERT_EQUAL(simple(&c, PT_API_CANCEL_JOB, id[0], &r), PT_API_OK);
 	client_close(&c);
 	CU_ASSERT_EQUAL(server_stop(&s, SIGTERM), 0);
 	pt_job_spec_fini(&spec);
