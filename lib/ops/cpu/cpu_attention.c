@@ -284,19 +284,13 @@ static pt_err head_forward_native(const attn_dims *d, const float *qkv, float *o
 }
 
 /* transpose_head writes the head's T x hs columns at x (rows C3 apart) to
- * xt as hs x Tp, zeros past T. */
+ * xt as hs x Tp, zeros past T (the fast kernels only: 16 x 16 blocks in
+ * registers, each store a whole cache line; a float at a time, rows of xt
+ * 1 KB apart at T 256 share 4 of L1's 64 sets and cost 100 k cycles a
+ * head). */
 static void transpose_head(const attn_dims *d, const float *x, float *xt)
 {
-	int64_t Tp = padded(d->T);
-	/* 16 positions at a time, each row of xt a whole cache line per
-	 * column: rows of xt 1 KB apart (T 256) share 4 of L1's 64 sets, and
-	 * filling them a float at a time evicts them before they are full */
-	for (int64_t t0 = 0; t0 < Tp; t0 += 16)
-		for (int64_t c = 0; c < d->hs; c++) {
-			float *dst = xt + c * Tp + t0;
-			for (int64_t t = 0; t < 16; t++)
-				dst[t] = t0 + t < d->T ? x[(t0 + t) * d->C3 + c] : 0.0f;
-		}
+	cpu_attn512_transpose(x, d->C3, d->T, d->hs, xt, padded(d->T));
 }
 
 /* prefetch_rows asks for rows [r0, r0 + n) of a head's columns at x (hs

@@ -193,6 +193,55 @@ bool cpu_attn512_cpu(void)
 	return __builtin_cpu_supports("avx512f");
 }
 
+/* transpose16: dst[c ldd + t] = src[t lds + c] for t, c < 16, in registers
+ * (pairs, then 64-bit, then 128-bit lanes, then halves). */
+TILE void transpose16(const float *src, int64_t lds, float *dst, int64_t ldd)
+{
+	__m512 r[16], t[16];
+#pragma GCC unroll 16
+	for (int i = 0; i < 16; i++)
+		r[i] = _mm512_loadu_ps(src + i * lds);
+#pragma GCC unroll 8
+	for (int i = 0; i < 8; i++) {
+		t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+		t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+	}
+#pragma GCC unroll 4
+	for (int i = 0; i < 4; i++) {
+		r[4 * i + 0] = _mm512_shuffle_ps(t[4 * i + 0], t[4 * i + 2], 0x44);
+		r[4 * i + 1] = _mm512_shuffle_ps(t[4 * i + 0], t[4 * i + 2], 0xEE);
+		r[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
+		r[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
+	}
+#pragma GCC unroll 2
+	for (int i = 0; i < 2; i++)
+#pragma GCC unroll 4
+		for (int j = 0; j < 4; j++) {
+			t[8 * i + j] = _mm512_shuffle_f32x4(r[8 * i + j], r[8 * i + 4 + j], 0x88);
+			t[8 * i + 4 + j] = _mm512_shuffle_f32x4(r[8 * i + j], r[8 * i + 4 + j], 0xDD);
+		}
+#pragma GCC unroll 8
+	for (int j = 0; j < 8; j++) {
+		r[j] = _mm512_shuffle_f32x4(t[j], t[8 + j], 0x88);
+		r[8 + j] = _mm512_shuffle_f32x4(t[j], t[8 + j], 0xDD);
+	}
+#pragma GCC unroll 16
+	for (int i = 0; i < 16; i++)
+		_mm512_storeu_ps(dst + i * ldd, r[i]);
+}
+
+AVX512 void cpu_attn512_transpose(const float *x, int64_t ld, int64_t T, int64_t hs, float *xt,
+                                  int64_t Tp)
+{
+	int64_t t0 = 0;
+	for (; t0 + 16 <= T; t0 += 16)
+		for (int64_t c0 = 0; c0 < hs; c0 += 16)
+			transpose16(x + t0 * ld + c0, ld, xt + c0 * Tp + t0, Tp);
+	for (int64_t c = 0; c < hs && t0 < Tp; c++)
+		for (int64_t t = t0; t < Tp; t++)
+			xt[c * Tp + t] = t < T ? x[t * ld + c] : 0.0f;
+}
+
 /* exp512 is pt_expf (cpu_math.h) on 16 lanes: the same steps, fused. */
 TILE __m512 exp512(__m512 x)
 {
@@ -287,6 +336,11 @@ AVX512 void cpu_attn512_grads(float *p, float *dp, const float *lse, int64_t r0,
 bool cpu_attn512_cpu(void)
 {
 	return false;
+}
+
+void cpu_attn512_transpose(const float *x, int64_t ld, int64_t T, int64_t hs, float *xt,
+                           int64_t Tp)
+{
 }
 
 void cpu_attn512_softmax(float *s, float *lse, int64_t r0, int64_t n, int64_t kn)

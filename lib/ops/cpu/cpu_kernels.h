@@ -61,6 +61,10 @@ size_t cpu_attention_workspace(const pt_op_call *c);
  * of strip_softmax in cpu_attention.c, lse[i] for row i);
  * cpu_attn512_grads its backward (strip_grads, lse[i] for row i). */
 bool cpu_attn512_cpu(void);
+/* cpu_attn512_transpose: xt (hs x Tp, zeros past T) = x^T, x T x hs with rows
+ * ld apart; hs a multiple of 16. */
+void cpu_attn512_transpose(const float *x, int64_t ld, int64_t T, int64_t hs, float *xt,
+                           int64_t Tp);
 void cpu_attn512_softmax(float *s, float *lse, int64_t r0, int64_t n, int64_t kn);
 void cpu_attn512_grads(float *p, float *dp, const float *lse, int64_t r0, int64_t n,
                        int64_t kn, float scale);
