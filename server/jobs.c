@@ -131,7 +131,8 @@ typedef struct runner {
 typedef struct pool_run {
 	pthread_t thread;
 	bool done; /* under mu: the thread returned (join it) */
-	job *jb;
+	job *jb;    /* NULL once the run dropped its hold (the job may be pruned) */
+	uint64_t id; /* the job's id, for the shutdown log */
 	pt_jobs *mgr;
 	struct pool_run *next;
 } pool_run;
@@ -155,6 +156,8 @@ struct pt_jobs {
 	int gpus[MAX_GPUS];         /* --devices GPUs (cuda:N numbers) */
 	uint64_t gpu_job[MAX_GPUS]; /* the job holding gpus[i] (0: free) */
 	int n_gpus;
+	uint64_t *trash;            /* under mu: pruned jobs whose jobs/.deleted-<id> awaits removal */
+	size_t n_trash, cap_trash;
 };
 
 /* The runner key of jobs the server places on its GPUs: no runner has it. */
@@ -1307,12 +1310,13 @@ static void run_one(pt_jobs *m, job *jb)
 
 /* ----------------------------------------------------------- retention -- */
 
-/* job_ended: a job that will not run again (an interrupted one is resumed
- * when the server starts again). */
+/* job_ended: a job that will not run again. A job is Interrupted only while
+ * the server stops (no pruning then) or, after recovery, when its spec says
+ * resume: false (those with resume: true are queued again first), so an
+ * Interrupted job seen by prune has ended for good. */
 static bool job_ended(const job *jb)
 {
-	return jb->state == PT_JOB_SUCCEEDED || jb->state == PT_JOB_FAILED ||
-	       jb->state == PT_JOB_CANCELLED;
+	return pt_api_job_state_final(jb->state);
 }
 
 static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *f)
@@ -1335,20 +1339,28 @@ static int by_end(const void *a, const void *b)
 /* save_last_id writes the last id handed out to data_dir/last_id (m->mu
  * held): once a deletion may remove the newest job's folder, recovery
  * cannot find it there, and a client must never see an id twice. */
-static void save_last_id(pt_jobs *m)
+static bool save_last_id(pt_jobs *m)
 {
 	char path[MAX_PATH + 16], tmp[MAX_PATH + 24], text[32];
-	int fd, n = snprintf(text, sizeof(text), "%" PRIu64 "\n", m->next_id - 1);
+	int fd, dfd, n = snprintf(text, sizeof(text), "%" PRIu64 "\n", m->next_id - 1);
+	bool ok;
 
 	snprintf(path, sizeof(path), "%s/last_id", m->data_dir);
 	snprintf(tmp, sizeof(tmp), "%s.tmp", path);
-	if ((fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)) < 0 ||
-	    write(fd, text, (size_t)n) != n || fsync(fd) != 0 || close(fd) != 0 ||
-	    rename(tmp, path) != 0) {
-		pt_warn("keep-jobs: writing %s: %s", path, strerror(errno));
-		if (fd >= 0)
-			close(fd);
+	if ((fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)) < 0) {
+		pt_warn("keep-jobs: writing %s: %s; no job deleted", tmp, strerror(errno));
+		return false;
 	}
+	ok = write(fd, text, (size_t)n) == n && fsync(fd) == 0;
+	ok = close(fd) == 0 && ok;
+	ok = ok && rename(tmp, path) == 0;
+	if (ok && (dfd = open(m->data_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) >= 0) {
+		ok = fsync(dfd) == 0; /* the rename itself is durable */
+		close(dfd);
+	}
+	if (!ok)
+		pt_warn("keep-jobs: writing %s: %s; no job deleted", path, strerror(errno));
+	return ok;
 }
 
 /* load_last_id: ids below what data_dir/last_id holds are taken. */
@@ -1366,11 +1378,67 @@ static void load_last_id(pt_jobs *m)
 	fclose(f);
 }
 
+/* trash_path: where a pruned job's folder waits to be removed. Recovery
+ * reads only folders named by a number, so a leftover is never a job. */
+static void trash_path(const pt_jobs *m, uint64_t id, char *out, size_t n)
+{
+	snprintf(out, n, "%s/jobs/.deleted-%" PRIu64, m->data_dir, id);
+}
+
+/* empty_trash removes the folders prune set aside, with m->mu not held: a
+ * job's checkpoints may be gigabytes, and no request waits on their
+ * unlinking. */
+static void empty_trash(pt_jobs *m)
+{
+	char path[MAX_PATH + 48];
+	uint64_t *ids;
+	size_t n;
+
+	pthread_mutex_lock(&m->mu);
+	ids = m->trash;
+	n = m->n_trash;
+	m->trash = NULL;
+	m->n_trash = m->cap_trash = 0;
+	pthread_mutex_unlock(&m->mu);
+	for (size_t i = 0; i < n; i++) {
+		trash_path(m, ids[i], path, sizeof(path));
+		if (nftw(path, remove_entry, 16, FTW_DEPTH | FTW_PHYS) != 0 && errno != ENOENT)
+			pt_warn("keep-jobs: removing %s: %s", path, strerror(errno));
+	}
+	free(ids);
+}
+
+/* to_trash moves a job's folder aside (m->mu held): one rename, so the
+ * folder is gone from jobs/ before the lock is given back. */
+static bool to_trash(pt_jobs *m, uint64_t id, const char *dir)
+{
+	char path[MAX_PATH + 48];
+
+	if (m->n_trash == m->cap_trash) {
+		size_t cap = m->cap_trash ? 2 * m->cap_trash : 16;
+		uint64_t *t = realloc(m->trash, cap * sizeof(*t));
+		if (t == NULL)
+			return false;
+		m->trash = t;
+		m->cap_trash = cap;
+	}
+	trash_path(m, id, path, sizeof(path));
+	if (dir != NULL && rename(dir, path) != 0 && errno != ENOENT) {
+		pt_warn("keep-jobs: moving %s aside: %s; job %" PRIu64 " kept", dir,
+		        strerror(errno), id);
+		return false;
+	}
+	m->trash[m->n_trash++] = id;
+	return true;
+}
+
 /* prune deletes the jobs that ended first, their folders (journal,
  * checkpoints) with them, while more than --keep-jobs have ended (m->mu
- * held). A job a thread still uses unlocked (held) or a watcher waits on is
- * passed over until a later prune; nothing is pruned while the server
- * stops. */
+ * held; the caller calls empty_trash once it gives the lock back). A job a
+ * thread still uses unlocked (held) or a watcher is parked on is passed over
+ * until a later prune; parked watchers are woken when their job ends, so
+ * the latter is rare, and a watcher that asks after the deletion gets "no
+ * job", as for any unknown id. Nothing is pruned while the server stops. */
 static void prune(pt_jobs *m)
 {
 	size_t n_ended = 0, n_free = 0, drop, k = 0;
@@ -1390,19 +1458,19 @@ static void prune(pt_jobs *m)
 	qsort(v, n_free, sizeof(*v), by_end);
 	drop = n_ended - (size_t)m->cfg.keep_jobs;
 	drop = drop < n_free ? drop : n_free;
-	if (drop > 0)
-		save_last_id(m);
+	if (drop > 0 && !save_last_id(m))
+		drop = 0;
 	for (size_t i = 0; i < drop; i++) {
 		job *jb = v[i];
-		pt_info("job %" PRIu64 " (%s, %s) deleted: %zu jobs ended, --keep-jobs %d", jb->id,
-		        jb->spec.name ? jb->spec.name : "", pt_api_job_state_name(jb->state),
-		        n_ended - i, m->cfg.keep_jobs);
+		if (!to_trash(m, jb->id, jb->dir))
+			continue;
 		if (jb->jfd >= 0) {
 			close(jb->jfd);
 			jb->jfd = -1;
 		}
-		if (nftw(jb->dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS) != 0 && errno != ENOENT)
-			pt_warn("keep-jobs: removing %s: %s", jb->dir, strerror(errno));
+		pt_info("job %" PRIu64 " (%s, %s) deleted: %zu jobs ended, --keep-jobs %d", jb->id,
+		        jb->spec.name ? jb->spec.name : "", pt_api_job_state_name(jb->state),
+		        n_ended - i, m->cfg.keep_jobs);
 		jb->held = -1; /* marks it for the sweep below */
 	}
 	for (size_t i = 0; i < m->n_jobs; i++) {
@@ -1435,6 +1503,9 @@ static void *runner_main(void *arg)
 		pthread_mutex_lock(&m->mu);
 		jb->held--;
 		prune(m);
+		pthread_mutex_unlock(&m->mu);
+		empty_trash(m);
+		pthread_mutex_lock(&m->mu);
 	}
 	pthread_mutex_unlock(&m->mu);
 	return NULL;
@@ -1462,11 +1533,13 @@ static void *pool_run_main(void *arg)
 	jb->n_pool = 0;
 	release_gpus(m, jb);
 	jb->held--;
+	pr->jb = NULL; /* prune may free it; shutdown names the run by pr->id */
 	prune(m);
 	place_queue(m); /* before done: it reaps ended runs, never this one */
 	pr->done = true;
 	pthread_cond_broadcast(&m->cv);
 	pthread_mutex_unlock(&m->mu);
+	empty_trash(m); /* m outlives this thread: it is joined before m goes */
 	return NULL;
 }
 
@@ -1551,6 +1624,7 @@ static void place_queue(pt_jobs *m)
 			break;
 		}
 		pr->jb = jb;
+		pr->id = jb->id;
 		pr->mgr = m;
 		set_state(jb, PT_JOB_STARTING, NULL, now_unix());
 		jb->held++;
@@ -1809,6 +1883,11 @@ static pt_err recover(pt_jobs *m)
 		char *end;
 		uint64_t id;
 		job *jb;
+		if (strncmp(e->d_name, ".deleted-", 9) == 0 &&
+		    (id = strtoull(e->d_name + 9, &end, 10)) != 0 && *end == '\0') {
+			to_trash(m, id, NULL); /* pruned before a stop: removed once started */
+			continue;
+		}
 		if (e->d_name[0] < '0' || e->d_name[0] > '9')
 			continue;
 		errno = 0;
@@ -1970,6 +2049,7 @@ pt_err pt_jobs_create(pt_jobs **out, const pt_jobs_config *cfg)
 		place_queue(m);
 	}
 	pthread_mutex_unlock(&m->mu);
+	empty_trash(m);
 	if (rv != PT_OK) {
 		pt_jobs_destroy(m);
 		return rv;
@@ -2026,7 +2106,7 @@ void pt_jobs_shutdown(pt_jobs *m)
 	while (runs != NULL) {
 		pool_run *next = runs->next;
 		char id[32];
-		snprintf(id, sizeof(id), "%" PRIu64, runs->jb ? runs->jb->id : 0);
+		snprintf(id, sizeof(id), "%" PRIu64, runs->id);
 		join_logged(runs->thread, "the pooled run of job", id);
 		free(runs);
 		runs = next;
@@ -2054,6 +2134,7 @@ void pt_jobs_destroy(pt_jobs *m)
 	free(m->data_dir);
 	free(m->device);
 	free(m->files_root);
+	free(m->trash);
 	if (m->lock_fd >= 0)
 		close(m->lock_fd);
 	pthread_cond_destroy(&m->cv);
@@ -2346,6 +2427,7 @@ pt_err pt_jobs_submit(pt_jobs *m, const uint8_t *spec_table, uint64_t *id)
 		jb->held--;
 		prune(m);
 		pthread_mutex_unlock(&m->mu);
+		empty_trash(m);
 		*id = nid;
 		return PT_OK;
 	}
@@ -2562,6 +2644,7 @@ pt_err pt_jobs_cancel(pt_jobs *m, uint64_t id, pt_api_job_state *state)
 		jb->held--;
 		prune(m);
 		pthread_mutex_unlock(&m->mu);
+		empty_trash(m);
 		return PT_OK;
 	}
 	/* Its runner sees the flag between steps; whatever it was doing, the
@@ -2763,6 +2846,7 @@ void pt_jobs_unwatch(pt_jobs *m, pt_jobs_waiter *w)
 			prune(m); /* it may have waited for this watcher to leave */
 	}
 	pthread_mutex_unlock(&m->mu);
+	empty_trash(m);
 }
 
 pt_err pt_jobs_reply_checkpoints(pt_jobs *m, uint64_t req_id, uint64_t id, pt_fb_builder *b,

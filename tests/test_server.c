@@ -830,12 +830,37 @@ static bool job_dir_exists(const char *dir, uint64_t id)
 	return stat(path, &st) == 0;
 }
 
+/* trash_gone waits (up to 10 s) until jobs/ holds no ".deleted-" folder:
+ * deleted jobs' folders are moved there under the lock, removed after. */
+static bool trash_gone(const char *dir)
+{
+	char path[700];
+	double t0 = now_s();
+	snprintf(path, sizeof(path), "%s/jobs", dir);
+	do {
+		DIR *d = opendir(path);
+		struct dirent *e;
+		int n = 0;
+		if (d == NULL)
+			return false;
+		while ((e = readdir(d)) != NULL)
+			n += strncmp(e->d_name, ".deleted-", 9) == 0;
+		closedir(d);
+		if (n == 0)
+			return true;
+		usleep(20000);
+	} while (now_s() - t0 < 10);
+	return false;
+}
+
 /* --keep-jobs 2: once a third job has ended, the one that ended first is
  * deleted - gone from ListJobs (GetJob: NotFound) and its folder with its
  * checkpoints removed - whether it ended by itself or was cancelled while
  * queued; running and queued jobs are never counted. A restart with
  * --keep-jobs 1 keeps only the job that ended last, and the next job does
- * not take the id of the newest one deleted. */
+ * not take the id of the newest one deleted. A job interrupted by a stop
+ * with resume: false has ended for good and is counted once the server is
+ * back; a folder left set aside (".deleted-N") by a stop is removed then. */
 static void test_server_keep_jobs(void)
 {
 	const char *two[] = {"--keep-jobs", "2", NULL}, *one[] = {"--keep-jobs", "1", NULL};
@@ -844,6 +869,7 @@ static void test_server_keep_jobs(void)
 	pt_api_response r;
 	pt_job_spec spec;
 	struct stat st;
+	pt_api_job_info ji;
 	server s;
 	client c;
 	bool ended;
@@ -865,6 +891,7 @@ static void test_server_keep_jobs(void)
 	snprintf(path, sizeof(path), "%s/jobs/%" PRIu64 "/checkpoints/step-3.safetensors", dir,
 	         id[2]);
 	CU_ASSERT_EQUAL(stat(path, &st), 0);
+	CU_ASSERT_TRUE(trash_gone(dir));
 
 	/* One running, one cancelled while queued: the queued one ends first. */
 	spec.steps = 1000000;
@@ -895,6 +922,24 @@ static void test_server_keep_jobs(void)
 	CU_ASSERT_EQUAL_FATAL(submit(&c, &spec, &id[0], &r), PT_API_OK);
 	CU_ASSERT_EQUAL(id[0], id[5] + 1);
 	CU_ASSERT_EQUAL(simple(&c, PT_API_CANCEL_JOB, id[0], &r), PT_API_OK);
+	CU_ASSERT_TRUE(until_listed(&c, (uint64_t[]){id[0]}, 1));
+	/* Running when the server stops, resume false: Interrupted. */
+	CU_ASSERT_EQUAL_FATAL(submit(&c, &spec, &id[1], &r), PT_API_OK);
+	watch_until(&c, id[1], 1, 60, &ended);
+	client_close(&c);
+	CU_ASSERT_EQUAL(server_stop(&s, SIGTERM), 0);
+	snprintf(path, sizeof(path), "%s/jobs/.deleted-77", dir);
+	CU_ASSERT_EQUAL_FATAL(mkdir(path, 0755), 0);
+	snprintf(path, sizeof(path), "%s/jobs/.deleted-77/journal", dir);
+	FILE *f = fopen(path, "w");
+	CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+	fclose(f);
+	CU_ASSERT_TRUE_FATAL(server_start(&s, dir, one));
+	client_open(&c, &s, 30000);
+	CU_ASSERT_TRUE(until_listed(&c, (uint64_t[]){id[1]}, 1));
+	CU_ASSERT_EQUAL(job_state(&c, id[1], &ji), PT_JOB_INTERRUPTED);
+	CU_ASSERT_FALSE(job_dir_exists(dir, id[0]));
+	CU_ASSERT_TRUE(trash_gone(dir));
 	client_close(&c);
 	CU_ASSERT_EQUAL(server_stop(&s, SIGTERM), 0);
 	pt_job_spec_fini(&spec);

@@ -284,8 +284,10 @@ AVX512 void cpu_attn512_softmax(float *s, float *lse, int64_t r0, int64_t n, int
 		float *row = s + i * kn;
 		int64_t len = r0 + i + 1, j;
 		__m512 mx = _mm512_set1_ps(-__builtin_inff()), sum = _mm512_setzero_ps();
-		for (j = 0; j < len; j += 16)
-			mx = _mm512_mask_max_ps(mx, lanes(len - j), mx, _mm512_loadu_ps(row + j));
+		for (j = 0; j < len; j += 16) {
+			__mmask16 k = lanes(len - j);
+			mx = _mm512_mask_max_ps(mx, k, mx, _mm512_maskz_loadu_ps(k, row + j));
+		}
 		float m = _mm512_reduce_max_ps(mx);
 		__m512 vm = _mm512_set1_ps(m);
 		for (j = 0; j < len; j += 16) {
