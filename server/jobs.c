@@ -1535,11 +1535,15 @@ static void *pool_run_main(void *arg)
 	jb->held--;
 	pr->jb = NULL; /* prune may free it; shutdown names the run by pr->id */
 	prune(m);
+	/* Before done: a done run is joined under the lock, which empty_trash
+	 * takes. */
+	pthread_mutex_unlock(&m->mu);
+	empty_trash(m);
+	pthread_mutex_lock(&m->mu);
 	place_queue(m); /* before done: it reaps ended runs, never this one */
 	pr->done = true;
 	pthread_cond_broadcast(&m->cv);
 	pthread_mutex_unlock(&m->mu);
-	empty_trash(m); /* m outlives this thread: it is joined before m goes */
 	return NULL;
 }
 

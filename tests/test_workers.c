@@ -1612,6 +1612,67 @@ static void test_workers_pool(void)
 		CU_ASSERT_EQUAL(wf_proc_stop(&w[i]), 0);
 }
 
+/* --keep-jobs 1 with pooled runs: each of four one-stage jobs on a pool of
+ * two workers, one after another, deletes the one before it (the run's own
+ * thread prunes, then moves on to place the queue; a run that is done is
+ * joined under the lock); only the last stays listed, the others' folders
+ * are gone, and the server stops cleanly. */
+static void test_workers_pool_keep_jobs(void)
+{
+	char pool[200], data_dir[400], path[500];
+	wf_proc w[2], srv;
+	pt_job_spec spec;
+	pt_api_job_info ji;
+	pt_api_request q;
+	pt_api_response r;
+	wf_api api;
+	uint64_t id[4];
+	struct stat st;
+	double t0;
+
+	snprintf(data_dir, sizeof(data_dir), "%s/pool-keep-data", tmpdir);
+	pool[0] = '\0';
+	for (int i = 0; i < 2; i++) {
+		CU_ASSERT_FATAL(worker_start(&w[i], NULL));
+		snprintf(pool + strlen(pool), sizeof(pool) - strlen(pool), "%s%s", i ? "," : "",
+		         w[i].url);
+	}
+	const char *args[] = {"--listen", "tcp://127.0.0.1:0", "--data-dir", data_dir,
+	                      "--files-root", PT_SOURCE_ROOT, "--pool", pool, "--devices", "none",
+	                      "--threads", "2", "--keep-jobs", "1", NULL};
+	CU_ASSERT_FATAL(proc_start(&srv, args));
+	wf_api_open(&api, srv.url, NULL);
+	CU_ASSERT_FATAL(pool_wait(&api, PT_API_WORKER_IDLE, 2, 10));
+	wf_digits_spec(&spec, 1, 20, NULL, 0);
+	for (int i = 0; i < 4; i++) {
+		CU_ASSERT_NOT_EQUAL_FATAL((id[i] = wf_api_submit(&api, &spec)), 0);
+		CU_ASSERT_EQUAL(wf_api_wait_final(&api, id[i], 60, &ji), PT_JOB_SUCCEEDED);
+	}
+	/* The last one's run may still be pruning: ListJobs until one is left. */
+	t0 = wf_mono();
+	do {
+		pt_api_request_init(&q, PT_API_LIST_JOBS);
+		CU_ASSERT_FATAL(wf_api_call(&api, &q, &r));
+		if (r.n_jobs == 1)
+			break;
+		usleep(20000);
+	} while (wf_mono() - t0 < 20);
+	CU_ASSERT_EQUAL(r.n_jobs, 1);
+	if (r.n_jobs == 1) {
+		PT_CHECK_OK(pt_api_response_job(&r, 0, &ji));
+		CU_ASSERT_EQUAL(ji.id, id[3]);
+	}
+	for (int i = 0; i < 3; i++) {
+		snprintf(path, sizeof(path), "%s/jobs/%llu", data_dir, (unsigned long long)id[i]);
+		CU_ASSERT_NOT_EQUAL(stat(path, &st), 0);
+	}
+	wf_api_close(&api);
+	pt_job_spec_fini(&spec);
+	CU_ASSERT_EQUAL(wf_proc_stop(&srv), 0);
+	for (int i = 0; i < 2; i++)
+		CU_ASSERT_EQUAL(wf_proc_stop(&w[i]), 0);
+}
+
 /* Three pooled jobs on seven workers (one free): a worker of job A killed
  * mid-run restarts A (max_restarts 1) on the free worker, claimed as a
  * spare, and A ends with the losses of its uninterrupted in-process run,
@@ -1996,6 +2057,7 @@ static const pt_test_case worker_tests[] = {
     {"test_workers_tls_job", test_workers_tls_job},
     {"test_workers_gpu_placement", test_workers_gpu_placement},
     {"test_workers_pool", test_workers_pool},
+    {"test_workers_pool_keep_jobs", test_workers_pool_keep_jobs},
     {"test_workers_pool_restart", test_workers_pool_restart},
     {"test_workers_pool_server_killed", test_workers_pool_server_killed},
     {"test_workers_pool_file_reload", test_workers_pool_file_reload},
