@@ -255,7 +255,8 @@ static const opt_desc options[] = {
      "jobs waiting to run at most, all devices together; a submit beyond it is refused "
      "(Unavailable) until one starts or is cancelled"},
     {"keep_jobs", OPT_INT, F(keep_jobs), "1000", 0, 100000000, NULL,
-     "ended jobs (succeeded, failed, cancelled) kept, with their journals and checkpoints; "
+     "ended jobs (succeeded, failed, cancelled, interrupted with resume false) kept, with their "
+     "journals and checkpoints; "
      "when one more ends, the one that ended first is deleted, files and all (0: keep all)"},
     {"min_free_mb", OPT_INT, F(min_free_mb), "256", 0, 1000000000, NULL,
      "a submit is refused (Unavailable) while the data dir's file system has less than "
