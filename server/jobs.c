@@ -237,6 +237,19 @@ static job *find_job(pt_jobs *m, uint64_t id)
 	return lo < m->n_jobs && m->jobs[lo]->id == id ? m->jobs[lo] : NULL;
 }
 
+/* no_job sets the error for a job id the server does not hold (m->mu held):
+ * an id it handed out may belong to a job --keep-jobs deleted, and the
+ * message says so. */
+static pt_err no_job(const pt_jobs *m, uint64_t id)
+{
+	if (m->cfg.keep_jobs > 0 && id > 0 && id < m->next_id)
+		return pt_set_error(PT_ERR_NOTFOUND,
+		                    "no job %" PRIu64 " (the server keeps the %d jobs that ended "
+		                    "last, --keep-jobs)",
+		                    id, m->cfg.keep_jobs);
+	return pt_set_error(PT_ERR_NOTFOUND, "no job %" PRIu64, id);
+}
+
 /* insert_job keeps m->jobs sorted by id (recovery reads in any order). */
 static pt_err insert_job(pt_jobs *m, job *jb)
 {
@@ -2627,8 +2640,9 @@ pt_err pt_jobs_cancel(pt_jobs *m, uint64_t id, pt_api_job_state *state)
 
 	pthread_mutex_lock(&m->mu);
 	if ((jb = find_job(m, id)) == NULL) {
+		pt_err nf = no_job(m, id);
 		pthread_mutex_unlock(&m->mu);
-		return pt_set_error(PT_ERR_NOTFOUND, "no job %" PRIu64, id);
+		return nf;
 	}
 	*state = jb->state;
 	if (pt_api_job_state_final(jb->state)) {
@@ -2707,8 +2721,9 @@ pt_err pt_jobs_reply_get(pt_jobs *m, uint64_t req_id, uint64_t id, pt_fb_builder
 
 	pthread_mutex_lock(&m->mu);
 	if ((jb = find_job(m, id)) == NULL) {
+		pt_err nf = no_job(m, id);
 		pthread_mutex_unlock(&m->mu);
-		return pt_set_error(PT_ERR_NOTFOUND, "no job %" PRIu64, id);
+		return nf;
 	}
 	char reason[QUEUE_REASON];
 	fill_info(m, jb, &ji, true, reason);
@@ -2770,8 +2785,9 @@ pt_err pt_jobs_reply_watch(pt_jobs *m, const pt_api_request *q, pt_jobs_waiter *
 	*parked = false;
 	pthread_mutex_lock(&m->mu);
 	if ((jb = find_job(m, q->job)) == NULL) {
+		pt_err nf = no_job(m, q->job);
 		pthread_mutex_unlock(&m->mu);
-		return pt_set_error(PT_ERR_NOTFOUND, "no job %" PRIu64, q->job);
+		return nf;
 	}
 	/* First point with step > cursor (steps increase). */
 	lo = 0;
@@ -2863,8 +2879,9 @@ pt_err pt_jobs_reply_checkpoints(pt_jobs *m, uint64_t req_id, uint64_t id, pt_fb
 
 	pthread_mutex_lock(&m->mu);
 	if ((jb = find_job(m, id)) == NULL) {
+		pt_err nf = no_job(m, id);
 		pthread_mutex_unlock(&m->mu);
-		return pt_set_error(PT_ERR_NOTFOUND, "no job %" PRIu64, id);
+		return nf;
 	}
 	v = calloc(jb->n_ckpts ? jb->n_ckpts : 1, sizeof(*v));
 	if (v == NULL) {
@@ -2893,8 +2910,9 @@ pt_err pt_jobs_checkpoint(pt_jobs *m, uint64_t id, int64_t step, char *path, siz
 
 	pthread_mutex_lock(&m->mu);
 	if ((jb = find_job(m, id)) == NULL) {
+		pt_err nf = no_job(m, id);
 		pthread_mutex_unlock(&m->mu);
-		return pt_set_error(PT_ERR_NOTFOUND, "no job %" PRIu64, id);
+		return nf;
 	}
 	if (step < -1) {
 		pthread_mutex_unlock(&m->mu);

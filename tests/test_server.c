@@ -885,7 +885,13 @@ static void test_server_keep_jobs(void)
 	}
 	CU_ASSERT_TRUE(until_listed(&c, (uint64_t[]){id[2], id[3]}, 2));
 	CU_ASSERT_EQUAL(simple(&c, PT_API_GET_JOB, id[0], &r), PT_API_NOT_FOUND);
+	snprintf(path, sizeof(path),
+	         "no job %" PRIu64 " (the server keeps the 2 jobs that ended last, --keep-jobs)",
+	         id[0]);
+	CU_ASSERT_STRING_EQUAL(r.message ? r.message : "", path);
 	CU_ASSERT_EQUAL(simple(&c, PT_API_LIST_CHECKPOINTS, id[1], &r), PT_API_NOT_FOUND);
+	CU_ASSERT_EQUAL(simple(&c, PT_API_GET_JOB, 1000, &r), PT_API_NOT_FOUND); /* never given */
+	CU_ASSERT_STRING_EQUAL(r.message ? r.message : "", "no job 1000");
 	CU_ASSERT_FALSE(job_dir_exists(dir, id[0]));
 	CU_ASSERT_FALSE(job_dir_exists(dir, id[1]));
 	snprintf(path, sizeof(path), "%s/jobs/%" PRIu64 "/checkpoints/step-3.safetensors", dir,
