@@ -130,8 +130,8 @@ typedef struct runner {
 /* A job run on pool workers: a thread of its own (the coordinator). */
 typedef struct pool_run {
 	pthread_t thread;
-	bool done; /* under mu: the thread returned (join it) */
-	job *jb;    /* NULL once the run dropped its hold (the job may be pruned) */
+	bool done;   /* under mu: the thread returned (join it) */
+	job *jb;     /* NULL once the run dropped its hold (the job may be pruned) */
 	uint64_t id; /* the job's id, for the shutdown log */
 	pt_jobs *mgr;
 	struct pool_run *next;
@@ -156,7 +156,7 @@ struct pt_jobs {
 	int gpus[MAX_GPUS];         /* --devices GPUs (cuda:N numbers) */
 	uint64_t gpu_job[MAX_GPUS]; /* the job holding gpus[i] (0: free) */
 	int n_gpus;
-	uint64_t *trash;            /* under mu: pruned jobs whose jobs/.deleted-<id> awaits removal */
+	uint64_t *trash; /* under mu: pruned jobs whose jobs/.deleted-<id> awaits removal */
 	size_t n_trash, cap_trash;
 };
 

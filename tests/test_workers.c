@@ -1637,9 +1637,21 @@ static void test_workers_pool_keep_jobs(void)
 		snprintf(pool + strlen(pool), sizeof(pool) - strlen(pool), "%s%s", i ? "," : "",
 		         w[i].url);
 	}
-	const char *args[] = {"--listen", "tcp://127.0.0.1:0", "--data-dir", data_dir,
-	                      "--files-root", PT_SOURCE_ROOT, "--pool", pool, "--devices", "none",
-	                      "--threads", "2", "--keep-jobs", "1", NULL};
+	const char *args[] = {"--listen",
+	                      "tcp://127.0.0.1:0",
+	                      "--data-dir",
+	                      data_dir,
+	                      "--files-root",
+	                      PT_SOURCE_ROOT,
+	                      "--pool",
+	                      pool,
+	                      "--devices",
+	                      "none",
+	                      "--threads",
+	                      "2",
+	                      "--keep-jobs",
+	                      "1",
+	                      NULL};
 	CU_ASSERT_FATAL(proc_start(&srv, args));
 	wf_api_open(&api, srv.url, NULL);
 	CU_ASSERT_FATAL(pool_wait(&api, PT_API_WORKER_IDLE, 2, 10));

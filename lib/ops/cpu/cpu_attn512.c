@@ -21,8 +21,8 @@
 #if defined(__x86_64__)
 #include <immintrin.h>
 
-#define MR 4 /* rows of a register tile */
-#define TILE static inline __attribute__((always_inline, target("avx512f")))
+#define MR     4 /* rows of a register tile */
+#define TILE   static inline __attribute__((always_inline, target("avx512f")))
 #define AVX512 __attribute__((target("avx512f")))
 
 bool cpu_attn512_usable(int64_t hs)
@@ -34,8 +34,7 @@ bool cpu_attn512_usable(int64_t hs)
  * A mr x K (rows lda apart), Bt K x (16 nv) (rows ldbt apart; the whole
  * vectors are readable). */
 TILE void nt_tile(const int mr, const int nv, int64_t K, const float *A, int64_t lda,
-                  const float *Bt, int64_t ldbt, float alpha, float *C, int64_t ldc,
-                  __mmask16 last)
+                  const float *Bt, int64_t ldbt, float alpha, float *C, int64_t ldc, __mmask16 last)
 {
 	__m512 acc[MR][4];
 #pragma GCC unroll 4
@@ -70,16 +69,24 @@ TILE void nt_tile(const int mr, const int nv, int64_t K, const float *A, int64_t
 }
 
 /* nt_cols: mr rows of C, w (1 to 64) columns. */
-TILE void nt_cols(const int mr, int64_t w, int64_t K, const float *A, int64_t lda,
-                  const float *Bt, int64_t ldbt, float alpha, float *C, int64_t ldc)
+TILE void nt_cols(const int mr, int64_t w, int64_t K, const float *A, int64_t lda, const float *Bt,
+                  int64_t ldbt, float alpha, float *C, int64_t ldc)
 {
 	int nv = (int)((w + 15) / 16);
 	__mmask16 last = (__mmask16)(w % 16 == 0 ? 0xffffu : (1u << (w % 16)) - 1u);
 	switch (nv) {
-	case 1: nt_tile(mr, 1, K, A, lda, Bt, ldbt, alpha, C, ldc, last); break;
-	case 2: nt_tile(mr, 2, K, A, lda, Bt, ldbt, alpha, C, ldc, last); break;
-	case 3: nt_tile(mr, 3, K, A, lda, Bt, ldbt, alpha, C, ldc, last); break;
-	default: nt_tile(mr, 4, K, A, lda, Bt, ldbt, alpha, C, ldc, last); break;
+	case 1:
+		nt_tile(mr, 1, K, A, lda, Bt, ldbt, alpha, C, ldc, last);
+		break;
+	case 2:
+		nt_tile(mr, 2, K, A, lda, Bt, ldbt, alpha, C, ldc, last);
+		break;
+	case 3:
+		nt_tile(mr, 3, K, A, lda, Bt, ldbt, alpha, C, ldc, last);
+		break;
+	default:
+		nt_tile(mr, 4, K, A, lda, Bt, ldbt, alpha, C, ldc, last);
+		break;
 	}
 }
 
@@ -101,10 +108,18 @@ AVX512 void cpu_attn512_scores(int64_t n, int64_t r0, int64_t hs, float alpha, c
 				continue; /* the tile's causal edge is left of this block */
 			w = w < KB ? w : KB;
 			switch (mr) {
-			case 1: nt_cols(1, w, hs, a, lda, Bt + c0, ldbt, alpha, s, lds); break;
-			case 2: nt_cols(2, w, hs, a, lda, Bt + c0, ldbt, alpha, s, lds); break;
-			case 3: nt_cols(3, w, hs, a, lda, Bt + c0, ldbt, alpha, s, lds); break;
-			default: nt_cols(MR, w, hs, a, lda, Bt + c0, ldbt, alpha, s, lds); break;
+			case 1:
+				nt_cols(1, w, hs, a, lda, Bt + c0, ldbt, alpha, s, lds);
+				break;
+			case 2:
+				nt_cols(2, w, hs, a, lda, Bt + c0, ldbt, alpha, s, lds);
+				break;
+			case 3:
+				nt_cols(3, w, hs, a, lda, Bt + c0, ldbt, alpha, s, lds);
+				break;
+			default:
+				nt_cols(MR, w, hs, a, lda, Bt + c0, ldbt, alpha, s, lds);
+				break;
 			}
 		}
 }
@@ -148,10 +163,18 @@ TILE void nn_rows(const int mr, int64_t hs, int64_t k0, int64_t k1, const float 
 	for (int64_t c0 = 0; c0 < hs; c0 += 64) {
 		int nv = hs - c0 < 64 ? (int)((hs - c0) / 16) : 4;
 		switch (nv) {
-		case 1: nn_tile(mr, 1, k0, k1, A, ars, acs, B + c0, ldb, C + c0, ldc, accumulate); break;
-		case 2: nn_tile(mr, 2, k0, k1, A, ars, acs, B + c0, ldb, C + c0, ldc, accumulate); break;
-		case 3: nn_tile(mr, 3, k0, k1, A, ars, acs, B + c0, ldb, C + c0, ldc, accumulate); break;
-		default: nn_tile(mr, 4, k0, k1, A, ars, acs, B + c0, ldb, C + c0, ldc, accumulate); break;
+		case 1:
+			nn_tile(mr, 1, k0, k1, A, ars, acs, B + c0, ldb, C + c0, ldc, accumulate);
+			break;
+		case 2:
+			nn_tile(mr, 2, k0, k1, A, ars, acs, B + c0, ldb, C + c0, ldc, accumulate);
+			break;
+		case 3:
+			nn_tile(mr, 3, k0, k1, A, ars, acs, B + c0, ldb, C + c0, ldc, accumulate);
+			break;
+		default:
+			nn_tile(mr, 4, k0, k1, A, ars, acs, B + c0, ldb, C + c0, ldc, accumulate);
+			break;
 		}
 	}
 }
@@ -180,10 +203,18 @@ AVX512 void cpu_attn512_acc(int64_t m, int64_t K, int64_t hs, const float *A, in
 			const float *a = A + i0 * ars;
 			float *c = C + i0 * ldc;
 			switch (mr) {
-			case 1: nn_rows(1, hs, lo, hi, a, ars, acs, B, ldb, c, ldc, acc); break;
-			case 2: nn_rows(2, hs, lo, hi, a, ars, acs, B, ldb, c, ldc, acc); break;
-			case 3: nn_rows(3, hs, lo, hi, a, ars, acs, B, ldb, c, ldc, acc); break;
-			default: nn_rows(MR, hs, lo, hi, a, ars, acs, B, ldb, c, ldc, acc); break;
+			case 1:
+				nn_rows(1, hs, lo, hi, a, ars, acs, B, ldb, c, ldc, acc);
+				break;
+			case 2:
+				nn_rows(2, hs, lo, hi, a, ars, acs, B, ldb, c, ldc, acc);
+				break;
+			case 3:
+				nn_rows(3, hs, lo, hi, a, ars, acs, B, ldb, c, ldc, acc);
+				break;
+			default:
+				nn_rows(MR, hs, lo, hi, a, ars, acs, B, ldb, c, ldc, acc);
+				break;
 			}
 		}
 }
@@ -218,7 +249,8 @@ TILE void transpose16(const float *src, int64_t lds, float *dst, int64_t ldd)
 #pragma GCC unroll 4
 		for (int j = 0; j < 4; j++) {
 			t[8 * i + j] = _mm512_shuffle_f32x4(r[8 * i + j], r[8 * i + 4 + j], 0x88);
-			t[8 * i + 4 + j] = _mm512_shuffle_f32x4(r[8 * i + j], r[8 * i + 4 + j], 0xDD);
+			t[8 * i + 4 + j] =
+			    _mm512_shuffle_f32x4(r[8 * i + j], r[8 * i + 4 + j], 0xDD);
 		}
 #pragma GCC unroll 8
 	for (int j = 0; j < 8; j++) {
@@ -260,8 +292,8 @@ TILE __m512 exp512(__m512 x)
 	p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
 	p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
 	/* NaN in x: n converts to INT_MIN, p is NaN and stays so */
-	__m512i e = _mm512_slli_epi32(
-	    _mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+	__m512i e =
+	    _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
 	return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
 }
 
@@ -301,8 +333,8 @@ AVX512 void cpu_attn512_softmax(float *s, float *lse, int64_t r0, int64_t n, int
 		lse[i] = m + logf(total);
 		for (j = 0; j < len; j += 16) {
 			__mmask16 k = lanes(len - j);
-			_mm512_mask_storeu_ps(row + j, k,
-			                      _mm512_mul_ps(_mm512_maskz_loadu_ps(k, row + j), inv));
+			_mm512_mask_storeu_ps(
+			    row + j, k, _mm512_mul_ps(_mm512_maskz_loadu_ps(k, row + j), inv));
 		}
 		zero_tail(row, len, kn);
 	}
@@ -340,8 +372,7 @@ bool cpu_attn512_cpu(void)
 	return false;
 }
 
-void cpu_attn512_transpose(const float *x, int64_t ld, int64_t T, int64_t hs, float *xt,
-                           int64_t Tp)
+void cpu_attn512_transpose(const float *x, int64_t ld, int64_t T, int64_t hs, float *xt, int64_t Tp)
 {
 }
 
@@ -349,11 +380,10 @@ void cpu_attn512_softmax(float *s, float *lse, int64_t r0, int64_t n, int64_t kn
 {
 }
 
-void cpu_attn512_grads(float *p, float *dp, const float *lse, int64_t r0, int64_t n,
-                       int64_t kn, float scale)
+void cpu_attn512_grads(float *p, float *dp, const float *lse, int64_t r0, int64_t n, int64_t kn,
+                       float scale)
 {
 }
-
 
 bool cpu_attn512_usable(int64_t hs)
 {
@@ -361,8 +391,8 @@ bool cpu_attn512_usable(int64_t hs)
 	return false;
 }
 
-void cpu_attn512_scores(int64_t n, int64_t r0, int64_t hs, float alpha, const float *A,
-                        int64_t lda, const float *Bt, int64_t ldbt, float *S, int64_t lds)
+void cpu_attn512_scores(int64_t n, int64_t r0, int64_t hs, float alpha, const float *A, int64_t lda,
+                        const float *Bt, int64_t ldbt, float *S, int64_t lds)
 {
 }
 
