@@ -156,7 +156,8 @@ struct pt_jobs {
 	int gpus[MAX_GPUS];         /* --devices GPUs (cuda:N numbers) */
 	uint64_t gpu_job[MAX_GPUS]; /* the job holding gpus[i] (0: free) */
 	int n_gpus;
-	uint64_t *trash; /* under mu: pruned jobs whose jobs/.deleted-<id> awaits removal */
+	uint64_t *trash;        /* under mu: pruned jobs whose jobs/.deleted-<id> awaits removal */
+	uint64_t saved_last_id; /* what data_dir/last_id holds (0: not written by this run) */
 	size_t n_trash, cap_trash;
 };
 
@@ -1454,7 +1455,7 @@ static bool to_trash(pt_jobs *m, uint64_t id, const char *dir)
  * job", as for any unknown id. Nothing is pruned while the server stops. */
 static void prune(pt_jobs *m)
 {
-	size_t n_ended = 0, n_free = 0, drop, k = 0;
+	size_t n_ended = 0, n_free = 0, drop, k = 0, gone = 0;
 	job **v;
 
 	if (m->cfg.keep_jobs <= 0 || m->stopping)
@@ -1471,8 +1472,12 @@ static void prune(pt_jobs *m)
 	qsort(v, n_free, sizeof(*v), by_end);
 	drop = n_ended - (size_t)m->cfg.keep_jobs;
 	drop = drop < n_free ? drop : n_free;
-	if (drop > 0 && !save_last_id(m))
-		drop = 0;
+	if (drop > 0 && m->saved_last_id != m->next_id - 1) {
+		if (!save_last_id(m))
+			drop = 0;
+		else
+			m->saved_last_id = m->next_id - 1;
+	}
 	for (size_t i = 0; i < drop; i++) {
 		job *jb = v[i];
 		if (!to_trash(m, jb->id, jb->dir))
@@ -1483,7 +1488,7 @@ static void prune(pt_jobs *m)
 		}
 		pt_info("job %" PRIu64 " (%s, %s) deleted: %zu jobs ended, --keep-jobs %d", jb->id,
 		        jb->spec.name ? jb->spec.name : "", pt_api_job_state_name(jb->state),
-		        n_ended - i, m->cfg.keep_jobs);
+		        n_ended - gone++, m->cfg.keep_jobs);
 		jb->held = -1; /* marks it for the sweep below */
 	}
 	for (size_t i = 0; i < m->n_jobs; i++) {

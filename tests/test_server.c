@@ -940,12 +940,32 @@ static void test_server_keep_jobs(void)
 	FILE *f = fopen(path, "w");
 	CU_ASSERT_PTR_NOT_NULL_FATAL(f);
 	fclose(f);
+	/* A link by that name is removed, never what it points to; a name that
+	 * is not ".deleted-<number>" is left alone. */
+	snprintf(path, sizeof(path), "%s/outside", dir);
+	CU_ASSERT_EQUAL_FATAL(mkdir(path, 0755), 0);
+	snprintf(path, sizeof(path), "%s/outside/keep", dir);
+	f = fopen(path, "w");
+	CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+	fclose(f);
+	{
+		char link[800], target[800];
+		snprintf(target, sizeof(target), "%s/outside", dir);
+		snprintf(link, sizeof(link), "%s/jobs/.deleted-78", dir);
+		CU_ASSERT_EQUAL_FATAL(symlink(target, link), 0);
+		snprintf(link, sizeof(link), "%s/jobs/.deleted-x", dir);
+		CU_ASSERT_EQUAL_FATAL(mkdir(link, 0755), 0);
+	}
 	CU_ASSERT_TRUE_FATAL(server_start(&s, dir, one));
 	client_open(&c, &s, 30000);
 	CU_ASSERT_TRUE(until_listed(&c, (uint64_t[]){id[1]}, 1));
 	CU_ASSERT_EQUAL(job_state(&c, id[1], &ji), PT_JOB_INTERRUPTED);
 	CU_ASSERT_FALSE(job_dir_exists(dir, id[0]));
+	snprintf(path, sizeof(path), "%s/jobs/.deleted-x", dir);
+	CU_ASSERT_EQUAL(rmdir(path), 0); /* left alone (and out of trash_gone's way) */
 	CU_ASSERT_TRUE(trash_gone(dir));
+	snprintf(path, sizeof(path), "%s/outside/keep", dir);
+	CU_ASSERT_EQUAL(stat(path, &st), 0);
 	client_close(&c);
 	CU_ASSERT_EQUAL(server_stop(&s, SIGTERM), 0);
 	pt_job_spec_fini(&spec);
