@@ -16,6 +16,8 @@
  *   bench attn_tiles_vs_sgemm(_w3)  the fp32 kernel's strips on its AVX-512
  *         register tiles over the same on sgemm calls (PIPETRAIN_ATTN_KERNELS),
  *         W2 and W3, only where the CPU has AVX-512
+ *   bench attn_bf16_tiles_vs_onednn(_w3)  bf16's strips on AVX512_BF16 register
+ *         tiles over the same on oneDNN's bf16 matmul, only where the tiles run
  */
 #include <math.h>
 #include <omp.h>
@@ -222,6 +224,16 @@ int main(int argc, char **argv)
 		h = blocked_at(&w3, PT_PREC_BF16);
 		printf("bench attn_blocked_bf16_w3_ms %.2f\n", h * 1e3);
 		printf("bench attn_bf16_over_fp32_w3 %.3f\n", h / f);
+	}
+	if (strcmp(pt_cpu_attention_bf16_kernel(), "avx512_bf16") == 0) {
+		double t2 = blocked_at(&w2, PT_PREC_BF16), t3 = blocked_at(&w3, PT_PREC_BF16), s2,
+		       s3;
+		pt_cpu_attention_select(false);
+		s2 = blocked_at(&w2, PT_PREC_BF16);
+		s3 = blocked_at(&w3, PT_PREC_BF16);
+		pt_cpu_attention_select(true);
+		printf("bench attn_bf16_tiles_vs_onednn %.2f\n", s2 / t2);
+		printf("bench attn_bf16_tiles_vs_onednn_w3 %.2f\n", s3 / t3);
 	}
 	return 0;
 }

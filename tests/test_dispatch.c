@@ -1388,27 +1388,25 @@ static void test_bf16_attention(void)
 	attn_pair_fini(&qkv, &dout, out, att, dq);
 }
 
-/* Attention's native bf16 strips against the emulation: the same rounded
+/* Attention's native bf16 kernels against the emulation: the same rounded
  * operands, sums in another order - within 1e-4 (relative, Frobenius) for
- * the output, lse and dqkv, set and accumulated, at T 16, 100 (a partial
- * strip) and 256 (the longest native context); at T 300 both run the
- * emulation, bit for bit. Not 1e-5 as for a Linear: probabilities are
- * rounded to bf16 between products, and a last-bit difference in f32 moves
- * a few across a rounding boundary (2^-8 of that element): at T 256 here one
- * dv row of one head differs by ~1e-4, 1.2e-5 over all of dqkv. */
-static void test_bf16_attention_native_matches_emulation(void)
+ * the output, lse and dqkv, set and accumulated. Not 1e-5 as for a Linear:
+ * probabilities are rounded to bf16 between products, and a last-bit
+ * difference in f32 moves a few across a rounding boundary (2^-8 of that
+ * element): at T 256 one dv row of one head differs by ~1e-4, 1.2e-5 over
+ * all of dqkv. Both native kernels: the AVX512_BF16 tiles (heads a multiple
+ * of 32 wide, any context; odd contexts end on a half pair) and oneDNN's
+ * strips (PIPETRAIN_ATTN_KERNELS=sgemm, or heads 16 wide; contexts to 256,
+ * the emulation bit for bit above). */
+static void bf16_attention_native_vs_emulated(int64_t C, int NH, bool tiles)
 {
-	enum { B = 2, C = 64, NH = 2 };
-	const int64_t Ts[] = {16, 100, 256, 300};
-	const char *impl = NULL;
+	enum { B = 2 };
+	const int64_t Ts[] = {1, 3, 16, 17, 33, 100, 256, 300};
 
-	(void)pt_cpu_bf16_native(&impl);
-	if (strcmp(impl, "unavailable") == 0) {
-		printf("\n    skip: no native bf16 kernels on this CPU");
-		return;
-	}
-	for (int t = 0; t < 4; t++) {
+	pt_cpu_attention_select(tiles);
+	for (int t = 0; t < 8; t++) {
 		int64_t T = Ts[t];
+		bool on_tiles = tiles && cpu_attnbf16_usable(C / NH);
 		pt_tensor qkv, dout, out[2], lse[2], dq[2];
 		PT_CHECK_OK(pt_tensor_init(&qkv, PT_F32, 3, (int64_t[]){B, T, 3 * C}));
 		PT_CHECK_OK(pt_tensor_init(&dout, PT_F32, 3, (int64_t[]){B, T, C}));
@@ -1427,14 +1425,16 @@ static void test_bf16_attention_native_matches_emulation(void)
 		}
 		pt_cpu_bf16_select(PT_BF16_AUTO);
 		pt_set_precision(PT_PREC_FP32);
-		if (T <= 256) {
+		if (T <= 256 || on_tiles) {
 			CU_ASSERT(rel_err(&out[0], &out[1]) <= 1e-4);
 			CU_ASSERT(rel_err(&lse[0], &lse[1]) <= 1e-4);
 			CU_ASSERT(rel_err(&dq[0], &dq[1]) <= 1e-4);
-			printf("\n    attention T %ld native vs emulated: out %.2e, lse %.2e, dqkv "
-			       "%.2e",
-			       (long)T, rel_err(&out[0], &out[1]), rel_err(&lse[0], &lse[1]),
-			       rel_err(&dq[0], &dq[1]));
+			printf(
+			    "\n    %s hs %ld T %3ld native vs emulated: out %.2e, lse %.2e, dqkv "
+			    "%.2e",
+			    on_tiles ? "tiles " : "onednn", (long)(C / NH), (long)T,
+			    rel_err(&out[0], &out[1]), rel_err(&lse[0], &lse[1]),
+			    rel_err(&dq[0], &dq[1]));
 		} else {
 			CU_ASSERT(same_bits(&out[0], &out[1]));
 			CU_ASSERT(same_bits(&lse[0], &lse[1]));
@@ -1448,6 +1448,26 @@ static void test_bf16_attention_native_matches_emulation(void)
 		pt_tensor_fini(&qkv);
 		pt_tensor_fini(&dout);
 	}
+	pt_cpu_attention_select(true);
+}
+
+static void test_bf16_attention_native_matches_emulation(void)
+{
+	const char *impl = NULL;
+
+	(void)pt_cpu_bf16_native(&impl);
+	if (strcmp(impl, "unavailable") == 0) {
+		printf("\n    skip: no native bf16 kernels on this CPU");
+		return;
+	}
+	if (!cpu_attnbf16_usable(32))
+		printf("\n    no AVX512_BF16 tiles here: oneDNN's strips only");
+	bf16_attention_native_vs_emulated(64, 2, true);   /* hs 32 */
+	bf16_attention_native_vs_emulated(128, 2, true);  /* hs 64 */
+	bf16_attention_native_vs_emulated(32, 2, true);   /* hs 16: oneDNN's strips */
+	bf16_attention_native_vs_emulated(128, 2, false); /* the strips, kept */
+	CU_ASSERT_STRING_EQUAL(pt_cpu_attention_bf16_kernel(),
+	                       cpu_attnbf16_usable(32) ? "avx512_bf16" : "onednn");
 }
 
 /* The bias gradient sums each column in row order: the same bits as a plain

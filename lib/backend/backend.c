@@ -394,14 +394,15 @@ void pt_backend_describe(pt_device dev, char *buf, size_t cap)
 	    buf, cap,
 	    "cpu: %s, %d cores (avx2 %s, avx512f %s, avx512_bf16 %s, amx_bf16 %s); "
 	    "matmul: oneDNN %d.%d.%d, %s (f32 from 16 M flops, widths to 1024: %s; else sgemm); "
-	    "attention (fp32): %s; element-wise: built for x86-64-v3 (AVX2), activations %s; "
+	    "attention (fp32): %s, (bf16): %s; element-wise: built for x86-64-v3 (AVX2), "
+	    "activations %s; "
 	    "sha256: %s (pairs %s); "
 	    "bf16: %s",
 	    model, pt_num_cores(), have[0] ? "yes" : "no", have[1] ? "yes" : "no",
 	    have[2] ? "yes" : "no", have[3] ? "yes" : "no", v ? v->major : 0, v ? v->minor : 0,
 	    v ? v->patch : 0, dnnl_isa_name(dnnl_get_effective_cpu_isa()), pt_cpu_f32_gemm_impl(),
-	    pt_cpu_attention_kernel(), pt_cpu_activation_isa(), pt_sha256_backend(), pt_sha256_pair_backend(),
-	    pt_backend_bf16());
+	    pt_cpu_attention_kernel(), pt_cpu_attention_bf16_kernel(), pt_cpu_activation_isa(),
+	    pt_sha256_backend(), pt_sha256_pair_backend(), pt_backend_bf16());
 	if (o >= cap || dev.kind != PT_DEV_CUDA)
 		return;
 #ifdef PT_HAVE_CUDA

@@ -175,6 +175,11 @@ const char *pt_cpu_f32_gemm_impl(void);
  * pt_cpu_attention_kernel names what runs: "avx512f" or "sgemm". */
 void pt_cpu_attention_select(bool avx512);
 const char *pt_cpu_attention_kernel(void);
+/* pt_cpu_attention_bf16_kernel names what bf16 attention runs:
+ * "avx512_bf16" (register tiles on AVX512_BF16 dot products, heads a
+ * multiple of 32 wide; kept off with the fp32 tiles), "onednn" (oneDNN's
+ * bf16 strips, contexts to 256) or "emulated" (no native bf16 here). */
+const char *pt_cpu_attention_bf16_kernel(void);
 
 /* pt_cpu_activation_isa names the build the activation kernels run here:
  * "avx512f" where the CPU has it, else the baseline's. */

@@ -28,7 +28,11 @@
  * products run in registers (cpu_attn512.c) and stop at each 4-row tile's
  * causal edge; the head's k (and in the backward v) is first transposed
  * into the workspace (hs x Tp, Tp = T rounded up to 16) so scores read
- * whole vectors of keys.
+ * whole vectors of keys. bf16 on a CPU with AVX512_BF16, heads a multiple of
+ * 32 wide, at any context: the same tiles on bf16 dot products
+ * (cpu_attn_bf16.c), in place of the native strips; the head's operands are
+ * rounded once into the workspace in the layouts the products read, and each
+ * strip's probabilities (and score gradients) once after its softmax.
  */
 #include <inttypes.h>
 #include <math.h>
@@ -53,7 +57,8 @@ typedef struct {
 	int64_t T, C, C3, hs, NH;
 	float scale;
 	pt_precision prec;
-	bool native; /* bf16 on the native kernels */
+	bool native; /* bf16 on the native kernels (oneDNN's strips) */
+	bool tiles;  /* bf16 on the AVX512_BF16 tiles */
 	bool fast;   /* fp32 on the AVX-512 tiles */
 	bool vec;    /* softmax and its backward on AVX-512 */
 } attn_dims;
@@ -83,6 +88,13 @@ const char *pt_cpu_attention_kernel(void)
 	return avx512_on() && cpu_attn512_usable(16) ? "avx512f" : "sgemm";
 }
 
+const char *pt_cpu_attention_bf16_kernel(void)
+{
+	if (!pt_cpu_bf16_native(NULL))
+		return "emulated";
+	return avx512_on() && cpu_attnbf16_usable(32) ? "avx512_bf16" : "onednn";
+}
+
 /* padded: T rounded up to whole vectors of 16 floats. */
 static int64_t padded(int64_t T)
 {
@@ -99,7 +111,10 @@ static attn_dims dims_of(const pt_op_call *c, const pt_tensor *qkv)
 	d.hs = d.C / d.NH;
 	d.scale = 1.0f / sqrtf((float)d.hs);
 	d.prec = (pt_precision)c->prec;
-	d.native = d.prec == PT_PREC_BF16 && d.T <= NATIVE_MAX_T && pt_cpu_bf16_native(NULL);
+	d.tiles = d.prec == PT_PREC_BF16 && pt_cpu_bf16_native(NULL) && avx512_on() &&
+	          cpu_attnbf16_usable(d.hs);
+	d.native =
+	    d.prec == PT_PREC_BF16 && !d.tiles && d.T <= NATIVE_MAX_T && pt_cpu_bf16_native(NULL);
 	d.fast = d.prec == PT_PREC_FP32 && avx512_on() && cpu_attn512_usable(d.hs);
 	d.vec = avx512_on() && cpu_attn512_cpu();
 	return d;
@@ -111,6 +126,14 @@ static int64_t strip_floats(int64_t T, int64_t rows)
 	return (T < rows ? T : rows) * T;
 }
 
+/* pair_strip: 32-bit words of one strip of bf16 pairs (rows or pairs of
+ * rows, either rounded up to whole pairs). */
+static int64_t pair_strip(int64_t T)
+{
+	int64_t rows = T < PT_ATTN_ROWS ? T : PT_ATTN_ROWS;
+	return (rows + 1) / 2 * (T + 1);
+}
+
 /* thread_floats: one thread's workspace: two strips of PT_ATTN_ROWS, and at
  * a rounding precision the head's rounded q, k, v and output gradient (T x hs
  * floats each); natively two f32 strips of NATIVE_ROWS, two packed ones and
@@ -120,9 +143,13 @@ static int64_t thread_floats(const attn_dims *d)
 {
 	int64_t emu = 2 * strip_floats(d->T, PT_ATTN_ROWS) + 4 * d->T * d->hs;
 	int64_t nat = 3 * strip_floats(d->T, NATIVE_ROWS) + 2 * d->T * d->hs;
+	int64_t til = 2 * strip_floats(d->T, PT_ATTN_ROWS) + 3 * pair_strip(d->T) +
+	              7 * d->hs * padded(d->T) / 2;
 	if (d->prec == PT_PREC_FP32)
 		return 2 * strip_floats(d->T, PT_ATTN_ROWS) +
 		       (d->fast ? 2 * d->hs * padded(d->T) : 0);
+	if (til > nat)
+		nat = til;
 	return emu > nat ? emu : nat;
 }
 
@@ -345,6 +372,32 @@ static void head_forward_fast(const attn_dims *d, const float *qkv, float *o, fl
 	}
 }
 
+/* head_forward_tiles is head_forward on the AVX512_BF16 tiles; ws holds a
+ * strip, its probabilities as pairs, and the head's q (rows of pairs), k
+ * (transposed pairs) and v (interleaved pairs). */
+static void head_forward_tiles(const attn_dims *d, const float *qkv, float *o, float *lse,
+                               float *ws, const float *next)
+{
+	int64_t sf = strip_floats(d->T, PT_ATTN_ROWS), Tp = padded(d->T), hp = d->hs / 2;
+	float *s = ws;
+	uint32_t *ps = (uint32_t *)(ws + 2 * sf), *q = ps + pair_strip(d->T), *kt = q + Tp * hp,
+	         *vv = kt + Tp * hp;
+
+	cpu_attnbf16_rows(qkv, d->C3, d->T, d->hs, q, hp);
+	cpu_attnbf16_transpose(qkv + d->C, d->C3, d->T, d->hs, kt, Tp);
+	cpu_attnbf16_interleave(qkv + 2 * d->C, d->C3, d->T, d->hs, vv, d->hs);
+	for (int64_t r0 = 0; r0 < d->T; r0 += PT_ATTN_ROWS) {
+		int64_t n = d->T - r0 < PT_ATTN_ROWS ? d->T - r0 : PT_ATTN_ROWS, kn = r0 + n;
+		int64_t kp = (kn + 1) / 2;
+		prefetch_qkv(d, next, r0, n, false);
+		cpu_attnbf16_scores(n, r0, d->hs, d->scale, q + r0 * hp, hp, kt, Tp, s, kn);
+		strip_softmax(d, s, lse, r0, n, kn, false);
+		cpu_attnbf16_rows(s, kn, n, kn, ps, kp);
+		cpu_attnbf16_acc(n, kn, d->hs, ps, kp, 1, vv, d->hs, o + r0 * d->C, d->C, false,
+		                 CPU_ATTN_QUERY_ROWS, r0);
+	}
+}
+
 /* One (batch, head): out rows and lse for q, k, v at stride C3; ws holds
  * two strips and the rounded operands; next (or NULL) is the next head's
  * q, for the fast kernel to prefetch. */
@@ -354,6 +407,10 @@ static pt_err head_forward(const attn_dims *d, const float *qkv, float *o, float
 	const float *q, *k, *v;
 	float *s = ws;
 	int64_t ld;
+	if (d->tiles) {
+		head_forward_tiles(d, qkv, o, lse, ws, next);
+		return PT_OK;
+	}
 	if (d->native)
 		return head_forward_native(d, qkv, o, lse, ws);
 	if (d->fast) {
@@ -471,6 +528,58 @@ static void head_backward_fast(const attn_dims *d, const float *qkv, const float
 	}
 }
 
+/* head_backward_tiles is head_backward on the AVX512_BF16 tiles; ws holds
+ * two strips, three strips of pairs and the head's operands as the
+ * products read them. */
+static void head_backward_tiles(const attn_dims *d, const float *qkv, const float *dout,
+                                const float *lse, float *dq, bool accum, float *ws,
+                                const head_next *next)
+{
+	int64_t sf = strip_floats(d->T, PT_ATTN_ROWS), Tp = padded(d->T), hp = d->hs / 2,
+	        hw = Tp * hp; /* words of one head operand */
+	float *p = ws, *dp = ws + sf, *dk = dq + d->C, *dv = dq + 2 * d->C;
+	uint32_t *dsr = (uint32_t *)(ws + 2 * sf), *pi = dsr + pair_strip(d->T),
+	         *dsi = pi + pair_strip(d->T);
+	/* q, dout as rows of pairs; k, v transposed; k, dout, q interleaved */
+	uint32_t *q = dsi + pair_strip(d->T), *g = q + hw, *kt = g + hw, *vt = kt + hw,
+	         *kv = vt + hw, *gv = kv + hw, *qv = gv + hw;
+	const float *k = qkv + d->C;
+
+	cpu_attnbf16_rows(qkv, d->C3, d->T, d->hs, q, hp);
+	cpu_attnbf16_rows(dout, d->C, d->T, d->hs, g, hp);
+	cpu_attnbf16_transpose(k, d->C3, d->T, d->hs, kt, Tp);
+	cpu_attnbf16_transpose(qkv + 2 * d->C, d->C3, d->T, d->hs, vt, Tp);
+	cpu_attnbf16_interleave(k, d->C3, d->T, d->hs, kv, d->hs);
+	cpu_attnbf16_interleave(dout, d->C, d->T, d->hs, gv, d->hs);
+	cpu_attnbf16_interleave(qkv, d->C3, d->T, d->hs, qv, d->hs);
+	if (!accum)
+		zero_dkv(d, dq);
+	for (int64_t r0 = 0; r0 < d->T; r0 += PT_ATTN_ROWS) {
+		int64_t n = d->T - r0 < PT_ATTN_ROWS ? d->T - r0 : PT_ATTN_ROWS, kn = r0 + n;
+		int64_t kp = (kn + 1) / 2;
+		const uint32_t *gs = gv + r0 / 2 * d->hs, *qs = qv + r0 / 2 * d->hs;
+		if (next != NULL) {
+			prefetch_qkv(d, next->qkv, r0, n, false);
+			prefetch_rows(d, next->dout, d->C, r0, n, d->hs, false);
+			prefetch_qkv(d, next->dqkv, r0, n, true);
+		}
+		/* p = exp(scale q k^T - lse) on the causal part; dp = dout v^T */
+		cpu_attnbf16_scores(n, r0, d->hs, d->scale, q + r0 * hp, hp, kt, Tp, p, kn);
+		cpu_attnbf16_scores(n, r0, d->hs, 1.0f, g + r0 * hp, hp, vt, Tp, dp, kn);
+		strip_grads(d, p, dp, lse, r0, n, kn, false);
+		cpu_attnbf16_rows(dp, kn, n, kn, dsr, kp);
+		cpu_attnbf16_interleave(p, kn, n, kn, pi, kn);
+		cpu_attnbf16_interleave(dp, kn, n, kn, dsi, kn);
+		/* dv += p^T dout ; dq = ds k ; dk += ds^T q */
+		cpu_attnbf16_acc(kn, n, d->hs, pi, 1, kn, gs, d->hs, dv, d->C3, true,
+		                 CPU_ATTN_KEY_ROWS, r0);
+		cpu_attnbf16_acc(n, kn, d->hs, dsr, kp, 1, kv, d->hs, dq + r0 * d->C3, d->C3, accum,
+		                 CPU_ATTN_QUERY_ROWS, r0);
+		cpu_attnbf16_acc(kn, n, d->hs, dsi, 1, kn, qs, d->hs, dk, d->C3, true,
+		                 CPU_ATTN_KEY_ROWS, r0);
+	}
+}
+
 /* One (batch, head): dq, dk, dv (stride C3) from dout (stride C) and lse;
  * ws holds two strips and the rounded operands. dk and dv gather over
  * strips, so they start from zero unless accumulating. */
@@ -485,6 +594,10 @@ static pt_err head_backward(const attn_dims *d, const float *qkv, const float *d
 	float beta = accum ? 1.0f : 0.0f;
 	int64_t ld, ldo = d->C;
 
+	if (d->tiles) {
+		head_backward_tiles(d, qkv, dout_c, lse, dq, accum, ws, next);
+		return PT_OK;
+	}
 	if (d->native)
 		return head_backward_native(d, qkv, dout_c, lse, dq, accum, ws);
 	if (d->fast) {

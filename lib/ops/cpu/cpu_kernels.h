@@ -76,6 +76,33 @@ void cpu_attn512_acc(int64_t m, int64_t K, int64_t hs, const float *A, int64_t a
                      const float *B, int64_t ldb, float *C, int64_t ldc, bool accumulate,
                      cpu_attn_causal causal, int64_t r0);
 
+/* The bf16 attention kernel's strip products on AVX512_BF16 dot products
+ * (cpu_attn_bf16.c); a pair is two bf16 in 32 bits, the first in the low
+ * half. cpu_attnbf16_usable: this CPU has AVX512_BF16 (and AVX512BW) and hs
+ * is a multiple of 32. cpu_attnbf16_rows: each of rows rows of x (cols
+ * floats, ld apart) as ceil(cols / 2) pairs of neighbours, rows ldo pairs
+ * apart, the last pair's second half zero when cols is odd.
+ * cpu_attnbf16_interleave: rows t and t + 1 of x (cols floats) as cols pairs
+ * (x[t][c], x[t + 1][c]) at out + t / 2 ldo, a missing last row zero.
+ * cpu_attnbf16_transpose: xt ((hs / 2) x Tp pairs, Tp a multiple of 16,
+ * zeros past T) = x's rows as pairs of features, transposed.
+ * cpu_attnbf16_scores is cpu_attn512_scores with A's rows as pairs (lda
+ * pairs apart) and Bt transposed pairs; cpu_attnbf16_acc is
+ * cpu_attn512_acc with A(r, p) the pair p of sums at A[r ars + p acs] and B
+ * ceil(K / 2) rows of interleaved pairs (ldb apart). */
+bool cpu_attnbf16_usable(int64_t hs);
+void cpu_attnbf16_rows(const float *x, int64_t ld, int64_t rows, int64_t cols, uint32_t *out,
+                       int64_t ldo);
+void cpu_attnbf16_interleave(const float *x, int64_t ld, int64_t rows, int64_t cols, uint32_t *out,
+                             int64_t ldo);
+void cpu_attnbf16_transpose(const float *x, int64_t ld, int64_t T, int64_t hs, uint32_t *xt,
+                            int64_t Tp);
+void cpu_attnbf16_scores(int64_t n, int64_t r0, int64_t hs, float alpha, const uint32_t *A,
+                         int64_t lda, const uint32_t *Bt, int64_t ldbt, float *S, int64_t lds);
+void cpu_attnbf16_acc(int64_t m, int64_t K, int64_t hs, const uint32_t *A, int64_t ars, int64_t acs,
+                      const uint32_t *B, int64_t ldb, float *C, int64_t ldc, bool accumulate,
+                      cpu_attn_causal causal, int64_t r0);
+
 /* cpu_gemm: row-major C (M, N) = alpha op(A) op(B) + beta C through oneDNN. */
 pt_err cpu_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
                 int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
