@@ -17,6 +17,7 @@
 #include "backend.h"
 #include "batch.h"
 #include "checkpoint.h"
+#include "dispatch.h"
 #include "loss.h"
 #include "model.h"
 #include "tokens.h"
@@ -1699,6 +1700,7 @@ static int example_stages;            /* run_example: placement.stages (0: as sh
 static int example_virtual;           /* run_example: virtual_stages (0: as shipped) */
 static int example_deeper;            /* run_example: layers 1 and 2 repeated this often more */
 static const char *example_precision; /* run_example: the spec's precision (NULL: as shipped) */
+static int example_heads;             /* run_example: every layer's n_head (0: as shipped) */
 
 /* run_example trains examples/NAME.json with a few fields changed. */
 static pt_err run_example(const char *name, int64_t steps, int64_t every, int keep,
@@ -1730,6 +1732,9 @@ static pt_err run_example(const char *name, int64_t steps, int64_t every, int ke
 	s.virtual_stages = example_virtual;
 	if (example_precision != NULL)
 		s.precision = strdup(example_precision);
+	for (int i = 0; i < s.n_layers && example_heads > 0; i++)
+		if (s.layers[i].n_head > 0)
+			s.layers[i].n_head = example_heads;
 	if (example_deeper > 0) {
 		/* The MLP gets more hidden Linear+ReLU pairs, the GPT more blocks. */
 		int n = s.n_layers + 2 * example_deeper, k = 0;
@@ -2043,10 +2048,12 @@ static void test_job_run_interleaved_is_bitwise(void)
 }
 
 /* precision bf16 trains: examples/gpt.json's held-out loss after 300 steps
- * within 3 % of the fp32 run's, and the 4-stage digits MLP at >= 97 %
- * held-out accuracy after its 400 steps; the two precisions differ (bf16
- * really rounds). Activations between the digits job's stages travel as
- * bf16 (test_pipeline_bf16_wire counts the bytes). */
+ * within 3 % of the fp32 run's (with its 4 heads 16 wide, and with 2 heads
+ * 32 wide, where bf16 attention runs on the AVX512_BF16 tiles where the CPU
+ * has them), and the 4-stage digits MLP at >= 97 % held-out accuracy after
+ * its 400 steps; the two precisions differ (bf16 really rounds). Activations
+ * between the digits job's stages travel as bf16 (test_pipeline_bf16_wire
+ * counts the bytes). */
 static void test_job_run_bf16(void)
 {
 	static recorder f32, bf;
@@ -2073,6 +2080,25 @@ static void test_job_run_bf16(void)
 	printf("\n    gpt 300 steps held-out loss: tf32 %.4f (%+.2f %%)", b, 100 * (b - a) / a);
 	CU_ASSERT(isfinite(b) && fabs(b - a) <= 0.01 * a);
 	CU_ASSERT(memcmp(&f32.m[0].loss, &bf.m[0].loss, sizeof(double)) != 0);
+	/* 2 heads of 32 (bf16: the AVX512_BF16 attention tiles where the CPU has them) */
+	example_heads = 2;
+	example_precision = NULL;
+	memset(&f32, 0, sizeof(f32));
+	memset(&bf, 0, sizeof(bf));
+	PT_CHECK_OK(run_example("gpt", 300, 0, 1, 0, tmp_path("bf-gpt2h-f32"), NULL, &f32, &last));
+	example_precision = "bf16";
+	PT_CHECK_OK(run_example("gpt", 300, 0, 1, 0, tmp_path("bf-gpt2h-bf16"), NULL, &bf, &last));
+	example_heads = 0;
+	CU_ASSERT_EQUAL_FATAL(f32.n, 300);
+	CU_ASSERT_EQUAL_FATAL(bf.n, 300);
+	{
+		double a2 = f32.m[299].eval_loss, b2 = bf.m[299].eval_loss;
+		printf("\n    gpt, 2 heads of 32 (bf16 attention: %s), 300 steps held-out loss: "
+		       "fp32 %.4f, bf16 %.4f (%+.2f %%)",
+		       pt_cpu_attention_bf16_kernel(), a2, b2, 100 * (b2 - a2) / a2);
+		CU_ASSERT(isfinite(a2) && isfinite(b2) && fabs(b2 - a2) <= 0.03 * a2);
+		CU_ASSERT(memcmp(&f32.m[0].loss, &bf.m[0].loss, sizeof(double)) != 0);
+	}
 	example_precision = "bf16";
 	memset(&bf, 0, sizeof(bf));
 	example_stages = 4;
