@@ -3,7 +3,11 @@
 12 blocks, 12 heads, context 256, batch 8, AdamW; learned positions, pre-LN
 blocks, tanh GELU, untied head with bias, as pipetrain's model) on the CPU,
 eager, all cores. Prints `torch <name> <value>` lines: w3_step_s (median of
-the steps after the first), w3_tokens_per_s and w3_rss_gb (peak RSS); then,
+the steps after the first), w3_tokens_per_s, w3_first_step_s (from building
+the model to the first step's end, less one step, as w3_bench measures its
+own; not comparable with it: glibc gives the large buffers back after each
+step, so every step faults its pages in again inside its step time) and
+w3_rss_gb (peak RSS); then,
 where the CPU computes bf16 natively (AVX512_BF16, AMX), the same model under
 torch.autocast bfloat16 (f32 master weights): w3_bf16_step_s and
 w3_bf16_tokens_per_s."""
@@ -54,7 +58,8 @@ class GPT(nn.Module):
 
 
 def train(model, steps, bf16):
-    """Times `steps` steps; returns the median of those after the first."""
+    """Times `steps` steps; returns the median of those after the first and
+    the time at the first one's end."""
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
     i = torch.arange(B * T)
     x, y = ((i * 31) % 256).view(B, T), ((i * 17) % 256).view(B, T)
@@ -68,17 +73,21 @@ def train(model, steps, bf16):
         loss.backward()
         opt.step()
         times.append(time.perf_counter() - t0)
-    return statistics.median(times[1:])
+        if s == 0:
+            first_end = time.perf_counter()
+    return statistics.median(times[1:]), first_end
 
 
-step = train(GPT(), STEPS, False)
+start = time.perf_counter()
+step, first_end = train(GPT(), STEPS, False)
 print(f"torch w3_step_s {step:.3f}")
 print(f"torch w3_tokens_per_s {B * T / step:.1f}")
+print(f"torch w3_first_step_s {first_end - start - step:.2f}")
 print(f"torch w3_rss_gb {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1048576:.2f}")
 sys.stdout.flush()
 flags = open("/proc/cpuinfo").read().split()
 if "avx512_bf16" in flags or "amx_bf16" in flags:
-    step = train(GPT(), STEPS, True)
+    step, _ = train(GPT(), STEPS, True)
     print(f"torch w3_bf16_step_s {step:.3f}")
     print(f"torch w3_bf16_tokens_per_s {B * T / step:.1f}")
 else:
