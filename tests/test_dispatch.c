@@ -1464,6 +1464,7 @@ static void test_bf16_attention_native_matches_emulation(void)
 		printf("\n    no AVX512_BF16 tiles here: oneDNN's strips only");
 	bf16_attention_native_vs_emulated(64, 2, true);   /* hs 32 */
 	bf16_attention_native_vs_emulated(128, 2, true);  /* hs 64 */
+	bf16_attention_native_vs_emulated(192, 2, true);  /* hs 96: 4 + 2 vectors a row */
 	bf16_attention_native_vs_emulated(32, 2, true);   /* hs 16: oneDNN's strips */
 	bf16_attention_native_vs_emulated(128, 2, false); /* the strips, kept */
 	CU_ASSERT_STRING_EQUAL(pt_cpu_attention_bf16_kernel(),

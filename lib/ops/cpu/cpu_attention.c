@@ -45,6 +45,9 @@
 #include "cpu_math.h"
 
 #define PT_ATTN_ROWS 32
+/* The bf16 tiles index interleaved rows from a strip's start r0 / 2, and
+ * only the last strip may end on a half pair. */
+_Static_assert(PT_ATTN_ROWS % 2 == 0, "strips of an even number of rows");
 /* Native bf16 strips are taller: each oneDNN call costs more than a
  * dnnl_sgemm one, and 64 rows beat 32, 48, 96 and 128 at W2 and W3 (T 128,
  * 256: 13 and 10 % faster than 32). */

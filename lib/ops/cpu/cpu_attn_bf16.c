@@ -17,8 +17,6 @@
  * conversion (nearest, ties to even, denormals to zero), as cpu_pack_bf16
  * with hw rounds them.
  */
-#include <string.h>
-
 #include "cpu_kernels.h"
 
 #if defined(__x86_64__)
@@ -29,6 +27,10 @@
 #define FLAGS "avx512f,avx512bw,avx512bf16"
 #define TILE  static inline __attribute__((always_inline, target(FLAGS)))
 #define BF16  __attribute__((target(FLAGS)))
+
+/* KEY_ROWS' first pair, (i0 - r0) / 2, is exact only for even tile rows
+ * (and strip starts, cpu_attention.c). */
+_Static_assert(MR % 2 == 0, "tiles of an even number of rows");
 
 bool cpu_attnbf16_usable(int64_t hs)
 {
@@ -58,7 +60,8 @@ TILE __m512i pairs16(const float *lo, __mmask16 klo, const float *hi, __mmask16 
  * pairs of neighbours, the first of each in the low half. */
 TILE __m512i row_pairs16(const float *x, int64_t n)
 {
-	__m512bh b = _mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(lanes(n - 16), x + 16),
+	/* (a short row's second half is not read: its base stays inside) */
+	__m512bh b = _mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(lanes(n - 16), n > 16 ? x + 16 : x),
 	                                 _mm512_maskz_loadu_ps(lanes(n), x));
 	return (__m512i)b;
 }
@@ -81,8 +84,9 @@ BF16 void cpu_attnbf16_interleave(const float *x, int64_t ld, int64_t rows, int6
 		for (int64_t c = 0; c < cols; c += 16) {
 			__mmask16 k = lanes(cols - c);
 			const float *a = x + t * ld + c;
+			bool two = t + 1 < rows; /* a missing last row is not read */
 			_mm512_mask_storeu_epi32(out + t / 2 * ldo + c, k,
-			                         pairs16(a, k, a + ld, t + 1 < rows ? k : 0));
+			                         pairs16(a, k, two ? a + ld : a, two ? k : 0));
 		}
 }
 
