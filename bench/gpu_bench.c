@@ -122,7 +122,7 @@ static double bench_w2(pt_precision prec, const char *tag)
 		layers[nl++] = pt_block(DIM, HEADS);
 	layers[nl++] = pt_layernorm(DIM);
 	layers[nl++] = pt_linear(DIM, VOCAB);
-	pt_model_config cfg = {BATCH, {PT_I64, CTX, 0}, 1, 1, GPU, false, false, PT_PREC_FP32};
+	pt_model_config cfg = {BATCH, {PT_I64, CTX, 0}, 1, 1, GPU, false, false, PT_PREC_FP32, 0};
 	pt_optim_config oc = pt_optim_defaults(PT_OPTIM_ADAMW, 3e-4f);
 	pt_model *m;
 	pt_optimizer *o;

@@ -183,11 +183,13 @@ int main(int argc, char **argv)
 	w2[n2++] = pt_linear(256, 256);
 
 	workload wl1 = {
-	    "w1", w1,  7, {256, {PT_F32, 0, 64}, 1, 1, {PT_DEV_CPU, 0}, false, false, PT_PREC_FP32},
-	    30,   300, 0, false};
+	    "w1", w1,
+	    7,    {256, {PT_F32, 0, 64}, 1, 1, {PT_DEV_CPU, 0}, false, false, PT_PREC_FP32, 0},
+	    30,   300,
+	    0,    false};
 	workload wl2 = {
 	    "w2", w2,
-	    n2,   {16, {PT_I64, 128, 0}, 1, 1, {PT_DEV_CPU, 0}, false, false, PT_PREC_FP32},
+	    n2,   {16, {PT_I64, 128, 0}, 1, 1, {PT_DEV_CPU, 0}, false, false, PT_PREC_FP32, 0},
 	    2,    8,
 	    128,  getenv("PT_BENCH_PROFILE") != NULL};
 

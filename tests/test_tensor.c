@@ -10,6 +10,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "backend.h"
 #include "ops.h"
@@ -682,9 +684,53 @@ static const pt_test_case convert_tests[] = {
     {"test_tensor_convert_after_queued_write", test_tensor_convert_after_queued_write},
     {NULL, NULL},
 };
+/* pt_storage_prefault brings every page of a mapped storage into memory
+ * and changes no byte: written ones keep their values, the rest stay zero;
+ * device-less, small (malloc'd) and NULL storages are left alone. */
+static void test_tensor_storage_prefault(void)
+{
+	const size_t n = (size_t)40 << 20, page = (size_t)sysconf(_SC_PAGESIZE);
+	size_t np = (n + page - 1) / page, in = 0, bad = 0;
+	unsigned char *v = malloc(np), *d;
+	pt_storage *s, *small;
+
+	CU_ASSERT_PTR_NOT_NULL_FATAL(v);
+	PT_CHECK_OK(pt_storage_create(&s, n, PT_CPU));
+	PT_CHECK_OK(pt_storage_create(&small, 100, PT_CPU));
+	pt_storage_prefault(NULL);
+	pt_storage_prefault(small); /* malloc'd: nothing to do */
+	if (s->mapped == 0) {
+		printf("\n    skip: storages come from malloc in this build (AddressSanitizer)");
+		goto out;
+	}
+	d = s->data;
+	d[12345] = 7;
+	d[n / 2] = 9;
+	d[n - 1] = 11;
+	pt_storage_prefault(s);
+	CU_ASSERT_EQUAL_FATAL(mincore(d, n, v), 0);
+	for (size_t i = 0; i < np; i++)
+		in += v[i] & 1;
+#ifdef MADV_POPULATE_WRITE
+	if (in < np)
+		printf("\n    skip: %zu of %zu pages in memory: no MADV_POPULATE_WRITE here", in,
+		       np);
+	else
+		CU_ASSERT_EQUAL(in, np);
+#endif
+	for (size_t i = 0; i < n; i++)
+		bad += d[i] != (i == 12345 ? 7 : i == n / 2 ? 9 : i == n - 1 ? 11 : 0);
+	CU_ASSERT_EQUAL(bad, 0);
+out:
+	pt_storage_release(s);
+	pt_storage_release(small);
+	free(v);
+}
+
 static const pt_test_case access_tests[] = {
     {"test_tensor_equal_and_item", test_tensor_equal_and_item},
     {"test_tensor_error_codes", test_tensor_error_codes},
+    {"test_tensor_storage_prefault", test_tensor_storage_prefault},
     {NULL, NULL},
 };
 /* pt_thread_buffer: 64-byte aligned, the same buffer while it is big

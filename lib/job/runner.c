@@ -615,6 +615,7 @@ static pt_err gather(runner *r, bool weights)
 	if (!weights)
 		return PT_OK;
 	PT_TRY(pt_data_write_begin(P, "full model parameters"));
+	pt_storage_prefault(P->storage); /* the first gather's pages, from every core */
 	dst = pt_tensor_f32(P);
 	for (int st = 0; st < r->p; st++) {
 		memcpy(dst + off, pt_tensor_f32(&r->states[st]),

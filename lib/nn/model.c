@@ -312,13 +312,21 @@ pt_err pt_model_create(pt_model **out, const pt_layer_spec *layers, int n_layers
 	m->out_shape = cur;
 	if ((rv = alloc_params(m)) != PT_OK)
 		goto fail;
+	if (cfg->prefault_slots > 0) { /* a device model's gradients are made there */
+		pt_storage_prefault(m->param_arena);
+		if (cfg->device.kind == PT_DEV_CPU)
+			pt_storage_prefault(m->grad_arena);
+	}
 	for (int i = 0; i < m->n_layers && !cfg->no_init; i++)
 		m->layers[i].vt->init(&m->layers[i], cfg->seed);
 	if ((rv = place_params(m)) != PT_OK)
 		goto fail;
-	for (int s = 0; s < m->n_slots; s++)
+	for (int s = 0; s < m->n_slots; s++) {
 		if ((rv = alloc_slot(m, &m->slots[s])) != PT_OK)
 			goto fail;
+		if (s < cfg->prefault_slots)
+			pt_storage_prefault(m->slots[s].arena);
+	}
 	if ((rv = alloc_work(m)) != PT_OK)
 		goto fail;
 	*out = m;

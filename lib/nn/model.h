@@ -41,6 +41,12 @@ typedef struct pt_model_config {
 	 * inputs saved in bf16 (pt_layer_mm_input); such a model must then run
 	 * at bf16. Zero: fp32. */
 	pt_precision precision;
+	/* > 0 (a training stage): the parameter and gradient arenas and the
+	 * first prefault_slots slots are faulted in at creation, before the
+	 * weights are drawn (pt_storage_prefault), since the first step writes
+	 * them all; the work arena is not (its buffers are sized for the
+	 * largest activation, and most layers use a part). */
+	int prefault_slots;
 } pt_model_config;
 
 typedef struct pt_model pt_model;

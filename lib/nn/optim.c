@@ -48,6 +48,9 @@ pt_err pt_optimizer_create(pt_optimizer **out, const pt_optim_config *cfg, pt_te
 	if (cfg->kind == PT_OPTIM_ADAMW)
 		if ((rv = pt_tensor_init_dev(&o->v, dev, PT_F32, 1, (int64_t[]){n})) != PT_OK)
 			goto fail;
+	/* The first update writes all of the state: fault it in now. */
+	pt_storage_prefault(o->m.storage);
+	pt_storage_prefault(o->v.storage);
 	*out = o;
 	return PT_OK;
 fail:

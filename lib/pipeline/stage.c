@@ -268,6 +268,7 @@ pt_err pt_stage_create(pt_stage **out, const pt_stage_config *cfg, pt_comm *comm
 	pt_model_config mc;
 	pt_err rv;
 	int64_t np;
+	int model_slots = cfg->recompute ? 1 : cfg->n_slots;
 
 	*out = NULL;
 	if (cfg->n_slots < 1)
@@ -306,11 +307,15 @@ pt_err pt_stage_create(pt_stage **out, const pt_stage_config *cfg, pt_comm *comm
 	s->zb_defer = s->rank - 1;
 	mc = (pt_model_config){.batch = cfg->microbatch,
 	                       .input = cfg->input,
-	                       .n_slots = cfg->recompute ? 1 : cfg->n_slots,
+	                       .n_slots = model_slots,
 	                       .seed = cfg->seed,
 	                       .device = cfg->device,
 	                       .split_backward = s->zb,
-	                       .precision = cfg->precision};
+	                       .precision = cfg->precision,
+	                       /* The slots the first step fills. */
+	                       .prefault_slots = cfg->n_microbatches < model_slots
+	                                             ? cfg->n_microbatches
+	                                             : model_slots};
 	if ((rv = pt_backend_check_device(cfg->device)) != PT_OK)
 		goto fail;
 	if ((rv = pt_model_create(&s->model, cfg->layers, cfg->n_layers, cfg->first, cfg->last,
@@ -943,6 +948,7 @@ static pt_err get_state(pt_stage *s, pt_tensor *out)
 	    atomic_load_explicit(&s->state_buf.storage->refs, memory_order_acquire) != 1) {
 		pt_tensor_fini(&s->state_buf);
 		PT_TRY(pt_tensor_init(&s->state_buf, PT_F32, 1, (int64_t[]){n}));
+		pt_storage_prefault(s->state_buf.storage); /* the copies fill it all */
 	}
 	off = 0;
 	for (int i = -1; i < ns; i++) {

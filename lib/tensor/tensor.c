@@ -120,6 +120,23 @@ pt_err pt_storage_create(pt_storage **out, size_t nbytes, pt_device dev)
 	return PT_OK;
 }
 
+void pt_storage_prefault(pt_storage *s)
+{
+#ifdef MADV_POPULATE_WRITE
+	char *base;
+	long n;
+	if (s == NULL || s->device.kind != PT_DEV_CPU || s->mapped == 0)
+		return;
+	base = s->data;
+	n = (long)(s->mapped / HUGE_2M); /* mapped: a multiple of HUGE_2M */
+#pragma omp parallel for schedule(dynamic, 8)
+	for (long i = 0; i < n; i++)
+		(void)madvise(base + (size_t)i * HUGE_2M, HUGE_2M, MADV_POPULATE_WRITE);
+#else
+	(void)s;
+#endif
+}
+
 pt_err pt_storage_wrap(pt_storage **out, void *data, size_t nbytes, pt_device dev)
 {
 	return storage_new(out, data, nbytes, dev, false, NULL);

@@ -88,6 +88,16 @@ void pt_storage_retain(pt_storage *s);
 /* pt_storage_release drops one reference; the last one frees. NULL is fine. */
 void pt_storage_release(pt_storage *s);
 
+/* pt_storage_prefault has the kernel fault in every page of a mapped host
+ * storage now, from the calling thread's OpenMP team, without changing its
+ * bytes (MADV_POPULATE_WRITE): for memory about to be written anyway, the
+ * kernel's rate instead of faults taken one at a time inside the kernels'
+ * loops, and on a VM whose host takes freed pages back within seconds, the
+ * pages freed last are claimed while the host still backs them. Best
+ * effort: nothing for device, malloc'd (small) storages and on kernels
+ * before 5.14. */
+void pt_storage_prefault(pt_storage *s);
+
 typedef struct pt_tensor {
 	pt_storage *storage; /* one reference held by this tensor */
 	int64_t offset;      /* in elements */
