@@ -15,8 +15,10 @@
  *   bench w3_first_step_warm_s   the same for a second job in this process,
  *                                one step long, no checkpoint: the set-up
  *                                without the process's own start (libraries,
- *                                oneDNN's kernels, the data file's pages);
- *                                its memory is new again (see below)
+ *                                oneDNN's kernels, the data file's pages),
+ *                                started as w3_first_touch_s's memory is
+ *                                freed: a job right after another, on pages
+ *                                the host still backs for a second or two
  *   bench w3_first_step_new_gb   the resident memory the job added by then:
  *                                the pages set-up and step 1 fault in
  *   bench w3_first_touch_s       the time this machine takes to fault in
@@ -245,7 +247,7 @@ int main(int argc, char **argv)
 	}
 	fflush(stdout);
 
-	/* The set-up again in this process (its memory is new again). */
+	/* The set-up again in this process, right after the touch's munmap. */
 	spec_text(text, sizeof(text), 1, "fp32", false);
 	if (run_job(text, NULL, 1, &t0) != 0)
 		return 1;
